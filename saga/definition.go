@@ -1,0 +1,272 @@
+package saga
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sagaflow/sagaflow/steps"
+)
+
+// Defaults for steps that leave a field zero.
+const (
+	// MaxAttemptsDefault is the number of attempts of a step, the first
+	// included, when its RetryPolicy does not say.
+	MaxAttemptsDefault = 5
+	// StepTimeoutDefault bounds one attempt of a step that sets no Timeout.
+	StepTimeoutDefault = time.Minute
+	// BackoffInitialDefault and BackoffMaxDefault shape [DefaultBackoff].
+	BackoffInitialDefault = time.Second
+	BackoffMaxDefault     = 5 * time.Minute
+)
+
+// StepFunc is a step's action or compensation. It runs inside the
+// transaction that commits the step (run.Tx): rows it writes there commit
+// exactly when the step does. It may change *state; the change is saved with
+// the step. Return nil for success, or an error: see package steps for
+// [steps.Permanent], [steps.RetryAfter] and [steps.WithCode].
+//
+// A StepFunc must honour ctx: it is cancelled at the step's timeout.
+type StepFunc[S any] func(ctx context.Context, run *StepRun, state *S) error
+
+// StepRun describes the execution a [StepFunc] is part of.
+type StepRun struct {
+	// Tx is the step's transaction. Use it for the step's database effects;
+	// do not commit or roll it back.
+	Tx pgx.Tx
+	// Key is the step-scoped idempotency key, the same for every attempt and
+	// duplicate of this step. Pass Key.String() to external services.
+	Key         steps.Key
+	SagaID      uuid.UUID
+	SagaName    string
+	BusinessKey string // "" when the saga was started without one
+	Step        string
+	Direction   steps.Direction
+	Epoch       int
+	Attempt     int // 1 for the first attempt
+}
+
+// IdempotencyKey returns Key as a string, ready for an Idempotency-Key header.
+func (r *StepRun) IdempotencyKey() string { return r.Key.String() }
+
+// BackoffFunc returns how long to wait before the next attempt, given the
+// number of the attempt that just failed (1 for the first).
+type BackoffFunc func(attempt int) time.Duration
+
+// ExponentialBackoff returns a BackoffFunc that doubles from initial up to
+// maxDelay, with up to 20% random jitter either way.
+func ExponentialBackoff(initial, maxDelay time.Duration) BackoffFunc {
+	return func(attempt int) time.Duration {
+		d := initial
+		for i := 1; i < attempt && d < maxDelay; i++ {
+			d *= 2
+		}
+		d = min(d, maxDelay)
+		jitter := time.Duration((rand.Float64()*0.4 - 0.2) * float64(d))
+		return max(d+jitter, 0)
+	}
+}
+
+// DefaultBackoff is exponential from 1s to 5m with jitter.
+var DefaultBackoff = ExponentialBackoff(BackoffInitialDefault, BackoffMaxDefault)
+
+// RetryPolicy says how often, and how far apart, a step is attempted.
+type RetryPolicy struct {
+	// MaxAttempts counts every attempt, the first included; 1 means never
+	// retry. Defaults to MaxAttemptsDefault.
+	MaxAttempts int
+	// Backoff spaces the attempts. Defaults to DefaultBackoff.
+	Backoff BackoffFunc
+}
+
+func (p *RetryPolicy) withDefaults() RetryPolicy {
+	out := RetryPolicy{}
+	if p != nil {
+		out = *p
+	}
+	if out.MaxAttempts <= 0 {
+		out.MaxAttempts = MaxAttemptsDefault
+	}
+	if out.Backoff == nil {
+		out.Backoff = DefaultBackoff
+	}
+	return out
+}
+
+// Step is one step of a saga over state S.
+type Step[S any] struct {
+	// Name identifies the step within its saga, in keys, history and
+	// commands: letters, digits, '.', '-' and '_', at most 64 bytes.
+	Name string
+	// Action does the step's work. Required.
+	Action StepFunc[S]
+	// Compensate undoes Action after a later step failed for good, or after
+	// the saga was cancelled. Optional: a step without one is skipped when
+	// compensating.
+	Compensate StepFunc[S]
+	// Retry governs Action's attempts; nil means the defaults.
+	Retry *RetryPolicy
+	// CompensateRetry governs Compensate's attempts; nil means Retry.
+	CompensateRetry *RetryPolicy
+	// Timeout bounds one attempt (its context is cancelled then). An attempt
+	// that runs out of time fails with code step_timeout and is retried like
+	// any other failure. Defaults to StepTimeoutDefault.
+	Timeout time.Duration
+}
+
+// Definition is a typed saga: a name and ordered steps over the state S,
+// which is stored as JSON between steps. Make one with [Define] and register
+// it with [Engine.Register].
+type Definition[S any] struct {
+	name  string
+	steps []Step[S]
+}
+
+// Define returns a saga definition. Problems with it (an empty name, no
+// steps, duplicate step names) are reported by [Engine.Register].
+func Define[S any](name string, steps ...Step[S]) *Definition[S] {
+	return &Definition[S]{name: name, steps: steps}
+}
+
+// Name returns the saga's name.
+func (d *Definition[S]) Name() string { return d.name }
+
+// AnyDefinition is a [Definition] of any state type, as the engine holds it.
+type AnyDefinition interface {
+	Name() string
+	compile() (*compiled, error)
+}
+
+// compiled is a definition as the executor uses it, without type parameters.
+type compiled struct {
+	name   string
+	steps  []compiledStep
+	byName map[string]int
+	owner  any // the *Definition[S] it came from
+	// run decodes the state, runs step i in direction dir and encodes the
+	// state again.
+	run func(ctx context.Context, r *StepRun, i int, dir steps.Direction, state []byte) ([]byte, error)
+}
+
+type compiledStep struct {
+	name           string
+	hasCompensate  bool
+	retry          RetryPolicy
+	compensateWith RetryPolicy
+	timeout        time.Duration
+}
+
+func (c *compiled) policy(i int, dir steps.Direction) RetryPolicy {
+	if dir == steps.Compensate {
+		return c.steps[i].compensateWith
+	}
+	return c.steps[i].retry
+}
+
+// prevCompensable returns the highest step index <= i that has a
+// compensation, or -1.
+func (c *compiled) prevCompensable(i int) int {
+	for ; i >= 0; i-- {
+		if c.steps[i].hasCompensate {
+			return i
+		}
+	}
+	return -1
+}
+
+// stateDecodeError means a saga's stored state does not decode into S.
+type stateDecodeError struct{ err error }
+
+func (e *stateDecodeError) Error() string { return "decode state: " + e.err.Error() }
+func (e *stateDecodeError) Unwrap() error { return e.err }
+
+func validName(s string) bool {
+	if s == "" || len(s) > 64 {
+		return false
+	}
+	for _, r := range s {
+		ok := r == '.' || r == '-' || r == '_' || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z') || (r >= '0' && r <= '9')
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+func (d *Definition[S]) compile() (*compiled, error) {
+	if !validName(d.name) {
+		return nil, fmt.Errorf("%w: saga name %q must be 1-64 letters, digits, '.', '-' or '_'", ErrInvalidDefinition, d.name)
+	}
+	if len(d.steps) == 0 {
+		return nil, fmt.Errorf("%w: saga %q has no steps", ErrInvalidDefinition, d.name)
+	}
+	c := &compiled{name: d.name, byName: make(map[string]int, len(d.steps)), owner: d}
+	for i, s := range d.steps {
+		if !validName(s.Name) {
+			return nil, fmt.Errorf("%w: saga %q step %d: name %q must be 1-64 letters, digits, '.', '-' or '_'", ErrInvalidDefinition, d.name, i, s.Name)
+		}
+		if _, dup := c.byName[s.Name]; dup {
+			return nil, fmt.Errorf("%w: saga %q has two steps named %q", ErrInvalidDefinition, d.name, s.Name)
+		}
+		if s.Action == nil {
+			return nil, fmt.Errorf("%w: saga %q step %q has no Action", ErrInvalidDefinition, d.name, s.Name)
+		}
+		if s.Timeout < 0 {
+			return nil, fmt.Errorf("%w: saga %q step %q has a negative Timeout", ErrInvalidDefinition, d.name, s.Name)
+		}
+		c.byName[s.Name] = i
+		retry := s.Retry.withDefaults()
+		comp := retry
+		if s.CompensateRetry != nil {
+			comp = s.CompensateRetry.withDefaults()
+		}
+		timeout := s.Timeout
+		if timeout == 0 {
+			timeout = StepTimeoutDefault
+		}
+		c.steps = append(c.steps, compiledStep{
+			name: s.Name, hasCompensate: s.Compensate != nil, retry: retry, compensateWith: comp, timeout: timeout,
+		})
+	}
+	c.run = func(ctx context.Context, r *StepRun, i int, dir steps.Direction, raw []byte) ([]byte, error) {
+		var state S
+		if err := json.Unmarshal(raw, &state); err != nil {
+			return nil, &stateDecodeError{err: err}
+		}
+		fn := d.steps[i].Action
+		if dir == steps.Compensate {
+			fn = d.steps[i].Compensate
+		}
+		if err := fn(ctx, r, &state); err != nil {
+			return nil, err
+		}
+		out, err := json.Marshal(&state)
+		if err != nil {
+			return nil, steps.Permanent(steps.WithCode(CodeStateEncode, fmt.Errorf("encode state: %w", err)))
+		}
+		return out, nil
+	}
+	return c, nil
+}
+
+// sanitizeText makes s storable in a PostgreSQL text column (no NUL bytes,
+// valid UTF-8) and bounds its length.
+func sanitizeText(s string, limit int) string {
+	s = strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", `\0`), "\uFFFD")
+	if len(s) > limit {
+		cut := limit
+		for cut > 0 && !utf8RuneStart(s[cut]) {
+			cut--
+		}
+		s = s[:cut] + "…"
+	}
+	return s
+}
+
+func utf8RuneStart(b byte) bool { return b&0xC0 != 0x80 }

@@ -1,0 +1,466 @@
+package saga
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sagaflow/sagaflow/store"
+)
+
+// Configuration defaults.
+const (
+	// WorkersDefault is the number of executor goroutines per engine.
+	WorkersDefault = 4
+	// BatchSizeDefault is how many commands a worker claims and runs in one
+	// transaction.
+	BatchSizeDefault = 8
+	// BatchSizeMax bounds BatchSize: each step in a batch runs under its own
+	// savepoint, and PostgreSQL slows down once a transaction has more than
+	// 64 subtransactions.
+	BatchSizeMax = 32
+	// PollIntervalDefault is how often idle workers look for due commands
+	// when no notification wakes them.
+	PollIntervalDefault = time.Second
+	// MaxStateBytesDefault bounds a saga's encoded state.
+	MaxStateBytesDefault = 1 << 20
+	// CommandTopicDefault names the outbox topic of step commands.
+	CommandTopicDefault = "sagaflow.commands"
+	// RescueSlackDefault is added to every step's deadline before a saga
+	// counts as stuck.
+	RescueSlackDefault = time.Minute
+	// HandlerGraceDefault is how long a handler may run past its timeout
+	// before its worker gives up on it and closes its connection.
+	HandlerGraceDefault = 10 * time.Second
+)
+
+// Config configures an [Engine]. The zero value is valid; zero fields take
+// their defaults.
+type Config struct {
+	// Schema holds sagaflow's tables. Defaults to store.SchemaDefault
+	// ("sagaflow").
+	Schema string
+	// Workers is the number of goroutines that claim and run steps after
+	// [Engine.Start]. Defaults to WorkersDefault.
+	Workers int
+	// BatchSize is how many commands a worker runs per transaction: one
+	// commit for the batch, one savepoint per step. Defaults to
+	// BatchSizeDefault; at most BatchSizeMax.
+	BatchSize int
+	// PollInterval is the longest an idle worker waits before looking for
+	// due commands; notifications usually wake it sooner. Defaults to
+	// PollIntervalDefault.
+	PollInterval time.Duration
+	// MaxStateBytes bounds a saga's JSON-encoded state, at start and after
+	// each step. Defaults to MaxStateBytesDefault (1 MiB).
+	MaxStateBytes int
+	// CommandTopic is the outbox topic of step commands. Defaults to
+	// CommandTopicDefault.
+	CommandTopic string
+	// RescueSlack is added to each step's timeout to give a saga's deadline
+	// (next_check_at). Defaults to RescueSlackDefault.
+	RescueSlack time.Duration
+	// HandlerGrace is how long a handler that ignores its cancelled context
+	// may keep its worker before the worker abandons it and closes the
+	// transaction's connection. Defaults to HandlerGraceDefault.
+	HandlerGrace time.Duration
+	// Logger receives the engine's logs. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *Config) withDefaults() (Config, error) {
+	out := Config{}
+	if c != nil {
+		out = *c
+	}
+	if out.Schema == "" {
+		out.Schema = store.SchemaDefault
+	}
+	if err := store.ValidateSchema(out.Schema); err != nil {
+		return out, fmt.Errorf("%w: Schema: %w", ErrInvalidConfig, err)
+	}
+	type check struct {
+		bad  bool
+		what string
+	}
+	for _, ch := range []check{
+		{out.Workers < 0, "Workers must not be negative"},
+		{out.BatchSize < 0 || out.BatchSize > BatchSizeMax, fmt.Sprintf("BatchSize must be between 1 and %d", BatchSizeMax)},
+		{out.PollInterval < 0, "PollInterval must not be negative"},
+		{out.MaxStateBytes < 0, "MaxStateBytes must not be negative"},
+		{out.RescueSlack < 0, "RescueSlack must not be negative"},
+		{out.HandlerGrace < 0, "HandlerGrace must not be negative"},
+	} {
+		if ch.bad {
+			return out, fmt.Errorf("%w: %s", ErrInvalidConfig, ch.what)
+		}
+	}
+	if out.Workers == 0 {
+		out.Workers = WorkersDefault
+	}
+	if out.BatchSize == 0 {
+		out.BatchSize = BatchSizeDefault
+	}
+	if out.PollInterval == 0 {
+		out.PollInterval = PollIntervalDefault
+	}
+	if out.MaxStateBytes == 0 {
+		out.MaxStateBytes = MaxStateBytesDefault
+	}
+	if out.CommandTopic == "" {
+		out.CommandTopic = CommandTopicDefault
+	}
+	if out.RescueSlack == 0 {
+		out.RescueSlack = RescueSlackDefault
+	}
+	if out.HandlerGrace == 0 {
+		out.HandlerGrace = HandlerGraceDefault
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	return out, nil
+}
+
+// Engine runs sagas. It starts sagas, reads and steers them, and, between
+// [Engine.Start] and [Engine.Stop], executes their steps. An engine that is
+// never started is a client: it can start, read and cancel sagas that other
+// engines run.
+type Engine struct {
+	pool *pgxpool.Pool
+	cfg  Config
+	st   *store.Store
+	log  *slog.Logger
+
+	mu      sync.Mutex
+	defs    map[string]*compiled
+	byOwner map[any]*compiled
+	run     *runState // non-nil while running or stopping
+	frozen  bool      // set at the first Start: definitions no longer change
+
+	stats statCounters
+	hooks testHooks
+}
+
+// testHooks let tests stop a batch at chosen points.
+type testHooks struct {
+	// beforeCommit runs after a batch's steps and before its commit; an error
+	// aborts the batch as a crash would.
+	beforeCommit func(ctx context.Context, tx pgx.Tx) error
+}
+
+// New returns an engine on pool. A nil cfg means the defaults. The schema must
+// have been migrated with store.Migrate.
+func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("%w: pool is nil", ErrInvalidConfig)
+	}
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	st, err := store.New(c.Schema)
+	if err != nil {
+		return nil, fmt.Errorf("%w: Schema: %w", ErrInvalidConfig, err)
+	}
+	return &Engine{
+		pool: pool, cfg: c, st: st, log: c.Logger,
+		defs: map[string]*compiled{}, byOwner: map[any]*compiled{},
+	}, nil
+}
+
+// Register adds saga definitions. It rejects an invalid definition and a
+// name that is already registered, and fails once the engine has been
+// started.
+func (e *Engine) Register(defs ...AnyDefinition) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.frozen {
+		return ErrEngineStarted
+	}
+	compiledDefs := make([]*compiled, 0, len(defs))
+	seen := map[string]bool{}
+	for _, d := range defs {
+		if d == nil {
+			return fmt.Errorf("%w: nil definition", ErrInvalidDefinition)
+		}
+		c, err := d.compile()
+		if err != nil {
+			return err
+		}
+		if _, dup := e.defs[c.name]; dup || seen[c.name] {
+			return fmt.Errorf("%w: a saga named %q is already registered", ErrInvalidDefinition, c.name)
+		}
+		seen[c.name] = true
+		compiledDefs = append(compiledDefs, c)
+	}
+	for _, c := range compiledDefs {
+		e.defs[c.name] = c
+		e.byOwner[c.owner] = c
+	}
+	return nil
+}
+
+func (e *Engine) lookupOwner(owner any, name string) (*compiled, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	c := e.byOwner[owner]
+	if c == nil {
+		return nil, fmt.Errorf("%w: %q", ErrNotRegistered, name)
+	}
+	return c, nil
+}
+
+func (e *Engine) lookupName(name string) *compiled {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.defs[name]
+}
+
+func (e *Engine) registeredNames() string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	names := make([]string, 0, len(e.defs))
+	for n := range e.defs {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return strings.Join(names, ", ")
+}
+
+// maxStepTimeout is the longest timeout of any registered step.
+func (e *Engine) maxStepTimeout() time.Duration {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var m time.Duration
+	for _, c := range e.defs {
+		for _, s := range c.steps {
+			m = max(m, s.timeout)
+		}
+	}
+	return m
+}
+
+// Store returns the engine's statements, for tools built on the engine.
+func (e *Engine) Store() *store.Store { return e.st }
+
+type runState struct {
+	stopping    bool
+	fetchCancel context.CancelFunc // stops claiming new work
+	workCancel  context.CancelFunc // cancels running handlers
+	done        chan struct{}
+}
+
+// Start launches the engine's workers and its notification listener and
+// returns at once. Calling it on a running engine does nothing. Cancelling
+// ctx stops the engine hard, as [Engine.StopAndCancel] does.
+func (e *Engine) Start(ctx context.Context) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.run != nil {
+		if e.run.stopping {
+			return errors.New("saga: engine is stopping; wait for Stop to return before starting it again")
+		}
+		return nil
+	}
+	e.frozen = true
+	workCtx, workCancel := context.WithCancel(ctx)
+	fetchCtx, fetchCancel := context.WithCancel(workCtx)
+	r := &runState{fetchCancel: fetchCancel, workCancel: workCancel, done: make(chan struct{})}
+	e.run = r
+
+	wakes := make([]chan struct{}, e.cfg.Workers)
+	for i := range wakes {
+		wakes[i] = make(chan struct{}, 1)
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { e.listen(fetchCtx, wakes) })
+	for i := range wakes {
+		wg.Go(func() { e.work(fetchCtx, workCtx, wakes[i]) })
+	}
+	go func() {
+		wg.Wait()
+		workCancel()
+		e.mu.Lock()
+		e.run = nil
+		e.mu.Unlock()
+		close(r.done)
+	}()
+	e.log.InfoContext(ctx, "sagaflow engine started", slog.String("schema", e.cfg.Schema),
+		slog.Int("workers", e.cfg.Workers), slog.Int("batch_size", e.cfg.BatchSize))
+	return nil
+}
+
+// Stop stops claiming new commands, lets the steps in flight finish, and
+// returns when every worker has exited. If ctx ends first, Stop cancels the
+// handlers still running (a hard stop), waits for them to return and then
+// returns ctx.Err(). Stop on an engine that is not running returns nil; it
+// is safe to call concurrently and repeatedly.
+func (e *Engine) Stop(ctx context.Context) error {
+	return e.stop(ctx, false)
+}
+
+// StopAndCancel stops the engine at once: it cancels running handlers, whose
+// transactions roll back, so their steps run again later. It waits for the
+// workers to exit or for ctx to end.
+func (e *Engine) StopAndCancel(ctx context.Context) error {
+	return e.stop(ctx, true)
+}
+
+func (e *Engine) stop(ctx context.Context, hard bool) error {
+	e.mu.Lock()
+	r := e.run
+	if r == nil {
+		e.mu.Unlock()
+		return nil
+	}
+	r.stopping = true
+	r.fetchCancel()
+	if hard {
+		r.workCancel()
+	}
+	e.mu.Unlock()
+
+	select {
+	case <-r.done:
+		e.log.InfoContext(ctx, "sagaflow engine stopped", slog.String("schema", e.cfg.Schema))
+		return nil
+	case <-ctx.Done():
+		r.workCancel()
+		<-r.done
+		return ctx.Err()
+	}
+}
+
+// listen wakes the workers when PostgreSQL announces new commands. If the
+// listening connection fails, workers keep polling until it is back.
+func (e *Engine) listen(ctx context.Context, wakes []chan struct{}) {
+	wakeAll := func() {
+		for _, w := range wakes {
+			select {
+			case w <- struct{}{}:
+			default:
+			}
+		}
+	}
+	for ctx.Err() == nil {
+		err := e.listenOnce(ctx, wakeAll)
+		if ctx.Err() != nil {
+			return
+		}
+		e.log.WarnContext(ctx, "sagaflow listener lost its connection; workers poll until it is back",
+			slog.String("channel", e.st.Channel()), slog.Any("error", err))
+		if !sleepCtx(ctx, time.Second+rand.N(time.Second)) {
+			return
+		}
+	}
+}
+
+func (e *Engine) listenOnce(ctx context.Context, wakeAll func()) error {
+	conn, err := e.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	// A listening connection must not go back to the pool: close it.
+	raw := conn.Hijack()
+	defer raw.Close(context.WithoutCancel(ctx))
+	if _, err := raw.Exec(ctx, "LISTEN "+pgx.Identifier{e.st.Channel()}.Sanitize()); err != nil {
+		return err
+	}
+	wakeAll() // commands may have arrived while no one listened
+	for {
+		if _, err := raw.WaitForNotification(ctx); err != nil {
+			return err
+		}
+		wakeAll()
+	}
+}
+
+// work is one executor goroutine: claim a batch, run it, wait for more.
+func (e *Engine) work(fetchCtx, workCtx context.Context, wake chan struct{}) {
+	failures := 0
+	for fetchCtx.Err() == nil {
+		res, err := e.runBatch(fetchCtx, workCtx)
+		if err != nil {
+			if fetchCtx.Err() != nil {
+				return
+			}
+			failures++
+			e.log.ErrorContext(workCtx, "sagaflow worker batch failed; its commands will run again",
+				slog.Any("error", err), slog.Int("consecutive_failures", failures))
+			if !sleepCtx(fetchCtx, backoffPause(failures)) {
+				return
+			}
+			continue
+		}
+		failures = 0
+		if res.claimed >= e.cfg.BatchSize || res.readyCreated {
+			continue
+		}
+		wait := e.cfg.PollInterval
+		if d, ok, err := e.st.NextDirectDue(fetchCtx, e.pool, e.cfg.CommandTopic); err == nil && ok {
+			wait = min(wait, max(d, time.Millisecond))
+		}
+		timer := time.NewTimer(wait)
+		select {
+		case <-fetchCtx.Done():
+			timer.Stop()
+			return
+		case <-wake:
+		case <-timer.C:
+		}
+		timer.Stop()
+	}
+}
+
+func backoffPause(failures int) time.Duration {
+	d := 50 * time.Millisecond << min(failures, 6)
+	return min(d, 3*time.Second) + rand.N(50*time.Millisecond)
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// Stats are counters of what the engine's workers did since it was created.
+type Stats struct {
+	StepsSucceeded    int64 // step attempts (actions and compensations) that committed
+	AttemptsFailed    int64 // attempts that failed, retried or not
+	Retries           int64 // retries scheduled
+	Deduplicated      int64 // steps skipped because their key was in the inbox
+	StaleDiscarded    int64 // commands or commits refused because the saga had moved on
+	Deferred          int64 // commands put back because another worker held their saga
+	Parked            int64 // commands parked as dead, with their reason
+	HandlersAbandoned int64 // handlers abandoned after ignoring their timeout
+}
+
+type statCounters struct {
+	succeeded, failed, retries, dedup, stale, deferred, parked, abandoned atomic.Int64
+}
+
+// Stats returns the engine's counters.
+func (e *Engine) Stats() Stats {
+	s := &e.stats
+	return Stats{
+		StepsSucceeded: s.succeeded.Load(), AttemptsFailed: s.failed.Load(), Retries: s.retries.Load(),
+		Deduplicated: s.dedup.Load(), StaleDiscarded: s.stale.Load(), Deferred: s.deferred.Load(),
+		Parked: s.parked.Load(), HandlersAbandoned: s.abandoned.Load(),
+	}
+}

@@ -1,0 +1,48 @@
+package saga
+
+import "errors"
+
+var (
+	// ErrInvalidDefinition is wrapped by every definition problem found by
+	// [Engine.Register]: an empty or reused name, no steps, a duplicate step
+	// name, a missing action.
+	ErrInvalidDefinition = errors.New("saga: invalid definition")
+
+	// ErrNotRegistered is returned when starting a saga whose definition was
+	// not registered with the engine.
+	ErrNotRegistered = errors.New("saga: definition not registered")
+
+	// ErrNotFound is returned for a saga id that does not exist.
+	ErrNotFound = errors.New("saga: not found")
+
+	// ErrPayloadTooLarge is returned when a saga's encoded state exceeds
+	// [Config.MaxStateBytes].
+	ErrPayloadTooLarge = errors.New("saga: state too large")
+
+	// ErrNotRunning is returned by [Engine.Cancel] for a saga that is already
+	// compensating or has ended.
+	ErrNotRunning = errors.New("saga: not running")
+
+	// ErrEngineStarted is returned by [Engine.Register] once the engine runs.
+	ErrEngineStarted = errors.New("saga: engine already started")
+
+	// ErrInvalidConfig wraps every configuration problem found by [New].
+	ErrInvalidConfig = errors.New("saga: invalid config")
+)
+
+// Error codes stored with a saga's last error and its history entries. Codes
+// that a handler attaches with steps.WithCode are stored as given.
+const (
+	CodeError          = "error"             // a handler returned an error without a code
+	CodePanic          = "panic"             // a handler panicked; the stack is in the history
+	CodeTimeout        = "step_timeout"      // an attempt ran past its step's timeout
+	CodeStateDecode    = "state_decode"      // the stored state no longer decodes into the saga's type
+	CodeStateEncode    = "state_encode"      // the state a handler left cannot be stored
+	CodeTooLarge       = "payload_too_large" // the encoded state exceeds Config.MaxStateBytes
+	CodeUnknownStep    = "unknown_step"      // the saga's current step is not in its definition
+	CodeCancelled      = "cancelled"         // an operator or the application cancelled the saga
+	CodeTxAborted      = "tx_aborted"        // the handler left its transaction unusable
+	CodeMalformed      = "malformed_command" // a command could not be decoded
+	CodeUnknownSaga    = "unknown_saga"      // a command names a saga this engine does not know
+	CodeAbandonedRunOn = "handler_overran"   // a handler ignored its context past the grace period
+)

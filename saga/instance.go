@@ -1,0 +1,283 @@
+package saga
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sagaflow/sagaflow/steps"
+	"github.com/sagaflow/sagaflow/store"
+)
+
+// Status is where a saga is in its life.
+type Status string
+
+const (
+	// StatusRunning: running its steps forward.
+	StatusRunning Status = store.StatusRunning
+	// StatusCompensating: undoing its completed steps in reverse order.
+	StatusCompensating Status = store.StatusCompensating
+	// StatusCompleted: every step succeeded. Terminal.
+	StatusCompleted Status = store.StatusCompleted
+	// StatusCompensated: a step failed for good (or the saga was cancelled)
+	// and every completed step was compensated. Terminal.
+	StatusCompensated Status = store.StatusCompensated
+	// StatusFailed: a compensation gave up, or the saga could not run at
+	// all. Parked for an operator, with its error. Terminal until replayed.
+	StatusFailed Status = store.StatusFailed
+)
+
+// Terminal reports whether a saga in status s has ended.
+func (s Status) Terminal() bool {
+	return s == StatusCompleted || s == StatusCompensated || s == StatusFailed
+}
+
+// History event types.
+const (
+	EventSagaStarted           = "saga_started"
+	EventStepCompleted         = "step_completed"
+	EventStepFailed            = "step_failed" // an attempt failed; Detail says whether it will be retried
+	EventStepDeduplicated      = "step_deduplicated"
+	EventCompensationStarted   = "compensation_started"
+	EventCompensationCompleted = "compensation_completed"
+	EventSagaCompleted         = "saga_completed"
+	EventSagaCompensated       = "saga_compensated"
+	EventSagaFailed            = "saga_failed"
+	EventSagaCancelled         = "saga_cancelled"
+	EventCommandParked         = "command_parked"
+)
+
+// ErrorInfo is a saga's last error.
+type ErrorInfo struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	Step    string `json:"step,omitempty"` // the step that failed for good, if any
+}
+
+// Event is one entry of a saga's timeline. At is the database's clock.
+type Event struct {
+	At        time.Time       `json:"at"`
+	Type      string          `json:"type"`
+	Step      string          `json:"step,omitempty"`
+	Direction steps.Direction `json:"direction,omitempty"`
+	Epoch     int             `json:"epoch"`
+	Attempt   int             `json:"attempt,omitempty"`
+	Error     string          `json:"error,omitempty"`
+	ErrorCode string          `json:"error_code,omitempty"`
+	Detail    json.RawMessage `json:"detail,omitempty"`
+}
+
+// Instance is a saga as stored.
+type Instance struct {
+	ID          uuid.UUID       `json:"id"`
+	Name        string          `json:"name"`
+	BusinessKey string          `json:"business_key,omitempty"`
+	Status      Status          `json:"status"`
+	Step        string          `json:"step"` // the current (or last) step
+	StepIndex   int             `json:"step_index"`
+	Direction   steps.Direction `json:"direction"`
+	Epoch       int             `json:"epoch"`
+	Attempt     int             `json:"attempt"` // failed attempts of the current step
+	State       json.RawMessage `json:"state"`
+	Version     int64           `json:"version"`
+	NextCheckAt *time.Time      `json:"next_check_at,omitempty"` // deadline of a running saga
+	LastError   *ErrorInfo      `json:"last_error,omitempty"`
+	CreatedAt   time.Time       `json:"created_at"`
+	UpdatedAt   time.Time       `json:"updated_at"`
+	EndedAt     *time.Time      `json:"ended_at,omitempty"`
+	// History is the timeline, oldest first. Filled by [Engine.Get], empty
+	// in [Engine.List] results.
+	History []Event `json:"history,omitempty"`
+}
+
+// DecodeState decodes the saga's state into v.
+func (i *Instance) DecodeState(v any) error {
+	if err := json.Unmarshal(i.State, v); err != nil {
+		return fmt.Errorf("saga: decode state of %s: %w", i.ID, err)
+	}
+	return nil
+}
+
+func instanceFrom(sg *store.Saga) Instance {
+	in := Instance{
+		ID: sg.ID, Name: sg.Name, Status: Status(sg.Status), Step: sg.StepName, StepIndex: sg.StepIndex,
+		Direction: steps.Direction(sg.Direction), Epoch: sg.Epoch, Attempt: sg.Attempt, State: sg.State,
+		Version: sg.Version, NextCheckAt: sg.NextCheckAt, CreatedAt: sg.CreatedAt, UpdatedAt: sg.UpdatedAt,
+		EndedAt: sg.EndedAt,
+	}
+	if sg.BusinessKey != nil {
+		in.BusinessKey = *sg.BusinessKey
+	}
+	if sg.LastError != nil {
+		in.LastError = &ErrorInfo{Message: *sg.LastError}
+		if sg.LastErrorCode != nil {
+			in.LastError.Code = *sg.LastErrorCode
+		}
+		if sg.FailedStep != nil {
+			in.LastError.Step = *sg.FailedStep
+		}
+	}
+	return in
+}
+
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
+}
+
+// Get returns a saga with its timeline. It returns an error wrapping
+// [ErrNotFound] for an unknown id.
+func (e *Engine) Get(ctx context.Context, id uuid.UUID) (*Instance, error) {
+	sg, err := e.st.GetSaga(ctx, e.pool, id, false)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, fmt.Errorf("saga: get %s: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return nil, err
+	}
+	hist, err := e.st.History(ctx, e.pool, id)
+	if err != nil {
+		return nil, err
+	}
+	in := instanceFrom(sg)
+	in.History = make([]Event, 0, len(hist))
+	for _, h := range hist {
+		in.History = append(in.History, Event{
+			At: h.At, Type: h.Event, Step: deref(h.StepName), Direction: steps.Direction(deref(h.Direction)),
+			Epoch: deref(h.Epoch), Attempt: deref(h.Attempt), Error: deref(h.Error), ErrorCode: deref(h.ErrorCode),
+			Detail: h.Detail,
+		})
+	}
+	return &in, nil
+}
+
+// List limits.
+const (
+	ListLimitDefault = 100
+	ListLimitMax     = 1000
+)
+
+// ListOpts filters [Engine.List]. Zero fields do not filter.
+type ListOpts struct {
+	Name          string
+	Statuses      []Status
+	BusinessKey   string
+	CreatedAfter  time.Time // inclusive
+	CreatedBefore time.Time // exclusive
+	// Cursor continues a previous listing: pass its NextCursor.
+	Cursor string
+	// Limit is the page size. Defaults to ListLimitDefault; at most
+	// ListLimitMax.
+	Limit int
+}
+
+// ListResult is one page of sagas, newest first.
+type ListResult struct {
+	Sagas      []Instance
+	NextCursor string // "" on the last page
+}
+
+// List returns sagas matching opts, newest first, one page at a time.
+func (e *Engine) List(ctx context.Context, opts *ListOpts) (*ListResult, error) {
+	o := ListOpts{}
+	if opts != nil {
+		o = *opts
+	}
+	switch {
+	case o.Limit < 0 || o.Limit > ListLimitMax:
+		return nil, fmt.Errorf("saga: list: Limit %d is outside 0..%d", o.Limit, ListLimitMax)
+	case o.Limit == 0:
+		o.Limit = ListLimitDefault
+	}
+	f := store.ListFilter{Name: o.Name, BusinessKey: o.BusinessKey, CreatedAfter: o.CreatedAfter,
+		CreatedBefore: o.CreatedBefore, Cursor: o.Cursor, Limit: o.Limit}
+	for _, s := range o.Statuses {
+		f.Statuses = append(f.Statuses, string(s))
+	}
+	rows, next, err := e.st.ListSagas(ctx, e.pool, f)
+	if err != nil {
+		return nil, err
+	}
+	res := &ListResult{NextCursor: next, Sagas: make([]Instance, 0, len(rows))}
+	for i := range rows {
+		res.Sagas = append(res.Sagas, instanceFrom(&rows[i]))
+	}
+	return res, nil
+}
+
+// Cancel stops a running saga: it compensates the steps that completed, in
+// reverse order, and ends compensated. A step running at that moment cannot
+// commit any more (its saga moved on). Cancel returns an error wrapping
+// [ErrNotRunning] for a saga that is compensating or has ended.
+func (e *Engine) Cancel(ctx context.Context, id uuid.UUID, reason string) error {
+	return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error { return e.CancelTx(ctx, tx, id, reason) })
+}
+
+// CancelTx is [Engine.Cancel] inside the caller's transaction.
+func (e *Engine) CancelTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, reason string) error {
+	sg, err := e.st.GetSaga(ctx, tx, id, true)
+	if errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("saga: cancel %s: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return err
+	}
+	if Status(sg.Status) != StatusRunning {
+		return fmt.Errorf("saga: cancel %s: status is %s: %w", id, sg.Status, ErrNotRunning)
+	}
+	def := e.lookupName(sg.Name)
+	if def == nil {
+		return fmt.Errorf("saga: cancel %s: %w: %q", id, ErrNotRegistered, sg.Name)
+	}
+	idx, ok := def.byName[sg.StepName]
+	if !ok {
+		return fmt.Errorf("saga: cancel %s: saga %q has no step %q", id, sg.Name, sg.StepName)
+	}
+	reason = sanitizeText(reason, 2000)
+	if reason == "" {
+		reason = "cancelled"
+	}
+	code := CodeCancelled
+	ls := &store.LockedSaga{Saga: *sg, Locked: true}
+	b := &batch{e: e, tx: tx}
+	p := &plan{tr: b.transition(ls)}
+	p.tr.LastError, p.tr.LastErrorCode = &reason, &code
+	p.history = append(p.history, store.HistoryEntry{SagaID: id, Event: EventSagaCancelled, StepName: sg.StepName,
+		Direction: sg.Direction, Epoch: sg.Epoch, Error: reason, ErrorCode: code})
+	prev := def.prevCompensable(idx - 1)
+	if prev >= 0 {
+		p.history = append(p.history, store.HistoryEntry{SagaID: id, Event: EventCompensationStarted,
+			StepName: def.steps[prev].name, Direction: string(steps.Compensate), Epoch: sg.Epoch})
+	}
+	b.moveTo(p, ls, def, prev, steps.Compensate, 0, store.StatusCompensated, EventSagaCompensated)
+	ok, err = e.st.ApplyTransition(ctx, tx, &p.tr)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		// Impossible while we hold the row lock; say so rather than guess.
+		return fmt.Errorf("saga: cancel %s: saga changed under a row lock", id)
+	}
+	q := &pgx.Batch{}
+	for i := range p.history {
+		e.st.QueueHistory(q, &p.history[i])
+	}
+	for i := range p.messages {
+		e.st.QueueMessage(q, &p.messages[i])
+	}
+	if len(p.messages) > 0 {
+		e.st.QueueNotify(q, e.cfg.CommandTopic)
+	}
+	if err := tx.SendBatch(ctx, q).Close(); err != nil {
+		return fmt.Errorf("saga: cancel %s: %w", id, err)
+	}
+	return nil
+}

@@ -1,0 +1,117 @@
+package saga
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sagaflow/sagaflow/steps"
+	"github.com/sagaflow/sagaflow/store"
+)
+
+// StartOpts are the options of [Start] and [StartTx]. nil means none.
+type StartOpts struct {
+	// BusinessKey makes the start idempotent: a second start of the same saga
+	// with the same key starts nothing and returns the first saga's id with
+	// Existing set. Typically an order id.
+	BusinessKey string
+	// ID sets the saga's id. Defaults to a new UUIDv7.
+	ID uuid.UUID
+}
+
+// Started says which saga a start refers to.
+type Started struct {
+	ID uuid.UUID
+	// Existing is true when a saga with the same business key already
+	// existed and nothing new was started.
+	Existing bool
+}
+
+// Start starts a saga of definition d with the initial state in its own
+// transaction. See [StartTx].
+func Start[S any](ctx context.Context, e *Engine, d *Definition[S], state S, opts *StartOpts) (Started, error) {
+	var res Started
+	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		var err error
+		res, err = StartTx(ctx, e, tx, d, state, opts)
+		return err
+	})
+	return res, err
+}
+
+// StartTx starts a saga inside the caller's transaction tx: the saga row, its
+// first history entry and its first command commit with tx, or not at all.
+// Nothing runs until tx commits. With a business key already in use it
+// returns the existing saga's id and Existing: true, and writes nothing.
+func StartTx[S any](ctx context.Context, e *Engine, tx pgx.Tx, d *Definition[S], state S, opts *StartOpts) (Started, error) {
+	if d == nil {
+		return Started{}, fmt.Errorf("%w: nil definition", ErrNotRegistered)
+	}
+	def, err := e.lookupOwner(d, d.name)
+	if err != nil {
+		return Started{}, err
+	}
+	raw, err := json.Marshal(&state)
+	if err != nil {
+		return Started{}, fmt.Errorf("saga: start %s: encode state: %w", d.name, err)
+	}
+	if err := e.checkState(d.name, raw); err != nil {
+		return Started{}, err
+	}
+	o := StartOpts{}
+	if opts != nil {
+		o = *opts
+	}
+	id := o.ID
+	if id == uuid.Nil {
+		id = uuid.Must(uuid.NewV7())
+	}
+	first := def.steps[0]
+	sg := &store.Saga{ID: id, Name: d.name, Status: store.StatusRunning, StepIndex: 0, StepName: first.name,
+		Direction: string(steps.Forward), State: raw}
+	if o.BusinessKey != "" {
+		sg.BusinessKey = &o.BusinessKey
+	}
+	inserted, err := e.st.InsertSaga(ctx, tx, sg, first.timeout+e.cfg.RescueSlack)
+	if err != nil {
+		return Started{}, fmt.Errorf("saga: start %s: %w", d.name, err)
+	}
+	if !inserted {
+		existing, err := e.st.SagaIDByKey(ctx, tx, d.name, o.BusinessKey)
+		if errors.Is(err, store.ErrNotFound) {
+			return Started{}, fmt.Errorf("saga: start %s: id %s is already taken by another saga", d.name, id)
+		}
+		if err != nil {
+			return Started{}, fmt.Errorf("saga: start %s: %w", d.name, err)
+		}
+		return Started{ID: existing, Existing: true}, nil
+	}
+	detail, _ := json.Marshal(map[string]string{"business_key": o.BusinessKey})
+	msg := e.commandMessage(id, d.name, first.name, steps.Forward, 0, 1, 0)
+	q := &pgx.Batch{}
+	e.st.QueueHistory(q, &store.HistoryEntry{SagaID: id, Event: EventSagaStarted, StepName: first.name,
+		Direction: string(steps.Forward), Detail: detail})
+	e.st.QueueMessage(q, &msg)
+	e.st.QueueNotify(q, e.cfg.CommandTopic)
+	if err := tx.SendBatch(ctx, q).Close(); err != nil {
+		return Started{}, fmt.Errorf("saga: start %s %s: %w", d.name, id, err)
+	}
+	return Started{ID: id}, nil
+}
+
+// checkState refuses state that is too large or that PostgreSQL cannot store.
+func (e *Engine) checkState(name string, raw []byte) error {
+	if len(raw) > e.cfg.MaxStateBytes {
+		return fmt.Errorf("saga: start %s: state is %d bytes, more than MaxStateBytes (%d): %w",
+			name, len(raw), e.cfg.MaxStateBytes, ErrPayloadTooLarge)
+	}
+	if bytes.Contains(raw, []byte(`\u0000`)) {
+		return fmt.Errorf("saga: start %s: state contains a NUL character (\\u0000), which PostgreSQL jsonb cannot store", name)
+	}
+	return nil
+}
