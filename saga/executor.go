@@ -170,7 +170,7 @@ func (e *Engine) runBatch(fetchCtx, ctx context.Context) (res batchResult, err e
 		e.st.QueueMarkDelivered(end, b.delivered)
 	}
 	if len(b.deferred) > 0 {
-		e.st.QueueDefer(end, b.deferred, deferDelay)
+		e.st.QueueDefer(end, b.deferred, deferDelay, deferDelayMax)
 	}
 	if b.ready {
 		e.st.QueueNotify(end, e.cfg.CommandTopic)
@@ -192,8 +192,14 @@ func (e *Engine) runBatch(fetchCtx, ctx context.Context) (res batchResult, err e
 	return res, nil
 }
 
-// deferDelay is how long a command waits when another worker holds its saga.
-const deferDelay = 250 * time.Millisecond
+// A command whose saga another transaction holds waits deferDelay, doubling
+// per deferral up to deferDelayMax. The first wait is short because the usual
+// holder is a transaction that has just committed: PostgreSQL makes a commit
+// visible a moment before it releases the committer's locks.
+const (
+	deferDelay    = 5 * time.Millisecond
+	deferDelayMax = 2 * time.Second
+)
 
 // park marks a command dead with its reason and, when its saga exists, says so
 // in the saga's history. Nothing is dropped: the row stays for an operator.

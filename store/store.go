@@ -418,17 +418,19 @@ func (s *Store) QueueMarkDelivered(b *pgx.Batch, ids []uuid.UUID) {
 	b.Queue(s.q.markDelivered, ids)
 }
 
-// DeferMessages makes pending messages available again after delay.
-func (s *Store) DeferMessages(ctx context.Context, db DBTX, ids []uuid.UUID, delay time.Duration) error {
-	if _, err := db.Exec(ctx, s.q.deferMessages, ids, micros(delay)); err != nil {
+// DeferMessages makes pending messages available again later: after delay
+// the first time, doubling with each deferral of the same message up to
+// maxDelay.
+func (s *Store) DeferMessages(ctx context.Context, db DBTX, ids []uuid.UUID, delay, maxDelay time.Duration) error {
+	if _, err := db.Exec(ctx, s.q.deferMessages, ids, micros(delay), micros(maxDelay)); err != nil {
 		return fmt.Errorf("store: defer %d messages: %w", len(ids), err)
 	}
 	return nil
 }
 
 // QueueDefer queues [Store.DeferMessages] on b.
-func (s *Store) QueueDefer(b *pgx.Batch, ids []uuid.UUID, delay time.Duration) {
-	b.Queue(s.q.deferMessages, ids, micros(delay))
+func (s *Store) QueueDefer(b *pgx.Batch, ids []uuid.UUID, delay, maxDelay time.Duration) {
+	b.Queue(s.q.deferMessages, ids, micros(delay), micros(maxDelay))
 }
 
 // MarkDead parks an outbox row with the reason it cannot be processed.

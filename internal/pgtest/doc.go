@@ -1,0 +1,35 @@
+// Package pgtest is the PostgreSQL test harness of sagaflow.
+//
+// Tests in this project always talk to a real PostgreSQL server, never a
+// mock. [ConnString] finds or starts one, once per test binary, trying in
+// order:
+//
+//  1. the connection string in TEST_DATABASE_URL, else DATABASE_URL, used as is;
+//  2. a local server on 127.0.0.1:5432 (user postgres, database postgres,
+//     trust authentication) if it answers within about two seconds;
+//  3. a throwaway server run as a child process from the PostgreSQL server
+//     binaries installed on the machine (see [StartServer]);
+//  4. a postgres:15-alpine container started with testcontainers-go, only
+//     when a Docker engine answers.
+//
+// When none is usable the test fails with one message that says what to
+// provide and why each step failed.
+//
+// The environment variable SAGAFLOW_PGTEST forces one step: "url", "local",
+// "throwaway" or "container"; unset or "auto" means the order above.
+//
+// [NewSchema] gives each test a fresh, empty schema and a connection pool,
+// and drops the schema when the test ends. A test package wires the harness
+// in with
+//
+//	func TestMain(m *testing.M) { pgtest.Main(m) }
+//
+// which also stops any server or container the process started and checks
+// for leaked goroutines once the tests have passed.
+//
+// Throwaway servers are built from a template data directory that initdb
+// creates once per machine and PostgreSQL major version under
+// os.TempDir()/sagaflow-pgtest-<uid>; each server gets its own copy of it.
+// When the tests run as root the server runs as the "postgres" OS user,
+// because PostgreSQL refuses to run as root.
+package pgtest

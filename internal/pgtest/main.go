@@ -1,0 +1,75 @@
+package pgtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// stopTimeout bounds stopping what this process started, in Main.
+const stopTimeout = time.Minute
+
+// Main runs the tests of a package and exits; call it from TestMain:
+//
+//	func TestMain(m *testing.M) { pgtest.Main(m) }
+//
+// After the tests it stops the throwaway server or container that
+// [ConnString] started in this process, if any. Then, if the tests passed,
+// it checks with go.uber.org/goleak that they left no goroutine running
+// (goroutines that existed before the tests started are ignored) and fails
+// with goleak's report on stderr if they did.
+func Main(m *testing.M) {
+	before := goleak.IgnoreCurrent()
+	code := m.Run()
+	if err := stopOwned(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		if code == 0 {
+			code = 1
+		}
+	}
+	if code == 0 {
+		opts := []goleak.Option{before}
+		if containerUsed.Load() {
+			opts = append(opts, containerLeakOptions()...)
+		}
+		if err := goleak.Find(opts...); err != nil {
+			fmt.Fprintf(os.Stderr, "pgtest: the tests passed but leaked goroutines: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// stopOwned stops the server or container that discovery started.
+func stopOwned() error {
+	owned.mu.Lock()
+	defer owned.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
+	defer cancel()
+	var errs []error
+	if owned.server != nil {
+		errs = append(errs, owned.server.Stop(ctx))
+		owned.server = nil
+	}
+	if owned.container != nil {
+		errs = append(errs, owned.container.stop(ctx))
+		owned.container = nil
+	}
+	return errors.Join(errs...)
+}
+
+// containerLeakOptions ignores what testcontainers and its Docker client
+// may leave running after their containers are gone: the reaper connection
+// and idle HTTP connections to the engine.
+func containerLeakOptions() []goleak.Option {
+	return []goleak.Option{
+		goleak.IgnoreAnyFunction("github.com/testcontainers/testcontainers-go.(*Reaper).connect.func1"),
+		goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
+		goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
+	}
+}

@@ -1,0 +1,115 @@
+package saga_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sagaflow/sagaflow/saga"
+)
+
+// TestBadInputIsParkedAndTheWorkerKeepsServing feeds the executor every kind
+// of bad input at once, then checks that each got a clear reason, nothing
+// was dropped, and a healthy saga behind them still completed.
+func TestBadInputIsParkedAndTheWorkerKeepsServing(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &saga.Config{MaxStateBytes: 4096})
+	def := threeSteps(b, "bad-input", map[string]saga.StepFunc[order]{
+		"charge/forward": func(_ context.Context, _ *saga.StepRun, s *order) error {
+			if s.OrderID == "grow" {
+				s.OrderID = strings.Repeat("x", 5000) // beyond MaxStateBytes
+			}
+			return nil
+		},
+	})
+	require.NoError(t, b.engine.Register(def))
+	ctx := context.Background()
+	insertRaw := func(typ, payload string, sagaID *uuid.UUID) uuid.UUID {
+		id := uuid.New()
+		_, err := b.pool.Exec(ctx, "INSERT INTO "+b.table("outbox")+
+			` (id, topic, delivery, aggregateid, type, payload, saga_id) VALUES ($1, 'sagaflow.commands', 'direct', 'x', $2, $3, $4)`,
+			id, typ, []byte(payload), sagaID)
+		require.NoError(t, err)
+		return id
+	}
+
+	// 1. Undecodable and wrong-typed commands.
+	garbage := insertRaw("sagaflow.step", "{not json", nil)
+	wrongType := insertRaw("orders.created", `{}`, nil)
+	unknownField := insertRaw("sagaflow.step", `{"saga_id":"`+uuid.NewString()+`","saga":"x","step":"y","direction":"forward","epoch":0,"version":1,"extra":true}`, nil)
+	// 2. A command for a saga instance that does not exist.
+	ghostID := uuid.New()
+	ghost := insertRaw("sagaflow.step", `{"saga_id":"`+ghostID.String()+`","saga":"bad-input","step":"reserve","direction":"forward","epoch":0,"version":1}`, &ghostID)
+	// 3. A saga whose definition this engine does not know.
+	foreign, err := saga.Start(ctx, b.engine, def, order{}, nil)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, "UPDATE "+b.table("saga_instances")+" SET saga_name = 'renamed' WHERE id = $1", foreign.ID)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, "UPDATE "+b.table("outbox")+` SET payload = convert_to(replace(convert_from(payload, 'UTF8'), '"bad-input"', '"renamed"'), 'UTF8') WHERE saga_id = $1`, foreign.ID)
+	require.NoError(t, err)
+	// 4. A saga whose stored state no longer decodes into its type.
+	undecodable, err := saga.Start(ctx, b.engine, def, order{}, nil)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, "UPDATE "+b.table("saga_instances")+` SET state = '{"order_id": 42}' WHERE id = $1`, undecodable.ID)
+	require.NoError(t, err)
+	// 5. A saga whose current step was removed from the definition.
+	lostStep, err := saga.Start(ctx, b.engine, def, order{}, nil)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, "UPDATE "+b.table("saga_instances")+` SET step_name = 'removed' WHERE id = $1`, lostStep.ID)
+	require.NoError(t, err)
+	// 6. A step that leaves the state larger than allowed.
+	grows, err := saga.Start(ctx, b.engine, def, order{OrderID: "grow"}, nil)
+	require.NoError(t, err)
+	// 7. And a healthy saga behind all of them.
+	healthy, err := saga.Start(ctx, b.engine, def, order{OrderID: "fine"}, nil)
+	require.NoError(t, err)
+
+	b.start(t)
+
+	require.Equal(t, saga.StatusCompleted, b.waitTerminal(t, healthy.ID).Status)
+
+	in := b.waitTerminal(t, undecodable.ID)
+	require.Equal(t, saga.StatusFailed, in.Status)
+	require.Equal(t, saga.CodeStateDecode, in.LastError.Code)
+	require.Contains(t, in.LastError.Message, "decode state")
+
+	in = b.waitTerminal(t, lostStep.ID)
+	require.Equal(t, saga.StatusFailed, in.Status)
+	require.Equal(t, saga.CodeUnknownStep, in.LastError.Code)
+	require.Contains(t, in.LastError.Message, `has no step "removed"`)
+
+	in = b.waitTerminal(t, grows.ID)
+	require.Equal(t, saga.StatusCompensated, in.Status)
+	require.Equal(t, saga.CodeTooLarge, in.LastError.Code)
+	require.Contains(t, in.LastError.Message, "more than MaxStateBytes (4096)")
+	require.Equal(t, []string{"reserve/forward", "reserve/compensate"}, b.effects(t, grows.ID))
+
+	// Every bad command is parked as dead with its reason, none deleted.
+	reason := func(id uuid.UUID) string {
+		var status, lastErr string
+		waitFor(t, 10e9, func() bool {
+			require.NoError(t, b.pool.QueryRow(ctx, "SELECT status, coalesce(last_error, '') FROM "+b.table("outbox")+" WHERE id = $1", id).Scan(&status, &lastErr))
+			return status == "dead"
+		}, "message %s to be parked", id)
+		return lastErr
+	}
+	require.Contains(t, reason(garbage), "malformed command: decode payload")
+	require.Contains(t, reason(wrongType), `message type "orders.created" is not "sagaflow.step"`)
+	require.Contains(t, reason(unknownField), `unknown field "extra"`)
+	require.Contains(t, reason(ghost), "saga "+ghostID.String()+" does not exist")
+	var foreignMsg uuid.UUID
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT id FROM "+b.table("outbox")+" WHERE saga_id = $1", foreign.ID).Scan(&foreignMsg))
+	require.Contains(t, reason(foreignMsg), `no definition named "renamed" is registered with this engine (registered: bad-input)`)
+	// The foreign saga itself is untouched (another engine may know it) but
+	// its timeline says what happened.
+	in, err = b.engine.Get(ctx, foreign.ID)
+	require.NoError(t, err)
+	require.Equal(t, saga.StatusRunning, in.Status)
+	require.Equal(t, saga.EventCommandParked, in.History[len(in.History)-1].Type)
+	require.Equal(t, saga.CodeUnknownSaga, in.History[len(in.History)-1].ErrorCode)
+
+	require.GreaterOrEqual(t, b.engine.Stats().Parked, int64(6))
+}
