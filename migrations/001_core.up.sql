@@ -66,14 +66,23 @@ CREATE TABLE {{schema}}.outbox (
     available_at  timestamptz NOT NULL DEFAULT now(),
     created_at    timestamptz NOT NULL DEFAULT now(),
     published_at  timestamptz
-) WITH (fillfactor = 80);
+) WITH (
+    fillfactor = 80,
+    -- A queue table: rows are inserted and consumed all day. Vacuum it after
+    -- a fixed number of dead rows, not a fraction of its size, so that
+    -- claims do not wade through dead index entries.
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 5000,
+    autovacuum_vacuum_insert_scale_factor = 0,
+    autovacuum_vacuum_insert_threshold = 20000
+);
 
--- Engine workers claim direct commands per topic; the relay claims the rest.
+-- Engine workers claim direct commands per topic and delete them once
+-- consumed (the saga history records them); the relay claims the rest.
 CREATE INDEX outbox_direct_pending ON {{schema}}.outbox (topic, available_at)
     WHERE status = 'pending' AND delivery = 'direct';
 CREATE INDEX outbox_relay_pending ON {{schema}}.outbox (available_at)
     WHERE status = 'pending' AND delivery = 'relay';
-CREATE INDEX outbox_saga ON {{schema}}.outbox (saga_id) WHERE saga_id IS NOT NULL;
 CREATE INDEX outbox_dead ON {{schema}}.outbox (created_at) WHERE status = 'dead';
 
 -- Processed message and step keys, per consumer. A key is written in the same

@@ -72,7 +72,7 @@ func TestTwoEnginesRunAThousandSagasExactlyOnce(t *testing.T) {
 		" GROUP BY saga_id, step, direction HAVING count(*) <> 1) d"))
 	want := 3*sagas - sagas/10 + 2*(sagas/10) // completed: 3; compensated: 2 forward + 2 compensations
 	require.Equal(t, want, b.count(t, "SELECT count(*) FROM "+b.table("effects")))
-	require.Equal(t, 0, b.count(t, "SELECT count(*) FROM "+b.table("outbox")+" WHERE status <> 'published'"))
+	require.Equal(t, 0, b.count(t, "SELECT count(*) FROM "+b.table("outbox")))
 	// Both engines did part of the work.
 	require.Positive(t, b.engine.Stats().StepsSucceeded)
 	require.Positive(t, second.Stats().StepsSucceeded)

@@ -42,6 +42,9 @@ const (
 	// HandlerGraceDefault is how long a handler may run past its timeout
 	// before its worker gives up on it and closes its connection.
 	HandlerGraceDefault = 10 * time.Second
+	// UnknownSagaGraceDefault is how long a command for a saga or step this
+	// engine does not know waits for an engine that knows it.
+	UnknownSagaGraceDefault = 10 * time.Minute
 )
 
 // Config configures an [Engine]. The zero value is valid; zero fields take
@@ -74,6 +77,11 @@ type Config struct {
 	// may keep its worker before the worker abandons it and closes the
 	// transaction's connection. Defaults to HandlerGraceDefault.
 	HandlerGrace time.Duration
+	// UnknownSagaGrace is how long a command for a saga or a step that this
+	// engine does not know is left for other engines (during a rolling
+	// deploy, say) before it is parked as dead with the reason. Defaults to
+	// UnknownSagaGraceDefault.
+	UnknownSagaGrace time.Duration
 	// Logger receives the engine's logs. Defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -100,6 +108,7 @@ func (c *Config) withDefaults() (Config, error) {
 		{out.MaxStateBytes < 0, "MaxStateBytes must not be negative"},
 		{out.RescueSlack < 0, "RescueSlack must not be negative"},
 		{out.HandlerGrace < 0, "HandlerGrace must not be negative"},
+		{out.UnknownSagaGrace < 0, "UnknownSagaGrace must not be negative"},
 	} {
 		if ch.bad {
 			return out, fmt.Errorf("%w: %s", ErrInvalidConfig, ch.what)
@@ -126,6 +135,9 @@ func (c *Config) withDefaults() (Config, error) {
 	if out.HandlerGrace == 0 {
 		out.HandlerGrace = HandlerGraceDefault
 	}
+	if out.UnknownSagaGrace == 0 {
+		out.UnknownSagaGrace = UnknownSagaGraceDefault
+	}
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
@@ -145,6 +157,7 @@ type Engine struct {
 	mu      sync.Mutex
 	defs    map[string]*compiled
 	byOwner map[any]*compiled
+	known   []string  // aggregatetype of the commands of registered sagas
 	run     *runState // non-nil while running or stopping
 	frozen  bool      // set at the first Start: definitions no longer change
 
@@ -207,8 +220,18 @@ func (e *Engine) Register(defs ...AnyDefinition) error {
 	for _, c := range compiledDefs {
 		e.defs[c.name] = c
 		e.byOwner[c.owner] = c
+		e.known = append(e.known, aggregateType(c.name))
 	}
 	return nil
+}
+
+// aggregateType is the outbox aggregatetype of a saga's commands.
+func aggregateType(name string) string { return "saga." + name }
+
+func (e *Engine) knownAggregates() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.known
 }
 
 func (e *Engine) lookupOwner(owner any, name string) (*compiled, error) {
@@ -216,6 +239,9 @@ func (e *Engine) lookupOwner(owner any, name string) (*compiled, error) {
 	defer e.mu.Unlock()
 	c := e.byOwner[owner]
 	if c == nil {
+		if e.defs[name] != nil {
+			return nil, fmt.Errorf("%w: %q: a different Definition value with that name is registered; start sagas with the value you registered", ErrNotRegistered, name)
+		}
 		return nil, fmt.Errorf("%w: %q", ErrNotRegistered, name)
 	}
 	return c, nil
@@ -408,7 +434,7 @@ func (e *Engine) work(fetchCtx, workCtx context.Context, wake chan struct{}) {
 			continue
 		}
 		wait := e.cfg.PollInterval
-		if d, ok, err := e.st.NextDirectDue(fetchCtx, e.pool, e.cfg.CommandTopic); err == nil && ok {
+		if d, ok, err := e.st.NextDirectDue(fetchCtx, e.pool, e.cfg.CommandTopic, e.knownAggregates(), e.cfg.UnknownSagaGrace); err == nil && ok {
 			wait = min(wait, max(d, time.Millisecond))
 		}
 		timer := time.NewTimer(wait)

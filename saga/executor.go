@@ -65,7 +65,7 @@ func (e *Engine) commandMessage(sagaID uuid.UUID, name, step string, dir steps.D
 	id := uuid.Must(uuid.NewV7())
 	return store.Message{
 		ID: id, Topic: e.cfg.CommandTopic, Delivery: store.DeliveryDirect,
-		AggregateType: "saga." + name, AggregateID: sagaID.String(), Type: commandType, Payload: payload,
+		AggregateType: aggregateType(name), AggregateID: sagaID.String(), Type: commandType, Payload: payload,
 		Headers: map[string]string{
 			"sagaflow-message-id": id.String(),
 			"sagaflow-saga-id":    sagaID.String(),
@@ -86,12 +86,46 @@ type batch struct {
 	e         *Engine
 	tx        pgx.Tx
 	delivered []uuid.UUID
-	deferred  []uuid.UUID
+	deferred  []deferral
 	ready     bool
+	// clean names a savepoint with nothing written after it, ready for the
+	// next command, or is "" when there is none.
+	clean string
+	seq   int
+	// abandoned is set when a handler overran; the transaction is lost.
+	abandoned *abandonedStep
+}
+
+type deferral struct {
+	id     uuid.UUID
+	reason string
+}
+
+// abandonedStep is what is needed to record an abandoned attempt after its
+// transaction is gone.
+type abandonedStep struct {
+	saga    store.Saga
+	def     *compiled
+	idx     int
+	dir     steps.Direction
+	attempt int
+	err     error
+	elapsed time.Duration
+}
+
+// beginQuery starts a batch transaction. READ COMMITTED whatever the
+// server's default; the lease in database time (a worker that stops talking
+// to PostgreSQL while it holds claims, paused or partitioned, loses its
+// session and with it the claims and the uncommitted steps); and a check
+// that notices a vanished client while a statement runs.
+func (e *Engine) beginQuery() string {
+	lease := e.maxStepTimeout() + e.cfg.HandlerGrace + 5*time.Second
+	return "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL idle_in_transaction_session_timeout = " +
+		strconv.FormatInt(lease.Milliseconds(), 10) + "; SET LOCAL client_connection_check_interval = 1000"
 }
 
 // runBatch claims up to BatchSize commands, runs their steps in one
-// transaction (each under a savepoint) and commits once.
+// transaction (each under its own savepoint) and commits once.
 func (e *Engine) runBatch(fetchCtx, ctx context.Context) (res batchResult, err error) {
 	conn, err := e.pool.Acquire(fetchCtx)
 	if err != nil {
@@ -103,7 +137,7 @@ func (e *Engine) runBatch(fetchCtx, ctx context.Context) (res batchResult, err e
 			conn.Release()
 		}
 	}()
-	tx, err := conn.Begin(ctx)
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: e.beginQuery()})
 	if err != nil {
 		return res, fmt.Errorf("saga: begin batch: %w", err)
 	}
@@ -112,15 +146,7 @@ func (e *Engine) runBatch(fetchCtx, ctx context.Context) (res batchResult, err e
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 		}
 	}()
-	// The lease in database time: a worker that stops talking to PostgreSQL
-	// (paused, partitioned) while it holds claims loses its session and with
-	// it the claims and the uncommitted step.
-	lease := e.maxStepTimeout() + e.cfg.HandlerGrace + 5*time.Second
-	if _, err := tx.Exec(ctx, "SELECT set_config('idle_in_transaction_session_timeout', $1, true)",
-		strconv.FormatInt(lease.Milliseconds(), 10)); err != nil {
-		return res, fmt.Errorf("saga: set lease: %w", err)
-	}
-	claimed, err := e.st.ClaimDirect(ctx, tx, e.cfg.CommandTopic, e.cfg.BatchSize)
+	claimed, err := e.st.ClaimDirect(ctx, tx, e.cfg.CommandTopic, e.cfg.BatchSize, e.knownAggregates(), e.cfg.UnknownSagaGrace)
 	if err != nil {
 		return res, err
 	}
@@ -131,46 +157,38 @@ func (e *Engine) runBatch(fetchCtx, ctx context.Context) (res batchResult, err e
 
 	b := &batch{e: e, tx: tx}
 	cmds := make([]command, len(claimed))
-	valid := make([]bool, len(claimed))
-	var ids []uuid.UUID
+	derrs := make([]error, len(claimed))
+	ids := make([]uuid.UUID, 0, len(claimed))
 	for i := range claimed {
-		cmd, derr := decodeCommand(&claimed[i])
-		if derr != nil {
-			if err := b.park(ctx, &claimed[i], nil, CodeMalformed, "malformed command: "+derr.Error()); err != nil {
-				return res, err
-			}
-			continue
-		}
-		cmds[i], valid[i] = cmd, true
-		ids = append(ids, cmd.SagaID)
-	}
-	sagas := map[uuid.UUID]*store.LockedSaga{}
-	if len(ids) > 0 {
-		if sagas, err = e.st.LockSagas(ctx, tx, ids); err != nil {
-			return res, err
+		cmds[i], derrs[i] = decodeCommand(&claimed[i])
+		if derrs[i] == nil {
+			ids = append(ids, cmds[i].SagaID)
 		}
 	}
+	sagas, err := e.st.LockSagas(ctx, tx, ids)
+	if err != nil {
+		return res, err
+	}
 	for i := range claimed {
-		if !valid[i] {
-			continue
+		err := b.handle(ctx, &claimed[i], cmds[i], derrs[i], sagas, i == len(claimed)-1)
+		if errors.Is(err, errAbandoned) {
+			// The handler may still use the connection: never touch it
+			// again. Closing it ends the transaction on the server.
+			hijacked = true
+			_ = conn.Hijack().PgConn().Conn().Close()
+			return res, e.recordAbandoned(context.WithoutCancel(ctx), b.abandoned)
 		}
-		if err := b.handle(ctx, &claimed[i], cmds[i], sagas[cmds[i].SagaID]); err != nil {
-			if errors.Is(err, errAbandoned) {
-				// The handler still uses the connection: never touch it again.
-				hijacked = true
-				raw := conn.Hijack()
-				_ = raw.PgConn().Conn().Close()
-			}
+		if err != nil {
 			return res, err
 		}
 	}
 
 	end := &pgx.Batch{}
 	if len(b.delivered) > 0 {
-		e.st.QueueMarkDelivered(end, b.delivered)
+		e.st.QueueDeleteDelivered(end, b.delivered)
 	}
-	if len(b.deferred) > 0 {
-		e.st.QueueDefer(end, b.deferred, deferDelay, deferDelayMax)
+	for _, d := range b.deferred {
+		e.st.QueueDefer(end, []uuid.UUID{d.id}, deferDelay, deferDelayMax, d.reason)
 	}
 	if b.ready {
 		e.st.QueueNotify(end, e.cfg.CommandTopic)
@@ -186,7 +204,7 @@ func (e *Engine) runBatch(fetchCtx, ctx context.Context) (res batchResult, err e
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return res, fmt.Errorf("saga: commit batch of %d steps: %w", len(claimed), err)
+		return res, fmt.Errorf("saga: commit batch of %d commands: %w", len(claimed), err)
 	}
 	res.readyCreated = b.ready
 	return res, nil
@@ -212,20 +230,36 @@ func (b *batch) park(ctx context.Context, c *store.Claimed, sagaID *uuid.UUID, c
 		return err
 	}
 	if sagaID == nil {
-		sagaID = c.SagaID
+		return nil
 	}
-	if sagaID != nil {
-		detail, _ := json.Marshal(map[string]string{"message_id": c.ID.String()})
-		return b.e.st.InsertHistory(ctx, b.tx, &store.HistoryEntry{
-			SagaID: *sagaID, Event: EventCommandParked, Error: reason, ErrorCode: code, Detail: detail,
-		})
+	detail, _ := json.Marshal(map[string]string{"message_id": c.ID.String()})
+	return b.e.st.InsertHistory(ctx, b.tx, &store.HistoryEntry{
+		SagaID: *sagaID, Event: EventCommandParked, Error: reason, ErrorCode: code, Detail: detail,
+	})
+}
+
+// unknown defers a command that this engine cannot run (another engine,
+// newer or older, may know its saga or step), and parks it once it is older
+// than UnknownSagaGrace.
+func (b *batch) unknown(ctx context.Context, c *store.Claimed, sagaID *uuid.UUID, code, reason string) (parked bool, err error) {
+	if c.Age < b.e.cfg.UnknownSagaGrace {
+		b.e.stats.deferred.Add(1)
+		b.deferred = append(b.deferred, deferral{id: c.ID, reason: reason})
+		return false, nil
 	}
-	return nil
+	return true, b.park(ctx, c, sagaID, code, fmt.Sprintf("%s; no engine ran it within UnknownSagaGrace (%s)", reason, b.e.cfg.UnknownSagaGrace))
 }
 
 // handle runs one claimed command. A returned error aborts the batch.
-func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, ls *store.LockedSaga) error {
+func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, derr error, sagas map[uuid.UUID]*store.LockedSaga, last bool) error {
 	e := b.e
+	if derr != nil {
+		return b.park(ctx, c, c.SagaID, CodeMalformed, "malformed command: "+derr.Error())
+	}
+	if c.SagaID == nil || *c.SagaID != cmd.SagaID {
+		return b.park(ctx, c, nil, CodeMalformed, fmt.Sprintf("malformed command: payload names saga %s but the row's saga_id is %v", cmd.SagaID, c.SagaID))
+	}
+	ls := sagas[cmd.SagaID]
 	if ls == nil {
 		return b.park(ctx, c, nil, CodeUnknownSaga, fmt.Sprintf("saga %s does not exist", cmd.SagaID))
 	}
@@ -234,13 +268,14 @@ func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, ls *s
 	}
 	def := e.lookupName(ls.Name)
 	if def == nil {
-		return b.park(ctx, c, &ls.ID, CodeUnknownSaga,
+		_, err := b.unknown(ctx, c, &ls.ID, CodeUnknownSaga,
 			fmt.Sprintf("no definition named %q is registered with this engine (registered: %s)", ls.Name, e.registeredNames()))
+		return err
 	}
 	if !ls.Locked {
 		// Another transaction runs a step of this saga right now.
 		e.stats.deferred.Add(1)
-		b.deferred = append(b.deferred, c.ID)
+		b.deferred = append(b.deferred, deferral{id: c.ID})
 		return nil
 	}
 	if ls.Version != cmd.Version || Status(ls.Status).Terminal() {
@@ -248,84 +283,167 @@ func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, ls *s
 		b.delivered = append(b.delivered, c.ID)
 		return nil
 	}
-	b.delivered = append(b.delivered, c.ID)
 	idx, known := def.byName[ls.StepName]
 	dir := steps.Direction(ls.Direction)
 	if !known || !dir.Valid() {
-		reason := fmt.Sprintf("saga %q has no step %q (direction %q); was the definition changed?", ls.Name, ls.StepName, ls.Direction)
-		if err := b.park(ctx, c, &ls.ID, CodeUnknownStep, reason); err != nil {
+		reason := fmt.Sprintf("saga %q has no step %q (direction %q)", ls.Name, ls.StepName, ls.Direction)
+		parked, err := b.unknown(ctx, c, &ls.ID, CodeUnknownStep, reason)
+		if err != nil || !parked {
 			return err
 		}
-		return b.apply(ctx, ls, &plan{tr: b.failTransition(ls, ls.StepName, CodeUnknownStep, reason),
-			history: []store.HistoryEntry{{SagaID: ls.ID, Event: EventSagaFailed, StepName: ls.StepName,
-				Direction: ls.Direction, Epoch: ls.Epoch, Error: reason, ErrorCode: CodeUnknownStep}}})
+		sp, err := b.savepoint(ctx)
+		if err != nil {
+			return err
+		}
+		tr := failTransition(&ls.Saga, ls.StepName, CodeUnknownStep, reason)
+		tr.History = []store.HistoryEntry{{SagaID: ls.ID, Event: EventSagaFailed, StepName: ls.StepName,
+			Direction: ls.Direction, Epoch: ls.Epoch, Error: reason, ErrorCode: CodeUnknownStep}}
+		_, err = b.write(ctx, &ls.Saga, tr, sp, "", last)
+		return err
 	}
-	return b.execute(ctx, ls, def, idx, dir)
+	b.delivered = append(b.delivered, c.ID)
+	processed := ls.Processed
+	ls.Processed = false // only true for the state it was read in
+	return b.execute(ctx, &ls.Saga, def, idx, dir, processed, last)
+}
+
+// savepoint returns a savepoint with nothing written after it, opening one
+// if needed.
+func (b *batch) savepoint(ctx context.Context) (string, error) {
+	if b.clean != "" {
+		sp := b.clean
+		b.clean = ""
+		return sp, nil
+	}
+	sp := b.nextSavepoint()
+	if _, err := b.tx.Exec(ctx, "SAVEPOINT "+sp); err != nil {
+		return "", fmt.Errorf("saga: open step: %w", err)
+	}
+	return sp, nil
+}
+
+func (b *batch) nextSavepoint() string {
+	b.seq++
+	return "sagaflow_step_" + strconv.Itoa(b.seq)
 }
 
 // execute runs step idx of the saga in direction dir under a savepoint and
 // writes its outcome.
-func (b *batch) execute(ctx context.Context, ls *store.LockedSaga, def *compiled, idx int, dir steps.Direction) error {
+func (b *batch) execute(ctx context.Context, sg *store.Saga, def *compiled, idx int, dir steps.Direction, processed, last bool) error {
 	e := b.e
-	key := steps.Key{SagaID: ls.ID, Step: ls.StepName, Direction: dir, Epoch: ls.Epoch}
-	keyText := key.String()
-
-	pre := &pgx.Batch{}
-	pre.Queue("SAVEPOINT sagaflow_step")
-	fresh := false
-	e.st.QueueInboxKey(pre, store.InboxConsumerEngine, keyText).Exec(func(tag pgconn.CommandTag) error { fresh = tag.RowsAffected() == 1; return nil })
-	if err := b.tx.SendBatch(ctx, pre).Close(); err != nil {
-		return fmt.Errorf("saga: open step %s: %w", keyText, err)
+	sp, err := b.savepoint(ctx)
+	if err != nil {
+		return err
 	}
-	if !fresh {
+	key := steps.Key{SagaID: sg.ID, Step: sg.StepName, Direction: dir, Epoch: sg.Epoch}
+	if processed {
 		// The key is in the inbox: this step's effects were committed before.
 		// Move on without running it twice.
-		e.stats.dedup.Add(1)
-		p := b.successPlan(ls, def, idx, dir, nil, 0)
-		p.history = append([]store.HistoryEntry{{SagaID: ls.ID, Event: EventStepDeduplicated, StepName: ls.StepName,
-			Direction: string(dir), Epoch: ls.Epoch, Attempt: ls.Attempt + 1}}, p.history...)
-		return b.apply(ctx, ls, p)
+		tr := e.successTransition(sg, def, idx, dir, nil, 0, "")
+		tr.History = append([]store.HistoryEntry{{SagaID: sg.ID, Event: EventStepDeduplicated, StepName: sg.StepName,
+			Direction: string(dir), Epoch: sg.Epoch, Attempt: sg.Attempt + 1}}, tr.History...)
+		fenced, err := b.write(ctx, sg, tr, sp, "", last)
+		if fenced {
+			e.stats.dedup.Add(1)
+		}
+		return err
 	}
-
-	attempt := ls.Attempt + 1
+	attempt := sg.Attempt + 1
 	timeout := def.steps[idx].timeout
 	run := &StepRun{
-		Tx: b.tx, Key: key, SagaID: ls.ID, SagaName: ls.Name, Step: ls.StepName, Direction: dir,
-		Epoch: ls.Epoch, Attempt: attempt,
+		Tx: stepTx{b.tx}, Key: key, SagaID: sg.ID, SagaName: sg.Name, Step: sg.StepName, Direction: dir,
+		Epoch: sg.Epoch, Attempt: attempt,
 	}
-	if ls.BusinessKey != nil {
-		run.BusinessKey = *ls.BusinessKey
+	if sg.BusinessKey != nil {
+		run.BusinessKey = *sg.BusinessKey
 	}
 	started := time.Now()
-	newState, herr := e.callHandler(ctx, def, run, idx, dir, ls.State, timeout)
+	newState, herr := e.callHandler(ctx, def, run, idx, dir, sg.State, timeout)
+	elapsed := time.Since(started)
 	if errors.Is(herr, errAbandoned) {
+		b.abandoned = &abandonedStep{saga: *sg, def: def, idx: idx, dir: dir, attempt: attempt, elapsed: elapsed,
+			err: steps.WithCode(CodeAbandonedRunOn, fmt.Errorf("step %q ignored its context for %s past its %s timeout; its worker abandoned it",
+				sg.StepName, e.cfg.HandlerGrace, timeout))}
 		return herr
 	}
-	elapsed := time.Since(started)
 	if herr == nil {
-		if len(newState) > e.cfg.MaxStateBytes {
-			herr = steps.Permanent(steps.WithCode(CodeTooLarge,
-				fmt.Errorf("state is %d bytes after step %q, more than MaxStateBytes (%d)", len(newState), ls.StepName, e.cfg.MaxStateBytes)))
-		} else if bytes.Contains(newState, []byte(`\u0000`)) {
-			herr = steps.Permanent(steps.WithCode(CodeStateEncode,
-				errors.New("state contains a NUL character (\\u0000), which PostgreSQL jsonb cannot store")))
-		}
+		herr = e.checkNewState(sg.StepName, newState)
 	}
 	if herr == nil {
-		p := b.successPlan(ls, def, idx, dir, newState, elapsed)
-		err := b.apply(ctx, ls, p)
-		if err == nil || !isStatementError(err) {
+		tr := e.successTransition(sg, def, idx, dir, newState, elapsed, key.String())
+		fenced, err := b.write(ctx, sg, tr, sp, "", last)
+		switch {
+		case err == nil:
+			if fenced {
+				e.stats.succeeded.Add(1)
+			}
+			return nil
+		case !isStatementError(err):
 			return err
 		}
 		// The step's own writes or ours failed inside the transaction (the
 		// handler left it aborted, say): undo the step and record a failure.
 		herr = steps.WithCode(CodeTxAborted, fmt.Errorf("commit step: %w", err))
 	}
-	if _, err := b.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT sagaflow_step"); err != nil {
-		return fmt.Errorf("saga: roll back step %s: %w", keyText, err)
+	tr := e.failureTransition(sg, def, idx, dir, attempt, herr, elapsed)
+	fenced, err := b.write(ctx, sg, tr, sp, sp, last)
+	if fenced {
+		e.stats.failed.Add(1)
+		if tr.StepIndex == idx && tr.Direction == string(dir) && len(tr.Messages) > 0 {
+			e.stats.retries.Add(1)
+		}
 	}
-	e.stats.failed.Add(1)
-	return b.apply(ctx, ls, b.failurePlan(ls, def, idx, dir, attempt, herr, elapsed))
+	return err
+}
+
+// checkNewState refuses state a handler left that cannot be stored.
+func (e *Engine) checkNewState(step string, state []byte) error {
+	if len(state) > e.cfg.MaxStateBytes {
+		return steps.Permanent(steps.WithCode(CodeTooLarge,
+			fmt.Errorf("state is %d bytes after step %q, more than MaxStateBytes (%d)", len(state), step, e.cfg.MaxStateBytes)))
+	}
+	if bytes.Contains(state, []byte(`\u0000`)) {
+		return steps.Permanent(steps.WithCode(CodeStateEncode,
+			errors.New("state contains a NUL character (\\u0000), which PostgreSQL jsonb cannot store")))
+	}
+	return nil
+}
+
+// recordAbandoned writes the failure of an abandoned attempt in a
+// transaction of its own, fenced on the version the attempt started from,
+// so that the attempt counts, is retried after its backoff or compensated,
+// and never blocks its saga. It first waits for the saga's execution lock:
+// the abandoned transaction holds it until its server process notices the
+// closed connection, and whoever runs the saga next must see this record.
+func (e *Engine) recordAbandoned(ctx context.Context, a *abandonedStep) error {
+	tr := e.failureTransition(&a.saga, a.def, a.idx, a.dir, a.attempt, a.err, a.elapsed)
+	err := pgx.BeginTxFunc(ctx, e.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		wait := e.maxStepTimeout() + e.cfg.HandlerGrace
+		if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = "+strconv.FormatInt(wait.Milliseconds(), 10)+"; SAVEPOINT sagaflow_abandoned"); err != nil {
+			return err
+		}
+		if err := e.st.LockSaga(ctx, tx, a.saga.ID); err != nil {
+			return err
+		}
+		fenced, err := e.st.ApplyTransition(ctx, tx, tr, "sagaflow_abandoned")
+		switch {
+		case err != nil:
+			return err
+		case !fenced:
+			// Another worker ran the step meanwhile; the timeline still
+			// shows the abandoned attempt.
+			failed := tr.History[0]
+			failed.Detail = durationDetail(a.elapsed, map[string]any{"superseded": true})
+			return e.st.InsertHistory(ctx, tx, &failed)
+		case len(tr.Messages) > 0:
+			return e.st.Notify(ctx, tx, e.cfg.CommandTopic)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("saga: record abandoned step of saga %s: %w", a.saga.ID, err)
+	}
+	return errAbandoned
 }
 
 // isStatementError reports whether err came from PostgreSQL about a statement
@@ -335,6 +453,15 @@ func isStatementError(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr)
 }
+
+// stepTx is the transaction handed to a step: the step may use it, and nest
+// savepoints with Begin, but it must not end it.
+type stepTx struct{ pgx.Tx }
+
+var errStepTxEnd = errors.New("saga: a step must not commit or roll back its transaction; return an error to fail the step")
+
+func (stepTx) Commit(context.Context) error   { return errStepTxEnd }
+func (stepTx) Rollback(context.Context) error { return errStepTxEnd }
 
 var errAbandoned = errors.New("saga: handler ignored its cancelled context past the grace period; its connection was closed")
 
@@ -396,82 +523,82 @@ func (e *Engine) callHandler(ctx context.Context, def *compiled, run *StepRun, i
 	return r.state, r.err
 }
 
-// plan is the writes of one step outcome.
-type plan struct {
-	tr       store.Transition
-	history  []store.HistoryEntry
-	messages []store.Message
-}
-
-// apply writes p in one round trip; if the fenced update finds the saga moved
-// on, the step's writes are rolled back to its savepoint and the command is
-// counted stale.
-func (b *batch) apply(ctx context.Context, ls *store.LockedSaga, p *plan) error {
+// write applies the fenced transition tr in one round trip, after rolling
+// back to savepoint rollback when it is set, and opens the next command's
+// savepoint in the same round trip unless this was the batch's last command.
+// sp is the savepoint taken before this command's writes: when the saga has
+// moved on (fenced is false), everything since sp is rolled back.
+func (b *batch) write(ctx context.Context, sg *store.Saga, tr *store.Transition, sp, rollback string, last bool) (fenced bool, err error) {
 	e := b.e
 	q := &pgx.Batch{}
-	fenced := false
-	e.st.QueueTransition(q, &p.tr).Exec(func(tag pgconn.CommandTag) error {
+	if rollback != "" {
+		q.Queue("ROLLBACK TO SAVEPOINT " + rollback)
+	}
+	e.st.QueueTransition(q, tr).Exec(func(tag pgconn.CommandTag) error {
 		fenced = tag.RowsAffected() == 1
 		return nil
 	})
-	for i := range p.history {
-		e.st.QueueHistory(q, &p.history[i])
-	}
-	for i := range p.messages {
-		e.st.QueueMessage(q, &p.messages[i])
+	next := ""
+	if !last {
+		next = b.nextSavepoint()
+		q.Queue("SAVEPOINT " + next)
 	}
 	if err := b.tx.SendBatch(ctx, q).Close(); err != nil {
-		return fmt.Errorf("saga: write outcome of saga %s: %w", ls.ID, err)
+		b.clean = ""
+		return false, fmt.Errorf("saga: write outcome of saga %s: %w", sg.ID, err)
 	}
+	b.clean = next
 	if !fenced {
-		e.stats.stale.Add(1)
-		if _, err := b.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT sagaflow_step"); err != nil {
-			return fmt.Errorf("saga: roll back fenced step of saga %s: %w", ls.ID, err)
+		// The saga moved on while the step ran: undo the step and ours.
+		if _, err := b.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+sp); err != nil {
+			return false, fmt.Errorf("saga: roll back fenced step of saga %s: %w", sg.ID, err)
 		}
+		b.clean = sp
+		e.stats.stale.Add(1)
 		e.log.InfoContext(ctx, "sagaflow refused a step commit: the saga moved on",
-			slog.String("saga_id", ls.ID.String()), slog.Int64("version", ls.Version))
-		return nil
+			slog.String("saga_id", sg.ID.String()), slog.Int64("version", sg.Version))
+		return false, nil
 	}
-	ls.Version++
-	ls.Status = p.tr.Status
-	for _, m := range p.messages {
+	sg.Version++
+	sg.Status = tr.Status
+	for _, m := range tr.Messages {
 		if m.Delay <= 0 {
 			b.ready = true
 		}
 	}
-	return nil
+	return true, nil
 }
 
-func (b *batch) transition(ls *store.LockedSaga) store.Transition {
-	return store.Transition{
-		ID: ls.ID, Version: ls.Version, Status: ls.Status, StepIndex: ls.StepIndex, StepName: ls.StepName,
-		Direction: ls.Direction, Epoch: ls.Epoch, Attempt: ls.Attempt,
-		LastError: ls.LastError, LastErrorCode: ls.LastErrorCode, FailedStep: ls.FailedStep,
+func transitionFrom(sg *store.Saga) *store.Transition {
+	return &store.Transition{
+		ID: sg.ID, Version: sg.Version, Status: sg.Status, StepIndex: sg.StepIndex, StepName: sg.StepName,
+		Direction: sg.Direction, Epoch: sg.Epoch, Attempt: sg.Attempt,
+		LastError: sg.LastError, LastErrorCode: sg.LastErrorCode, FailedStep: sg.FailedStep,
 	}
 }
 
-func (b *batch) failTransition(ls *store.LockedSaga, step, code, reason string) store.Transition {
-	tr := b.transition(ls)
+func failTransition(sg *store.Saga, step, code, reason string) *store.Transition {
+	tr := transitionFrom(sg)
 	tr.Status = store.StatusFailed
 	tr.LastError, tr.LastErrorCode, tr.FailedStep = &reason, &code, &step
 	return tr
 }
 
 // moveTo points tr at step i in direction dir with its command, or ends the
-// saga with status end when i < 0 or past the last step.
-func (b *batch) moveTo(p *plan, ls *store.LockedSaga, def *compiled, i int, dir steps.Direction, delay time.Duration, endStatus string, endEvent string) {
+// saga with endStatus when i is before the first or past the last step.
+func (e *Engine) moveTo(tr *store.Transition, sg *store.Saga, def *compiled, i int, dir steps.Direction, delay time.Duration, endStatus, endEvent string) {
 	if i < 0 || i >= len(def.steps) {
-		p.tr.Status = endStatus
-		p.history = append(p.history, store.HistoryEntry{SagaID: ls.ID, Event: endEvent, Epoch: ls.Epoch})
+		tr.Status = endStatus
+		tr.History = append(tr.History, store.HistoryEntry{SagaID: sg.ID, Event: endEvent, Epoch: sg.Epoch})
 		return
 	}
 	status := store.StatusRunning
 	if dir == steps.Compensate {
 		status = store.StatusCompensating
 	}
-	p.tr.Status, p.tr.StepIndex, p.tr.StepName, p.tr.Direction, p.tr.Attempt = status, i, def.steps[i].name, string(dir), 0
-	p.tr.CheckAfter = delay + def.steps[i].timeout + b.e.cfg.RescueSlack
-	p.messages = append(p.messages, b.e.commandMessage(ls.ID, ls.Name, def.steps[i].name, dir, ls.Epoch, ls.Version+1, delay))
+	tr.Status, tr.StepIndex, tr.StepName, tr.Direction, tr.Attempt = status, i, def.steps[i].name, string(dir), 0
+	tr.CheckAfter = delay + def.steps[i].timeout + e.cfg.RescueSlack
+	tr.Messages = append(tr.Messages, e.commandMessage(sg.ID, sg.Name, def.steps[i].name, dir, sg.Epoch, sg.Version+1, delay))
 }
 
 func durationDetail(d time.Duration, extra map[string]any) []byte {
@@ -483,27 +610,28 @@ func durationDetail(d time.Duration, extra map[string]any) []byte {
 	return out
 }
 
-func (b *batch) successPlan(ls *store.LockedSaga, def *compiled, idx int, dir steps.Direction, newState []byte, elapsed time.Duration) *plan {
-	b.e.stats.succeeded.Add(1)
-	p := &plan{tr: b.transition(ls)}
-	p.tr.State = newState
+func (e *Engine) successTransition(sg *store.Saga, def *compiled, idx int, dir steps.Direction, newState []byte, elapsed time.Duration, key string) *store.Transition {
+	tr := transitionFrom(sg)
+	tr.State = newState
+	if key != "" {
+		tr.InboxConsumer, tr.InboxKey = store.InboxConsumerEngine, key
+	}
 	event := EventStepCompleted
 	if dir == steps.Compensate {
 		event = EventCompensationCompleted
 	}
-	p.history = append(p.history, store.HistoryEntry{SagaID: ls.ID, Event: event, StepName: ls.StepName,
-		Direction: string(dir), Epoch: ls.Epoch, Attempt: ls.Attempt + 1, Detail: durationDetail(elapsed, nil)})
+	tr.History = append(tr.History, store.HistoryEntry{SagaID: sg.ID, Event: event, StepName: sg.StepName,
+		Direction: string(dir), Epoch: sg.Epoch, Attempt: sg.Attempt + 1, Detail: durationDetail(elapsed, nil)})
 	if dir == steps.Forward {
-		p.tr.LastError, p.tr.LastErrorCode, p.tr.FailedStep = nil, nil, nil
-		b.moveTo(p, ls, def, idx+1, steps.Forward, 0, store.StatusCompleted, EventSagaCompleted)
+		tr.LastError, tr.LastErrorCode, tr.FailedStep = nil, nil, nil
+		e.moveTo(tr, sg, def, idx+1, steps.Forward, 0, store.StatusCompleted, EventSagaCompleted)
 	} else {
-		b.moveTo(p, ls, def, def.prevCompensable(idx-1), steps.Compensate, 0, store.StatusCompensated, EventSagaCompensated)
+		e.moveTo(tr, sg, def, def.prevCompensable(idx-1), steps.Compensate, 0, store.StatusCompensated, EventSagaCompensated)
 	}
-	return p
+	return tr
 }
 
-func (b *batch) failurePlan(ls *store.LockedSaga, def *compiled, idx int, dir steps.Direction, attempt int, herr error, elapsed time.Duration) *plan {
-	e := b.e
+func (e *Engine) failureTransition(sg *store.Saga, def *compiled, idx int, dir steps.Direction, attempt int, herr error, elapsed time.Duration) *store.Transition {
 	code := steps.Code(herr)
 	var pe *panicError
 	var de *stateDecodeError
@@ -521,9 +649,9 @@ func (b *batch) failurePlan(ls *store.LockedSaga, def *compiled, idx int, dir st
 	if pe != nil {
 		extra["stack"] = sanitizeText(string(pe.stack), 16000)
 	}
-	p := &plan{tr: b.transition(ls)}
-	failed := store.HistoryEntry{SagaID: ls.ID, Event: EventStepFailed, StepName: ls.StepName, Direction: string(dir),
-		Epoch: ls.Epoch, Attempt: attempt, Error: msg, ErrorCode: code}
+	tr := transitionFrom(sg)
+	failed := store.HistoryEntry{SagaID: sg.ID, Event: EventStepFailed, StepName: sg.StepName, Direction: string(dir),
+		Epoch: sg.Epoch, Attempt: attempt, Error: msg, ErrorCode: code}
 
 	policy := def.policy(idx, dir)
 	var ra *steps.RetryAfterError
@@ -533,36 +661,35 @@ func (b *batch) failurePlan(ls *store.LockedSaga, def *compiled, idx int, dir st
 		if errors.As(herr, &ra) {
 			delay = ra.Delay
 		}
-		e.stats.retries.Add(1)
 		extra["retry_in_ms"] = delay.Milliseconds()
 		failed.Detail = durationDetail(elapsed, extra)
-		p.history = append(p.history, failed)
-		p.tr.Attempt = attempt
+		tr.History = append(tr.History, failed)
+		tr.Attempt = attempt
 		if dir == steps.Forward {
-			p.tr.LastError, p.tr.LastErrorCode = &msg, &code
+			tr.LastError, tr.LastErrorCode = &msg, &code
 		}
-		p.tr.CheckAfter = delay + def.steps[idx].timeout + e.cfg.RescueSlack
-		p.messages = append(p.messages, e.commandMessage(ls.ID, ls.Name, ls.StepName, dir, ls.Epoch, ls.Version+1, delay))
-		return p
+		tr.CheckAfter = delay + def.steps[idx].timeout + e.cfg.RescueSlack
+		tr.Messages = append(tr.Messages, e.commandMessage(sg.ID, sg.Name, sg.StepName, dir, sg.Epoch, sg.Version+1, delay))
+		return tr
 	}
 	extra["final"] = true
 	failed.Detail = durationDetail(elapsed, extra)
-	p.history = append(p.history, failed)
-	p.tr.Attempt = attempt
-	p.tr.LastError, p.tr.LastErrorCode, p.tr.FailedStep = &msg, &code, &ls.StepName
+	tr.History = append(tr.History, failed)
+	tr.Attempt = attempt
+	tr.LastError, tr.LastErrorCode, tr.FailedStep = &msg, &code, &sg.StepName
 	if dir == steps.Compensate || de != nil {
 		// A compensation gave up, or the state cannot be read at all: park
 		// the saga for an operator.
-		p.tr.Status = store.StatusFailed
-		p.history = append(p.history, store.HistoryEntry{SagaID: ls.ID, Event: EventSagaFailed, StepName: ls.StepName,
-			Direction: string(dir), Epoch: ls.Epoch, Error: msg, ErrorCode: code})
-		return p
+		tr.Status = store.StatusFailed
+		tr.History = append(tr.History, store.HistoryEntry{SagaID: sg.ID, Event: EventSagaFailed, StepName: sg.StepName,
+			Direction: string(dir), Epoch: sg.Epoch, Error: msg, ErrorCode: code})
+		return tr
 	}
 	prev := def.prevCompensable(idx - 1)
 	if prev >= 0 {
-		p.history = append(p.history, store.HistoryEntry{SagaID: ls.ID, Event: EventCompensationStarted,
-			StepName: def.steps[prev].name, Direction: string(steps.Compensate), Epoch: ls.Epoch})
+		tr.History = append(tr.History, store.HistoryEntry{SagaID: sg.ID, Event: EventCompensationStarted,
+			StepName: def.steps[prev].name, Direction: string(steps.Compensate), Epoch: sg.Epoch})
 	}
-	b.moveTo(p, ls, def, prev, steps.Compensate, 0, store.StatusCompensated, EventSagaCompensated)
-	return p
+	e.moveTo(tr, sg, def, prev, steps.Compensate, 0, store.StatusCompensated, EventSagaCompensated)
+	return tr
 }

@@ -246,19 +246,20 @@ func (e *Engine) CancelTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, reason s
 		reason = "cancelled"
 	}
 	code := CodeCancelled
-	ls := &store.LockedSaga{Saga: *sg, Locked: true}
-	b := &batch{e: e, tx: tx}
-	p := &plan{tr: b.transition(ls)}
-	p.tr.LastError, p.tr.LastErrorCode = &reason, &code
-	p.history = append(p.history, store.HistoryEntry{SagaID: id, Event: EventSagaCancelled, StepName: sg.StepName,
+	tr := transitionFrom(sg)
+	tr.LastError, tr.LastErrorCode = &reason, &code
+	tr.History = append(tr.History, store.HistoryEntry{SagaID: id, Event: EventSagaCancelled, StepName: sg.StepName,
 		Direction: sg.Direction, Epoch: sg.Epoch, Error: reason, ErrorCode: code})
 	prev := def.prevCompensable(idx - 1)
 	if prev >= 0 {
-		p.history = append(p.history, store.HistoryEntry{SagaID: id, Event: EventCompensationStarted,
+		tr.History = append(tr.History, store.HistoryEntry{SagaID: id, Event: EventCompensationStarted,
 			StepName: def.steps[prev].name, Direction: string(steps.Compensate), Epoch: sg.Epoch})
 	}
-	b.moveTo(p, ls, def, prev, steps.Compensate, 0, store.StatusCompensated, EventSagaCompensated)
-	ok, err = e.st.ApplyTransition(ctx, tx, &p.tr)
+	e.moveTo(tr, sg, def, prev, steps.Compensate, 0, store.StatusCompensated, EventSagaCompensated)
+	if _, err := tx.Exec(ctx, "SAVEPOINT sagaflow_cancel"); err != nil {
+		return fmt.Errorf("saga: cancel %s: %w", id, err)
+	}
+	ok, err = e.st.ApplyTransition(ctx, tx, tr, "sagaflow_cancel")
 	if err != nil {
 		return err
 	}
@@ -266,18 +267,10 @@ func (e *Engine) CancelTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, reason s
 		// Impossible while we hold the row lock; say so rather than guess.
 		return fmt.Errorf("saga: cancel %s: saga changed under a row lock", id)
 	}
-	q := &pgx.Batch{}
-	for i := range p.history {
-		e.st.QueueHistory(q, &p.history[i])
-	}
-	for i := range p.messages {
-		e.st.QueueMessage(q, &p.messages[i])
-	}
-	if len(p.messages) > 0 {
-		e.st.QueueNotify(q, e.cfg.CommandTopic)
-	}
-	if err := tx.SendBatch(ctx, q).Close(); err != nil {
-		return fmt.Errorf("saga: cancel %s: %w", id, err)
+	if len(tr.Messages) > 0 {
+		if err := e.st.Notify(ctx, tx, e.cfg.CommandTopic); err != nil {
+			return fmt.Errorf("saga: cancel %s: %w", id, err)
+		}
 	}
 	return nil
 }

@@ -139,24 +139,42 @@ func eventTypes(in *saga.Instance) []string {
 }
 
 type testWriter struct {
-	mu sync.Mutex
-	t  *testing.T
-	on bool
+	mu     sync.Mutex
+	t      *testing.T
+	on     bool
+	errors int
 }
 
 func (w *testWriter) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if strings.Contains(string(p), "level=ERROR") {
+		w.errors++
+	}
 	if w.on {
 		w.t.Log(strings.TrimRight(string(p), "\n"))
 	}
 	return len(p), nil
 }
 
-// testLogger logs warnings and errors through t.Log while the test runs.
+var errorsAllowed sync.Map // *testing.T -> true
+
+// allowErrorLogs lets the test's engines log errors (the test provokes them).
+func allowErrorLogs(t *testing.T) { errorsAllowed.Store(t, true) }
+
+// testLogger logs warnings and errors through t.Log while the test runs, and
+// fails the test if an engine logged an error it did not expect: a batch
+// that failed and was retried can hide a bug behind a passing test.
 func testLogger(t *testing.T) *slog.Logger {
 	w := &testWriter{t: t, on: true}
-	t.Cleanup(func() { w.mu.Lock(); w.on = false; w.mu.Unlock() })
+	t.Cleanup(func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.on = false
+		if _, ok := errorsAllowed.Load(t); !ok && w.errors > 0 {
+			t.Errorf("the engine logged %d unexpected errors (see the log above)", w.errors)
+		}
+	})
 	var out io.Writer = w
 	return slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: slog.LevelWarn}))
 }
@@ -177,4 +195,8 @@ func dummyPool(t *testing.T) *pgxpool.Pool {
 	require.NoError(t, err)
 	t.Cleanup(p.Close)
 	return p
+}
+
+func discardLogger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelError}))
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 
 	"github.com/google/uuid"
@@ -32,23 +31,23 @@ type Started struct {
 	Existing bool
 }
 
-// Start starts a saga of definition d with the initial state in its own
-// transaction. See [StartTx].
+// Start starts a saga of definition d with the initial state. It is one
+// statement, so it commits atomically on its own. See [StartTx] to start a
+// saga inside the caller's transaction.
 func Start[S any](ctx context.Context, e *Engine, d *Definition[S], state S, opts *StartOpts) (Started, error) {
-	var res Started
-	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-		var err error
-		res, err = StartTx(ctx, e, tx, d, state, opts)
-		return err
-	})
-	return res, err
+	return start(ctx, e, e.pool, d, state, opts)
 }
 
 // StartTx starts a saga inside the caller's transaction tx: the saga row, its
 // first history entry and its first command commit with tx, or not at all.
 // Nothing runs until tx commits. With a business key already in use it
-// returns the existing saga's id and Existing: true, and writes nothing.
+// returns the existing saga's id and Existing: true, and writes nothing (the
+// caller may then want to roll back its own writes).
 func StartTx[S any](ctx context.Context, e *Engine, tx pgx.Tx, d *Definition[S], state S, opts *StartOpts) (Started, error) {
+	return start(ctx, e, tx, d, state, opts)
+}
+
+func start[S any](ctx context.Context, e *Engine, db store.DBTX, d *Definition[S], state S, opts *StartOpts) (Started, error) {
 	if d == nil {
 		return Started{}, fmt.Errorf("%w: nil definition", ErrNotRegistered)
 	}
@@ -73,35 +72,31 @@ func StartTx[S any](ctx context.Context, e *Engine, tx pgx.Tx, d *Definition[S],
 	}
 	first := def.steps[0]
 	sg := &store.Saga{ID: id, Name: d.name, Status: store.StatusRunning, StepIndex: 0, StepName: first.name,
-		Direction: string(steps.Forward), State: raw}
+		Direction: string(steps.Forward), State: raw, Version: 1}
 	if o.BusinessKey != "" {
 		sg.BusinessKey = &o.BusinessKey
 	}
-	inserted, err := e.st.InsertSaga(ctx, tx, sg, first.timeout+e.cfg.RescueSlack)
+	var detail []byte
+	if o.BusinessKey != "" {
+		detail, _ = json.Marshal(map[string]string{"business_key": o.BusinessKey})
+	}
+	rows := &store.Transition{
+		History: []store.HistoryEntry{{SagaID: id, Event: EventSagaStarted, StepName: first.name,
+			Direction: string(steps.Forward), Detail: detail}},
+		Messages: []store.Message{e.commandMessage(id, d.name, first.name, steps.Forward, 0, 1, 0)},
+	}
+	inserted, err := e.st.StartSaga(ctx, db, sg, first.timeout+e.cfg.RescueSlack, rows, e.cfg.CommandTopic)
 	if err != nil {
-		return Started{}, fmt.Errorf("saga: start %s: %w", d.name, err)
+		return Started{}, fmt.Errorf("saga: %w", err)
 	}
-	if !inserted {
-		existing, err := e.st.SagaIDByKey(ctx, tx, d.name, o.BusinessKey)
-		if errors.Is(err, store.ErrNotFound) {
-			return Started{}, fmt.Errorf("saga: start %s: id %s is already taken by another saga", d.name, id)
-		}
-		if err != nil {
-			return Started{}, fmt.Errorf("saga: start %s: %w", d.name, err)
-		}
-		return Started{ID: existing, Existing: true}, nil
+	if inserted {
+		return Started{ID: id}, nil
 	}
-	detail, _ := json.Marshal(map[string]string{"business_key": o.BusinessKey})
-	msg := e.commandMessage(id, d.name, first.name, steps.Forward, 0, 1, 0)
-	q := &pgx.Batch{}
-	e.st.QueueHistory(q, &store.HistoryEntry{SagaID: id, Event: EventSagaStarted, StepName: first.name,
-		Direction: string(steps.Forward), Detail: detail})
-	e.st.QueueMessage(q, &msg)
-	e.st.QueueNotify(q, e.cfg.CommandTopic)
-	if err := tx.SendBatch(ctx, q).Close(); err != nil {
-		return Started{}, fmt.Errorf("saga: start %s %s: %w", d.name, id, err)
+	existing, err := e.st.SagaIDByKey(ctx, db, d.name, o.BusinessKey)
+	if err != nil {
+		return Started{}, fmt.Errorf("saga: start %s with business key %q: %w", d.name, o.BusinessKey, err)
 	}
-	return Started{ID: id}, nil
+	return Started{ID: existing, Existing: true}, nil
 }
 
 // checkState refuses state that is too large or that PostgreSQL cannot store.

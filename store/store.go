@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -101,17 +102,30 @@ type Message struct {
 	Delay         time.Duration // available this long after the database's now()
 }
 
-// Claimed is an outbox row claimed by an engine worker.
+// Claimed is a direct command claimed by an engine worker.
 type Claimed struct {
-	ID       uuid.UUID
-	Type     string
-	Payload  []byte
-	SagaID   *uuid.UUID
-	Attempts int
+	ID            uuid.UUID
+	AggregateType string
+	Type          string
+	Payload       []byte
+	SagaID        *uuid.UUID // the row's saga_id column
+	Attempts      int
+	Age           time.Duration // since the row was written, by the database's clock
 }
 
-// Transition is a fenced update of a saga row: it applies only while the row
-// still has version Version.
+// LockedSaga is a saga read by [Store.LockSagas].
+type LockedSaga struct {
+	Saga
+	// Locked is true when this transaction holds the saga's execution lock.
+	Locked bool
+	// Processed is true when the inbox already holds the key of the saga's
+	// current step.
+	Processed bool
+}
+
+// Transition is a fenced update of a saga row with the rows that go with it:
+// it applies only while the row still has version Version, and the history
+// entries, inbox key and messages are written only if it applies.
 type Transition struct {
 	ID            uuid.UUID
 	Version       int64
@@ -126,6 +140,12 @@ type Transition struct {
 	LastError     *string
 	LastErrorCode *string
 	FailedStep    *string
+
+	History  []HistoryEntry
+	Messages []Message
+	// InboxConsumer and InboxKey, when InboxKey is set, record a processed
+	// key with the transition.
+	InboxConsumer, InboxKey string
 }
 
 // Store holds sagaflow's statements for one schema.
@@ -137,13 +157,32 @@ type Store struct {
 }
 
 type statements struct {
-	insertSaga, sagaByKey, insertHistory, insertOutbox, notify                     string
-	claimDirect, lockSagas, updateSaga, insertInbox, markDelivered, deferMessages  string
-	markDead, nextDue, getSaga, getSagaForUpdate, history, listBase, pendingBySaga string
+	startSaga, sagaByKey, insertHistory, insertOutbox, notify, claimDirect, lockSagas, lockSaga, updateSaga string
+	insertInbox, deleteDelivered, deferMessages, markDead, nextDue, getSaga                                 string
+	getSagaForUpdate, history, listBase                                                                     string
+	historyRows                                                                                             [maxHistoryRows + 1]string
 }
+
+// maxHistoryRows is the most history entries one statement inserts.
+const maxHistoryRows = 4
 
 const sagaColumns = `id, saga_name, business_key, status, step_index, step_name, direction, epoch, attempt,
 	state, version, next_check_at, last_error, last_error_code, failed_step, created_at, updated_at, ended_at`
+
+// historyRows and messageRows expand parallel arrays into rows, so one
+// statement shape serves any number of history entries and messages.
+const historyRows = `unnest($%d::text[], $%d::text[], $%d::text[], $%d::int[], $%d::int[], $%d::text[], $%d::text[], $%d::text[])
+	AS h(event, step_name, direction, epoch, attempt, error, error_code, detail)`
+const messageRows = `unnest($%d::uuid[], $%d::text[], $%d::text[], $%d::text[], $%d::text[], $%d::text[], $%d::bytea[], $%d::text[], $%d::text[], $%d::int8[])
+	AS m(id, topic, delivery, aggregatetype, aggregateid, type, payload, headers, step_key, delay_us)`
+
+func seq(from, n int) []any {
+	out := make([]any, n)
+	for i := range out {
+		out[i] = from + i
+	}
+	return out
+}
 
 // New returns the statements for schema, which must pass [ValidateSchema].
 func New(schema string) (*Store, error) {
@@ -154,47 +193,99 @@ func New(schema string) (*Store, error) {
 	h := fnv.New64a()
 	h.Write([]byte("sagaflow.saga\x00" + schema))
 	st := &Store{schema: schema, channel: schema + "_sagaflow", lockNS: int64(h.Sum64())}
+	insertHistoryFrom := func(src string, first int) string {
+		return `INSERT INTO ` + s + `.saga_history (saga_id, event, step_name, direction, epoch, attempt, error, error_code, detail)
+			SELECT ` + src + `.id, h.event, h.step_name, h.direction, h.epoch, h.attempt, h.error, h.error_code, h.detail::jsonb
+			FROM ` + src + `, ` + fmt.Sprintf(historyRows, seq(first, 8)...)
+	}
+	insertMessagesFrom := func(src string, first int) string {
+		return `INSERT INTO ` + s + `.outbox (id, topic, delivery, aggregatetype, aggregateid, type, payload, headers, saga_id, step_key, created_at, available_at)
+			SELECT m.id, m.topic, m.delivery, m.aggregatetype, m.aggregateid, m.type, m.payload, m.headers::jsonb, ` + src + `.id,
+				m.step_key, clock_timestamp(), clock_timestamp() + m.delay_us * interval '1 microsecond'
+			FROM ` + src + `, ` + fmt.Sprintf(messageRows, seq(first, 10)...)
+	}
 	st.q = statements{
-		insertSaga: `INSERT INTO ` + s + `.saga_instances
-			(id, saga_name, business_key, status, step_index, step_name, direction, epoch, attempt, state, next_check_at)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, 0, 0, $8, now() + $9 * interval '1 microsecond')
-			ON CONFLICT (saga_name, business_key) DO NOTHING`,
+		// One statement starts a saga: row, first history entry, first
+		// command and the wake-up, or nothing when the business key exists.
+		startSaga: `WITH s AS (
+				INSERT INTO ` + s + `.saga_instances
+				(id, saga_name, business_key, status, step_index, step_name, direction, epoch, attempt, state, next_check_at)
+				VALUES ($1, $2, $3, $4, $5, $6, $7, 0, 0, $8, now() + $9 * interval '1 microsecond')
+				ON CONFLICT DO NOTHING
+				RETURNING id
+			), h AS (` + insertHistoryFrom("s", 12) + `
+			), o AS (` + insertMessagesFrom("s", 20) + `
+			)
+			SELECT s.id, pg_notify($10, $11) FROM s`,
 		sagaByKey: `SELECT id FROM ` + s + `.saga_instances WHERE saga_name = $1 AND business_key = $2`,
 		insertHistory: `INSERT INTO ` + s + `.saga_history
 			(saga_id, event, step_name, direction, epoch, attempt, error, error_code, detail)
 			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
 		insertOutbox: `INSERT INTO ` + s + `.outbox
-			(id, topic, delivery, aggregatetype, aggregateid, type, payload, headers, saga_id, step_key, available_at)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, now() + $11 * interval '1 microsecond')`,
+			(id, topic, delivery, aggregatetype, aggregateid, type, payload, headers, saga_id, step_key, created_at, available_at)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, clock_timestamp(), clock_timestamp() + $11 * interval '1 microsecond')`,
 		notify: `SELECT pg_notify($1, $2)`,
-		claimDirect: `SELECT id, type, payload, saga_id, attempts FROM ` + s + `.outbox
+		// Claim due direct commands of the sagas this engine knows; commands
+		// of other sagas are left to engines that know them, until they are
+		// older than the grace period ($4) and get parked.
+		claimDirect: `SELECT id, aggregatetype, type, payload, saga_id, attempts, EXTRACT(EPOCH FROM now() - created_at)
+			FROM ` + s + `.outbox
 			WHERE topic = $1 AND delivery = 'direct' AND status = 'pending' AND available_at <= now()
+				AND (aggregatetype = ANY($3) OR created_at < now() - $4 * interval '1 microsecond')
 			ORDER BY available_at
 			LIMIT $2
 			FOR UPDATE SKIP LOCKED`,
-		// The try-lock is an advisory transaction lock per saga: it keeps two
-		// workers from running steps of one saga at once without blocking,
-		// without an extra commit, and it vanishes with the transaction.
-		lockSagas: `SELECT ` + prefixColumns("s.") + `, pg_try_advisory_xact_lock(hashtextextended(s.id::text, $2))
+		// Read the claimed commands' sagas, take each saga's execution lock
+		// without waiting (an advisory transaction lock: no extra commit,
+		// gone with the transaction), and see whether the current step's key
+		// is already in the inbox.
+		// The inbox probe is a correlated subquery with LIMIT 1 so that the
+		// planner always probes the primary key; an EXISTS may be planned as
+		// a hash of every key of the consumer when statistics are stale.
+		lockSagas: `SELECT ` + prefixColumns("s.") + `, pg_try_advisory_xact_lock(hashtextextended(s.id::text, $2)),
+				(SELECT true FROM ` + s + `.inbox i WHERE i.consumer = $3
+					AND i.key = s.id::text || '/' || s.step_name || '/' || s.direction || '/' || s.epoch LIMIT 1) IS NOT NULL
 			FROM ` + s + `.saga_instances s WHERE s.id = ANY($1) ORDER BY s.id`,
+		// The fenced update. Times use clock_timestamp(), not the batch
+		// transaction's start. next_check_at only moves when the stored
+		// deadline would come too early, and then with room to spare: quick
+		// steps leave every indexed column alone, so PostgreSQL can update
+		// the row in place (HOT) without touching its indexes.
 		updateSaga: `UPDATE ` + s + `.saga_instances SET
 			status = $3, step_index = $4, step_name = $5, direction = $6, epoch = $7, attempt = $8,
 			state = COALESCE($9, state), version = version + 1,
-			next_check_at = CASE WHEN $3 IN ('running', 'compensating') THEN now() + $10 * interval '1 microsecond' END,
-			last_error = $11, last_error_code = $12, failed_step = $13, updated_at = now(),
-			ended_at = CASE WHEN $3 IN ('running', 'compensating') THEN NULL ELSE now() END
+			next_check_at = CASE
+				WHEN $3 NOT IN ('running', 'compensating') THEN NULL
+				WHEN next_check_at >= clock_timestamp() + $10 * interval '1 microsecond' THEN next_check_at
+				ELSE clock_timestamp() + ($10 + $11) * interval '1 microsecond' END,
+			last_error = $12, last_error_code = $13, failed_step = $14, updated_at = clock_timestamp(),
+			ended_at = CASE WHEN $3 IN ('running', 'compensating') THEN NULL ELSE clock_timestamp() END
 			WHERE id = $1 AND version = $2`,
-		insertInbox:      `INSERT INTO ` + s + `.inbox (consumer, key) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
-		markDelivered:    `UPDATE ` + s + `.outbox SET status = 'published', published_at = now(), attempts = attempts + 1 WHERE id = ANY($1)`,
-		deferMessages:    `UPDATE ` + s + `.outbox SET available_at = now() + $2 * interval '1 microsecond' WHERE id = ANY($1)`,
-		markDead:         `UPDATE ` + s + `.outbox SET status = 'dead', last_error = $2, attempts = attempts + 1 WHERE id = $1`,
-		nextDue:          `SELECT EXTRACT(EPOCH FROM min(available_at) - now()) FROM ` + s + `.outbox WHERE topic = $1 AND delivery = 'direct' AND status = 'pending'`,
+		lockSaga:        `SELECT pg_advisory_xact_lock(hashtextextended($1::text, $2))`,
+		insertInbox:     `INSERT INTO ` + s + `.inbox (consumer, key) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
+		deleteDelivered: `DELETE FROM ` + s + `.outbox WHERE id = ANY($1)`,
+		deferMessages: `UPDATE ` + s + `.outbox SET attempts = attempts + 1,
+			available_at = clock_timestamp() + least($2 * power(2, least(attempts, 20)), $3) * interval '1 microsecond',
+			last_error = COALESCE($4, last_error)
+			WHERE id = ANY($1)`,
+		markDead: `UPDATE ` + s + `.outbox SET status = 'dead', last_error = $2, attempts = attempts + 1 WHERE id = $1`,
+		nextDue: `SELECT EXTRACT(EPOCH FROM min(available_at) - now()) FROM ` + s + `.outbox
+			WHERE topic = $1 AND delivery = 'direct' AND status = 'pending' AND available_at > now()
+				AND (aggregatetype = ANY($2) OR created_at < available_at - $3 * interval '1 microsecond')`,
 		getSaga:          `SELECT ` + sagaColumns + ` FROM ` + s + `.saga_instances WHERE id = $1`,
 		getSagaForUpdate: `SELECT ` + sagaColumns + ` FROM ` + s + `.saga_instances WHERE id = $1 FOR NO KEY UPDATE`,
 		history: `SELECT id, saga_id, event, step_name, direction, epoch, attempt, error, error_code, detail, at
 			FROM ` + s + `.saga_history WHERE saga_id = $1 ORDER BY id`,
-		listBase:      `SELECT ` + sagaColumns + ` FROM ` + s + `.saga_instances`,
-		pendingBySaga: `SELECT count(*) FROM ` + s + `.outbox WHERE saga_id = $1 AND status = 'pending'`,
+		listBase: `SELECT ` + sagaColumns + ` FROM ` + s + `.saga_instances`,
+	}
+	for n := 1; n <= maxHistoryRows; n++ {
+		var vals []string
+		for r := range n {
+			b := r * 9
+			vals = append(vals, fmt.Sprintf("($%d, $%d, $%d, $%d, $%d, $%d, $%d, $%d, $%d)", b+1, b+2, b+3, b+4, b+5, b+6, b+7, b+8, b+9))
+		}
+		st.q.historyRows[n] = `INSERT INTO ` + s + `.saga_history
+			(saga_id, event, step_name, direction, epoch, attempt, error, error_code, detail) VALUES ` + strings.Join(vals, ", ")
 	}
 	return st, nil
 }
@@ -216,15 +307,74 @@ func (s *Store) Channel() string { return s.channel }
 
 func micros(d time.Duration) int64 { return d.Microseconds() }
 
-// InsertSaga inserts a saga row. It reports false, and inserts nothing, when
-// a saga with the same name and business key exists.
-func (s *Store) InsertSaga(ctx context.Context, db DBTX, sg *Saga, checkAfter time.Duration) (bool, error) {
-	tag, err := db.Exec(ctx, s.q.insertSaga, sg.ID, sg.Name, sg.BusinessKey, sg.Status, sg.StepIndex,
-		sg.StepName, sg.Direction, sg.State, micros(checkAfter))
+// StartSaga inserts a saga row with its history and messages (the
+// Transition's History and Messages; its other fields are ignored) and
+// notifies channel of topic, in one statement. It reports false, and writes
+// nothing, when a saga with the same name and business key, or the same id,
+// exists; the caller's transaction stays usable either way.
+func (s *Store) StartSaga(ctx context.Context, db DBTX, sg *Saga, checkAfter time.Duration, rows *Transition, topic string) (bool, error) {
+	args := []any{sg.ID, sg.Name, sg.BusinessKey, sg.Status, sg.StepIndex, sg.StepName, sg.Direction, sg.State,
+		micros(checkAfter), s.channel, topic}
+	args = append(args, historyArrays(rows.History)...)
+	args = append(args, messageArrays(rows.Messages)...)
+	tag, err := db.Exec(ctx, s.q.startSaga, args...)
 	if err != nil {
-		return false, fmt.Errorf("store: insert saga %s: %w", sg.ID, err)
+		return false, fmt.Errorf("store: start saga %s %s: %w", sg.Name, sg.ID, err)
 	}
 	return tag.RowsAffected() == 1, nil
+}
+
+func historyArrays(hs []HistoryEntry) []any {
+	var ev, step, dir, errs, codes, detail []*string
+	var epoch, attempt []int32
+	for i := range hs {
+		h := &hs[i]
+		ev = append(ev, &h.Event)
+		step = append(step, nullStr(h.StepName))
+		dir = append(dir, nullStr(h.Direction))
+		epoch = append(epoch, int32(h.Epoch))
+		attempt = append(attempt, int32(h.Attempt))
+		errs = append(errs, nullStr(h.Error))
+		codes = append(codes, nullStr(h.ErrorCode))
+		var d *string
+		if h.Detail != nil {
+			t := string(h.Detail)
+			d = &t
+		}
+		detail = append(detail, d)
+	}
+	return []any{ev, step, dir, epoch, attempt, errs, codes, detail}
+}
+
+func messageArrays(ms []Message) []any {
+	var ids []uuid.UUID
+	var topic, delivery, aggType, aggID, typ, headers []string
+	var stepKey []*string
+	var payload [][]byte
+	var delay []int64
+	for i := range ms {
+		m := &ms[i]
+		ids = append(ids, m.ID)
+		topic = append(topic, m.Topic)
+		d := m.Delivery
+		if d == "" {
+			d = DeliveryRelay
+		}
+		delivery = append(delivery, d)
+		aggType = append(aggType, m.AggregateType)
+		aggID = append(aggID, m.AggregateID)
+		typ = append(typ, m.Type)
+		payload = append(payload, m.Payload)
+		h := m.Headers
+		if h == nil {
+			h = map[string]string{}
+		}
+		hj, _ := json.Marshal(h) // map[string]string always encodes
+		headers = append(headers, string(hj))
+		stepKey = append(stepKey, m.StepKey)
+		delay = append(delay, micros(m.Delay))
+	}
+	return []any{ids, topic, delivery, aggType, aggID, typ, payload, headers, stepKey, delay}
 }
 
 // SagaIDByKey returns the id of the saga with the given name and business key.
@@ -270,11 +420,6 @@ func (s *Store) InsertHistory(ctx context.Context, db DBTX, h *HistoryEntry) err
 	return nil
 }
 
-// QueueHistory queues [Store.InsertHistory] on b.
-func (s *Store) QueueHistory(b *pgx.Batch, h *HistoryEntry) {
-	b.Queue(s.q.insertHistory, s.historyArgs(h)...)
-}
-
 func (s *Store) outboxArgs(m *Message) []any {
 	headers := m.Headers
 	if headers == nil {
@@ -296,11 +441,6 @@ func (s *Store) InsertMessage(ctx context.Context, db DBTX, m *Message) error {
 	return nil
 }
 
-// QueueMessage queues [Store.InsertMessage] on b.
-func (s *Store) QueueMessage(b *pgx.Batch, m *Message) {
-	b.Queue(s.q.insertOutbox, s.outboxArgs(m)...)
-}
-
 // Notify announces new direct commands on [Store.Channel]; PostgreSQL delivers
 // the notification when the transaction commits.
 func (s *Store) Notify(ctx context.Context, db DBTX, topic string) error {
@@ -316,15 +456,18 @@ func (s *Store) QueueNotify(b *pgx.Batch, topic string) {
 }
 
 // ClaimDirect locks up to limit due direct commands of topic for the
-// transaction tx, skipping rows other workers hold.
-func (s *Store) ClaimDirect(ctx context.Context, tx pgx.Tx, topic string, limit int) ([]Claimed, error) {
-	rows, err := tx.Query(ctx, s.q.claimDirect, topic, limit)
+// transaction tx, skipping rows other workers hold. It claims commands whose
+// aggregatetype is in known, and any command older than grace.
+func (s *Store) ClaimDirect(ctx context.Context, tx pgx.Tx, topic string, limit int, known []string, grace time.Duration) ([]Claimed, error) {
+	rows, err := tx.Query(ctx, s.q.claimDirect, topic, limit, known, micros(grace))
 	if err != nil {
 		return nil, fmt.Errorf("store: claim commands on %s: %w", topic, err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Claimed, error) {
 		var c Claimed
-		err := r.Scan(&c.ID, &c.Type, &c.Payload, &c.SagaID, &c.Attempts)
+		var age float64
+		err := r.Scan(&c.ID, &c.AggregateType, &c.Type, &c.Payload, &c.SagaID, &c.Attempts, &age)
+		c.Age = time.Duration(age * float64(time.Second))
 		return c, err
 	})
 	if err != nil {
@@ -333,19 +476,10 @@ func (s *Store) ClaimDirect(ctx context.Context, tx pgx.Tx, topic string, limit 
 	return out, nil
 }
 
-// LockedSaga is a saga row read by [Store.LockSagas] and whether this
-// transaction holds the saga's execution lock.
-type LockedSaga struct {
-	Saga
-	Locked bool
-}
-
-// LockSagas reads the given sagas and tries to take, for each, the
-// transaction-scoped execution lock that keeps two workers from running steps
-// of one saga at once. It never waits: a saga another transaction holds comes
-// back with Locked false. Sagas that do not exist are absent from the result.
+// LockSagas reads the given sagas as described on [LockedSaga]. It never
+// waits for a lock. Sagas that do not exist are absent from the result.
 func (s *Store) LockSagas(ctx context.Context, tx pgx.Tx, ids []uuid.UUID) (map[uuid.UUID]*LockedSaga, error) {
-	rows, err := tx.Query(ctx, s.q.lockSagas, ids, s.lockNS)
+	rows, err := tx.Query(ctx, s.q.lockSagas, ids, s.lockNS, InboxConsumerEngine)
 	if err != nil {
 		return nil, fmt.Errorf("store: lock sagas: %w", err)
 	}
@@ -353,7 +487,7 @@ func (s *Store) LockSagas(ctx context.Context, tx pgx.Tx, ids []uuid.UUID) (map[
 	out := make(map[uuid.UUID]*LockedSaga, len(ids))
 	for rows.Next() {
 		ls := &LockedSaga{}
-		if err := rows.Scan(append(sagaDest(&ls.Saga), &ls.Locked)...); err != nil {
+		if err := rows.Scan(append(sagaDest(&ls.Saga), &ls.Locked, &ls.Processed)...); err != nil {
 			return nil, fmt.Errorf("store: lock sagas: %w", err)
 		}
 		out[ls.ID] = ls
@@ -364,29 +498,67 @@ func (s *Store) LockSagas(ctx context.Context, tx pgx.Tx, ids []uuid.UUID) (map[
 	return out, nil
 }
 
-func (s *Store) transitionArgs(t *Transition) []any {
+// LockSaga waits for a saga's execution lock and holds it until tx ends.
+func (s *Store) LockSaga(ctx context.Context, tx pgx.Tx, id uuid.UUID) error {
+	if _, err := tx.Exec(ctx, s.q.lockSaga, id, s.lockNS); err != nil {
+		return fmt.Errorf("store: lock saga %s: %w", id, err)
+	}
+	return nil
+}
+
+// deadlineRoom is added when a saga's deadline has to move, so that the
+// next steps of a quick saga can leave it where it is.
+const deadlineRoom = time.Minute
+
+// QueueTransition queues the fenced transition t on b: the saga update, then
+// its history entries, inbox key and messages. The returned query's
+// RowsAffected is 1 when the fence held and 0 when the saga had moved on; in
+// that case the other statements still ran, and the caller must roll them
+// back (to a savepoint taken before).
+func (s *Store) QueueTransition(b *pgx.Batch, t *Transition) *pgx.QueuedQuery {
 	var state any
 	if t.State != nil {
 		state = t.State
 	}
-	return []any{t.ID, t.Version, t.Status, t.StepIndex, t.StepName, t.Direction, t.Epoch, t.Attempt,
-		state, micros(t.CheckAfter), t.LastError, t.LastErrorCode, t.FailedStep}
+	q := b.Queue(s.q.updateSaga, t.ID, t.Version, t.Status, t.StepIndex, t.StepName, t.Direction, t.Epoch, t.Attempt,
+		state, micros(t.CheckAfter), micros(deadlineRoom), t.LastError, t.LastErrorCode, t.FailedStep)
+	for rest := t.History; len(rest) > 0; {
+		n := min(len(rest), maxHistoryRows)
+		var args []any
+		for i := range rest[:n] {
+			args = append(args, s.historyArgs(&rest[i])...)
+		}
+		b.Queue(s.q.historyRows[n], args...)
+		rest = rest[n:]
+	}
+	if t.InboxKey != "" {
+		b.Queue(s.q.insertInbox, t.InboxConsumer, t.InboxKey)
+	}
+	for i := range t.Messages {
+		b.Queue(s.q.insertOutbox, s.outboxArgs(&t.Messages[i])...)
+	}
+	return q
 }
 
-// QueueTransition queues the fenced saga update t on b. Its result's
-// RowsAffected is 1 when the fence held and 0 when the saga had moved on.
-func (s *Store) QueueTransition(b *pgx.Batch, t *Transition) *pgx.QueuedQuery {
-	return b.Queue(s.q.updateSaga, s.transitionArgs(t)...)
-}
-
-// ApplyTransition runs the fenced saga update t and reports whether the fence
-// held.
-func (s *Store) ApplyTransition(ctx context.Context, db DBTX, t *Transition) (bool, error) {
-	tag, err := db.Exec(ctx, s.q.updateSaga, s.transitionArgs(t)...)
-	if err != nil {
+// ApplyTransition runs the transition t inside tx and reports whether the
+// fence held. When it did not, it rolls back to savepoint, which the caller
+// must have taken before.
+func (s *Store) ApplyTransition(ctx context.Context, tx pgx.Tx, t *Transition, savepoint string) (bool, error) {
+	b := &pgx.Batch{}
+	fenced := false
+	s.QueueTransition(b, t).Exec(func(tag pgconn.CommandTag) error {
+		fenced = tag.RowsAffected() == 1
+		return nil
+	})
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return false, fmt.Errorf("store: update saga %s at version %d: %w", t.ID, t.Version, err)
 	}
-	return tag.RowsAffected() == 1, nil
+	if !fenced {
+		if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+pgx.Identifier{savepoint}.Sanitize()); err != nil {
+			return false, fmt.Errorf("store: roll back fenced update of saga %s: %w", t.ID, err)
+		}
+	}
+	return fenced, nil
 }
 
 // InsertInboxKey records key for consumer. It reports false when the key was
@@ -399,38 +571,17 @@ func (s *Store) InsertInboxKey(ctx context.Context, db DBTX, consumer, key strin
 	return tag.RowsAffected() == 1, nil
 }
 
-// QueueInboxKey queues [Store.InsertInboxKey] on b; the result's
-// RowsAffected is 0 for a key that was already recorded.
-func (s *Store) QueueInboxKey(b *pgx.Batch, consumer, key string) *pgx.QueuedQuery {
-	return b.Queue(s.q.insertInbox, consumer, key)
+// QueueDeleteDelivered queues the deletion of consumed direct commands on
+// b. A consumed command's record is the saga's history; deleting it leaves
+// no index entries behind.
+func (s *Store) QueueDeleteDelivered(b *pgx.Batch, ids []uuid.UUID) {
+	b.Queue(s.q.deleteDelivered, ids)
 }
 
-// MarkDelivered marks direct commands as consumed.
-func (s *Store) MarkDelivered(ctx context.Context, db DBTX, ids []uuid.UUID) error {
-	if _, err := db.Exec(ctx, s.q.markDelivered, ids); err != nil {
-		return fmt.Errorf("store: mark %d commands delivered: %w", len(ids), err)
-	}
-	return nil
-}
-
-// QueueMarkDelivered queues [Store.MarkDelivered] on b.
-func (s *Store) QueueMarkDelivered(b *pgx.Batch, ids []uuid.UUID) {
-	b.Queue(s.q.markDelivered, ids)
-}
-
-// DeferMessages makes pending messages available again later: after delay
-// the first time, doubling with each deferral of the same message up to
-// maxDelay.
-func (s *Store) DeferMessages(ctx context.Context, db DBTX, ids []uuid.UUID, delay, maxDelay time.Duration) error {
-	if _, err := db.Exec(ctx, s.q.deferMessages, ids, micros(delay), micros(maxDelay)); err != nil {
-		return fmt.Errorf("store: defer %d messages: %w", len(ids), err)
-	}
-	return nil
-}
-
-// QueueDefer queues [Store.DeferMessages] on b.
-func (s *Store) QueueDefer(b *pgx.Batch, ids []uuid.UUID, delay, maxDelay time.Duration) {
-	b.Queue(s.q.deferMessages, ids, micros(delay), micros(maxDelay))
+// QueueDefer queues [Store.DeferMessages] on b, recording reason (when not
+// empty) as the messages' last error.
+func (s *Store) QueueDefer(b *pgx.Batch, ids []uuid.UUID, delay, maxDelay time.Duration, reason string) {
+	b.Queue(s.q.deferMessages, ids, micros(delay), micros(maxDelay), nullStr(reason))
 }
 
 // MarkDead parks an outbox row with the reason it cannot be processed.
@@ -441,17 +592,43 @@ func (s *Store) MarkDead(ctx context.Context, db DBTX, id uuid.UUID, reason stri
 	return nil
 }
 
-// NextDirectDue returns how long until the next pending direct command of
-// topic is due, by the database's clock; ok is false when none is pending.
-func (s *Store) NextDirectDue(ctx context.Context, db DBTX, topic string) (d time.Duration, ok bool, err error) {
+// NextDirectDue returns how long until the next direct command of topic that
+// [Store.ClaimDirect] would claim with known and grace becomes due, by the
+// database's clock. Commands due already (held by other workers) do not
+// count. ok is false when there is none.
+func (s *Store) NextDirectDue(ctx context.Context, db DBTX, topic string, known []string, grace time.Duration) (d time.Duration, ok bool, err error) {
 	var secs *float64
-	if err := db.QueryRow(ctx, s.q.nextDue, topic).Scan(&secs); err != nil {
+	if err := db.QueryRow(ctx, s.q.nextDue, topic, known, micros(grace)).Scan(&secs); err != nil {
 		return 0, false, fmt.Errorf("store: next due command on %s: %w", topic, err)
 	}
 	if secs == nil {
 		return 0, false, nil
 	}
 	return time.Duration(*secs * float64(time.Second)), true, nil
+}
+
+// nullableSaga receives the saga columns of an outer join.
+type nullableSaga struct {
+	id                                *uuid.UUID
+	name, status, stepName, direction *string
+	stepIndex, epoch, attempt         *int
+	version                           *int64
+	createdAt, updatedAt              *time.Time
+	sg                                Saga
+}
+
+func (n *nullableSaga) dest() []any {
+	return []any{&n.id, &n.name, &n.sg.BusinessKey, &n.status, &n.stepIndex, &n.stepName, &n.direction,
+		&n.epoch, &n.attempt, &n.sg.State, &n.version, &n.sg.NextCheckAt, &n.sg.LastError, &n.sg.LastErrorCode,
+		&n.sg.FailedStep, &n.createdAt, &n.updatedAt, &n.sg.EndedAt}
+}
+
+func (n *nullableSaga) saga() *Saga {
+	sg := n.sg
+	sg.ID, sg.Name, sg.Status, sg.StepName, sg.Direction = *n.id, *n.name, *n.status, *n.stepName, *n.direction
+	sg.StepIndex, sg.Epoch, sg.Attempt, sg.Version = *n.stepIndex, *n.epoch, *n.attempt, *n.version
+	sg.CreatedAt, sg.UpdatedAt = *n.createdAt, *n.updatedAt
+	return &sg
 }
 
 func sagaDest(sg *Saga) []any {
@@ -494,15 +671,6 @@ func (s *Store) History(ctx context.Context, db DBTX, id uuid.UUID) ([]History, 
 		return nil, fmt.Errorf("store: history of saga %s: %w", id, err)
 	}
 	return out, nil
-}
-
-// PendingMessages counts a saga's pending outbox rows.
-func (s *Store) PendingMessages(ctx context.Context, db DBTX, id uuid.UUID) (int, error) {
-	var n int
-	if err := db.QueryRow(ctx, s.q.pendingBySaga, id).Scan(&n); err != nil {
-		return 0, fmt.Errorf("store: pending messages of saga %s: %w", id, err)
-	}
-	return n, nil
 }
 
 // ListFilter selects sagas for [Store.ListSagas]. Zero fields do not filter.

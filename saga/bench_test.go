@@ -1,0 +1,186 @@
+package saga_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sagaflow/sagaflow/internal/pgtest"
+	"github.com/sagaflow/sagaflow/saga"
+	"github.com/sagaflow/sagaflow/store"
+)
+
+// BenchmarkStepThroughput measures, in one run and at the same concurrency,
+// a 3-step saga with trivial handlers against a raw baseline: a pgx loop
+// doing the SQL of one step (update a row, insert two) in one transaction,
+// statement by statement. b.N counts steps. Run it with a fixed count, e.g.
+// -benchtime=6000x; make bench does.
+//
+// Reported: engine_steps/s, raw_steps/s, ratio (engine/raw), and the
+// engine's step-to-step latency p50_ms and p99_ms in database time.
+func BenchmarkStepThroughput(b *testing.B) {
+	for _, conc := range []int{1, 4, 8, 16} {
+		b.Run(fmt.Sprintf("conc=%d", conc), func(b *testing.B) {
+			steps := max(b.N, 300)
+			pool, schema := pgtest.NewSchema(b)
+			pool.Config().MaxConns = int32(conc + 4)
+			ctx := context.Background()
+			_, err := store.Migrate(ctx, pool, schema)
+			require.NoError(b, err)
+
+			// The pool of NewSchema is small; give both sides room.
+			big := biggerPool(b, pool, conc+4)
+
+			rawRate := rawBaseline(b, big, schema, conc, steps)
+			engRate, p50, p99 := engineRun(b, big, schema, conc, steps)
+			b.ReportMetric(rawRate, "raw_steps/s")
+			b.ReportMetric(engRate, "engine_steps/s")
+			b.ReportMetric(engRate/rawRate, "ratio")
+			b.ReportMetric(float64(p50.Microseconds())/1000, "p50_ms")
+			b.ReportMetric(float64(p99.Microseconds())/1000, "p99_ms")
+		})
+	}
+}
+
+func biggerPool(b *testing.B, small *pgxpool.Pool, size int) *pgxpool.Pool {
+	cfg := small.Config().Copy()
+	cfg.MaxConns = int32(size)
+	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(b, err)
+	b.Cleanup(p.Close)
+	return p
+}
+
+// rawBaseline runs steps transactions, each updating one row and inserting a
+// history row and an outbox row, from conc goroutines.
+func rawBaseline(b *testing.B, pool *pgxpool.Pool, schema string, conc, steps int) float64 {
+	ctx := context.Background()
+	s := pgx.Identifier{schema}.Sanitize()
+	_, err := pool.Exec(ctx, `CREATE TABLE `+s+`.raw_state (id int PRIMARY KEY, version bigint NOT NULL, state jsonb NOT NULL) WITH (fillfactor = 80);
+		CREATE TABLE `+s+`.raw_history (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, state_id int, event text, at timestamptz DEFAULT clock_timestamp());
+		CREATE TABLE `+s+`.raw_outbox (id uuid PRIMARY KEY, topic text, payload bytea, created_at timestamptz DEFAULT now());
+		INSERT INTO `+s+`.raw_state SELECT g, 1, '{"order_id":"x"}' FROM generate_series(0, 1023) g`)
+	require.NoError(b, err)
+	var next atomic.Int64
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := range conc {
+		wg.Go(func() {
+			for i := next.Add(1); i <= int64(steps); i = next.Add(1) {
+				id := (int(i)*conc + w) % 1024
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					if _, err := tx.Exec(ctx, `UPDATE `+s+`.raw_state SET version = version + 1, state = $2 WHERE id = $1`, id, []byte(`{"order_id":"x","done":["a"]}`)); err != nil {
+						return err
+					}
+					if _, err := tx.Exec(ctx, `INSERT INTO `+s+`.raw_history (state_id, event) VALUES ($1, 'step_completed')`, id); err != nil {
+						return err
+					}
+					_, err := tx.Exec(ctx, `INSERT INTO `+s+`.raw_outbox (id, topic, payload) VALUES ($1, 'commands', $2)`, uuid.Must(uuid.NewV7()), []byte(`{"saga_id":"x"}`))
+					return err
+				})
+				require.NoError(b, err)
+			}
+		})
+	}
+	wg.Wait()
+	return float64(steps) / time.Since(start).Seconds()
+}
+
+// engineRun keeps enough sagas in flight to keep conc workers busy and
+// measures steps per second and step-to-step latency.
+func engineRun(b *testing.B, pool *pgxpool.Pool, schema string, conc, steps int) (float64, time.Duration, time.Duration) {
+	ctx := context.Background()
+	e, err := saga.New(pool, &saga.Config{Schema: schema, Workers: conc, PollInterval: 50 * time.Millisecond, Logger: discardLogger()})
+	require.NoError(b, err)
+	var done sync.Map // saga id -> chan struct{}
+	step := func(last bool) saga.StepFunc[order] {
+		return func(_ context.Context, run *saga.StepRun, s *order) error {
+			s.Done = append(s.Done, run.Step)
+			if last {
+				if ch, ok := done.Load(run.SagaID); ok {
+					close(ch.(chan struct{}))
+				}
+			}
+			return nil
+		}
+	}
+	def := saga.Define("bench",
+		saga.Step[order]{Name: "a", Action: step(false)},
+		saga.Step[order]{Name: "b", Action: step(false)},
+		saga.Step[order]{Name: "c", Action: step(true)},
+	)
+	require.NoError(b, e.Register(def))
+	require.NoError(b, e.Start(ctx))
+	defer func() { require.NoError(b, e.Stop(ctx)) }()
+
+	sagas := (steps + 2) / 3
+	inflight := conc * saga.BatchSizeDefault * 2
+	var next atomic.Int64
+	var ids sync.Map
+	b.ResetTimer()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range inflight {
+		wg.Go(func() {
+			for i := next.Add(1); i <= int64(sagas); i = next.Add(1) {
+				id := uuid.Must(uuid.NewV7())
+				ch := make(chan struct{})
+				done.Store(id, ch)
+				_, err := saga.Start(ctx, e, def, order{OrderID: "x"}, &saga.StartOpts{ID: id})
+				require.NoError(b, err)
+				ids.Store(id, true)
+				<-ch
+			}
+		})
+	}
+	wg.Wait()
+	// Wait for the last commits (the signal fires just before them).
+	waitForB(b, func() bool {
+		var n int
+		require.NoError(b, pool.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{schema}.Sanitize()+".saga_instances WHERE status <> 'completed'").Scan(&n))
+		return n == 0
+	})
+	elapsed := time.Since(start)
+	b.StopTimer()
+
+	// Step-to-step latency in database time: from one history entry of a
+	// saga to the next.
+	rows, err := pool.Query(ctx, `SELECT extract(epoch FROM at - lag(at) OVER (PARTITION BY saga_id ORDER BY id))
+		FROM `+pgx.Identifier{schema}.Sanitize()+`.saga_history WHERE event IN ('saga_started', 'step_completed')`)
+	require.NoError(b, err)
+	gaps, err := pgx.CollectRows(rows, pgx.RowTo[*float64])
+	require.NoError(b, err)
+	var lat []time.Duration
+	for _, g := range gaps {
+		if g != nil {
+			lat = append(lat, time.Duration(*g*float64(time.Second)))
+		}
+	}
+	slices.Sort(lat)
+	pct := func(p float64) time.Duration {
+		if len(lat) == 0 {
+			return 0
+		}
+		return lat[min(len(lat)-1, int(float64(len(lat))*p))]
+	}
+	return float64(sagas*3) / elapsed.Seconds(), pct(0.50), pct(0.99)
+}
+
+func waitForB(b *testing.B, cond func() bool) {
+	deadline := time.Now().Add(2 * time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			b.Fatal("timed out waiting for sagas to complete")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
