@@ -24,7 +24,7 @@ const (
 	WorkersDefault = 4
 	// BatchSizeDefault is how many commands a worker claims and runs in one
 	// transaction.
-	BatchSizeDefault = 8
+	BatchSizeDefault = 16
 	// BatchSizeMax bounds BatchSize: each step in a batch runs under its own
 	// savepoint, and PostgreSQL slows down once a transaction has more than
 	// 64 subtransactions.

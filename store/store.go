@@ -607,30 +607,6 @@ func (s *Store) NextDirectDue(ctx context.Context, db DBTX, topic string, known 
 	return time.Duration(*secs * float64(time.Second)), true, nil
 }
 
-// nullableSaga receives the saga columns of an outer join.
-type nullableSaga struct {
-	id                                *uuid.UUID
-	name, status, stepName, direction *string
-	stepIndex, epoch, attempt         *int
-	version                           *int64
-	createdAt, updatedAt              *time.Time
-	sg                                Saga
-}
-
-func (n *nullableSaga) dest() []any {
-	return []any{&n.id, &n.name, &n.sg.BusinessKey, &n.status, &n.stepIndex, &n.stepName, &n.direction,
-		&n.epoch, &n.attempt, &n.sg.State, &n.version, &n.sg.NextCheckAt, &n.sg.LastError, &n.sg.LastErrorCode,
-		&n.sg.FailedStep, &n.createdAt, &n.updatedAt, &n.sg.EndedAt}
-}
-
-func (n *nullableSaga) saga() *Saga {
-	sg := n.sg
-	sg.ID, sg.Name, sg.Status, sg.StepName, sg.Direction = *n.id, *n.name, *n.status, *n.stepName, *n.direction
-	sg.StepIndex, sg.Epoch, sg.Attempt, sg.Version = *n.stepIndex, *n.epoch, *n.attempt, *n.version
-	sg.CreatedAt, sg.UpdatedAt = *n.createdAt, *n.updatedAt
-	return &sg
-}
-
 func sagaDest(sg *Saga) []any {
 	return []any{&sg.ID, &sg.Name, &sg.BusinessKey, &sg.Status, &sg.StepIndex, &sg.StepName, &sg.Direction,
 		&sg.Epoch, &sg.Attempt, &sg.State, &sg.Version, &sg.NextCheckAt, &sg.LastError, &sg.LastErrorCode,

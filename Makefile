@@ -1,0 +1,37 @@
+# sagaflow — run `make` for the list of targets.
+SHELL := /bin/bash
+GO    ?= go
+PKGS  := ./...
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## list the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_\/-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: test
+test: ## run every test against a real PostgreSQL, with the race detector
+	$(GO) test -race -count=1 -timeout 15m $(PKGS)
+
+.PHONY: test/short
+test/short: ## run every test without the race detector (quicker)
+	$(GO) test -count=1 -timeout 15m $(PKGS)
+
+.PHONY: test/race
+test/race: ## run the suite five times with the race detector, to shake out flakes
+	$(GO) test -race -count=5 -timeout 30m $(PKGS)
+
+.PHONY: lint
+lint: ## gofmt, go vet and staticcheck
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+	$(GO) run $(STATICCHECK) $(PKGS)
+
+.PHONY: bench
+bench: ## engine vs raw PostgreSQL step throughput and latency, same machine, same run
+	$(GO) test -run '^$$' -bench 'StepThroughput|StepLatency' -benchtime=6000x -count=3 ./saga/
+
+.PHONY: db/sql
+db/sql: ## print the migrations' SQL for SCHEMA (default sagaflow), for your own migration tool
+	@$(GO) run ./internal/cmd/printsql -schema "$${SCHEMA:-sagaflow}"

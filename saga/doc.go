@@ -1,0 +1,122 @@
+// Package saga runs durable sagas on PostgreSQL: multi-step business
+// processes whose every step commits its effects, its state transition and
+// its next command in one transaction, and whose completed steps are
+// compensated in reverse order when a later step fails for good.
+//
+// # A saga
+//
+// A saga is a [Definition] over a state type S, stored as JSON between
+// steps. Each [Step] has an Action, an optional Compensate, a [RetryPolicy]
+// and a Timeout:
+//
+//	type Checkout struct {
+//		OrderID  string `json:"order_id"`
+//		ChargeID string `json:"charge_id,omitempty"`
+//	}
+//
+//	var checkout = saga.Define("checkout",
+//		saga.Step[Checkout]{Name: "reserve", Action: reserveStock, Compensate: releaseStock},
+//		saga.Step[Checkout]{Name: "charge", Action: chargeCard, Compensate: refundCard},
+//		saga.Step[Checkout]{Name: "ship", Action: createShipment},
+//	)
+//
+//	func reserveStock(ctx context.Context, run *saga.StepRun, c *Checkout) error {
+//		// run.Tx is the step's transaction: this row commits with the step.
+//		_, err := run.Tx.Exec(ctx, `UPDATE stock SET reserved = reserved + 1 WHERE sku = $1`, c.OrderID)
+//		return err
+//	}
+//
+// Register the definition with an [Engine], start the engine's workers, and
+// start sagas, inside your own transaction if you like:
+//
+//	engine, err := saga.New(pool, &saga.Config{Schema: "sagaflow"})
+//	if err != nil { ... }
+//	if err := engine.Register(checkout); err != nil { ... }
+//	if err := engine.Start(ctx); err != nil { ... }
+//	defer engine.Stop(context.Background())
+//
+//	tx, _ := pool.Begin(ctx)
+//	tx.Exec(ctx, `INSERT INTO orders (id) VALUES ($1)`, orderID)
+//	started, err := saga.StartTx(ctx, engine, tx, checkout, Checkout{OrderID: orderID},
+//		&saga.StartOpts{BusinessKey: orderID})
+//	tx.Commit(ctx)
+//
+// The tables come from package store: run store.Migrate (or apply
+// store.MigrationSQL with your own tool) before the engine.
+//
+// # Guarantees
+//
+// These hold for any number of engines sharing one database, and are each
+// proven by a test against a real PostgreSQL.
+//
+//  1. Atomic start. [StartTx] writes the saga, its first history entry and
+//     its first command in the caller's transaction: they commit together
+//     with the caller's rows or not at all. With a [StartOpts.BusinessKey],
+//     starting twice returns the first saga ([Started.Existing]).
+//  2. One transaction per step. A step's handler runs inside a transaction
+//     ([StepRun.Tx]); the rows it writes there, the saga's new state and
+//     version, the step-scoped key in the inbox, a history entry and the
+//     next command (or the saga's end) commit together or not at all.
+//     Nothing is sent to a broker inside that transaction.
+//  3. Effects in PostgreSQL happen once. Commands may be delivered more
+//     than once (a crash before commit, a duplicate row, a re-drive). A
+//     command runs only while the saga still has the version it was written
+//     for, and a step whose key is already in the inbox is skipped, so the
+//     rows a handler writes through run.Tx exist exactly once.
+//  4. Effects outside PostgreSQL happen at least once. An HTTP call to a
+//     payment provider cannot join the transaction: if the process dies
+//     after the call and before the commit, the step runs again. Every
+//     attempt and every duplicate of a step carries the same
+//     [StepRun.Key] (saga_id/step/direction/epoch); pass it to the provider
+//     as its idempotency key. That is the only honest guarantee for
+//     external side effects, and it is the user's part of the contract.
+//  5. Fenced execution. At most one worker runs a step of a given saga at a
+//     time (a transaction-scoped advisory lock taken without waiting), and
+//     a worker whose saga moved on meanwhile (cancelled, re-driven) cannot
+//     commit: every outcome is a conditional update on the saga's version,
+//     and a refused outcome rolls back the step's own writes too. Leases
+//     are in database time: a worker that stops talking to PostgreSQL
+//     loses its session, its claims and its uncommitted step.
+//  6. Compensation. A permanent error ([steps.Permanent]), exhausted
+//     retries or repeated timeouts switch the saga to compensating: the
+//     compensations of the completed steps run in reverse order, each as
+//     its own fenced, deduplicated, retried step. A saga ends completed,
+//     compensated, or failed (a compensation gave up, or its state cannot be
+//     read): failed sagas are parked with their error, visible through
+//     [Engine.List], for an operator. Nothing ends silently.
+//  7. Order. The engine never runs two steps of one saga at once, and a
+//     saga's commands share its id as their partition key.
+//  8. Bad input is parked, never dropped. A command that cannot be decoded,
+//     names a saga that does not exist, or belongs to a saga or step no
+//     engine knows (after [Config.UnknownSagaGrace]) is marked dead in the
+//     outbox with its reason; state that no longer decodes, or grows past
+//     [Config.MaxStateBytes], fails or compensates the saga with a coded
+//     error. Workers keep serving everything else.
+//
+// Every running saga has a deadline in database time (next_check_at), for
+// the scheduler that re-drives sagas whose command was lost.
+//
+// # What a step should know
+//
+// A step that fails is rolled back: its writes through run.Tx are undone
+// before the failure is recorded. Compensations run only for steps that
+// completed; a step that made an external call and then failed for good
+// must leave no effect behind, or be retried until it succeeds (its
+// idempotency key makes retrying safe).
+//
+// Handlers must honour ctx. An attempt that runs past its Timeout fails
+// with code step_timeout; a handler that ignores the cancellation for
+// [Config.HandlerGrace] is abandoned: its connection is closed (rolling the
+// transaction back) and the attempt is recorded as failed.
+//
+// Several steps of different sagas may share one transaction
+// ([Config.BatchSize]), each under its own savepoint, to save commits. A
+// slow step delays the commit of the steps batched with it; engines whose
+// steps are slow should use a small BatchSize.
+//
+// # Reading and steering
+//
+// [Engine.Get] returns a saga with its timeline in database time,
+// [Engine.List] filters and pages through sagas, and [Engine.Cancel]
+// compensates a running saga.
+package saga
