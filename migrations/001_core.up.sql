@@ -14,6 +14,9 @@ CREATE TABLE {{schema}}.saga_instances (
     state           jsonb       NOT NULL,
     version         bigint      NOT NULL DEFAULT 1,
     next_check_at   timestamptz,
+    -- The outbox id of the command for the current version, so the rescuer
+    -- can tell a saga waiting in the queue from one whose command was lost.
+    command_id      uuid,
     last_error      text,
     last_error_code text,
     failed_step     text,
@@ -30,6 +33,9 @@ CREATE INDEX saga_instances_next_check ON {{schema}}.saga_instances (next_check_
 CREATE INDEX saga_instances_name_created ON {{schema}}.saga_instances (saga_name, created_at DESC, id DESC);
 CREATE INDEX saga_instances_status_created ON {{schema}}.saga_instances (status, created_at DESC, id DESC);
 CREATE INDEX saga_instances_created ON {{schema}}.saga_instances (created_at DESC, id DESC);
+-- Retention of finished sagas, oldest first.
+CREATE INDEX saga_instances_ended ON {{schema}}.saga_instances (ended_at)
+    WHERE status IN ('completed', 'compensated');
 
 CREATE TABLE {{schema}}.saga_history (
     id          bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -84,6 +90,8 @@ CREATE INDEX outbox_direct_pending ON {{schema}}.outbox (topic, available_at)
 CREATE INDEX outbox_relay_pending ON {{schema}}.outbox (available_at)
     WHERE status = 'pending' AND delivery = 'relay';
 CREATE INDEX outbox_dead ON {{schema}}.outbox (created_at) WHERE status = 'dead';
+-- Retention and replay of published messages.
+CREATE INDEX outbox_published ON {{schema}}.outbox (published_at) WHERE status = 'published';
 
 -- Processed message and step keys, per consumer. A key is written in the same
 -- transaction as the effects it guards.

@@ -117,7 +117,7 @@ func TestBadInputIsParkedAndTheWorkerKeepsServing(t *testing.T) {
 	// Every bad command is parked as dead with its reason, none deleted.
 	// Every bad command is parked as dead with its reason, none deleted.
 	require.Contains(t, reason(garbage), "malformed command: decode payload")
-	require.Contains(t, reason(wrongType), `message type "orders.created" is not "sagaflow.step"`)
+	require.Contains(t, reason(wrongType), `message type "orders.created" is neither "sagaflow.step" nor "sagaflow.cancel"`)
 	require.Contains(t, reason(unknownField), `unknown field "extra"`)
 	require.Contains(t, reason(ghost), "saga "+ghostID.String()+" does not exist")
 	// A saga whose definition this engine does not know is first left for

@@ -45,6 +45,24 @@ const (
 	// UnknownSagaGraceDefault is how long a command for a saga or step this
 	// engine does not know waits for an engine that knows it.
 	UnknownSagaGraceDefault = 10 * time.Minute
+	// RescueIntervalDefault is how often the stuck-saga rescuer runs.
+	RescueIntervalDefault = 30 * time.Second
+	// RescueBatchDefault is how many stuck sagas one rescue transaction
+	// handles.
+	RescueBatchDefault = 100
+	// RetentionIntervalDefault is how often retention runs.
+	RetentionIntervalDefault = time.Hour
+	// RetentionBatchDefault is how many rows one retention statement deletes.
+	RetentionBatchDefault = 1000
+	// OutboxRetentionDefault is how long published messages are kept: the
+	// window in which they can be replayed.
+	OutboxRetentionDefault = 7 * 24 * time.Hour
+	// InboxRetentionDefault is how long processed keys are kept; it must be
+	// longer than the outbox retention.
+	InboxRetentionDefault = 14 * 24 * time.Hour
+	// SagaRetentionDefault is how long completed and compensated sagas and
+	// their history are kept.
+	SagaRetentionDefault = 30 * 24 * time.Hour
 )
 
 // Config configures an [Engine]. The zero value is valid; zero fields take
@@ -82,6 +100,33 @@ type Config struct {
 	// deploy, say) before it is parked as dead with the reason. Defaults to
 	// UnknownSagaGraceDefault.
 	UnknownSagaGrace time.Duration
+	// RescueInterval is how often the stuck-saga rescuer looks for sagas
+	// past their deadline. At least a second (cron's resolution). Defaults
+	// to RescueIntervalDefault.
+	RescueInterval time.Duration
+	// RescueBatch bounds the sagas one rescue transaction handles. Defaults
+	// to RescueBatchDefault.
+	RescueBatch int
+	// RetentionInterval is how often old rows are deleted. At least a
+	// second. Defaults to RetentionIntervalDefault.
+	RetentionInterval time.Duration
+	// RetentionBatch bounds the rows one retention statement deletes.
+	// Defaults to RetentionBatchDefault.
+	RetentionBatch int
+	// OutboxRetention is how long published messages are kept, and so how
+	// far back outbox replay reaches. Defaults to OutboxRetentionDefault.
+	OutboxRetention time.Duration
+	// InboxRetention is how long processed keys are kept. It must be longer
+	// than OutboxRetention: a replayed message whose key had already left
+	// the inbox would be processed twice. Defaults to InboxRetentionDefault.
+	InboxRetention time.Duration
+	// SagaRetention is how long completed and compensated sagas, with their
+	// history, are kept after they ended. Failed sagas are kept until an
+	// operator deals with them. Defaults to SagaRetentionDefault.
+	SagaRetention time.Duration
+	// Location is the time zone of cron specs given to [Schedule]. Defaults
+	// to UTC.
+	Location *time.Location
 	// Logger receives the engine's logs. Defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -109,6 +154,11 @@ func (c *Config) withDefaults() (Config, error) {
 		{out.RescueSlack < 0, "RescueSlack must not be negative"},
 		{out.HandlerGrace < 0, "HandlerGrace must not be negative"},
 		{out.UnknownSagaGrace < 0, "UnknownSagaGrace must not be negative"},
+		{out.RescueInterval != 0 && out.RescueInterval < time.Second, "RescueInterval must be at least 1s"},
+		{out.RescueBatch < 0, "RescueBatch must not be negative"},
+		{out.RetentionInterval != 0 && out.RetentionInterval < time.Second, "RetentionInterval must be at least 1s"},
+		{out.RetentionBatch < 0, "RetentionBatch must not be negative"},
+		{out.OutboxRetention < 0 || out.InboxRetention < 0 || out.SagaRetention < 0, "retention windows must not be negative"},
 	} {
 		if ch.bad {
 			return out, fmt.Errorf("%w: %s", ErrInvalidConfig, ch.what)
@@ -138,10 +188,32 @@ func (c *Config) withDefaults() (Config, error) {
 	if out.UnknownSagaGrace == 0 {
 		out.UnknownSagaGrace = UnknownSagaGraceDefault
 	}
+	setDefault(&out.RescueInterval, RescueIntervalDefault)
+	setDefault(&out.RescueBatch, RescueBatchDefault)
+	setDefault(&out.RetentionInterval, RetentionIntervalDefault)
+	setDefault(&out.RetentionBatch, RetentionBatchDefault)
+	setDefault(&out.OutboxRetention, OutboxRetentionDefault)
+	setDefault(&out.InboxRetention, InboxRetentionDefault)
+	setDefault(&out.SagaRetention, SagaRetentionDefault)
+	if out.InboxRetention <= out.OutboxRetention {
+		return out, fmt.Errorf("%w: InboxRetention (%s) must be longer than OutboxRetention (%s), the replay window: "+
+			"a replayed message whose key had already left the inbox would be processed twice",
+			ErrInvalidConfig, out.InboxRetention, out.OutboxRetention)
+	}
+	if out.Location == nil {
+		out.Location = time.UTC
+	}
 	if out.Logger == nil {
 		out.Logger = slog.Default()
 	}
 	return out, nil
+}
+
+func setDefault[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
+	}
 }
 
 // Engine runs sagas. It starts sagas, reads and steers them, and, between
@@ -154,12 +226,14 @@ type Engine struct {
 	st   *store.Store
 	log  *slog.Logger
 
-	mu      sync.Mutex
-	defs    map[string]*compiled
-	byOwner map[any]*compiled
-	known   []string  // aggregatetype of the commands of registered sagas
-	run     *runState // non-nil while running or stopping
-	frozen  bool      // set at the first Start: definitions no longer change
+	mu        sync.Mutex
+	defs      map[string]*compiled
+	byOwner   map[any]*compiled
+	known     []string   // aggregatetype of the commands of registered sagas
+	names     []string   // registered saga names
+	schedules []schedule // from Schedule, started with the engine
+	run       *runState  // non-nil while running or stopping
+	frozen    bool       // set at the first Start: definitions no longer change
 
 	stats statCounters
 	hooks testHooks
@@ -170,6 +244,9 @@ type testHooks struct {
 	// beforeCommit runs after a batch's steps and before its commit; an error
 	// aborts the batch as a crash would.
 	beforeCommit func(ctx context.Context, tx pgx.Tx) error
+	// beforeRescueUpdate runs between the rescuer's read of a stuck saga
+	// and its guarded update.
+	beforeRescueUpdate func(sg *store.Saga)
 }
 
 // New returns an engine on pool. A nil cfg means the defaults. The schema must
@@ -221,12 +298,19 @@ func (e *Engine) Register(defs ...AnyDefinition) error {
 		e.defs[c.name] = c
 		e.byOwner[c.owner] = c
 		e.known = append(e.known, aggregateType(c.name))
+		e.names = append(e.names, c.name)
 	}
 	return nil
 }
 
 // aggregateType is the outbox aggregatetype of a saga's commands.
 func aggregateType(name string) string { return "saga." + name }
+
+func (e *Engine) registeredNameList() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.names
+}
 
 func (e *Engine) knownAggregates() []string {
 	e.mu.Lock()
@@ -310,6 +394,8 @@ func (e *Engine) Start(ctx context.Context) error {
 		wakes[i] = make(chan struct{}, 1)
 	}
 	var wg sync.WaitGroup
+	schedulerDone := e.startScheduler(fetchCtx, e.schedules)
+	wg.Go(func() { <-schedulerDone })
 	wg.Go(func() { e.listen(fetchCtx, wakes) })
 	for i := range wakes {
 		wg.Go(func() { e.work(fetchCtx, workCtx, wakes[i]) })
@@ -475,10 +561,15 @@ type Stats struct {
 	Deferred          int64 // commands put back because another worker held their saga
 	Parked            int64 // commands parked as dead, with their reason
 	HandlersAbandoned int64 // handlers abandoned after ignoring their timeout
+	Rescued           int64 // stuck sagas re-driven by the rescuer
+	FailedOver        int64 // stuck sagas whose attempts were spent, moved to compensation or failed
+	CronStarted       int64 // sagas started by a schedule
+	CronDuplicates    int64 // schedule slots another engine had already started
 }
 
 type statCounters struct {
 	succeeded, failed, retries, dedup, stale, deferred, parked, abandoned atomic.Int64
+	rescued, failedOver, cronStarted, cronDuplicates                      atomic.Int64
 }
 
 // Stats returns the engine's counters.
@@ -488,5 +579,7 @@ func (e *Engine) Stats() Stats {
 		StepsSucceeded: s.succeeded.Load(), AttemptsFailed: s.failed.Load(), Retries: s.retries.Load(),
 		Deduplicated: s.dedup.Load(), StaleDiscarded: s.stale.Load(), Deferred: s.deferred.Load(),
 		Parked: s.parked.Load(), HandlersAbandoned: s.abandoned.Load(),
+		Rescued: s.rescued.Load(), FailedOver: s.failedOver.Load(),
+		CronStarted: s.cronStarted.Load(), CronDuplicates: s.cronDuplicates.Load(),
 	}
 }

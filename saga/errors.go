@@ -28,21 +28,26 @@ var (
 
 	// ErrInvalidConfig wraps every configuration problem found by [New].
 	ErrInvalidConfig = errors.New("saga: invalid config")
+
+	// ErrNotReplayable is returned when a replay does not fit the saga's
+	// status: only failed sagas resume, only ended sagas re-run.
+	ErrNotReplayable = errors.New("saga: not replayable")
 )
 
 // Error codes stored with a saga's last error and its history entries. Codes
 // that a handler attaches with steps.WithCode are stored as given.
 const (
-	CodeError          = "error"             // a handler returned an error without a code
-	CodePanic          = "panic"             // a handler panicked; the stack is in the history
-	CodeTimeout        = "step_timeout"      // an attempt ran past its step's timeout
-	CodeStateDecode    = "state_decode"      // the stored state no longer decodes into the saga's type
-	CodeStateEncode    = "state_encode"      // the state a handler left cannot be stored
-	CodeTooLarge       = "payload_too_large" // the encoded state exceeds Config.MaxStateBytes
-	CodeUnknownStep    = "unknown_step"      // the saga's current step is not in its definition
-	CodeCancelled      = "cancelled"         // an operator or the application cancelled the saga
-	CodeTxAborted      = "tx_aborted"        // the handler left its transaction unusable
-	CodeMalformed      = "malformed_command" // a command could not be decoded
-	CodeUnknownSaga    = "unknown_saga"      // a command names a saga this engine does not know
-	CodeAbandonedRunOn = "handler_overran"   // a handler ignored its context past the grace period
+	CodeError           = "error"             // a handler returned an error without a code
+	CodePanic           = "panic"             // a handler panicked; the stack is in the history
+	CodeTimeout         = "step_timeout"      // an attempt ran past its step's timeout
+	CodeStateDecode     = "state_decode"      // the stored state no longer decodes into the saga's type
+	CodeStateEncode     = "state_encode"      // the state a handler left cannot be stored
+	CodeTooLarge        = "payload_too_large" // the encoded state exceeds Config.MaxStateBytes
+	CodeUnknownStep     = "unknown_step"      // the saga's current step is not in its definition
+	CodeCancelled       = "cancelled"         // an operator or the application cancelled the saga
+	CodeTxAborted       = "tx_aborted"        // the handler left its transaction unusable
+	CodeMalformed       = "malformed_command" // a command could not be decoded
+	CodeUnknownSaga     = "unknown_saga"      // a command names a saga this engine does not know
+	CodeAbandonedRunOn  = "handler_overran"   // a handler ignored its context past the grace period
+	CodeRescueExhausted = "rescue_exhausted"  // the rescuer found the saga stuck with its attempts spent
 )

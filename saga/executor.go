@@ -19,8 +19,13 @@ import (
 	"github.com/sagaflow/sagaflow/store"
 )
 
-// commandType is the outbox type of a step command.
-const commandType = "sagaflow.step"
+// Outbox types of the engine's commands.
+const (
+	// commandType runs a saga's current step.
+	commandType = "sagaflow.step"
+	// cancelType asks an engine that knows the saga to cancel it.
+	cancelType = "sagaflow.cancel"
+)
 
 // command is the payload of a step command. It points at the saga row, which
 // holds the state; Version is the saga's version when the command was
@@ -32,12 +37,13 @@ type command struct {
 	Direction steps.Direction `json:"direction"`
 	Epoch     int             `json:"epoch"`
 	Version   int64           `json:"version"`
+	Reason    string          `json:"reason,omitempty"` // of a cancel request
 }
 
 func decodeCommand(c *store.Claimed) (command, error) {
 	var cmd command
-	if c.Type != commandType {
-		return cmd, fmt.Errorf("message type %q is not %q", c.Type, commandType)
+	if c.Type != commandType && c.Type != cancelType {
+		return cmd, fmt.Errorf("message type %q is neither %q nor %q", c.Type, commandType, cancelType)
 	}
 	dec := json.NewDecoder(bytes.NewReader(c.Payload))
 	dec.DisallowUnknownFields()
@@ -55,6 +61,21 @@ func decodeCommand(c *store.Claimed) (command, error) {
 		return cmd, fmt.Errorf("version %d is not positive", cmd.Version)
 	}
 	return cmd, nil
+}
+
+// cancelMessage builds a cancel request for sg. It is not fenced on a
+// version: it applies to the saga as it is when an engine runs it.
+func (e *Engine) cancelMessage(sg *store.Saga, reason string) store.Message {
+	cmd := command{SagaID: sg.ID, Saga: sg.Name, Step: sg.StepName, Direction: steps.Direction(sg.Direction),
+		Epoch: sg.Epoch, Version: sg.Version, Reason: reason}
+	payload, _ := json.Marshal(cmd)
+	id := uuid.Must(uuid.NewV7())
+	return store.Message{
+		ID: id, Topic: e.cfg.CommandTopic, Delivery: store.DeliveryDirect,
+		AggregateType: aggregateType(sg.Name), AggregateID: sg.ID.String(), Type: cancelType, Payload: payload,
+		Headers: map[string]string{"sagaflow-message-id": id.String(), "sagaflow-saga-id": sg.ID.String(), "sagaflow-type": cancelType},
+		SagaID:  &sg.ID,
+	}
 }
 
 // commandMessage builds the outbox row of the command for a saga's step.
@@ -278,6 +299,9 @@ func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, derr 
 		b.deferred = append(b.deferred, deferral{id: c.ID})
 		return nil
 	}
+	if c.Type == cancelType {
+		return b.cancel(ctx, c, ls, cmd.Reason)
+	}
 	if ls.Version != cmd.Version || Status(ls.Status).Terminal() {
 		e.stats.stale.Add(1)
 		b.delivered = append(b.delivered, c.ID)
@@ -305,6 +329,37 @@ func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, derr 
 	processed := ls.Processed
 	ls.Processed = false // only true for the state it was read in
 	return b.execute(ctx, &ls.Saga, def, idx, dir, processed, last)
+}
+
+// cancel carries out a cancel request recorded by an engine that did not
+// know the saga.
+func (b *batch) cancel(ctx context.Context, c *store.Claimed, ls *store.LockedSaga, reason string) error {
+	b.delivered = append(b.delivered, c.ID)
+	sp, err := b.savepoint(ctx)
+	if err != nil {
+		return err
+	}
+	err = b.e.CancelTx(ctx, stepTx{b.tx}, ls.ID, reason)
+	switch {
+	case err == nil:
+		ls.Version++ // CancelTx moved the saga on
+		ls.Status = store.StatusCompensating
+		b.ready = true
+	case errors.Is(err, ErrNotRunning):
+		// Nothing left to cancel: the saga ended or is compensating already.
+		b.e.log.InfoContext(ctx, "sagaflow dropped a cancel request", slog.String("saga_id", ls.ID.String()), slog.Any("reason", err))
+		if _, err := b.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+sp); err != nil {
+			return err
+		}
+	case isStatementError(err):
+		if _, rerr := b.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+sp); rerr != nil {
+			return rerr
+		}
+		return b.park(ctx, c, &ls.ID, CodeMalformed, "cancel request failed: "+err.Error())
+	default:
+		return err
+	}
+	return nil
 }
 
 // savepoint returns a savepoint with nothing written after it, opening one

@@ -50,6 +50,9 @@ const (
 	EventSagaFailed            = "saga_failed"
 	EventSagaCancelled         = "saga_cancelled"
 	EventCommandParked         = "command_parked"
+	EventSagaRescued           = "saga_rescued"
+	EventSagaResumed           = "saga_resumed"
+	EventSagaRerun             = "saga_rerun"
 )
 
 // ErrorInfo is a saga's last error.
@@ -217,9 +220,19 @@ func (e *Engine) List(ctx context.Context, opts *ListOpts) (*ListResult, error) 
 // reverse order, and ends compensated. A step running at that moment cannot
 // commit any more (its saga moved on). Cancel returns an error wrapping
 // [ErrNotRunning] for a saga that is compensating or has ended.
+//
+// An engine that does not know the saga's definition (an operator tool)
+// cannot work out the compensation itself: it records a cancel request,
+// which an engine that knows the saga carries out; Cancel then reports
+// Requested.
 func (e *Engine) Cancel(ctx context.Context, id uuid.UUID, reason string) error {
 	return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error { return e.CancelTx(ctx, tx, id, reason) })
 }
+
+// ErrCancelRequested is returned (wrapped) by [Engine.Cancel] on an engine
+// that does not know the saga's definition, once it has recorded the cancel
+// request for an engine that does.
+var ErrCancelRequested = errors.New("saga: cancel requested")
 
 // CancelTx is [Engine.Cancel] inside the caller's transaction.
 func (e *Engine) CancelTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, reason string) error {
@@ -235,7 +248,15 @@ func (e *Engine) CancelTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, reason s
 	}
 	def := e.lookupName(sg.Name)
 	if def == nil {
-		return fmt.Errorf("saga: cancel %s: %w: %q", id, ErrNotRegistered, sg.Name)
+		msg := e.cancelMessage(sg, reason)
+		if err := e.st.InsertMessage(ctx, tx, &msg); err != nil {
+			return err
+		}
+		if err := e.st.Notify(ctx, tx, e.cfg.CommandTopic); err != nil {
+			return err
+		}
+		return fmt.Errorf("saga: cancel %s: %w: this engine does not know saga %q; an engine that does will compensate it",
+			id, ErrCancelRequested, sg.Name)
 	}
 	idx, ok := def.byName[sg.StepName]
 	if !ok {

@@ -64,6 +64,7 @@ type Saga struct {
 	State         []byte
 	Version       int64
 	NextCheckAt   *time.Time
+	CommandID     *uuid.UUID
 	LastError     *string
 	LastErrorCode *string
 	FailedStep    *string
@@ -154,6 +155,7 @@ type Store struct {
 	channel string
 	lockNS  int64
 	q       statements
+	ops     opsStatements
 }
 
 type statements struct {
@@ -167,7 +169,7 @@ type statements struct {
 const maxHistoryRows = 4
 
 const sagaColumns = `id, saga_name, business_key, status, step_index, step_name, direction, epoch, attempt,
-	state, version, next_check_at, last_error, last_error_code, failed_step, created_at, updated_at, ended_at`
+	state, version, next_check_at, command_id, last_error, last_error_code, failed_step, created_at, updated_at, ended_at`
 
 // historyRows and messageRows expand parallel arrays into rows, so one
 // statement shape serves any number of history entries and messages.
@@ -204,13 +206,14 @@ func New(schema string) (*Store, error) {
 				m.step_key, clock_timestamp(), clock_timestamp() + m.delay_us * interval '1 microsecond'
 			FROM ` + src + `, ` + fmt.Sprintf(messageRows, seq(first, 10)...)
 	}
+	st.ops = newOpsStatements(s)
 	st.q = statements{
 		// One statement starts a saga: row, first history entry, first
 		// command and the wake-up, or nothing when the business key exists.
 		startSaga: `WITH s AS (
 				INSERT INTO ` + s + `.saga_instances
-				(id, saga_name, business_key, status, step_index, step_name, direction, epoch, attempt, state, next_check_at)
-				VALUES ($1, $2, $3, $4, $5, $6, $7, 0, 0, $8, now() + $9 * interval '1 microsecond')
+				(id, saga_name, business_key, status, step_index, step_name, direction, epoch, attempt, state, next_check_at, command_id)
+				VALUES ($1, $2, $3, $4, $5, $6, $7, 0, 0, $8, clock_timestamp() + $9 * interval '1 microsecond', ($20::uuid[])[1])
 				ON CONFLICT DO NOTHING
 				RETURNING id
 			), h AS (` + insertHistoryFrom("s", 12) + `
@@ -259,7 +262,8 @@ func New(schema string) (*Store, error) {
 				WHEN next_check_at >= clock_timestamp() + $10 * interval '1 microsecond' THEN next_check_at
 				ELSE clock_timestamp() + ($10 + $11) * interval '1 microsecond' END,
 			last_error = $12, last_error_code = $13, failed_step = $14, updated_at = clock_timestamp(),
-			ended_at = CASE WHEN $3 IN ('running', 'compensating') THEN NULL ELSE clock_timestamp() END
+			ended_at = CASE WHEN $3 IN ('running', 'compensating') THEN NULL ELSE clock_timestamp() END,
+			command_id = $15
 			WHERE id = $1 AND version = $2`,
 		lockSaga:        `SELECT pg_advisory_xact_lock(hashtextextended($1::text, $2))`,
 		insertInbox:     `INSERT INTO ` + s + `.inbox (consumer, key) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
@@ -520,8 +524,12 @@ func (s *Store) QueueTransition(b *pgx.Batch, t *Transition) *pgx.QueuedQuery {
 	if t.State != nil {
 		state = t.State
 	}
+	var commandID *uuid.UUID
+	if len(t.Messages) > 0 {
+		commandID = &t.Messages[len(t.Messages)-1].ID
+	}
 	q := b.Queue(s.q.updateSaga, t.ID, t.Version, t.Status, t.StepIndex, t.StepName, t.Direction, t.Epoch, t.Attempt,
-		state, micros(t.CheckAfter), micros(deadlineRoom), t.LastError, t.LastErrorCode, t.FailedStep)
+		state, micros(t.CheckAfter), micros(deadlineRoom), t.LastError, t.LastErrorCode, t.FailedStep, commandID)
 	for rest := t.History; len(rest) > 0; {
 		n := min(len(rest), maxHistoryRows)
 		var args []any
@@ -609,7 +617,7 @@ func (s *Store) NextDirectDue(ctx context.Context, db DBTX, topic string, known 
 
 func sagaDest(sg *Saga) []any {
 	return []any{&sg.ID, &sg.Name, &sg.BusinessKey, &sg.Status, &sg.StepIndex, &sg.StepName, &sg.Direction,
-		&sg.Epoch, &sg.Attempt, &sg.State, &sg.Version, &sg.NextCheckAt, &sg.LastError, &sg.LastErrorCode,
+		&sg.Epoch, &sg.Attempt, &sg.State, &sg.Version, &sg.NextCheckAt, &sg.CommandID, &sg.LastError, &sg.LastErrorCode,
 		&sg.FailedStep, &sg.CreatedAt, &sg.UpdatedAt, &sg.EndedAt}
 }
 
@@ -656,7 +664,11 @@ type ListFilter struct {
 	BusinessKey   string
 	CreatedAfter  time.Time // inclusive
 	CreatedBefore time.Time // exclusive
-	Cursor        string    // from a previous page's NextCursor
+	EndedAfter    time.Time // inclusive
+	EndedBefore   time.Time // exclusive
+	FailedStep    string
+	ErrorCode     string
+	Cursor        string // from a previous page's NextCursor
 	Limit         int
 }
 
@@ -683,6 +695,18 @@ func (s *Store) ListSagas(ctx context.Context, db DBTX, f ListFilter) ([]Saga, s
 	}
 	if !f.CreatedBefore.IsZero() {
 		where = append(where, "created_at < "+arg(f.CreatedBefore))
+	}
+	if !f.EndedAfter.IsZero() {
+		where = append(where, "ended_at >= "+arg(f.EndedAfter))
+	}
+	if !f.EndedBefore.IsZero() {
+		where = append(where, "ended_at < "+arg(f.EndedBefore))
+	}
+	if f.FailedStep != "" {
+		where = append(where, "failed_step = "+arg(f.FailedStep))
+	}
+	if f.ErrorCode != "" {
+		where = append(where, "last_error_code = "+arg(f.ErrorCode))
 	}
 	if f.Cursor != "" {
 		at, id, err := decodeCursor(f.Cursor)

@@ -1,0 +1,344 @@
+package saga
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sagaflow/sagaflow/steps"
+	"github.com/sagaflow/sagaflow/store"
+)
+
+// Resume restarts a failed saga where it failed: the step (action or
+// compensation) that gave up runs again, with its attempts counted afresh
+// and under the same step-scoped key (its effects were rolled back, so the
+// key is not in the inbox). Use it once the cause is fixed. It returns an
+// error wrapping [ErrNotReplayable] for a saga that is not failed.
+//
+// Resume needs no definition: an operator tool can call it on an engine
+// that registered none; an engine that knows the saga runs it.
+func (e *Engine) Resume(ctx context.Context, id uuid.UUID, reason string) error {
+	return e.replay(ctx, id, "resume", func(sg *store.Saga) (*store.Transition, error) {
+		if Status(sg.Status) != StatusFailed {
+			return nil, fmt.Errorf("status is %s, and only failed sagas resume: %w", sg.Status, ErrNotReplayable)
+		}
+		dir := steps.Direction(sg.Direction)
+		if !dir.Valid() {
+			return nil, fmt.Errorf("direction %q is not valid", sg.Direction)
+		}
+		tr := transitionFrom(sg)
+		tr.Status = statusFor(dir)
+		tr.Attempt = 0
+		tr.CheckAfter = e.stepTimeout(sg.Name, sg.StepName) + e.cfg.RescueSlack
+		detail, _ := json.Marshal(map[string]string{"reason": reason, "from_status": sg.Status})
+		tr.History = []store.HistoryEntry{{SagaID: sg.ID, Event: EventSagaResumed, StepName: sg.StepName,
+			Direction: sg.Direction, Epoch: sg.Epoch, Detail: detail}}
+		tr.Messages = []store.Message{e.commandMessage(sg.ID, sg.Name, sg.StepName, dir, sg.Epoch, sg.Version+1, 0)}
+		return tr, nil
+	})
+}
+
+// Rerun runs an ended saga (completed, compensated or failed) forward again
+// from step from, under a new epoch: every step from there on gets a fresh
+// step-scoped key, because the old keys are in the inbox. The state is the
+// saga's current state. It returns an error wrapping [ErrNotReplayable] for
+// a saga that has not ended, and an error naming the step when the saga has
+// no such step.
+func (e *Engine) Rerun(ctx context.Context, id uuid.UUID, from, reason string) error {
+	return e.replay(ctx, id, "rerun", func(sg *store.Saga) (*store.Transition, error) {
+		if !Status(sg.Status).Terminal() {
+			return nil, fmt.Errorf("status is %s, and only ended sagas re-run: %w", sg.Status, ErrNotReplayable)
+		}
+		idx, err := e.stepIndex(ctx, sg, from)
+		if err != nil {
+			return nil, err
+		}
+		tr := transitionFrom(sg)
+		tr.Status, tr.StepIndex, tr.StepName, tr.Direction = store.StatusRunning, idx, from, string(steps.Forward)
+		tr.Epoch, tr.Attempt = sg.Epoch+1, 0
+		tr.LastError, tr.LastErrorCode, tr.FailedStep = nil, nil, nil
+		tr.CheckAfter = e.stepTimeout(sg.Name, from) + e.cfg.RescueSlack
+		detail, _ := json.Marshal(map[string]any{"reason": reason, "from_status": sg.Status, "from_step": from})
+		tr.History = []store.HistoryEntry{{SagaID: sg.ID, Event: EventSagaRerun, StepName: from,
+			Direction: string(steps.Forward), Epoch: sg.Epoch + 1, Detail: detail}}
+		tr.Messages = []store.Message{e.commandMessage(sg.ID, sg.Name, from, steps.Forward, sg.Epoch+1, sg.Version+1, 0)}
+		return tr, nil
+	})
+}
+
+// statusFor is the status of a saga moving in direction dir.
+func statusFor(dir steps.Direction) string {
+	if dir == steps.Compensate {
+		return store.StatusCompensating
+	}
+	return store.StatusRunning
+}
+
+func (e *Engine) replay(ctx context.Context, id uuid.UUID, what string, plan func(*store.Saga) (*store.Transition, error)) error {
+	err := pgx.BeginTxFunc(ctx, e.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		sg, err := e.st.GetSaga(ctx, tx, id, true)
+		if errors.Is(err, store.ErrNotFound) {
+			return ErrNotFound
+		}
+		if err != nil {
+			return err
+		}
+		tr, err := plan(sg)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, "SAVEPOINT sagaflow_replay"); err != nil {
+			return err
+		}
+		ok, err := e.st.ApplyTransition(ctx, tx, tr, "sagaflow_replay")
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return errors.New("the saga changed under a row lock")
+		}
+		return e.st.Notify(ctx, tx, e.cfg.CommandTopic)
+	})
+	if err != nil {
+		return fmt.Errorf("saga: %s %s: %w", what, id, err)
+	}
+	return nil
+}
+
+// stepIndex finds step name of the saga: in its definition when this engine
+// has it, else among the steps its history shows (an operator tool has no
+// definitions); -1 then stands for an index the running engine fills in.
+func (e *Engine) stepIndex(ctx context.Context, sg *store.Saga, name string) (int, error) {
+	if def := e.lookupName(sg.Name); def != nil {
+		if idx, ok := def.byName[name]; ok {
+			return idx, nil
+		}
+		return 0, fmt.Errorf("saga %q has no step %q (its steps: %s)", sg.Name, name, stepNames(def))
+	}
+	hist, err := e.st.History(ctx, e.pool, sg.ID)
+	if err != nil {
+		return 0, err
+	}
+	var seen []string
+	for _, h := range hist {
+		if h.StepName != nil && !slices.Contains(seen, *h.StepName) {
+			seen = append(seen, *h.StepName)
+		}
+	}
+	if !slices.Contains(seen, name) {
+		return 0, fmt.Errorf("saga %s never ran a step %q (steps in its history: %v)", sg.ID, name, seen)
+	}
+	if name == sg.StepName {
+		return sg.StepIndex, nil
+	}
+	return -1, nil
+}
+
+func stepNames(def *compiled) string {
+	names := make([]string, len(def.steps))
+	for i, s := range def.steps {
+		names[i] = s.name
+	}
+	return fmt.Sprint(names)
+}
+
+func (e *Engine) stepTimeout(sagaName, step string) time.Duration {
+	if def := e.lookupName(sagaName); def != nil {
+		if idx, ok := def.byName[step]; ok {
+			return def.steps[idx].timeout
+		}
+	}
+	return StepTimeoutDefault
+}
+
+// Bulk replay limits.
+const (
+	// BulkReplayMaxDefault caps a bulk replay that sets no Max.
+	BulkReplayMaxDefault = 100
+	// BulkReplayMaxLimit is the largest Max a bulk replay accepts.
+	BulkReplayMaxLimit = 10000
+	// ReplayRateDefault is the replays (or messages) per second of a bulk
+	// replay that sets no rate.
+	ReplayRateDefault = 10
+)
+
+// BulkReplayOpts selects the sagas of [Engine.ReplayBulk]. Zero filters do
+// not filter.
+type BulkReplayOpts struct {
+	Name          string
+	Statuses      []Status // defaults to failed
+	CreatedAfter  time.Time
+	CreatedBefore time.Time
+	EndedAfter    time.Time
+	EndedBefore   time.Time
+	FailedStep    string
+	ErrorCode     string
+	// FromStep, when set, re-runs each saga from that step under a new epoch
+	// ([Engine.Rerun]); when empty, each failed saga resumes where it failed
+	// ([Engine.Resume]).
+	FromStep string
+	// Max caps how many sagas are replayed. Defaults to BulkReplayMaxDefault;
+	// at most BulkReplayMaxLimit.
+	Max int
+	// RatePerSecond limits replays per second. Defaults to ReplayRateDefault.
+	RatePerSecond float64
+	// DryRun selects and reports, and changes nothing.
+	DryRun bool
+	// Reason is recorded in each saga's history.
+	Reason string
+}
+
+// BulkReplayResult reports a bulk replay.
+type BulkReplayResult struct {
+	Matched  []uuid.UUID // selected, newest first, at most Max
+	Replayed []uuid.UUID // replayed (empty on a dry run)
+	Errors   []BulkReplayError
+	DryRun   bool
+}
+
+// BulkReplayError is one saga a bulk replay could not replay.
+type BulkReplayError struct {
+	ID  uuid.UUID
+	Err error
+}
+
+// ReplayBulk replays the sagas that match opts, at most Max of them, at most
+// RatePerSecond per second. A saga that cannot be replayed is reported in
+// Errors and the others go on. With DryRun it only reports what it would
+// replay.
+func (e *Engine) ReplayBulk(ctx context.Context, opts BulkReplayOpts) (*BulkReplayResult, error) {
+	if err := normaliseReplayLimits(&opts.Max, &opts.RatePerSecond); err != nil {
+		return nil, err
+	}
+	if len(opts.Statuses) == 0 {
+		opts.Statuses = []Status{StatusFailed}
+	}
+	f := store.ListFilter{Name: opts.Name, CreatedAfter: opts.CreatedAfter, CreatedBefore: opts.CreatedBefore,
+		EndedAfter: opts.EndedAfter, EndedBefore: opts.EndedBefore, FailedStep: opts.FailedStep,
+		ErrorCode: opts.ErrorCode, Limit: opts.Max}
+	for _, s := range opts.Statuses {
+		f.Statuses = append(f.Statuses, string(s))
+	}
+	rows, _, err := e.st.ListSagas(ctx, e.pool, f)
+	if err != nil {
+		return nil, fmt.Errorf("saga: bulk replay: %w", err)
+	}
+	res := &BulkReplayResult{DryRun: opts.DryRun}
+	for _, r := range rows {
+		res.Matched = append(res.Matched, r.ID)
+	}
+	if opts.DryRun {
+		return res, nil
+	}
+	err = rateLimited(ctx, len(res.Matched), opts.RatePerSecond, func(i int) error {
+		id := res.Matched[i]
+		var err error
+		if opts.FromStep != "" {
+			err = e.Rerun(ctx, id, opts.FromStep, opts.Reason)
+		} else {
+			err = e.Resume(ctx, id, opts.Reason)
+		}
+		if err != nil {
+			res.Errors = append(res.Errors, BulkReplayError{ID: id, Err: err})
+		} else {
+			res.Replayed = append(res.Replayed, id)
+		}
+		return nil
+	})
+	return res, err
+}
+
+func normaliseReplayLimits(maxN *int, rate *float64) error {
+	switch {
+	case *maxN < 0 || *maxN > BulkReplayMaxLimit:
+		return fmt.Errorf("saga: replay: Max %d is outside 0..%d", *maxN, BulkReplayMaxLimit)
+	case *rate < 0:
+		return fmt.Errorf("saga: replay: RatePerSecond %g is negative", *rate)
+	}
+	if *maxN == 0 {
+		*maxN = BulkReplayMaxDefault
+	}
+	if *rate == 0 {
+		*rate = ReplayRateDefault
+	}
+	return nil
+}
+
+// rateLimited calls f for 0..n-1, at most rate calls per second, stopping
+// early when ctx ends.
+func rateLimited(ctx context.Context, n int, rate float64, f func(i int) error) error {
+	interval := time.Duration(float64(time.Second) / rate)
+	next := time.Now()
+	for i := range n {
+		if wait := time.Until(next); wait > 0 {
+			if !sleepCtx(ctx, wait) {
+				return ctx.Err()
+			}
+		}
+		next = next.Add(interval)
+		if err := f(i); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// OutboxReplayOpts selects published messages for [Engine.ReplayOutbox].
+type OutboxReplayOpts struct {
+	store.OutboxFilter
+	// Max caps how many messages are re-published. Defaults to
+	// BulkReplayMaxDefault; at most BulkReplayMaxLimit.
+	Max int
+	// RatePerSecond limits messages per second. Defaults to
+	// ReplayRateDefault.
+	RatePerSecond float64
+	// DryRun selects and reports, and changes nothing.
+	DryRun bool
+}
+
+// OutboxReplayResult reports an outbox replay.
+type OutboxReplayResult struct {
+	Matched     []uuid.UUID
+	Republished int64
+	DryRun      bool
+}
+
+// ReplayOutbox makes already published messages pending again, so the relay
+// publishes them once more; consumers deduplicate them by message id.
+// Messages are selected by topic, type, aggregate and publication time,
+// oldest first, capped and rate limited. Only messages still within
+// OutboxRetention can be replayed.
+func (e *Engine) ReplayOutbox(ctx context.Context, opts OutboxReplayOpts) (*OutboxReplayResult, error) {
+	if err := normaliseReplayLimits(&opts.Max, &opts.RatePerSecond); err != nil {
+		return nil, err
+	}
+	ids, err := e.st.PublishedMessages(ctx, e.pool, opts.OutboxFilter, opts.Max)
+	if err != nil {
+		return nil, fmt.Errorf("saga: outbox replay: %w", err)
+	}
+	res := &OutboxReplayResult{Matched: ids, DryRun: opts.DryRun}
+	if opts.DryRun {
+		return res, nil
+	}
+	err = rateLimited(ctx, len(ids), opts.RatePerSecond, func(i int) error {
+		n, err := e.st.RepublishMessages(ctx, e.pool, ids[i:i+1])
+		res.Republished += n
+		return err
+	})
+	if err != nil {
+		return res, fmt.Errorf("saga: outbox replay: %w", err)
+	}
+	return res, nil
+}
+
+// OutboxStatus reports the outbox: pending messages, the age of the oldest,
+// dead and published ones.
+func (e *Engine) OutboxStatus(ctx context.Context) (store.OutboxStatus, error) {
+	return e.st.OutboxStatus(ctx, e.pool)
+}

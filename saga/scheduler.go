@@ -1,0 +1,141 @@
+package saga
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/robfig/cron/v3"
+)
+
+// The scheduler runs inside every started engine: the stuck-saga rescuer,
+// retention, and the sagas started by [Schedule]. Its jobs are safe to run on
+// many engines at once, so no leader is elected: the rescuer takes each saga
+// with a lock it does not wait for and guards every update on the version it
+// read; retention deletes rows it locks with SKIP LOCKED; a cron slot starts
+// its saga under a business key that names the slot, so only one start per
+// slot succeeds whichever engines fire it.
+
+// cronParser accepts standard five-field specs, an optional leading seconds
+// field, and descriptors such as @hourly and @every 5m.
+var cronParser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
+
+// ScheduleOpts are the options of [Schedule]. nil means none.
+type ScheduleOpts struct {
+	// Name identifies the schedule in business keys and logs. Defaults to
+	// the saga's name and the spec.
+	Name string
+}
+
+type schedule struct {
+	name     string
+	spec     string
+	sched    cron.Schedule
+	start    func(ctx context.Context, businessKey string) (Started, error)
+	sagaName string
+}
+
+// Schedule starts a saga of definition d with state at every slot of the cron
+// spec (in Config.Location), exactly once per slot however many engines run
+// the schedule: the slot's time is part of the saga's business key
+// ("cron:<name>:<slot in RFC 3339>"). Specs have five fields, or six with
+// seconds first, or are descriptors (@hourly, @every 10m; @every slots are
+// aligned to multiples of the interval). Call it before [Engine.Start].
+func Schedule[S any](e *Engine, spec string, d *Definition[S], state S, opts *ScheduleOpts) error {
+	sched, err := cronParser.Parse(spec)
+	if err != nil {
+		return fmt.Errorf("saga: schedule %q: %w", spec, err)
+	}
+	if d == nil {
+		return fmt.Errorf("%w: nil definition", ErrNotRegistered)
+	}
+	if _, err := e.lookupOwner(d, d.name); err != nil {
+		return err
+	}
+	name := d.name + " " + spec
+	if opts != nil && opts.Name != "" {
+		name = opts.Name
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.frozen {
+		return ErrEngineStarted
+	}
+	e.schedules = append(e.schedules, schedule{
+		name: name, spec: spec, sched: sched, sagaName: d.name,
+		start: func(ctx context.Context, key string) (Started, error) {
+			return Start(ctx, e, d, state, &StartOpts{BusinessKey: key})
+		},
+	})
+	return nil
+}
+
+// slotTime returns the slot a firing belongs to: the time the schedule
+// planned, aligned for @every schedules so that engines started at different
+// moments agree.
+func slotTime(sched cron.Schedule, planned time.Time) time.Time {
+	if every, ok := sched.(cron.ConstantDelaySchedule); ok && every.Delay > 0 {
+		return planned.Truncate(every.Delay)
+	}
+	return planned
+}
+
+// startScheduler starts the engine's cron with the maintenance jobs and
+// schedules; it stops when ctx ends, and the returned channel is closed
+// once its running jobs have returned. The caller holds e.mu.
+func (e *Engine) startScheduler(ctx context.Context, schedules []schedule) <-chan struct{} {
+	c := cron.New(cron.WithLocation(e.cfg.Location), cron.WithParser(cronParser),
+		cron.WithChain(cron.Recover(cronLogger{e.log}), cron.SkipIfStillRunning(cronLogger{e.log})))
+	every := func(d time.Duration) cron.Schedule { return cron.Every(d) }
+	c.Schedule(every(e.cfg.RescueInterval), cron.FuncJob(func() {
+		if _, err := e.RescueNow(ctx); err != nil && ctx.Err() == nil {
+			e.log.ErrorContext(ctx, "sagaflow rescuer failed; it runs again at its next interval", slog.Any("error", err))
+		}
+	}))
+	c.Schedule(every(e.cfg.RetentionInterval), cron.FuncJob(func() {
+		if _, err := e.RunRetention(ctx); err != nil && ctx.Err() == nil {
+			e.log.ErrorContext(ctx, "sagaflow retention failed; it runs again at its next interval", slog.Any("error", err))
+		}
+	}))
+	for _, s := range schedules {
+		var id cron.EntryID
+		id = c.Schedule(s.sched, cron.FuncJob(func() {
+			slot := slotTime(s.sched, c.Entry(id).Prev).In(e.cfg.Location)
+			key := "cron:" + s.name + ":" + slot.Format(time.RFC3339)
+			st, err := s.start(ctx, key)
+			switch {
+			case err != nil && ctx.Err() == nil:
+				e.log.ErrorContext(ctx, "sagaflow could not start a scheduled saga", slog.String("schedule", s.name),
+					slog.String("business_key", key), slog.Any("error", err))
+			case err != nil:
+			case st.Existing:
+				e.stats.cronDuplicates.Add(1)
+			default:
+				e.stats.cronStarted.Add(1)
+				e.log.InfoContext(ctx, "sagaflow started a scheduled saga", slog.String("schedule", s.name),
+					slog.String("saga_id", st.ID.String()), slog.String("business_key", key))
+			}
+		}))
+	}
+	c.Start()
+	done := make(chan struct{})
+	go func() {
+		<-ctx.Done()
+		<-c.Stop().Done()
+		close(done)
+	}()
+	return done
+}
+
+// cronLogger sends cron's own messages to the engine's logger.
+type cronLogger struct{ log *slog.Logger }
+
+func (l cronLogger) Info(msg string, kv ...any) { l.log.Debug("sagaflow scheduler: "+msg, kv...) }
+func (l cronLogger) Error(err error, msg string, kv ...any) {
+	if errors.Is(err, context.Canceled) {
+		return
+	}
+	l.log.Error("sagaflow scheduler: "+msg, append(kv, "error", err)...)
+}

@@ -1,0 +1,219 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// opsStatements are the statements of the scheduler, retention and
+// operator tools.
+type opsStatements struct {
+	stuck, deleteOutbox, deleteInbox, deleteSagas, outboxStatus, extendDeadline string
+}
+
+func newOpsStatements(s string) opsStatements {
+	return opsStatements{
+		// Sagas past their deadline, oldest first. The try-lock runs in the
+		// outer query so that it is taken only for the rows returned: a saga
+		// whose lock is held has a step running right now and is not stuck.
+		stuck: `SELECT ` + prefixColumns("s.") + `, pg_try_advisory_xact_lock(hashtextextended(s.id::text, $3)),
+				(SELECT o.status FROM ` + s + `.outbox o WHERE o.id = s.command_id),
+				EXTRACT(EPOCH FROM now() - s.next_check_at)
+			FROM (SELECT * FROM ` + s + `.saga_instances
+				WHERE status IN ('running', 'compensating') AND next_check_at < now() AND saga_name = ANY($1)
+				ORDER BY next_check_at LIMIT $2) s`,
+		extendDeadline: `UPDATE ` + s + `.saga_instances SET next_check_at = clock_timestamp() + $3 * interval '1 microsecond'
+			WHERE id = $1 AND version = $2`,
+		deleteOutbox: `DELETE FROM ` + s + `.outbox WHERE id IN (
+				SELECT id FROM ` + s + `.outbox WHERE status = 'published' AND published_at < now() - $1 * interval '1 microsecond'
+				ORDER BY published_at LIMIT $2 FOR UPDATE SKIP LOCKED)`,
+		deleteInbox: `DELETE FROM ` + s + `.inbox WHERE (consumer, key) IN (
+				SELECT consumer, key FROM ` + s + `.inbox WHERE processed_at < now() - $1 * interval '1 microsecond'
+				ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED)`,
+		deleteSagas: `WITH gone AS (
+				SELECT id FROM ` + s + `.saga_instances
+				WHERE status IN ('completed', 'compensated') AND ended_at < now() - $1 * interval '1 microsecond'
+				ORDER BY ended_at LIMIT $2 FOR UPDATE SKIP LOCKED
+			), h AS (
+				DELETE FROM ` + s + `.saga_history WHERE saga_id IN (SELECT id FROM gone)
+			)
+			DELETE FROM ` + s + `.saga_instances WHERE id IN (SELECT id FROM gone)`,
+		outboxStatus: `SELECT
+				count(*) FILTER (WHERE status = 'pending'),
+				EXTRACT(EPOCH FROM now() - min(created_at) FILTER (WHERE status = 'pending')),
+				count(*) FILTER (WHERE status = 'dead'),
+				count(*) FILTER (WHERE status = 'published')
+			FROM ` + s + `.outbox`,
+	}
+}
+
+// StuckSaga is a saga past its deadline, read by [Store.StuckSagas].
+type StuckSaga struct {
+	Saga
+	// Locked is true when this transaction took the saga's execution lock;
+	// false means a step of it is running right now.
+	Locked bool
+	// CommandStatus is the outbox status of the saga's current command, or
+	// "" when that row no longer exists.
+	CommandStatus string
+	// Overdue is how long ago the deadline passed.
+	Overdue time.Duration
+}
+
+// StuckSagas returns up to limit running or compensating sagas of the named
+// types whose deadline has passed, oldest deadline first, taking the
+// execution lock of each without waiting.
+func (s *Store) StuckSagas(ctx context.Context, tx pgx.Tx, names []string, limit int) ([]StuckSaga, error) {
+	rows, err := tx.Query(ctx, s.ops.stuck, names, limit, s.lockNS)
+	if err != nil {
+		return nil, fmt.Errorf("store: find stuck sagas: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (StuckSaga, error) {
+		var st StuckSaga
+		var status *string
+		var overdue float64
+		err := r.Scan(append(sagaDest(&st.Saga), &st.Locked, &status, &overdue)...)
+		if status != nil {
+			st.CommandStatus = *status
+		}
+		st.Overdue = time.Duration(overdue * float64(time.Second))
+		return st, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: find stuck sagas: %w", err)
+	}
+	return out, nil
+}
+
+// ExtendDeadline moves a saga's deadline to now + d if the saga still has
+// version. It reports whether it did.
+func (s *Store) ExtendDeadline(ctx context.Context, db DBTX, id uuid.UUID, version int64, d time.Duration) (bool, error) {
+	tag, err := db.Exec(ctx, s.ops.extendDeadline, id, version, micros(d))
+	if err != nil {
+		return false, fmt.Errorf("store: extend deadline of saga %s: %w", id, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// DeletePublishedMessages deletes up to limit outbox rows published longer
+// than window ago and returns how many it deleted.
+func (s *Store) DeletePublishedMessages(ctx context.Context, db DBTX, window time.Duration, limit int) (int64, error) {
+	tag, err := db.Exec(ctx, s.ops.deleteOutbox, micros(window), limit)
+	if err != nil {
+		return 0, fmt.Errorf("store: delete published messages: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// DeleteInboxKeys deletes up to limit inbox keys processed longer than
+// window ago and returns how many it deleted.
+func (s *Store) DeleteInboxKeys(ctx context.Context, db DBTX, window time.Duration, limit int) (int64, error) {
+	tag, err := db.Exec(ctx, s.ops.deleteInbox, micros(window), limit)
+	if err != nil {
+		return 0, fmt.Errorf("store: delete inbox keys: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// DeleteFinishedSagas deletes up to limit completed or compensated sagas
+// that ended longer than window ago, with their history, and returns how
+// many sagas it deleted. Failed sagas are kept for an operator.
+func (s *Store) DeleteFinishedSagas(ctx context.Context, db DBTX, window time.Duration, limit int) (int64, error) {
+	tag, err := db.Exec(ctx, s.ops.deleteSagas, micros(window), limit)
+	if err != nil {
+		return 0, fmt.Errorf("store: delete finished sagas: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// OutboxStatus summarises the outbox.
+type OutboxStatus struct {
+	Pending          int64
+	OldestPendingAge time.Duration // 0 when nothing is pending
+	Dead             int64
+	Published        int64
+}
+
+// OutboxStatus counts pending, dead and published messages and measures the
+// age of the oldest pending one.
+func (s *Store) OutboxStatus(ctx context.Context, db DBTX) (OutboxStatus, error) {
+	var st OutboxStatus
+	var age *float64
+	if err := db.QueryRow(ctx, s.ops.outboxStatus).Scan(&st.Pending, &age, &st.Dead, &st.Published); err != nil {
+		return st, fmt.Errorf("store: outbox status: %w", err)
+	}
+	if age != nil {
+		st.OldestPendingAge = time.Duration(*age * float64(time.Second))
+	}
+	return st, nil
+}
+
+// OutboxFilter selects published messages for [Store.RepublishMessages].
+// Zero fields do not filter.
+type OutboxFilter struct {
+	Topic           string
+	Type            string
+	AggregateID     string
+	PublishedAfter  time.Time // inclusive
+	PublishedBefore time.Time // exclusive
+}
+
+func (f OutboxFilter) where(args *[]any) string {
+	arg := func(v any) string {
+		*args = append(*args, v)
+		return "$" + strconv.Itoa(len(*args))
+	}
+	conds := []string{"status = 'published'", "delivery = 'relay'"}
+	if f.Topic != "" {
+		conds = append(conds, "topic = "+arg(f.Topic))
+	}
+	if f.Type != "" {
+		conds = append(conds, "type = "+arg(f.Type))
+	}
+	if f.AggregateID != "" {
+		conds = append(conds, "aggregateid = "+arg(f.AggregateID))
+	}
+	if !f.PublishedAfter.IsZero() {
+		conds = append(conds, "published_at >= "+arg(f.PublishedAfter))
+	}
+	if !f.PublishedBefore.IsZero() {
+		conds = append(conds, "published_at < "+arg(f.PublishedBefore))
+	}
+	return strings.Join(conds, " AND ")
+}
+
+// PublishedMessages returns the ids of up to limit published messages that
+// match f, oldest first.
+func (s *Store) PublishedMessages(ctx context.Context, db DBTX, f OutboxFilter, limit int) ([]uuid.UUID, error) {
+	var args []any
+	where := f.where(&args)
+	args = append(args, limit)
+	rows, err := db.Query(ctx, "SELECT id FROM "+quoteSchema(s.schema)+".outbox WHERE "+where+
+		" ORDER BY published_at, id LIMIT $"+strconv.Itoa(len(args)), args...)
+	if err != nil {
+		return nil, fmt.Errorf("store: select published messages: %w", err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return nil, fmt.Errorf("store: select published messages: %w", err)
+	}
+	return ids, nil
+}
+
+// RepublishMessages makes published messages pending again, due now, so the
+// relay publishes them once more. It returns how many it changed.
+func (s *Store) RepublishMessages(ctx context.Context, db DBTX, ids []uuid.UUID) (int64, error) {
+	tag, err := db.Exec(ctx, "UPDATE "+quoteSchema(s.schema)+`.outbox
+		SET status = 'pending', available_at = now(), attempts = 0, last_error = NULL, published_at = NULL
+		WHERE id = ANY($1) AND status = 'published'`, ids)
+	if err != nil {
+		return 0, fmt.Errorf("store: republish %d messages: %w", len(ids), err)
+	}
+	return tag.RowsAffected(), nil
+}
