@@ -293,14 +293,16 @@ func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, derr 
 			fmt.Sprintf("no definition named %q is registered with this engine (registered: %s)", ls.Name, e.registeredNames()))
 		return err
 	}
+	if c.Type == cancelType {
+		// Like Engine.Cancel, a cancel request does not wait for a running
+		// step: it moves the saga on, and the step can no longer commit.
+		return b.cancel(ctx, c, ls, cmd.Reason)
+	}
 	if !ls.Locked {
 		// Another transaction runs a step of this saga right now.
 		e.stats.deferred.Add(1)
 		b.deferred = append(b.deferred, deferral{id: c.ID})
 		return nil
-	}
-	if c.Type == cancelType {
-		return b.cancel(ctx, c, ls, cmd.Reason)
 	}
 	if ls.Version != cmd.Version || Status(ls.Status).Terminal() {
 		e.stats.stale.Add(1)

@@ -219,20 +219,40 @@ func (e *Engine) List(ctx context.Context, opts *ListOpts) (*ListResult, error) 
 // Cancel stops a running saga: it compensates the steps that completed, in
 // reverse order, and ends compensated. A step running at that moment cannot
 // commit any more (its saga moved on). Cancel returns an error wrapping
-// [ErrNotRunning] for a saga that is compensating or has ended.
-//
-// An engine that does not know the saga's definition (an operator tool)
-// cannot work out the compensation itself: it records a cancel request,
-// which an engine that knows the saga carries out; Cancel then reports
-// Requested.
+// [ErrNotRunning] for a saga that is compensating or has ended, and one
+// wrapping [ErrNotRegistered] when this engine does not know the saga's
+// definition: an operator tool uses [Engine.RequestCancel] instead.
 func (e *Engine) Cancel(ctx context.Context, id uuid.UUID, reason string) error {
 	return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error { return e.CancelTx(ctx, tx, id, reason) })
 }
 
-// ErrCancelRequested is returned (wrapped) by [Engine.Cancel] on an engine
-// that does not know the saga's definition, once it has recorded the cancel
-// request for an engine that does.
-var ErrCancelRequested = errors.New("saga: cancel requested")
+// RequestCancel asks for a running saga to be cancelled by an engine that
+// knows its definition, for tools that do not: it records a cancel request,
+// which such an engine carries out as [Engine.Cancel] would, at once and
+// whether a step is running or not. It returns an error wrapping
+// [ErrNotRunning] for a saga that is compensating or has ended.
+func (e *Engine) RequestCancel(ctx context.Context, id uuid.UUID, reason string) error {
+	return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error { return e.RequestCancelTx(ctx, tx, id, reason) })
+}
+
+// RequestCancelTx is [Engine.RequestCancel] inside the caller's transaction.
+func (e *Engine) RequestCancelTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, reason string) error {
+	sg, err := e.st.GetSaga(ctx, tx, id, false)
+	if errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("saga: request cancel of %s: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return err
+	}
+	if Status(sg.Status) != StatusRunning {
+		return fmt.Errorf("saga: request cancel of %s: status is %s: %w", id, sg.Status, ErrNotRunning)
+	}
+	msg := e.cancelMessage(sg, sanitizeText(reason, 2000))
+	if err := e.st.InsertMessage(ctx, tx, &msg); err != nil {
+		return err
+	}
+	return e.st.Notify(ctx, tx, e.cfg.CommandTopic)
+}
 
 // CancelTx is [Engine.Cancel] inside the caller's transaction.
 func (e *Engine) CancelTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, reason string) error {
@@ -248,15 +268,7 @@ func (e *Engine) CancelTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, reason s
 	}
 	def := e.lookupName(sg.Name)
 	if def == nil {
-		msg := e.cancelMessage(sg, reason)
-		if err := e.st.InsertMessage(ctx, tx, &msg); err != nil {
-			return err
-		}
-		if err := e.st.Notify(ctx, tx, e.cfg.CommandTopic); err != nil {
-			return err
-		}
-		return fmt.Errorf("saga: cancel %s: %w: this engine does not know saga %q; an engine that does will compensate it",
-			id, ErrCancelRequested, sg.Name)
+		return fmt.Errorf("saga: cancel %s: %w: this engine does not know saga %q; use RequestCancel", id, ErrNotRegistered, sg.Name)
 	}
 	idx, ok := def.byName[sg.StepName]
 	if !ok {

@@ -1,0 +1,288 @@
+package saga_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sagaflow/sagaflow/saga"
+	"github.com/sagaflow/sagaflow/steps"
+	"github.com/sagaflow/sagaflow/store"
+)
+
+func TestFailedSagaResumesAfterItsCauseIsFixed(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	var warehouseUp atomic.Bool
+	def := threeSteps(b, "resumable", map[string]saga.StepFunc[order]{
+		"ship/forward": func(context.Context, *saga.StepRun, *order) error {
+			return steps.Permanent(errors.New("no carrier"))
+		},
+		"charge/compensate": func(context.Context, *saga.StepRun, *order) error {
+			if !warehouseUp.Load() {
+				return steps.Permanent(steps.WithCode("refund_rejected", errors.New("payment provider rejects refunds")))
+			}
+			return nil
+		},
+	})
+	require.NoError(t, b.engine.Register(def))
+	b.start(t)
+	ctx := context.Background()
+	st, err := saga.Start(ctx, b.engine, def, order{}, nil)
+	require.NoError(t, err)
+	in := b.waitTerminal(t, st.ID)
+	require.Equal(t, saga.StatusFailed, in.Status)
+	require.Equal(t, "refund_rejected", in.LastError.Code)
+
+	warehouseUp.Store(true) // the cause is fixed
+	require.NoError(t, b.engine.Resume(ctx, st.ID, "refunds work again"))
+	in = b.waitTerminal(t, st.ID)
+	require.Equal(t, saga.StatusCompensated, in.Status)
+	require.Equal(t, []string{"reserve/forward", "charge/forward", "charge/compensate", "reserve/compensate"}, b.effects(t, st.ID))
+	types := eventTypes(in)
+	require.Equal(t, []string{"saga_failed:charge", "saga_resumed:charge", "compensation_completed:charge",
+		"compensation_completed:reserve", "saga_compensated"}, types[len(types)-5:])
+
+	err = b.engine.Resume(ctx, st.ID, "again")
+	require.ErrorIs(t, err, saga.ErrNotReplayable)
+	require.ErrorContains(t, err, "status is compensated, and only failed sagas resume")
+	require.ErrorIs(t, b.engine.Resume(ctx, uuid.New(), "x"), saga.ErrNotFound)
+}
+
+func TestForwardFailureResumesAndCompletes(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	def := threeSteps(b, "decode", nil)
+	require.NoError(t, b.engine.Register(def))
+	ctx := context.Background()
+	st, err := saga.Start(ctx, b.engine, def, order{}, nil)
+	require.NoError(t, err)
+	// A bad deploy wrote state this version cannot read: the saga is parked.
+	_, err = b.pool.Exec(ctx, "UPDATE "+b.table("saga_instances")+` SET state = '{"order_id": 7}' WHERE id = $1`, st.ID)
+	require.NoError(t, err)
+	b.start(t)
+	in := b.waitTerminal(t, st.ID)
+	require.Equal(t, saga.StatusFailed, in.Status)
+	require.Equal(t, saga.CodeStateDecode, in.LastError.Code)
+
+	// The operator repairs the state and resumes: the saga completes.
+	_, err = b.pool.Exec(ctx, "UPDATE "+b.table("saga_instances")+` SET state = '{"order_id": "7"}' WHERE id = $1`, st.ID)
+	require.NoError(t, err)
+	require.NoError(t, b.engine.Resume(ctx, st.ID, "state repaired"))
+	in = b.waitTerminal(t, st.ID)
+	require.Equal(t, saga.StatusCompleted, in.Status)
+	require.Equal(t, []string{"reserve/forward", "charge/forward", "ship/forward"}, b.effects(t, st.ID))
+}
+
+func TestRerunFromAStepUsesNewKeys(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	def := threeSteps(b, "rerun", nil)
+	require.NoError(t, b.engine.Register(def))
+	blocked := threeStepsBlocked(t, b)
+	defer blocked.release()
+	b.start(t)
+	ctx := context.Background()
+	st, err := saga.Start(ctx, b.engine, def, order{}, nil)
+	require.NoError(t, err)
+	require.Equal(t, saga.StatusCompleted, b.waitTerminal(t, st.ID).Status)
+
+	err = b.engine.Rerun(ctx, st.ID, "refund", "x")
+	require.ErrorContains(t, err, `saga "rerun" has no step "refund" (its steps: [reserve charge ship])`)
+	require.NoError(t, b.engine.Rerun(ctx, st.ID, "charge", "provider lost the charges"))
+	in := b.waitTerminal(t, st.ID)
+	require.Equal(t, saga.StatusCompleted, in.Status)
+	require.Equal(t, 1, in.Epoch)
+	require.Equal(t, []string{"reserve/forward", "charge/forward", "ship/forward", "charge/forward", "ship/forward"}, b.effects(t, st.ID))
+	// Steps from "charge" on ran again under epoch 1 keys.
+	var keys []string
+	rows, err := b.pool.Query(ctx, "SELECT key FROM "+b.table("effects")+" WHERE saga_id = $1 ORDER BY seq", st.ID)
+	require.NoError(t, err)
+	for rows.Next() {
+		var k string
+		require.NoError(t, rows.Scan(&k))
+		keys = append(keys, k)
+	}
+	require.NoError(t, rows.Err())
+	p := st.ID.String()
+	require.Equal(t, []string{p + "/reserve/forward/0", p + "/charge/forward/0", p + "/ship/forward/0",
+		p + "/charge/forward/1", p + "/ship/forward/1"}, keys)
+
+	// A running saga does not re-run; an engine without the definition
+	// checks the step against the saga's history.
+	running, err := saga.Start(ctx, b.engine, blocked.def, order{}, nil)
+	require.NoError(t, err)
+	require.ErrorIs(t, b.engine.Rerun(ctx, running.ID, "charge", "x"), saga.ErrNotReplayable)
+	tool, err := saga.New(b.pool, &saga.Config{Schema: b.schema, Logger: testLogger(t)})
+	require.NoError(t, err)
+	require.ErrorContains(t, tool.Rerun(ctx, st.ID, "refund", "x"), `never ran a step "refund"`)
+}
+
+// blockedSaga is a registered saga whose first step blocks until released.
+type blockedSaga struct {
+	def     *saga.Definition[order]
+	entered chan struct{} // receives when the first step starts
+	release func()        // lets every blocked step return (an error); call it before the test ends
+}
+
+func threeStepsBlocked(t *testing.T, b *bundle) *blockedSaga {
+	bs := &blockedSaga{entered: make(chan struct{}, 16)}
+	ch := make(chan struct{})
+	var once atomic.Bool
+	bs.release = func() {
+		if once.CompareAndSwap(false, true) {
+			close(ch)
+		}
+	}
+	bs.def = threeSteps(b, "blocked", map[string]saga.StepFunc[order]{
+		"reserve/forward": func(ctx context.Context, _ *saga.StepRun, _ *order) error {
+			bs.entered <- struct{}{}
+			select {
+			case <-ch:
+			case <-ctx.Done():
+			}
+			return errors.New("released")
+		},
+	})
+	require.NoError(t, b.engine.Register(bs.def))
+	return bs
+}
+
+func TestBulkReplayHonoursFiltersCapRateAndDryRun(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	var fixed atomic.Bool
+	failing := func(code string) saga.StepFunc[order] {
+		return func(context.Context, *saga.StepRun, *order) error {
+			if fixed.Load() {
+				return nil
+			}
+			return steps.Permanent(steps.WithCode(code, errors.New(code)))
+		}
+	}
+	// Sagas that fail while compensating "reserve" (code a) or "charge"
+	// (code b): all end failed.
+	def := threeSteps(b, "bulk", map[string]saga.StepFunc[order]{
+		"ship/forward": func(context.Context, *saga.StepRun, *order) error {
+			return steps.Permanent(errors.New("no"))
+		},
+		"charge/compensate": func(ctx context.Context, r *saga.StepRun, s *order) error {
+			if s.OrderID == "b" {
+				return failing("b")(ctx, r, s)
+			}
+			return nil
+		},
+		"reserve/compensate": failing("a"),
+	})
+	require.NoError(t, b.engine.Register(def))
+	b.start(t)
+	ctx := context.Background()
+	var ids []uuid.UUID
+	for _, kind := range []string{"a", "a", "a", "a", "b", "b"} {
+		st, err := saga.Start(ctx, b.engine, def, order{OrderID: kind}, nil)
+		require.NoError(t, err)
+		ids = append(ids, st.ID)
+	}
+	for _, id := range ids {
+		require.Equal(t, saga.StatusFailed, b.waitTerminal(t, id).Status)
+	}
+	historyLen := func() int { return b.count(t, "SELECT count(*) FROM "+b.table("saga_history")) }
+
+	// Dry run: reports, changes nothing.
+	before := historyLen()
+	res, err := b.engine.ReplayBulk(ctx, saga.BulkReplayOpts{Name: "bulk", ErrorCode: "a", DryRun: true})
+	require.NoError(t, err)
+	require.True(t, res.DryRun)
+	require.Len(t, res.Matched, 4)
+	require.Empty(t, res.Replayed)
+	require.Equal(t, before, historyLen())
+	require.Equal(t, 6, b.count(t, "SELECT count(*) FROM "+b.table("saga_instances")+" WHERE status = 'failed'"))
+
+	// Filters: failed step and error code select the b sagas only.
+	res, err = b.engine.ReplayBulk(ctx, saga.BulkReplayOpts{FailedStep: "charge", DryRun: true})
+	require.NoError(t, err)
+	require.ElementsMatch(t, ids[4:], res.Matched)
+	res, err = b.engine.ReplayBulk(ctx, saga.BulkReplayOpts{Name: "other", DryRun: true})
+	require.NoError(t, err)
+	require.Empty(t, res.Matched)
+
+	// The cause is fixed. Cap 3 at 5 per second: three sagas resume, at
+	// least 2 × 200ms apart, the others stay failed.
+	fixed.Store(true)
+	started := time.Now()
+	res, err = b.engine.ReplayBulk(ctx, saga.BulkReplayOpts{ErrorCode: "a", Max: 3, RatePerSecond: 5, Reason: "provider fixed"})
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, time.Since(started), 400*time.Millisecond)
+	require.Len(t, res.Replayed, 3)
+	require.Empty(t, res.Errors)
+	for _, id := range res.Replayed {
+		require.Equal(t, saga.StatusCompensated, b.waitTerminal(t, id).Status)
+	}
+	require.Equal(t, 3, b.count(t, "SELECT count(*) FROM "+b.table("saga_instances")+" WHERE status = 'failed'"))
+
+	_, err = b.engine.ReplayBulk(ctx, saga.BulkReplayOpts{Max: saga.BulkReplayMaxLimit + 1})
+	require.ErrorContains(t, err, "Max 10001 is outside 0..10000")
+}
+
+func TestOutboxReplayRepublishesPublishedMessages(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx := context.Background()
+	for i, topic := range []string{"orders", "orders", "orders", "payments"} {
+		_, err := b.pool.Exec(ctx, "INSERT INTO "+b.table("outbox")+` (id, topic, aggregateid, type, payload, status, published_at)
+			VALUES ($1, $2, $3, 'order.created', '{}', 'published', now() - $4 * interval '1 minute')`, uuid.New(), topic, "agg", i)
+		require.NoError(t, err)
+	}
+	_, err := b.pool.Exec(ctx, "INSERT INTO "+b.table("outbox")+` (id, topic, aggregateid, type, payload) VALUES ($1, 'orders', 'x', 't', '{}')`, uuid.New())
+	require.NoError(t, err)
+	status, err := b.engine.OutboxStatus(ctx)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), status.Pending)
+	require.Equal(t, int64(4), status.Published)
+
+	res, err := b.engine.ReplayOutbox(ctx, saga.OutboxReplayOpts{OutboxFilter: store.OutboxFilter{Topic: "orders"}, DryRun: true})
+	require.NoError(t, err)
+	require.Len(t, res.Matched, 3)
+	require.Zero(t, res.Republished)
+	res, err = b.engine.ReplayOutbox(ctx, saga.OutboxReplayOpts{OutboxFilter: store.OutboxFilter{Topic: "orders"}, Max: 2, RatePerSecond: 100})
+	require.NoError(t, err)
+	require.Equal(t, int64(2), res.Republished)
+	status, err = b.engine.OutboxStatus(ctx)
+	require.NoError(t, err)
+	require.Equal(t, int64(3), status.Pending)
+	require.Equal(t, int64(2), status.Published)
+	// Oldest first: the two oldest "orders" messages went back to pending.
+	require.Equal(t, 2, b.count(t, "SELECT count(*) FROM "+b.table("outbox")+" WHERE topic = 'orders' AND status = 'pending' AND published_at IS NULL AND attempts = 0 AND aggregateid = 'agg'"))
+}
+
+func TestCancelFromAnEngineWithoutTheDefinition(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	blocked := threeStepsBlocked(t, b)
+	defer blocked.release()
+	b.start(t)
+	ctx := context.Background()
+	st, err := saga.Start(ctx, b.engine, blocked.def, order{}, nil)
+	require.NoError(t, err)
+	<-blocked.entered
+
+	// An operator tool has no definitions: it records a request, and an
+	// engine that knows the saga cancels it at once, running step or not.
+	tool, err := saga.New(b.pool, &saga.Config{Schema: b.schema, Logger: testLogger(t)})
+	require.NoError(t, err)
+	err = tool.Cancel(ctx, st.ID, "operator")
+	require.ErrorIs(t, err, saga.ErrNotRegistered)
+	require.ErrorContains(t, err, "use RequestCancel")
+	require.NoError(t, tool.RequestCancel(ctx, st.ID, "operator"))
+	in := b.waitTerminal(t, st.ID)
+	require.Equal(t, saga.StatusCompensated, in.Status)
+	require.Equal(t, saga.ErrorInfo{Code: saga.CodeCancelled, Message: "operator"}, *in.LastError)
+	require.Equal(t, []string{"saga_started", "saga_cancelled:reserve", "saga_compensated"}, eventTypes(in))
+	require.Equal(t, 0, b.count(t, "SELECT count(*) FROM "+b.table("outbox")+" WHERE saga_id = $1 AND status <> 'pending'", st.ID))
+	require.ErrorIs(t, tool.RequestCancel(ctx, st.ID, "again"), saga.ErrNotRunning)
+}

@@ -1,0 +1,183 @@
+package saga_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sagaflow/sagaflow/saga"
+)
+
+// overdue moves a saga's deadline into the past, as if time had passed.
+func (b *bundle) overdue(t *testing.T, id uuid.UUID) {
+	t.Helper()
+	_, err := b.pool.Exec(context.Background(), "UPDATE "+b.table("saga_instances")+
+		" SET next_check_at = now() - interval '1 minute' WHERE id = $1", id)
+	require.NoError(t, err)
+}
+
+func (b *bundle) deleteCommands(t *testing.T, id uuid.UUID) {
+	t.Helper()
+	tag, err := b.pool.Exec(context.Background(), "DELETE FROM "+b.table("outbox")+" WHERE saga_id = $1", id)
+	require.NoError(t, err)
+	require.Positive(t, tag.RowsAffected())
+}
+
+func TestLostCommandIsRedriven(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	def := threeSteps(b, "lost", nil)
+	require.NoError(t, b.engine.Register(def))
+	ctx := context.Background()
+	st, err := saga.Start(ctx, b.engine, def, order{}, nil)
+	require.NoError(t, err)
+	// The command is lost in transit, and the deadline passes.
+	b.deleteCommands(t, st.ID)
+	b.overdue(t, st.ID)
+
+	res, err := b.engine.RescueNow(ctx)
+	require.NoError(t, err)
+	require.Equal(t, saga.RescueResult{Redriven: 1}, res)
+
+	b.start(t)
+	in := b.waitTerminal(t, st.ID)
+	require.Equal(t, saga.StatusCompleted, in.Status)
+	require.Equal(t, []string{"saga_started", "saga_rescued:reserve", "step_completed:reserve",
+		"step_completed:charge", "step_completed:ship", "saga_completed"}, eventTypes(in))
+	require.Equal(t, []string{"reserve/forward", "charge/forward", "ship/forward"}, b.effects(t, st.ID))
+	// Re-driven under the same step-scoped key.
+	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM "+b.table("inbox")+" WHERE key = $1", st.ID.String()+"/reserve/forward/0"))
+	require.Equal(t, int64(1), b.engine.Stats().Rescued)
+}
+
+func TestRescueLeavesQueuedAndRunningSagasAlone(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	entered, release := make(chan struct{}), make(chan struct{})
+	def := threeSteps(b, "queued", map[string]saga.StepFunc[order]{
+		"charge/forward": func(context.Context, *saga.StepRun, *order) error {
+			close(entered)
+			<-release
+			return nil
+		},
+	})
+	require.NoError(t, b.engine.Register(def))
+	ctx := context.Background()
+
+	// Workers down: the command waits in the queue. That is not a lost
+	// command, and it must not cost the saga an attempt.
+	queued, err := saga.Start(ctx, b.engine, def, order{}, nil)
+	require.NoError(t, err)
+	b.overdue(t, queued.ID)
+	res, err := b.engine.RescueNow(ctx)
+	require.NoError(t, err)
+	require.Equal(t, saga.RescueResult{Waiting: 1}, res)
+	in, err := b.engine.Get(ctx, queued.ID)
+	require.NoError(t, err)
+	require.Equal(t, 0, in.Attempt)
+	require.True(t, in.NextCheckAt.After(time.Now().Add(30*time.Second)), "deadline moved forward: %s", in.NextCheckAt)
+
+	// A step running right now: the saga is alive.
+	b.start(t)
+	<-entered
+	b.overdue(t, queued.ID)
+	res, err = b.engine.RescueNow(ctx)
+	require.NoError(t, err)
+	require.Equal(t, saga.RescueResult{Busy: 1}, res)
+	close(release)
+	require.Equal(t, saga.StatusCompleted, b.waitTerminal(t, queued.ID).Status)
+	require.Zero(t, b.engine.Stats().Rescued)
+}
+
+func TestRescueFailsOverWhenAttemptsAreSpent(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	def := threeSteps(b, "spent", nil) // fastRetry: 3 attempts
+	require.NoError(t, b.engine.Register(def))
+	ctx := context.Background()
+	b.start(t)
+
+	// A saga stuck at "charge" with two attempts spent and its command
+	// lost: the rescue is its third attempt, the last.
+	stuck, err := saga.Start(ctx, b.engine, def, order{}, nil)
+	require.NoError(t, err)
+	b.waitTerminal(t, stuck.ID)
+	_, err = b.pool.Exec(ctx, "UPDATE "+b.table("saga_instances")+` SET status = 'running', step_name = 'charge', step_index = 1,
+		direction = 'forward', attempt = 2, ended_at = NULL, next_check_at = now() - interval '1 minute', command_id = NULL WHERE id = $1`, stuck.ID)
+	require.NoError(t, err)
+	res, err := b.engine.RescueNow(ctx)
+	require.NoError(t, err)
+	require.Equal(t, saga.RescueResult{FailedOver: 1}, res)
+	in := b.waitTerminal(t, stuck.ID)
+	require.Equal(t, saga.StatusCompensated, in.Status)
+	require.Equal(t, saga.CodeRescueExhausted, in.LastError.Code)
+	require.Equal(t, "charge", in.LastError.Step)
+}
+
+func TestRescueNeverOverwritesProgressMadeSinceItRead(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	def := threeSteps(b, "racing", nil)
+	require.NoError(t, b.engine.Register(def))
+	ctx := context.Background()
+	st, err := saga.Start(ctx, b.engine, def, order{}, nil)
+	require.NoError(t, err)
+	b.deleteCommands(t, st.ID)
+	b.overdue(t, st.ID)
+
+	// Between the rescuer's read and its update, the saga completes by
+	// another path (one that does not take the execution lock).
+	b.engine.SetBeforeRescueUpdate(func(id uuid.UUID) {
+		_, err := b.pool.Exec(ctx, "UPDATE "+b.table("saga_instances")+` SET status = 'completed', version = version + 1,
+			next_check_at = NULL, ended_at = now() WHERE id = $1`, id)
+		require.NoError(t, err)
+	})
+	res, err := b.engine.RescueNow(ctx)
+	require.NoError(t, err)
+	require.Equal(t, saga.RescueResult{Superseded: 1}, res)
+
+	in, err := b.engine.Get(ctx, st.ID)
+	require.NoError(t, err)
+	require.Equal(t, saga.StatusCompleted, in.Status, "the rescue did not move the saga backwards")
+	require.Equal(t, int64(2), in.Version)
+	require.Equal(t, []string{"saga_started"}, eventTypes(in), "no rescue was recorded")
+	require.Equal(t, 0, b.count(t, "SELECT count(*) FROM "+b.table("outbox")+" WHERE saga_id = $1", st.ID), "no command was written")
+}
+
+func TestTwoRescuersNeverDoubleDrive(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &saga.Config{RescueBatch: 7})
+	def := threeSteps(b, "double", nil)
+	require.NoError(t, b.engine.Register(def))
+	other, err := saga.New(b.pool, &saga.Config{Schema: b.schema, RescueBatch: 7, Logger: testLogger(t)})
+	require.NoError(t, err)
+	require.NoError(t, other.Register(def))
+	ctx := context.Background()
+	const n = 40
+	for range n {
+		st, err := saga.Start(ctx, b.engine, def, order{}, nil)
+		require.NoError(t, err)
+		b.deleteCommands(t, st.ID)
+		b.overdue(t, st.ID)
+	}
+	var wg sync.WaitGroup
+	results := make([]saga.RescueResult, 2)
+	for i, e := range []*saga.Engine{b.engine, other} {
+		wg.Go(func() {
+			res, err := e.RescueNow(ctx)
+			require.NoError(t, err)
+			results[i] = res
+		})
+	}
+	wg.Wait()
+	require.Equal(t, n, results[0].Redriven+results[1].Redriven, "%+v", results)
+	// Each saga re-driven exactly once: one rescue entry, one command.
+	require.Equal(t, 0, b.count(t, "SELECT count(*) FROM (SELECT saga_id FROM "+b.table("saga_history")+
+		" WHERE event = 'saga_rescued' GROUP BY saga_id HAVING count(*) <> 1) x"))
+	require.Equal(t, n, b.count(t, "SELECT count(DISTINCT saga_id) FROM "+b.table("saga_history")+" WHERE event = 'saga_rescued'"))
+	require.Equal(t, n, b.count(t, "SELECT count(*) FROM "+b.table("outbox")+" WHERE status = 'pending'"))
+}
