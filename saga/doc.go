@@ -93,8 +93,13 @@
 //     [Config.MaxStateBytes], fails or compensates the saga with a coded
 //     error. Workers keep serving everything else.
 //
-// Every running saga has a deadline in database time (next_check_at), for
-// the scheduler that re-drives sagas whose command was lost.
+//  9. No saga left behind. Every running saga has a deadline in database
+//     time (next_check_at). The rescuer finds sagas past it: one whose
+//     command still waits in the queue is left waiting (no attempt spent);
+//     one whose command was lost is re-driven under the same step-scoped
+//     key, or, its attempts spent, compensated (or failed, if it was
+//     compensating). A rescue never overwrites progress made since it read
+//     the saga: its update is guarded on the version it read.
 //
 // # What a step should know
 //
@@ -114,9 +119,33 @@
 // slow step delays the commit of the steps batched with it; engines whose
 // steps are slow should use a small BatchSize.
 //
-// # Reading and steering
+// # The scheduler
+//
+// A started engine runs a robfig/cron scheduler with three kinds of jobs,
+// all safe on any number of engines at once, so no leader is elected:
+//
+//   - the rescuer, every [Config.RescueInterval] ([Engine.RescueNow] runs
+//     it at once): it takes each stuck saga with a lock it never waits for
+//     and guards its update on the version it read;
+//   - retention, every [Config.RetentionInterval] ([Engine.RunRetention]):
+//     published outbox rows after [Config.OutboxRetention], inbox keys
+//     after [Config.InboxRetention] (which must be longer: it is what makes
+//     replayed messages harmless), completed and compensated sagas with
+//     their history after [Config.SagaRetention], in statements of at most
+//     [Config.RetentionBatch] rows. Failed sagas are kept.
+//   - sagas started by [Schedule] at every slot of a cron spec, in
+//     [Config.Location]: the slot is part of the business key, so each slot
+//     starts one saga however many engines fire it.
+//
+// # Reading, steering, replaying
 //
 // [Engine.Get] returns a saga with its timeline in database time,
-// [Engine.List] filters and pages through sagas, and [Engine.Cancel]
-// compensates a running saga.
+// [Engine.List] filters and pages through sagas, [Engine.Cancel]
+// compensates a running saga ([Engine.RequestCancel] from a tool that does
+// not know the definition). Once the cause of a failure is fixed,
+// [Engine.Resume] restarts a failed saga where it failed, [Engine.Rerun]
+// runs an ended saga again from a chosen step under a new epoch (fresh
+// keys), and [Engine.ReplayBulk] does either for every saga a filter
+// selects, capped, rate limited, or as a dry run. [Engine.ReplayOutbox]
+// re-publishes already published messages; consumers deduplicate them.
 package saga
