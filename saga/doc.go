@@ -53,16 +53,19 @@
 //     its first command in the caller's transaction: they commit together
 //     with the caller's rows or not at all. With a [StartOpts.BusinessKey],
 //     starting twice returns the first saga ([Started.Existing]).
+//
 //  2. One transaction per step. A step's handler runs inside a transaction
 //     ([StepRun.Tx]); the rows it writes there, the saga's new state and
 //     version, the step-scoped key in the inbox, a history entry and the
 //     next command (or the saga's end) commit together or not at all.
 //     Nothing is sent to a broker inside that transaction.
+//
 //  3. Effects in PostgreSQL happen once. Commands may be delivered more
 //     than once (a crash before commit, a duplicate row, a re-drive). A
 //     command runs only while the saga still has the version it was written
 //     for, and a step whose key is already in the inbox is skipped, so the
 //     rows a handler writes through run.Tx exist exactly once.
+//
 //  4. Effects outside PostgreSQL happen at least once. An HTTP call to a
 //     payment provider cannot join the transaction: if the process dies
 //     after the call and before the commit, the step runs again. Every
@@ -70,6 +73,7 @@
 //     [StepRun.Key] (saga_id/step/direction/epoch); pass it to the provider
 //     as its idempotency key. That is the only honest guarantee for
 //     external side effects, and it is the user's part of the contract.
+//
 //  5. Fenced execution. At most one worker runs a step of a given saga at a
 //     time (a transaction-scoped advisory lock taken without waiting), and
 //     a worker whose saga moved on meanwhile (cancelled, re-driven) cannot
@@ -77,6 +81,7 @@
 //     and a refused outcome rolls back the step's own writes too. Leases
 //     are in database time: a worker that stops talking to PostgreSQL
 //     loses its session, its claims and its uncommitted step.
+//
 //  6. Compensation. A permanent error ([steps.Permanent]), exhausted
 //     retries or repeated timeouts switch the saga to compensating: the
 //     compensations of the completed steps run in reverse order, each as
@@ -84,8 +89,10 @@
 //     compensated, or failed (a compensation gave up, or its state cannot be
 //     read): failed sagas are parked with their error, visible through
 //     [Engine.List], for an operator. Nothing ends silently.
+//
 //  7. Order. The engine never runs two steps of one saga at once, and a
 //     saga's commands share its id as their partition key.
+//
 //  8. Bad input is parked, never dropped. A command that cannot be decoded,
 //     names a saga that does not exist, or belongs to a saga or step no
 //     engine knows (after [Config.UnknownSagaGrace]) is marked dead in the

@@ -503,6 +503,27 @@ func (e *Engine) recordAbandoned(ctx context.Context, a *abandonedStep) error {
 	return errAbandoned
 }
 
+// errorMessage is the text stored for a step's error: the handler's own
+// message, without the outcome wrappers of package steps, whose meaning is
+// stored apart (the code, and whether the step was retried).
+func errorMessage(err error) string {
+	for {
+		var inner error
+		switch e := err.(type) {
+		case *steps.PermanentError:
+			inner = e.Err
+		case *steps.CodedError:
+			inner = e.Err
+		case *steps.RetryAfterError:
+			inner = e.Err
+		}
+		if inner == nil {
+			return err.Error()
+		}
+		err = inner
+	}
+}
+
 // isStatementError reports whether err came from PostgreSQL about a statement
 // (so the transaction can be rolled back to a savepoint) rather than from the
 // connection.
@@ -701,7 +722,7 @@ func (e *Engine) failureTransition(sg *store.Saga, def *compiled, idx int, dir s
 	default:
 		code = CodeError
 	}
-	msg := sanitizeText(herr.Error(), 4000)
+	msg := sanitizeText(errorMessage(herr), 4000)
 	extra := map[string]any{}
 	if pe != nil {
 		extra["stack"] = sanitizeText(string(pe.stack), 16000)

@@ -175,6 +175,10 @@ type ListOpts struct {
 	BusinessKey   string
 	CreatedAfter  time.Time // inclusive
 	CreatedBefore time.Time // exclusive
+	EndedAfter    time.Time // inclusive
+	EndedBefore   time.Time // exclusive
+	FailedStep    string    // the step whose failure the last error records
+	ErrorCode     string    // the last error's code
 	// Cursor continues a previous listing: pass its NextCursor.
 	Cursor string
 	// Limit is the page size. Defaults to ListLimitDefault; at most
@@ -201,7 +205,8 @@ func (e *Engine) List(ctx context.Context, opts *ListOpts) (*ListResult, error) 
 		o.Limit = ListLimitDefault
 	}
 	f := store.ListFilter{Name: o.Name, BusinessKey: o.BusinessKey, CreatedAfter: o.CreatedAfter,
-		CreatedBefore: o.CreatedBefore, Cursor: o.Cursor, Limit: o.Limit}
+		CreatedBefore: o.CreatedBefore, EndedAfter: o.EndedAfter, EndedBefore: o.EndedBefore,
+		FailedStep: o.FailedStep, ErrorCode: o.ErrorCode, Cursor: o.Cursor, Limit: o.Limit}
 	for _, s := range o.Statuses {
 		f.Statuses = append(f.Statuses, string(s))
 	}

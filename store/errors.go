@@ -7,3 +7,6 @@ var ErrInvalidSchema = errors.New("store: invalid schema name")
 
 // ErrNotFound is returned when a saga does not exist.
 var ErrNotFound = errors.New("store: not found")
+
+// ErrMalformedCursor is returned for a listing cursor that no listing wrote.
+var ErrMalformedCursor = errors.New("store: malformed cursor")

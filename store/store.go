@@ -748,13 +748,13 @@ func encodeCursor(at time.Time, id uuid.UUID) string {
 func decodeCursor(c string) (time.Time, uuid.UUID, error) {
 	raw, err := base64.RawURLEncoding.DecodeString(c)
 	if err != nil {
-		return time.Time{}, uuid.Nil, fmt.Errorf("store: list sagas: malformed cursor %q", c)
+		return time.Time{}, uuid.Nil, fmt.Errorf("%w %q", ErrMalformedCursor, c)
 	}
 	ts, idText, ok := strings.Cut(string(raw), "|")
 	at, err1 := time.Parse(time.RFC3339Nano, ts)
 	id, err2 := uuid.Parse(idText)
 	if !ok || err1 != nil || err2 != nil {
-		return time.Time{}, uuid.Nil, fmt.Errorf("store: list sagas: malformed cursor %q", c)
+		return time.Time{}, uuid.Nil, fmt.Errorf("%w %q", ErrMalformedCursor, c)
 	}
 	return at, id, nil
 }

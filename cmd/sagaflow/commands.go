@@ -1,0 +1,162 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+)
+
+// runFunc runs a command with its positional arguments, once its flags are
+// parsed.
+type runFunc func(ctx context.Context, c *cli, args []string) error
+
+// command is one subcommand. setup defines its flags on a fresh flag set
+// and returns the function that runs it with them.
+type command struct {
+	name    string // "list", "outbox status"
+	args    string // what follows the name in the synopsis
+	summary string // one line for the command list
+	about   string // the paragraph of its help
+	setup   func(fs *flag.FlagSet) runFunc
+}
+
+func commands() []command {
+	return []command{
+		{name: "migrate", args: "[--print]", setup: setupMigrate,
+			summary: "apply the schema migrations, or print their SQL",
+			about: "Apply the migrations that --schema lacks, each in its own transaction, under an advisory lock,\n" +
+				"and say which were applied. With --print, print the SQL of every migration instead, for your\n" +
+				"own migration tool; that needs no database."},
+		{name: "list", args: "[flags]", setup: setupList,
+			summary: "list sagas, newest first",
+			about: "List sagas, newest first, one page at a time: id, name, status, current step, direction,\n" +
+				"failed attempts of that step, creation time and last error code. Filters combine with AND.\n" +
+				"When there are more, the next page's --cursor is printed at the end."},
+		{name: "show", args: "<id>", setup: setupShow,
+			summary: "show a saga: header, timeline and state",
+			about: "Show a saga: its status, step and last error; its timeline, one line per event with the\n" +
+				"database's timestamp and the offset from the saga's start; and its state."},
+		{name: "replay", args: "<id> [--from-step S] [--reason R] | --bulk [flags]", setup: setupReplay,
+			summary: "resume a failed saga or re-run an ended one; --bulk for many",
+			about: "Without --from-step, resume a failed saga where it failed: the step (action or compensation)\n" +
+				"that gave up runs again, with its attempts counted afresh. With --from-step, re-run an ended\n" +
+				"saga (completed, compensated or failed) forward from that step under a new epoch.\n" +
+				"An engine that knows the saga runs it: the CLI only records the replay.\n\n" +
+				"With --bulk, replay every saga that matches the filters (failed ones unless --status says\n" +
+				"otherwise), at most --max, at most --rate per second, and print each result. --dry-run\n" +
+				"lists what would be replayed and changes nothing. A bulk replay with errors exits with 1."},
+		{name: "cancel", args: "<id> [--reason R]", setup: setupCancel,
+			summary: "cancel a running saga",
+			about: "Cancel a running saga: its completed steps are compensated in reverse order. The CLI knows\n" +
+				"no saga definitions, so it records a cancel request that an engine which knows the saga\n" +
+				"carries out. A saga that is compensating or has ended cannot be cancelled (exit code 1)."},
+		{name: "outbox status", args: "", setup: setupOutboxStatus,
+			summary: "count pending, dead and published outbox messages",
+			about: "Count the outbox's pending messages (and the age of the oldest), dead ones (parked with\n" +
+				"their reason) and published ones still within the retention window."},
+		{name: "outbox replay", args: "[flags]", setup: setupOutboxReplay,
+			summary: "make published outbox messages pending again",
+			about: "Make already published relay messages pending again, oldest first, at most --max, at most\n" +
+				"--rate per second, so the relay publishes them once more; consumers deduplicate them by\n" +
+				"message id. Only messages within the outbox retention window can be replayed. --dry-run\n" +
+				"lists what would be replayed and changes nothing."},
+	}
+}
+
+// lookupCommand finds the command that args start with and returns the
+// arguments after its name.
+func lookupCommand(args []string) (command, []string, error) {
+	name, rest := args[0], args[1:]
+	if name == "outbox" {
+		if len(rest) == 0 {
+			return command{}, nil, &cliError{code: exitUsage, msg: "outbox: missing subcommand (status or replay)", usage: groupUsage("outbox")}
+		}
+		name, rest = "outbox "+rest[0], rest[1:]
+	}
+	for _, cmd := range commands() {
+		if cmd.name == name {
+			return cmd, rest, nil
+		}
+	}
+	usage := mainUsage()
+	if strings.HasPrefix(name, "outbox ") {
+		usage = groupUsage("outbox")
+	}
+	return command{}, nil, &cliError{code: exitUsage, msg: fmt.Sprintf("unknown command %q", name), usage: usage}
+}
+
+const globalFlagsUsage = `Global flags (before or after the command):
+  --database-url URL   PostgreSQL connection URL (default $DATABASE_URL)
+  --schema NAME        schema of sagaflow's tables (default $SAGAFLOW_SCHEMA, else sagaflow)
+  --json               machine output: one JSON document on stdout; errors as {"error": ..., "code": N}
+  --timeout D          limit for the whole command (default 30s)
+`
+
+const exitCodesUsage = `Exit codes:
+  0  success
+  1  the operation failed (not replayable, not running, bulk replay errors, a database error)
+  2  bad usage (unknown command or flag, malformed id or time, invalid schema, no database URL)
+  3  not found (no saga with that id)
+  4  the database is unreachable (connect or ping failed)
+`
+
+// mainUsage is the CLI's help.
+func mainUsage() string {
+	var b strings.Builder
+	b.WriteString("sagaflow is the operator CLI of sagaflow: it reads and steers the sagas in PostgreSQL.\n\n")
+	b.WriteString("Usage:\n  sagaflow [global flags] <command> [arguments] [flags]\n\nCommands:\n")
+	tw := tabwriter.NewWriter(&b, 0, 0, 3, ' ', 0)
+	for _, cmd := range commands() {
+		fmt.Fprintf(tw, "  %s\t%s\n", cmd.name, cmd.summary)
+	}
+	fmt.Fprintf(tw, "  help [command]\tshow the usage of a command\n")
+	tw.Flush()
+	b.WriteString("\n" + globalFlagsUsage + "\n" + exitCodesUsage + "\n")
+	b.WriteString("Times are RFC 3339 (2026-01-02T15:04:05Z). Run 'sagaflow help <command>' for its flags.\n")
+	return b.String()
+}
+
+// groupUsage lists the commands of a group such as "outbox".
+func groupUsage(group string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Usage:\n")
+	tw := tabwriter.NewWriter(&b, 0, 0, 3, ' ', 0)
+	for _, cmd := range commands() {
+		if strings.HasPrefix(cmd.name, group+" ") {
+			fmt.Fprintf(tw, "  sagaflow %s %s\t%s\n", cmd.name, cmd.args, cmd.summary)
+		}
+	}
+	tw.Flush()
+	fmt.Fprintf(&b, "\nRun 'sagaflow help %s <command>' for its flags.\n", group)
+	return b.String()
+}
+
+// commandUsage is the help of one command: synopsis, description, flags,
+// a pointer to the global flags, exit codes.
+func commandUsage(cmd command) string {
+	var b strings.Builder
+	synopsis := strings.TrimSpace("sagaflow " + cmd.name + " " + cmd.args)
+	fmt.Fprintf(&b, "Usage: %s\n\n%s\n", synopsis, cmd.about)
+	fs := newFlagSet(cmd.name)
+	cmd.setup(fs)
+	var lines []string
+	fs.VisitAll(func(f *flag.Flag) {
+		arg, usage := flag.UnquoteUsage(f)
+		if arg != "" {
+			arg = " " + arg
+		}
+		lines = append(lines, fmt.Sprintf("  --%s%s\t%s\n", f.Name, arg, usage))
+	})
+	if len(lines) > 0 {
+		b.WriteString("\nFlags:\n")
+		tw := tabwriter.NewWriter(&b, 0, 0, 3, ' ', 0)
+		for _, l := range lines {
+			tw.Write([]byte(l))
+		}
+		tw.Flush()
+	}
+	b.WriteString("\n" + globalFlagsUsage + "\n" + exitCodesUsage)
+	return b.String()
+}

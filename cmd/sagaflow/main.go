@@ -1,0 +1,186 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sagaflow/sagaflow/saga"
+	"github.com/sagaflow/sagaflow/store"
+)
+
+// Exit codes; see the package documentation.
+const (
+	exitOK          = 0
+	exitFailed      = 1
+	exitUsage       = 2
+	exitNotFound    = 3
+	exitUnreachable = 4
+)
+
+// timeoutDefault bounds a whole command.
+const timeoutDefault = 30 * time.Second
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
+	stop()
+	os.Exit(code)
+}
+
+// globals are the flags every command accepts.
+type globals struct {
+	databaseURL string
+	schema      string
+	json        bool
+	timeout     time.Duration
+}
+
+// register defines the global flags on fs, bound to g, so that they are
+// accepted before the command and after it.
+func (g *globals) register(fs *flag.FlagSet) {
+	fs.StringVar(&g.databaseURL, "database-url", g.databaseURL, "PostgreSQL connection `URL` (default $DATABASE_URL)")
+	fs.StringVar(&g.schema, "schema", g.schema, "`name` of the schema of sagaflow's tables (default $SAGAFLOW_SCHEMA, else sagaflow)")
+	fs.BoolVar(&g.json, "json", g.json, "machine output: one JSON document on stdout")
+	fs.DurationVar(&g.timeout, "timeout", g.timeout, "limit for the whole `duration` of the command")
+}
+
+// resolve fills what the flags left empty from the environment and checks
+// the result.
+func (g *globals) resolve(getenv func(string) string) error {
+	if g.databaseURL == "" {
+		g.databaseURL = getenv("DATABASE_URL")
+	}
+	if g.schema == "" {
+		g.schema = getenv("SAGAFLOW_SCHEMA")
+	}
+	if g.schema == "" {
+		g.schema = store.SchemaDefault
+	}
+	if err := store.ValidateSchema(g.schema); err != nil {
+		return usageErrorf("--schema %q: %v", g.schema, err)
+	}
+	if g.timeout <= 0 {
+		return usageErrorf("--timeout %s: must be positive", g.timeout)
+	}
+	return nil
+}
+
+// cli is one invocation: its streams, flags and, once a command connects,
+// its pool and engine.
+type cli struct {
+	stdout, stderr io.Writer
+	getenv         func(string) string
+	g              globals
+	pool           *pgxpool.Pool
+	engine         *saga.Engine
+}
+
+// run runs the command line args (without the program name) and returns the
+// exit code. main calls it with the process's streams and environment; tests
+// call it in-process.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+	c := &cli{stdout: stdout, stderr: stderr, getenv: getenv, g: globals{timeout: timeoutDefault}}
+	top := newFlagSet("sagaflow")
+	c.g.register(top)
+	if err := top.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return c.printHelp(mainUsage())
+		}
+		return c.fail(&cliError{code: exitUsage, msg: err.Error(), usage: mainUsage()})
+	}
+	rest := top.Args()
+	if len(rest) == 0 {
+		return c.fail(&cliError{code: exitUsage, msg: "no command given", usage: mainUsage()})
+	}
+	if rest[0] == "help" {
+		return c.help(rest[1:])
+	}
+	if rest[0] == "outbox" && len(rest) == 2 && (rest[1] == "-h" || rest[1] == "-help" || rest[1] == "--help") {
+		return c.printHelp(groupUsage("outbox"))
+	}
+	cmd, rest, err := lookupCommand(rest)
+	if err != nil {
+		return c.fail(err)
+	}
+
+	fs := newFlagSet("sagaflow " + cmd.name)
+	runCmd := cmd.setup(fs)
+	c.g.register(fs)
+	positional, err := parseInterspersed(fs, rest)
+	if errors.Is(err, flag.ErrHelp) {
+		return c.printHelp(commandUsage(cmd))
+	}
+	if err != nil {
+		return c.fail(&cliError{code: exitUsage, msg: cmd.name + ": " + err.Error(), usage: commandUsage(cmd)})
+	}
+	if err := c.g.resolve(getenv); err != nil {
+		return c.fail(err)
+	}
+
+	ctx, cancel := context.WithTimeout(ctx, c.g.timeout)
+	defer cancel()
+	defer c.close()
+	if err := runCmd(ctx, c, positional); err != nil {
+		return c.fail(err)
+	}
+	return exitOK
+}
+
+// help runs `sagaflow help [command]`.
+func (c *cli) help(args []string) int {
+	if len(args) == 0 {
+		return c.printHelp(mainUsage())
+	}
+	if args[0] == "outbox" && len(args) == 1 {
+		return c.printHelp(groupUsage("outbox"))
+	}
+	cmd, rest, err := lookupCommand(args)
+	if err != nil {
+		return c.fail(err)
+	}
+	if len(rest) > 0 {
+		return c.fail(usageErrorf("help: unexpected argument %q", rest[0]))
+	}
+	return c.printHelp(commandUsage(cmd))
+}
+
+// printHelp writes usage text that was asked for: to stdout, or as a JSON
+// document with --json.
+func (c *cli) printHelp(text string) int {
+	if c.g.json {
+		if err := writeJSON(c.stdout, struct {
+			Usage string `json:"usage"`
+		}{text}); err != nil {
+			return exitFailed
+		}
+		return exitOK
+	}
+	fmt.Fprint(c.stdout, text)
+	return exitOK
+}
+
+// close releases the database pool, if a command opened one.
+func (c *cli) close() {
+	if c.pool != nil {
+		c.pool.Close()
+		c.pool = nil
+	}
+}
+
+// newFlagSet returns a flag set that reports errors to its caller and
+// prints nothing itself.
+func newFlagSet(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	return fs
+}

@@ -1,0 +1,127 @@
+package main
+
+import (
+	"flag"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestUsage(t *testing.T) {
+	t.Parallel()
+
+	msg := runCLI(t, nil).failed(t, exitUsage)
+	require.Contains(t, msg, "no command given")
+	require.Contains(t, msg, "Usage:")
+
+	msg = runCLI(t, nil, "purge").failed(t, exitUsage)
+	require.True(t, strings.HasPrefix(msg, "sagaflow: unknown command \"purge\"\n"), msg)
+	require.Contains(t, msg, "Commands:")
+	require.Contains(t, msg, "Exit codes:")
+
+	out := runCLI(t, nil, "help").ok(t)
+	for _, s := range []string{"migrate", "list", "show", "replay", "cancel", "outbox status", "outbox replay",
+		"--database-url", "$DATABASE_URL", "$SAGAFLOW_SCHEMA", "4  the database is unreachable"} {
+		require.Contains(t, out, s)
+	}
+	require.Equal(t, out, runCLI(t, nil, "-h").ok(t))
+
+	out = runCLI(t, nil, "help", "list").ok(t)
+	requireInOrder(t, out, "Usage: sagaflow list [flags]", "Flags:", "--created-after time", "--status statuses",
+		"Global flags", "Exit codes:")
+	require.Equal(t, out, runCLI(t, nil, "list", "-h").ok(t))
+	require.Equal(t, out, runCLI(t, nil, "list", "--help").ok(t))
+
+	out = runCLI(t, nil, "help", "outbox").ok(t)
+	require.Contains(t, out, "sagaflow outbox status")
+	require.Equal(t, out, runCLI(t, nil, "outbox", "-h").ok(t))
+	require.Contains(t, runCLI(t, nil, "help", "outbox", "replay").ok(t), "--aggregate-id id")
+	require.Contains(t, runCLI(t, nil, "help", "nothing").failed(t, exitUsage), `unknown command "nothing"`)
+
+	doc := decode[struct{ Usage string }](t, runCLI(t, nil, "--json", "help", "show"))
+	require.Contains(t, doc.Usage, "Usage: sagaflow show <id>")
+}
+
+func TestDatabaseErrors(t *testing.T) {
+	t.Parallel()
+
+	msg := runCLI(t, nil, "list").failed(t, exitUsage)
+	require.Equal(t, "sagaflow: no database: pass --database-url or set DATABASE_URL\n", msg)
+
+	msg = runCLI(t, nil, "--database-url", "postgres://u:secret@%zz/db", "list").failed(t, exitUsage)
+	require.Contains(t, msg, "--database-url")
+	require.NotContains(t, msg, "secret")
+
+	unreachable := "postgres://postgres:secret@127.0.0.1:1/x?connect_timeout=2"
+	msg = runCLI(t, nil, "--database-url", unreachable, "show", "0190b3c4-0000-7000-8000-000000000000").failed(t, exitUnreachable)
+	require.Contains(t, msg, "sagaflow: database postgres@127.0.0.1:1/x is unreachable: ")
+	require.NotContains(t, msg, "secret")
+
+	r := runCLI(t, map[string]string{"DATABASE_URL": unreachable}, "--json", "outbox", "status")
+	require.Equal(t, exitUnreachable, r.code)
+	e := decode[jsonError](t, r)
+	require.Equal(t, exitUnreachable, e.Code)
+	require.Contains(t, e.Error, "unreachable")
+
+	// Usage is checked before connecting.
+	msg = runCLI(t, nil, "--database-url", unreachable, "show", "x").failed(t, exitUsage)
+	require.Contains(t, msg, `"x" is not a UUID`)
+
+	msg = runCLI(t, nil, "--timeout", "0s", "migrate", "--print").failed(t, exitUsage)
+	require.Contains(t, msg, "--timeout 0s")
+
+	msg = runCLI(t, nil, "--bogus", "list").failed(t, exitUsage)
+	require.Contains(t, msg, "flag provided but not defined: -bogus")
+}
+
+func TestParseInterspersed(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args, positional []string
+		reason           string
+		json             bool
+	}{
+		{args: nil, positional: nil, reason: ""},
+		{args: []string{"id"}, positional: []string{"id"}},
+		{args: []string{"id", "--reason", "r"}, positional: []string{"id"}, reason: "r"},
+		{args: []string{"--reason", "r", "id", "--json"}, positional: []string{"id"}, reason: "r", json: true},
+		{args: []string{"a", "--json", "b"}, positional: []string{"a", "b"}, json: true},
+		{args: []string{"a", "--", "--json", "b"}, positional: []string{"a", "--json", "b"}},
+		{args: []string{"--", "-x"}, positional: []string{"-x"}},
+	} {
+		fs := newFlagSet("test")
+		reason := fs.String("reason", "", "")
+		js := fs.Bool("json", false, "")
+		got, err := parseInterspersed(fs, tc.args)
+		require.NoError(t, err, tc.args)
+		require.Equal(t, tc.positional, got, tc.args)
+		require.Equal(t, tc.reason, *reason, tc.args)
+		require.Equal(t, tc.json, *js, tc.args)
+	}
+	_, err := parseInterspersed(newFlagSet("test"), []string{"a", "--nope"})
+	require.ErrorContains(t, err, "-nope")
+	_, err = parseInterspersed(newFlagSet("test"), []string{"-h"})
+	require.ErrorIs(t, err, flag.ErrHelp)
+}
+
+func TestFormat(t *testing.T) {
+	t.Parallel()
+	for d, want := range map[time.Duration]string{
+		0:                                   "+0s",
+		512 * time.Microsecond:              "+512µs",
+		12*time.Millisecond + 345678:        "+12.3ms",
+		1234567 * time.Microsecond:          "+1.235s",
+		2*time.Minute + 3*time.Second + 4e8: "+2m3s",
+		-(1*time.Millisecond + 500*time.Microsecond): "-1.5ms",
+	} {
+		require.Equal(t, want, formatOffset(d), d)
+	}
+	require.Equal(t, "a b c", oneLine("a\tb\n  c", 10))
+	require.Equal(t, "abcd…", oneLine("abcdefgh", 5))
+	require.Equal(t, "boom (code)", withCode("boom", "code", 10))
+	require.Equal(t, "(code)", withCode("", "code", 10))
+	require.Equal(t, "2026-01-02T15:04:05.123Z",
+		formatTime(time.Date(2026, 1, 2, 16, 4, 5, 123456789, time.FixedZone("CET", 3600))))
+}

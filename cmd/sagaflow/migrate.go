@@ -1,0 +1,67 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+
+	"github.com/sagaflow/sagaflow/store"
+)
+
+type migrationJSON struct {
+	Version int    `json:"version"`
+	Name    string `json:"name"`
+}
+
+func setupMigrate(fs *flag.FlagSet) runFunc {
+	printSQL := fs.Bool("print", false, "print the migrations' SQL for --schema instead of applying them (needs no database)")
+	return func(ctx context.Context, c *cli, args []string) error {
+		if err := noArgs("migrate", args); err != nil {
+			return err
+		}
+		schema := c.g.schema
+		if *printSQL {
+			sql, err := store.MigrationSQL(schema)
+			if err != nil {
+				return c.opError(err, "migrate --print")
+			}
+			if c.g.json {
+				return writeJSON(c.stdout, struct {
+					Schema string `json:"schema"`
+					SQL    string `json:"sql"`
+				}{schema, sql})
+			}
+			_, err = io.WriteString(c.stdout, sql)
+			return err
+		}
+
+		if _, err := c.connect(ctx); err != nil {
+			return err
+		}
+		res, err := store.Migrate(ctx, c.pool, schema)
+		if err != nil {
+			return c.opError(err, "migrate schema %q", schema)
+		}
+		if c.g.json {
+			applied := make([]migrationJSON, 0, len(res.Applied))
+			for _, m := range res.Applied {
+				applied = append(applied, migrationJSON{Version: m.Version, Name: m.Name})
+			}
+			return writeJSON(c.stdout, struct {
+				Schema  string          `json:"schema"`
+				Applied []migrationJSON `json:"applied"`
+				Version int             `json:"version"`
+			}{schema, applied, res.Version})
+		}
+		if len(res.Applied) == 0 {
+			fmt.Fprintf(c.stdout, "schema %q is up to date (version %d)\n", schema, res.Version)
+			return nil
+		}
+		for _, m := range res.Applied {
+			fmt.Fprintf(c.stdout, "applied %03d_%s\n", m.Version, m.Name)
+		}
+		fmt.Fprintf(c.stdout, "schema %q is at version %d\n", schema, res.Version)
+		return nil
+	}
+}

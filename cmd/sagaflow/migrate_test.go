@@ -1,0 +1,71 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/sagaflow/sagaflow/internal/pgtest"
+)
+
+func TestMigrate(t *testing.T) {
+	t.Parallel()
+	_, schema := pgtest.NewSchema(t) // empty: nothing migrated yet
+	url := pgtest.ConnString(t)
+	cli := func(args ...string) result {
+		return runCLI(t, nil, append([]string{"--database-url", url, "--schema", schema}, args...)...)
+	}
+
+	out := cli("migrate").ok(t)
+	require.Contains(t, out, "applied 001_core\n")
+	require.Contains(t, out, `schema "`+schema+`" is at version 1`)
+
+	out = cli("migrate").ok(t)
+	require.Equal(t, `schema "`+schema+`" is up to date (version 1)`+"\n", out)
+
+	type migrated struct {
+		Schema  string
+		Applied []struct{ Version int }
+		Version int
+	}
+	m := decode[migrated](t, cli("migrate", "--json"))
+	require.Equal(t, migrated{Schema: schema, Applied: []struct{ Version int }{}, Version: 1}, m)
+}
+
+func TestMigratePrint(t *testing.T) {
+	t.Parallel()
+	// No database URL anywhere: --print does not need one.
+	out := runCLI(t, nil, "--schema", "billing", "migrate", "--print").ok(t)
+	require.Contains(t, out, `CREATE TABLE "billing".saga_instances`)
+	require.Contains(t, out, `INSERT INTO "billing".sagaflow_migrations`)
+
+	out = runCLI(t, map[string]string{"SAGAFLOW_SCHEMA": "from_env"}, "migrate", "--print").ok(t)
+	require.Contains(t, out, `CREATE TABLE "from_env".saga_instances`)
+
+	out = runCLI(t, nil, "migrate", "--print").ok(t)
+	require.Contains(t, out, `CREATE TABLE "sagaflow".saga_instances`)
+
+	doc := decode[struct{ Schema, SQL string }](t, runCLI(t, nil, "migrate", "--print", "--json"))
+	require.Equal(t, "sagaflow", doc.Schema)
+	require.Contains(t, doc.SQL, "CREATE TABLE")
+}
+
+func TestMigrateBadSchema(t *testing.T) {
+	t.Parallel()
+	url := pgtest.ConnString(t)
+	for _, args := range [][]string{
+		{"--database-url", url, "--schema", "bad-name", "migrate"},
+		{"--schema", "bad-name", "migrate", "--print"},
+		{"--database-url", url, "migrate", "--schema", "pg_catalog"},
+	} {
+		msg := runCLI(t, nil, args...).failed(t, exitUsage)
+		require.Contains(t, msg, "--schema", args)
+		require.Contains(t, msg, "invalid schema name", args)
+	}
+	r := runCLI(t, nil, "--json", "--schema", "bad-name", "migrate", "--print")
+	require.Equal(t, exitUsage, r.code)
+	require.Empty(t, r.stderr)
+	e := decode[jsonError](t, r)
+	require.Equal(t, exitUsage, e.Code)
+	require.Contains(t, e.Error, `"bad-name"`)
+}

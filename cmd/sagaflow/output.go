@@ -1,0 +1,134 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode/utf8"
+)
+
+// writeJSON writes v as one indented JSON document.
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// table aligns tab-separated columns and writes them, without trailing
+// blanks, on Flush.
+type table struct {
+	out io.Writer
+	buf bytes.Buffer
+	tw  *tabwriter.Writer
+}
+
+func newTable(w io.Writer) *table {
+	t := &table{out: w}
+	t.tw = tabwriter.NewWriter(&t.buf, 0, 0, 2, ' ', 0)
+	return t
+}
+
+func (t *table) Write(p []byte) (int, error) { return t.tw.Write(p) }
+
+// Flush writes the aligned rows.
+func (t *table) Flush() error {
+	if err := t.tw.Flush(); err != nil {
+		return err
+	}
+	var out strings.Builder
+	for line := range strings.Lines(t.buf.String()) {
+		out.WriteString(strings.TrimRight(line, " \n") + "\n")
+	}
+	t.buf.Reset()
+	_, err := io.WriteString(t.out, out.String())
+	return err
+}
+
+// timeLayout is RFC 3339 with milliseconds, so a printed time can be pasted
+// into a time flag.
+const timeLayout = "2006-01-02T15:04:05.000Z07:00"
+
+// formatTime prints t in UTC.
+func formatTime(t time.Time) string {
+	return t.UTC().Format(timeLayout)
+}
+
+// formatTimePtr prints t, or "-" when it is nil.
+func formatTimePtr(t *time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	return formatTime(*t)
+}
+
+// formatOffset prints d as a signed offset rounded to a precision that suits
+// its size: +512µs, +12.3ms, +1.234s, +2m3s.
+func formatOffset(d time.Duration) string {
+	sign := "+"
+	if d < 0 {
+		sign, d = "-", -d
+	}
+	switch {
+	case d < time.Millisecond:
+		d = d.Round(time.Microsecond)
+	case d < time.Second:
+		d = d.Round(100 * time.Microsecond)
+	case d < time.Minute:
+		d = d.Round(time.Millisecond)
+	default:
+		d = d.Round(time.Second)
+	}
+	return sign + d.String()
+}
+
+// formatAge prints a duration rounded to milliseconds, or "-" for zero.
+func formatAge(d time.Duration) string {
+	if d <= 0 {
+		return "-"
+	}
+	return d.Round(time.Millisecond).String()
+}
+
+// oneLine folds s onto one line (tabs and newlines would break the columns)
+// and cuts it after limit runes.
+func oneLine(s string, limit int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if utf8.RuneCountInString(s) <= limit {
+		return s
+	}
+	r := []rune(s)
+	return string(r[:limit-1]) + "…"
+}
+
+// withCode prints an error message with its code: "card declined (card_declined)".
+func withCode(msg, code string, limit int) string {
+	msg = oneLine(msg, limit)
+	switch {
+	case code == "":
+		return msg
+	case msg == "":
+		return "(" + code + ")"
+	}
+	return msg + " (" + code + ")"
+}
+
+// orDash returns s, or "-" when it is empty.
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// indentJSON indents a JSON document for reading; it returns raw unchanged
+// when it is not valid JSON.
+func indentJSON(raw []byte) string {
+	var b bytes.Buffer
+	if err := json.Indent(&b, raw, "", "  "); err != nil {
+		return string(raw)
+	}
+	return b.String()
+}
