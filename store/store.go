@@ -203,8 +203,8 @@ func New(schema string) (*Store, error) {
 	insertMessagesFrom := func(src string, first int) string {
 		return `INSERT INTO ` + s + `.outbox (id, topic, delivery, aggregatetype, aggregateid, type, payload, headers, saga_id, step_key, created_at, available_at)
 			SELECT m.id, m.topic, m.delivery, m.aggregatetype, m.aggregateid, m.type, m.payload, m.headers::jsonb, ` + src + `.id,
-				m.step_key, clock_timestamp(), clock_timestamp() + m.delay_us * interval '1 microsecond'
-			FROM ` + src + `, ` + fmt.Sprintf(messageRows, seq(first, 10)...)
+				m.step_key, c.t, c.t + m.delay_us * interval '1 microsecond'
+			FROM ` + src + `, (SELECT clock_timestamp() AS t) c, ` + fmt.Sprintf(messageRows, seq(first, 10)...)
 	}
 	st.ops = newOpsStatements(s)
 	st.q = statements{
@@ -224,9 +224,12 @@ func New(schema string) (*Store, error) {
 		insertHistory: `INSERT INTO ` + s + `.saga_history
 			(saga_id, event, step_name, direction, epoch, attempt, error, error_code, detail)
 			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
+		// One reading of the clock for both times, so available_at minus
+		// created_at is exactly the delay.
 		insertOutbox: `INSERT INTO ` + s + `.outbox
 			(id, topic, delivery, aggregatetype, aggregateid, type, payload, headers, saga_id, step_key, created_at, available_at)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, clock_timestamp(), clock_timestamp() + $11 * interval '1 microsecond')`,
+			SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, c.t, c.t + $11 * interval '1 microsecond'
+			FROM (SELECT clock_timestamp() AS t) c`,
 		notify: `SELECT pg_notify($1, $2)`,
 		// Claim due direct commands of the sagas this engine knows; commands
 		// of other sagas are left to engines that know them, until they are

@@ -1,11 +1,13 @@
 package main
 
 import (
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagaflow/sagaflow/internal/pgtest"
+	"github.com/sagaflow/sagaflow/store"
 )
 
 func TestMigrate(t *testing.T) {
@@ -16,12 +18,15 @@ func TestMigrate(t *testing.T) {
 		return runCLI(t, nil, append([]string{"--database-url", url, "--schema", schema}, args...)...)
 	}
 
+	ms, err := store.Migrations()
+	require.NoError(t, err)
+	latest := strconv.Itoa(ms[len(ms)-1].Version)
 	out := cli("migrate").ok(t)
 	require.Contains(t, out, "applied 001_core\n")
-	require.Contains(t, out, `schema "`+schema+`" is at version 1`)
+	require.Contains(t, out, `schema "`+schema+`" is at version `+latest)
 
 	out = cli("migrate").ok(t)
-	require.Equal(t, `schema "`+schema+`" is up to date (version 1)`+"\n", out)
+	require.Equal(t, `schema "`+schema+`" is up to date (version `+latest+`)`+"\n", out)
 
 	type migrated struct {
 		Schema  string
@@ -29,7 +34,7 @@ func TestMigrate(t *testing.T) {
 		Version int
 	}
 	m := decode[migrated](t, cli("migrate", "--json"))
-	require.Equal(t, migrated{Schema: schema, Applied: []struct{ Version int }{}, Version: 1}, m)
+	require.Equal(t, migrated{Schema: schema, Applied: []struct{ Version int }{}, Version: ms[len(ms)-1].Version}, m)
 }
 
 func TestMigratePrint(t *testing.T) {

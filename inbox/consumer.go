@@ -1,0 +1,217 @@
+package inbox
+
+import (
+	"context"
+	"encoding/json"
+
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/sagaflow/sagaflow/steps"
+)
+
+// Reader is what a [Consumer] reads from: *kafka.Reader, in a consumer
+// group, satisfies it.
+type Reader interface {
+	FetchMessage(ctx context.Context) (kafka.Message, error)
+	CommitMessages(ctx context.Context, msgs ...kafka.Message) error
+}
+
+// Retry backoff defaults of a [Consumer].
+const (
+	RetryInitialDefault = 100 * time.Millisecond
+	RetryMaxDefault     = 30 * time.Second
+)
+
+// ConsumerConfig configures a [Consumer].
+type ConsumerConfig struct {
+	// Handlers process messages by type (the sagaflow-type header).
+	Handlers map[string]HandlerFunc
+	// Default, when set, processes messages whose type has no handler (and
+	// messages without a type). Without it they are dead-lettered.
+	Default HandlerFunc
+	// MaxMessageBytes bounds a message's value; a larger one is
+	// dead-lettered. Defaults to MaxMessageBytesDefault.
+	MaxMessageBytes int
+	// RetryInitial and RetryMax space the retries of a handler that failed
+	// with an error that is not permanent. Default to RetryInitialDefault and
+	// RetryMaxDefault.
+	RetryInitial, RetryMax time.Duration
+}
+
+// Consumer is a Kafka consume loop built on [Inbox.Process].
+type Consumer struct {
+	in  *Inbox
+	r   Reader
+	cfg ConsumerConfig
+}
+
+// NewConsumer returns a consumer of r's messages into in.
+func (in *Inbox) NewConsumer(r Reader, cfg *ConsumerConfig) (*Consumer, error) {
+	c := ConsumerConfig{}
+	if cfg != nil {
+		c = *cfg
+	}
+	if r == nil {
+		return nil, fmt.Errorf("%w: reader is nil", ErrInvalidConfig)
+	}
+	if len(c.Handlers) == 0 && c.Default == nil {
+		return nil, fmt.Errorf("%w: no Handlers and no Default: every message would be dead-lettered", ErrInvalidConfig)
+	}
+	if c.MaxMessageBytes < 0 || c.RetryInitial < 0 || c.RetryMax < 0 {
+		return nil, fmt.Errorf("%w: MaxMessageBytes, RetryInitial and RetryMax must not be negative", ErrInvalidConfig)
+	}
+	if c.MaxMessageBytes == 0 {
+		c.MaxMessageBytes = MaxMessageBytesDefault
+	}
+	if c.RetryInitial == 0 {
+		c.RetryInitial = RetryInitialDefault
+	}
+	if c.RetryMax == 0 {
+		c.RetryMax = RetryMaxDefault
+	}
+	return &Consumer{in: in, r: r, cfg: c}, nil
+}
+
+// FromKafka converts a kafka-go message.
+func FromKafka(m kafka.Message) Message {
+	msg := Message{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: m.Key, Value: m.Value,
+		Headers: make(map[string]string, len(m.Headers))}
+	for _, h := range m.Headers {
+		msg.Headers[h.Key] = string(h.Value)
+	}
+	msg.ID = msg.Headers[HeaderMessageID]
+	if msg.ID == "" {
+		msg.ID = idFromPosition(m.Topic, m.Partition, m.Offset)
+	}
+	msg.Type = msg.Headers[HeaderType]
+	return msg
+}
+
+// Run consumes until ctx ends, then returns nil. For each message it
+// processes (or dead-letters) it and only then commits its offset; a
+// message whose processing keeps failing is retried with backoff and holds
+// its partition, so order is kept.
+func (c *Consumer) Run(ctx context.Context) error {
+	failures := 0
+	for {
+		m, err := c.r.FetchMessage(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			failures++
+			c.in.log.WarnContext(ctx, "sagaflow inbox: fetch failed", slog.String("consumer", c.in.consumer), slog.Any("error", err))
+			if !c.pause(ctx, failures) {
+				return nil
+			}
+			continue
+		}
+		failures = 0
+		msg := FromKafka(m)
+		if !c.handle(ctx, msg) {
+			return nil
+		}
+		// The offset moves only after the transaction committed; if this
+		// commit is lost, the redelivery is a duplicate the inbox skips.
+		if err := c.r.CommitMessages(ctx, m); err != nil && ctx.Err() == nil {
+			c.in.log.WarnContext(ctx, "sagaflow inbox: commit offset failed; the message will be redelivered and skipped",
+				slog.String("consumer", c.in.consumer), slog.String("message_id", msg.ID), slog.Any("error", err))
+		}
+	}
+}
+
+// handle processes msg until it is done (processed, skipped as a duplicate
+// or dead-lettered); it reports false when ctx ended first.
+func (c *Consumer) handle(ctx context.Context, msg Message) bool {
+	for attempt := 1; ; attempt++ {
+		reason, err := c.process(ctx, msg)
+		if reason != "" {
+			err = c.deadLetter(ctx, msg, reason)
+		}
+		if err == nil {
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		c.in.log.WarnContext(ctx, "sagaflow inbox: processing failed; retrying", slog.String("consumer", c.in.consumer),
+			slog.String("message_id", msg.ID), slog.Int("attempt", attempt), slog.Any("error", err))
+		if !c.pause(ctx, attempt) {
+			return false
+		}
+	}
+}
+
+// process runs msg's handler. It returns a dead-letter reason for poison,
+// or the error of a failure worth retrying.
+func (c *Consumer) process(ctx context.Context, msg Message) (deadReason string, err error) {
+	if len(msg.Value) > c.cfg.MaxMessageBytes {
+		return fmt.Sprintf("oversized: %d bytes, more than MaxMessageBytes (%d)", len(msg.Value), c.cfg.MaxMessageBytes), nil
+	}
+	h := c.cfg.Handlers[msg.Type]
+	if h == nil {
+		h = c.cfg.Default
+	}
+	if h == nil {
+		if msg.Type == "" {
+			return "no " + HeaderType + " header, and no Default handler", nil
+		}
+		return fmt.Sprintf("unknown message type %q (handled: %s)", msg.Type, c.handled()), nil
+	}
+	_, err = c.in.Process(ctx, msg, h)
+	if err != nil && steps.IsPermanent(err) {
+		return "refused by its handler: " + err.Error(), nil
+	}
+	return "", err
+}
+
+func (c *Consumer) deadLetter(ctx context.Context, msg Message, reason string) error {
+	c.in.log.WarnContext(ctx, "sagaflow inbox: dead-lettered a message", slog.String("consumer", c.in.consumer),
+		slog.String("message_id", msg.ID), slog.String("topic", msg.Topic), slog.String("reason", reason))
+	_, err := c.in.DeadLetter(ctx, msg, reason)
+	return err
+}
+
+func (c *Consumer) handled() string {
+	types := make([]string, 0, len(c.cfg.Handlers))
+	for t := range c.cfg.Handlers {
+		types = append(types, t)
+	}
+	sort.Strings(types)
+	return strings.Join(types, ", ")
+}
+
+func (c *Consumer) pause(ctx context.Context, attempt int) bool {
+	d := c.cfg.RetryInitial
+	for i := 1; i < attempt && d < c.cfg.RetryMax; i++ {
+		d *= 2
+	}
+	d = min(d, c.cfg.RetryMax)
+	d += time.Duration(rand.Int64N(int64(d)/5 + 1))
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// DecodeJSON decodes a message's JSON value into T. A value that does not
+// decode is an error marked permanent, so a [Consumer] dead-letters the
+// message instead of retrying it.
+func DecodeJSON[T any](msg Message) (T, error) {
+	var v T
+	if err := json.Unmarshal(msg.Value, &v); err != nil {
+		return v, steps.Permanent(fmt.Errorf("decode %s message %s: %w", msg.Type, msg.ID, err))
+	}
+	return v, nil
+}

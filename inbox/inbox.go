@@ -1,0 +1,164 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sagaflow/sagaflow/store"
+)
+
+// Header names sagaflow sets on the messages it publishes.
+const (
+	HeaderMessageID = "sagaflow-message-id"
+	HeaderType      = "sagaflow-type"
+	HeaderSagaID    = "sagaflow-saga-id"
+	HeaderStepKey   = "sagaflow-step-key"
+)
+
+// MaxMessageBytesDefault bounds a message's value.
+const MaxMessageBytesDefault = 1 << 20
+
+// ErrInvalidConfig wraps every configuration problem found by [New].
+var ErrInvalidConfig = errors.New("inbox: invalid config")
+
+// Config configures an [Inbox].
+type Config struct {
+	// Consumer names this consumer in the inbox table: ids are unique per
+	// consumer, so two services (or two handlers) can process one message
+	// each once. Required.
+	Consumer string
+	// Schema holds the tables. Defaults to store.SchemaDefault.
+	Schema string
+	// Logger receives logs. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Inbox records processed message ids per consumer.
+type Inbox struct {
+	pool     *pgxpool.Pool
+	st       *store.Store
+	consumer string
+	log      *slog.Logger
+}
+
+// New returns an inbox on pool; the schema must have been migrated.
+func New(pool *pgxpool.Pool, cfg *Config) (*Inbox, error) {
+	c := Config{}
+	if cfg != nil {
+		c = *cfg
+	}
+	if pool == nil {
+		return nil, fmt.Errorf("%w: pool is nil", ErrInvalidConfig)
+	}
+	if strings.TrimSpace(c.Consumer) == "" {
+		return nil, fmt.Errorf("%w: Consumer is required (it names this consumer in the inbox)", ErrInvalidConfig)
+	}
+	if c.Schema == "" {
+		c.Schema = store.SchemaDefault
+	}
+	st, err := store.New(c.Schema)
+	if err != nil {
+		return nil, fmt.Errorf("%w: Schema: %w", ErrInvalidConfig, err)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return &Inbox{pool: pool, st: st, consumer: c.Consumer, log: c.Logger}, nil
+}
+
+// Message is a received message.
+type Message struct {
+	// ID is the deduplication key: the sagaflow-message-id header, else
+	// topic/partition/offset.
+	ID        string
+	Type      string // the sagaflow-type header, "" when absent
+	Topic     string
+	Partition int
+	Offset    int64
+	Key       []byte
+	Value     []byte
+	Headers   map[string]string
+}
+
+// idFromPosition identifies a message without an id header by where it is
+// in the log; a redelivery keeps its position.
+func idFromPosition(topic string, partition int, offset int64) string {
+	return topic + "/" + strconv.Itoa(partition) + "/" + strconv.FormatInt(offset, 10)
+}
+
+// HandlerFunc processes a message inside the transaction that records it.
+type HandlerFunc func(ctx context.Context, tx pgx.Tx, msg Message) error
+
+// Process runs fn in a new transaction that first records msg.ID for this
+// consumer. It reports false, without calling fn, when the id was recorded
+// before (a duplicate). When fn fails, nothing is recorded and the error is
+// returned, so the message can be processed again.
+func (in *Inbox) Process(ctx context.Context, msg Message, fn HandlerFunc) (processed bool, err error) {
+	err = pgx.BeginTxFunc(ctx, in.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		var err error
+		processed, err = in.ProcessTx(ctx, tx, msg, fn)
+		return err
+	})
+	if err != nil {
+		return false, err
+	}
+	return processed, nil
+}
+
+// ProcessTx is [Inbox.Process] inside the caller's transaction tx. It
+// reports false, without calling fn, for a duplicate; the caller then
+// commits or rolls back as it likes.
+func (in *Inbox) ProcessTx(ctx context.Context, tx pgx.Tx, msg Message, fn HandlerFunc) (bool, error) {
+	if msg.ID == "" {
+		return false, errors.New("inbox: message has no id")
+	}
+	fresh, err := in.st.InsertInboxKey(ctx, tx, in.consumer, msg.ID)
+	if err != nil {
+		return false, fmt.Errorf("inbox: %s: %w", in.consumer, err)
+	}
+	if !fresh {
+		return false, nil
+	}
+	if err := fn(ctx, tx, msg); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// DeadLetter stores msg with the reason it cannot be processed, and records
+// its id, so a redelivery is skipped rather than dead-lettered again. It
+// reports false when the id had been recorded before.
+func (in *Inbox) DeadLetter(ctx context.Context, msg Message, reason string) (bool, error) {
+	return in.Process(ctx, msg, func(ctx context.Context, tx pgx.Tx, msg Message) error {
+		p, o := msg.Partition, msg.Offset
+		d := &store.DeadLetter{
+			Consumer: in.consumer, MessageID: validText(msg.ID), Topic: validText(msg.Topic), Partition: &p, Offset: &o,
+			Key: msg.Key, Value: msg.Value, Headers: validHeaders(msg.Headers), Reason: validText(reason),
+		}
+		return in.st.InsertDeadLetter(ctx, tx, d)
+	})
+}
+
+// validText makes s storable in a PostgreSQL text or jsonb value.
+func validText(s string) string {
+	if utf8.ValidString(s) && !strings.ContainsRune(s, 0) {
+		return s
+	}
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", `\0`)
+}
+
+func validHeaders(h map[string]string) map[string]string {
+	out := make(map[string]string, len(h))
+	for k, v := range h {
+		out[validText(k)] = validText(v)
+	}
+	return out
+}
