@@ -185,7 +185,7 @@ func TestConsumerThatLeftWithoutCommittingIsDeduplicated(t *testing.T) {
 	}
 	c, err := b.in.NewConsumer(first, &inbox.ConsumerConfig{Handlers: map[string]inbox.HandlerFunc{"charge.requested": handler}})
 	require.NoError(t, err)
-	runConsumer(t, c, func() bool { return calls.Load() == 3 })
+	runConsumer(t, c, func() bool { return b.count(t, "SELECT count(*) FROM "+b.table("inbox")) == 3 })
 
 	// The partition is redelivered from the start to the next consumer.
 	second := &memReader{msgs: first.msgs}

@@ -293,16 +293,16 @@ func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, derr 
 			fmt.Sprintf("no definition named %q is registered with this engine (registered: %s)", ls.Name, e.registeredNames()))
 		return err
 	}
-	if c.Type == cancelType {
-		// Like Engine.Cancel, a cancel request does not wait for a running
-		// step: it moves the saga on, and the step can no longer commit.
-		return b.cancel(ctx, c, ls, cmd.Reason)
-	}
 	if !ls.Locked {
-		// Another transaction runs a step of this saga right now.
+		// Another transaction runs a step of this saga right now. A cancel
+		// request waits too: it then compensates that step if it completed,
+		// and never waits on a saga row another batch has written.
 		e.stats.deferred.Add(1)
 		b.deferred = append(b.deferred, deferral{id: c.ID})
 		return nil
+	}
+	if c.Type == cancelType {
+		return b.cancel(ctx, c, ls, cmd)
 	}
 	if ls.Version != cmd.Version || Status(ls.Status).Terminal() {
 		e.stats.stale.Add(1)
@@ -328,40 +328,55 @@ func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, derr 
 		return err
 	}
 	b.delivered = append(b.delivered, c.ID)
+	ls.StepIndex = idx // a tool that re-ran the saga without its definition may have left -1
 	processed := ls.Processed
 	ls.Processed = false // only true for the state it was read in
 	return b.execute(ctx, &ls.Saga, def, idx, dir, processed, last)
 }
 
 // cancel carries out a cancel request recorded by an engine that did not
-// know the saga.
-func (b *batch) cancel(ctx context.Context, c *store.Claimed, ls *store.LockedSaga, reason string) error {
-	b.delivered = append(b.delivered, c.ID)
+// know the saga. Whatever goes wrong with one request, the batch goes on.
+func (b *batch) cancel(ctx context.Context, c *store.Claimed, ls *store.LockedSaga, cmd command) error {
+	if cmd.Epoch != ls.Epoch {
+		// Requested before the saga was re-run: it was about another run.
+		b.delivered = append(b.delivered, c.ID)
+		b.e.log.InfoContext(ctx, "sagaflow dropped a cancel request for an earlier epoch", slog.String("saga_id", ls.ID.String()))
+		return nil
+	}
 	sp, err := b.savepoint(ctx)
 	if err != nil {
 		return err
 	}
-	err = b.e.CancelTx(ctx, stepTx{b.tx}, ls.ID, reason)
-	switch {
-	case err == nil:
+	err = b.e.CancelTx(ctx, stepTx{b.tx}, ls.ID, cmd.Reason)
+	if err == nil {
+		b.delivered = append(b.delivered, c.ID)
 		ls.Version++ // CancelTx moved the saga on
 		ls.Status = store.StatusCompensating
 		b.ready = true
-	case errors.Is(err, ErrNotRunning):
-		// Nothing left to cancel: the saga ended or is compensating already.
-		b.e.log.InfoContext(ctx, "sagaflow dropped a cancel request", slog.String("saga_id", ls.ID.String()), slog.Any("reason", err))
-		if _, err := b.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+sp); err != nil {
-			return err
-		}
-	case isStatementError(err):
-		if _, rerr := b.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+sp); rerr != nil {
-			return rerr
-		}
-		return b.park(ctx, c, &ls.ID, CodeMalformed, "cancel request failed: "+err.Error())
-	default:
-		return err
+		return nil
 	}
-	return nil
+	if !isStatementError(err) && !errors.Is(err, ErrNotRunning) && !errors.Is(err, ErrNotFound) && !errors.Is(err, errUnknownStep) {
+		return err // the connection, not the request
+	}
+	if _, rerr := b.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+sp); rerr != nil {
+		return rerr
+	}
+	b.clean = sp
+	switch {
+	case errors.Is(err, ErrNotRunning), errors.Is(err, ErrNotFound):
+		// Nothing left to cancel: the saga ended or is compensating already.
+		b.delivered = append(b.delivered, c.ID)
+		b.e.log.InfoContext(ctx, "sagaflow dropped a cancel request", slog.String("saga_id", ls.ID.String()), slog.Any("reason", err))
+		return nil
+	case errors.Is(err, errUnknownStep):
+		_, err := b.unknown(ctx, c, &ls.ID, CodeUnknownStep, err.Error())
+		return err
+	case isLockError(err):
+		b.e.stats.deferred.Add(1)
+		b.deferred = append(b.deferred, deferral{id: c.ID, reason: err.Error()})
+		return nil
+	}
+	return b.park(ctx, c, &ls.ID, CodeMalformed, "cancel request failed: "+err.Error())
 }
 
 // savepoint returns a savepoint with nothing written after it, opening one
@@ -446,7 +461,7 @@ func (b *batch) execute(ctx context.Context, sg *store.Saga, def *compiled, idx 
 	fenced, err := b.write(ctx, sg, tr, sp, sp, last)
 	if fenced {
 		e.stats.failed.Add(1)
-		if tr.StepIndex == idx && tr.Direction == string(dir) && len(tr.Messages) > 0 {
+		if tr.StepName == sg.StepName && tr.Direction == string(dir) && len(tr.Messages) > 0 {
 			e.stats.retries.Add(1)
 		}
 	}

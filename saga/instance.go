@@ -277,7 +277,7 @@ func (e *Engine) CancelTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, reason s
 	}
 	idx, ok := def.byName[sg.StepName]
 	if !ok {
-		return fmt.Errorf("saga: cancel %s: saga %q has no step %q", id, sg.Name, sg.StepName)
+		return fmt.Errorf("saga: cancel %s: %w: saga %q has no step %q", id, errUnknownStep, sg.Name, sg.StepName)
 	}
 	reason = sanitizeText(reason, 2000)
 	if reason == "" {

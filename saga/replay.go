@@ -24,7 +24,11 @@ import (
 // Resume needs no definition: an operator tool can call it on an engine
 // that registered none; an engine that knows the saga runs it.
 func (e *Engine) Resume(ctx context.Context, id uuid.UUID, reason string) error {
-	return e.replay(ctx, id, "resume", func(sg *store.Saga) (*store.Transition, error) {
+	return e.resume(ctx, id, reason, 0)
+}
+
+func (e *Engine) resume(ctx context.Context, id uuid.UUID, reason string, expect int64) error {
+	return e.replay(ctx, id, "resume", expect, func(_ pgx.Tx, sg *store.Saga) (*store.Transition, error) {
 		if Status(sg.Status) != StatusFailed {
 			return nil, fmt.Errorf("status is %s, and only failed sagas resume: %w", sg.Status, ErrNotReplayable)
 		}
@@ -51,13 +55,26 @@ func (e *Engine) Resume(ctx context.Context, id uuid.UUID, reason string) error 
 // a saga that has not ended, and an error naming the step when the saga has
 // no such step.
 func (e *Engine) Rerun(ctx context.Context, id uuid.UUID, from, reason string) error {
-	return e.replay(ctx, id, "rerun", func(sg *store.Saga) (*store.Transition, error) {
+	return e.rerun(ctx, id, from, reason, 0)
+}
+
+func (e *Engine) rerun(ctx context.Context, id uuid.UUID, from, reason string, expect int64) error {
+	return e.replay(ctx, id, "rerun", expect, func(tx pgx.Tx, sg *store.Saga) (*store.Transition, error) {
 		if !Status(sg.Status).Terminal() {
 			return nil, fmt.Errorf("status is %s, and only ended sagas re-run: %w", sg.Status, ErrNotReplayable)
 		}
-		idx, err := e.stepIndex(ctx, sg, from)
+		idx, first, err := e.stepIndex(ctx, tx, sg, from)
 		if err != nil {
 			return nil, err
+		}
+		undone := Status(sg.Status) == StatusCompensated ||
+			(Status(sg.Status) == StatusFailed && steps.Direction(sg.Direction) == steps.Compensate)
+		if undone && from != first {
+			// Its steps were compensated (some or all): running from a later
+			// step would leave the earlier ones undone, and a later failure
+			// would compensate them twice.
+			return nil, fmt.Errorf("status is %s with its steps compensated: it can only re-run from its first step %q, not %q: %w",
+				sg.Status, first, from, ErrNotReplayable)
 		}
 		tr := transitionFrom(sg)
 		tr.Status, tr.StepIndex, tr.StepName, tr.Direction = store.StatusRunning, idx, from, string(steps.Forward)
@@ -80,7 +97,10 @@ func statusFor(dir steps.Direction) string {
 	return store.StatusRunning
 }
 
-func (e *Engine) replay(ctx context.Context, id uuid.UUID, what string, plan func(*store.Saga) (*store.Transition, error)) error {
+// replay applies the transition plan returns for saga id, under the saga's
+// row lock. A non-zero expect refuses a saga whose version changed since
+// the caller selected it.
+func (e *Engine) replay(ctx context.Context, id uuid.UUID, what string, expect int64, plan func(pgx.Tx, *store.Saga) (*store.Transition, error)) error {
 	err := pgx.BeginTxFunc(ctx, e.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		sg, err := e.st.GetSaga(ctx, tx, id, true)
 		if errors.Is(err, store.ErrNotFound) {
@@ -89,7 +109,10 @@ func (e *Engine) replay(ctx context.Context, id uuid.UUID, what string, plan fun
 		if err != nil {
 			return err
 		}
-		tr, err := plan(sg)
+		if expect != 0 && sg.Version != expect {
+			return fmt.Errorf("the saga changed since it was selected (version %d, now %d): %w", expect, sg.Version, ErrNotReplayable)
+		}
+		tr, err := plan(tx, sg)
 		if err != nil {
 			return err
 		}
@@ -111,33 +134,40 @@ func (e *Engine) replay(ctx context.Context, id uuid.UUID, what string, plan fun
 	return nil
 }
 
-// stepIndex finds step name of the saga: in its definition when this engine
-// has it, else among the steps its history shows (an operator tool has no
-// definitions); -1 then stands for an index the running engine fills in.
-func (e *Engine) stepIndex(ctx context.Context, sg *store.Saga, name string) (int, error) {
+// stepIndex finds step name of the saga, and the saga's first step: in its
+// definition when this engine has it, else among the steps its history
+// shows (an operator tool has no definitions); -1 then stands for an index
+// the running engine fills in.
+func (e *Engine) stepIndex(ctx context.Context, tx pgx.Tx, sg *store.Saga, name string) (idx int, first string, err error) {
 	if def := e.lookupName(sg.Name); def != nil {
 		if idx, ok := def.byName[name]; ok {
-			return idx, nil
+			return idx, def.steps[0].name, nil
 		}
-		return 0, fmt.Errorf("saga %q has no step %q (its steps: %s)", sg.Name, name, stepNames(def))
+		return 0, "", fmt.Errorf("saga %q has no step %q (its steps: %s)", sg.Name, name, stepNames(def))
 	}
-	hist, err := e.st.History(ctx, e.pool, sg.ID)
+	hist, err := e.st.History(ctx, tx, sg.ID)
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	var seen []string
 	for _, h := range hist {
+		if h.Event == EventSagaStarted && h.StepName != nil {
+			first = *h.StepName
+		}
 		if h.StepName != nil && !slices.Contains(seen, *h.StepName) {
 			seen = append(seen, *h.StepName)
 		}
 	}
 	if !slices.Contains(seen, name) {
-		return 0, fmt.Errorf("saga %s never ran a step %q (steps in its history: %v)", sg.ID, name, seen)
+		return 0, "", fmt.Errorf("saga %s never ran a step %q (steps in its history: %v)", sg.ID, name, seen)
 	}
-	if name == sg.StepName {
-		return sg.StepIndex, nil
+	switch name {
+	case first:
+		return 0, first, nil
+	case sg.StepName:
+		return sg.StepIndex, first, nil
 	}
-	return -1, nil
+	return -1, first, nil
 }
 
 func stepNames(def *compiled) string {
@@ -230,8 +260,10 @@ func (e *Engine) ReplayBulk(ctx context.Context, opts BulkReplayOpts) (*BulkRepl
 		return nil, fmt.Errorf("saga: bulk replay: %w", err)
 	}
 	res := &BulkReplayResult{DryRun: opts.DryRun}
+	versions := make(map[uuid.UUID]int64, len(rows))
 	for _, r := range rows {
 		res.Matched = append(res.Matched, r.ID)
+		versions[r.ID] = r.Version
 	}
 	if opts.DryRun {
 		return res, nil
@@ -239,10 +271,12 @@ func (e *Engine) ReplayBulk(ctx context.Context, opts BulkReplayOpts) (*BulkRepl
 	err = rateLimited(ctx, len(res.Matched), opts.RatePerSecond, func(i int) error {
 		id := res.Matched[i]
 		var err error
+		// Each saga is replayed only as it was selected: one that changed
+		// meanwhile (replayed by someone else, say) is reported, not touched.
 		if opts.FromStep != "" {
-			err = e.Rerun(ctx, id, opts.FromStep, opts.Reason)
+			err = e.rerun(ctx, id, opts.FromStep, opts.Reason, versions[id])
 		} else {
-			err = e.Resume(ctx, id, opts.Reason)
+			err = e.resume(ctx, id, opts.Reason, versions[id])
 		}
 		if err != nil {
 			res.Errors = append(res.Errors, BulkReplayError{ID: id, Err: err})

@@ -3,11 +3,13 @@ package saga_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagaflow/sagaflow/saga"
@@ -141,7 +143,10 @@ func threeStepsBlocked(t *testing.T, b *bundle) *blockedSaga {
 	}
 	bs.def = threeSteps(b, "blocked", map[string]saga.StepFunc[order]{
 		"reserve/forward": func(ctx context.Context, _ *saga.StepRun, _ *order) error {
-			bs.entered <- struct{}{}
+			select {
+			case bs.entered <- struct{}{}:
+			default:
+			}
 			select {
 			case <-ch:
 			case <-ctx.Done():
@@ -233,9 +238,10 @@ func TestOutboxReplayRepublishesPublishedMessages(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	ctx := context.Background()
+	// Published 0, 1, 2 and 3 minutes ago; "agg-2" is the oldest "orders".
 	for i, topic := range []string{"orders", "orders", "orders", "payments"} {
 		_, err := b.pool.Exec(ctx, "INSERT INTO "+b.table("outbox")+` (id, topic, aggregateid, type, payload, status, published_at)
-			VALUES ($1, $2, $3, 'order.created', '{}', 'published', now() - $4 * interval '1 minute')`, uuid.New(), topic, "agg", i)
+			VALUES ($1, $2, $3, 'order.created', '{}', 'published', now() - $4 * interval '1 minute')`, uuid.New(), topic, fmt.Sprintf("agg-%d", i), i)
 		require.NoError(t, err)
 	}
 	_, err := b.pool.Exec(ctx, "INSERT INTO "+b.table("outbox")+` (id, topic, aggregateid, type, payload) VALUES ($1, 'orders', 'x', 't', '{}')`, uuid.New())
@@ -257,7 +263,12 @@ func TestOutboxReplayRepublishesPublishedMessages(t *testing.T) {
 	require.Equal(t, int64(3), status.Pending)
 	require.Equal(t, int64(2), status.Published)
 	// Oldest first: the two oldest "orders" messages went back to pending.
-	require.Equal(t, 2, b.count(t, "SELECT count(*) FROM "+b.table("outbox")+" WHERE topic = 'orders' AND status = 'pending' AND published_at IS NULL AND attempts = 0 AND aggregateid = 'agg'"))
+	rows, err := b.pool.Query(ctx, "SELECT aggregateid FROM "+b.table("outbox")+
+		" WHERE topic = 'orders' AND status = 'pending' AND aggregateid LIKE 'agg-%' ORDER BY aggregateid")
+	require.NoError(t, err)
+	again, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"agg-1", "agg-2"}, again)
 }
 
 func TestCancelFromAnEngineWithoutTheDefinition(t *testing.T) {
@@ -271,18 +282,110 @@ func TestCancelFromAnEngineWithoutTheDefinition(t *testing.T) {
 	require.NoError(t, err)
 	<-blocked.entered
 
-	// An operator tool has no definitions: it records a request, and an
-	// engine that knows the saga cancels it at once, running step or not.
+	// An operator tool has no definitions: it records a request. An engine
+	// that knows the saga carries it out once the running step is done (it
+	// never runs alongside a step of the saga).
 	tool, err := saga.New(b.pool, &saga.Config{Schema: b.schema, Logger: testLogger(t)})
 	require.NoError(t, err)
 	err = tool.Cancel(ctx, st.ID, "operator")
 	require.ErrorIs(t, err, saga.ErrNotRegistered)
 	require.ErrorContains(t, err, "use RequestCancel")
 	require.NoError(t, tool.RequestCancel(ctx, st.ID, "operator"))
+	waitFor(t, 10*time.Second, func() bool { return b.engine.Stats().Deferred >= 1 }, "the request to wait for the step")
+	blocked.release()
 	in := b.waitTerminal(t, st.ID)
 	require.Equal(t, saga.StatusCompensated, in.Status)
 	require.Equal(t, saga.ErrorInfo{Code: saga.CodeCancelled, Message: "operator"}, *in.LastError)
-	require.Equal(t, []string{"saga_started", "saga_cancelled:reserve", "saga_compensated"}, eventTypes(in))
+	require.Contains(t, eventTypes(in), "saga_cancelled:reserve")
+	require.Equal(t, "saga_compensated", in.History[len(in.History)-1].Type)
 	require.Equal(t, 0, b.count(t, "SELECT count(*) FROM "+b.table("outbox")+" WHERE saga_id = $1 AND status <> 'pending'", st.ID))
 	require.ErrorIs(t, tool.RequestCancel(ctx, st.ID, "again"), saga.ErrNotRunning)
+}
+
+func TestRerunOfACompensatedSagaStartsFromTheFirstStep(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	var declined atomic.Bool
+	declined.Store(true)
+	def := threeSteps(b, "undone", map[string]saga.StepFunc[order]{
+		"ship/forward": func(context.Context, *saga.StepRun, *order) error {
+			if declined.Load() {
+				return steps.Permanent(errors.New("no carrier"))
+			}
+			return nil
+		},
+	})
+	require.NoError(t, b.engine.Register(def))
+	b.start(t)
+	ctx := context.Background()
+	st, err := saga.Start(ctx, b.engine, def, order{}, nil)
+	require.NoError(t, err)
+	require.Equal(t, saga.StatusCompensated, b.waitTerminal(t, st.ID).Status)
+
+	// Re-running from "charge" would leave "reserve" undone, and a later
+	// failure would compensate it a second time.
+	err = b.engine.Rerun(ctx, st.ID, "charge", "x")
+	require.ErrorIs(t, err, saga.ErrNotReplayable)
+	require.ErrorContains(t, err, `it can only re-run from its first step "reserve", not "charge"`)
+	tool, err := saga.New(b.pool, &saga.Config{Schema: b.schema, Logger: testLogger(t)})
+	require.NoError(t, err)
+	require.ErrorIs(t, tool.Rerun(ctx, st.ID, "charge", "x"), saga.ErrNotReplayable, "also without the definition")
+
+	declined.Store(false)
+	require.NoError(t, b.engine.Rerun(ctx, st.ID, "reserve", "carrier found"))
+	in := b.waitTerminal(t, st.ID)
+	require.Equal(t, saga.StatusCompleted, in.Status)
+	require.Equal(t, []string{"reserve/forward", "charge/forward", "charge/compensate", "reserve/compensate",
+		"reserve/forward", "charge/forward", "ship/forward"}, b.effects(t, st.ID))
+}
+
+func TestBulkReplaySkipsSagasThatChangedSinceSelection(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	var fixed atomic.Bool
+	def := threeSteps(b, "changing", map[string]saga.StepFunc[order]{
+		"ship/forward": func(context.Context, *saga.StepRun, *order) error { return steps.Permanent(errors.New("no")) },
+		"reserve/compensate": func(context.Context, *saga.StepRun, *order) error {
+			if fixed.Load() {
+				return nil
+			}
+			return steps.Permanent(errors.New("stuck"))
+		},
+	})
+	require.NoError(t, b.engine.Register(def))
+	b.start(t)
+	ctx := context.Background()
+	var ids []uuid.UUID
+	for range 2 {
+		st, err := saga.Start(ctx, b.engine, def, order{}, nil)
+		require.NoError(t, err)
+		require.Equal(t, saga.StatusFailed, b.waitTerminal(t, st.ID).Status)
+		ids = append(ids, st.ID)
+	}
+	fixed.Store(true)
+	// One per second: while the bulk replay waits for its second turn, an
+	// operator resumes that saga by hand and it ends.
+	done := make(chan *saga.BulkReplayResult, 1)
+	go func() {
+		res, err := b.engine.ReplayBulk(ctx, saga.BulkReplayOpts{Name: "changing", RatePerSecond: 1})
+		require.NoError(t, err)
+		done <- res
+	}()
+	waitFor(t, 10*time.Second, func() bool {
+		return b.count(t, "SELECT count(*) FROM "+b.table("saga_history")+" WHERE event = 'saga_resumed'") == 1
+	}, "the bulk replay's first resume")
+	var first uuid.UUID
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT saga_id FROM "+b.table("saga_history")+" WHERE event = 'saga_resumed'").Scan(&first))
+	other := ids[0]
+	if other == first {
+		other = ids[1]
+	}
+	require.NoError(t, b.engine.Resume(ctx, other, "by hand"))
+	res := <-done
+	require.Equal(t, []uuid.UUID{first}, res.Replayed)
+	require.Len(t, res.Errors, 1)
+	require.Equal(t, other, res.Errors[0].ID)
+	require.ErrorIs(t, res.Errors[0].Err, saga.ErrNotReplayable)
+	require.ErrorContains(t, res.Errors[0].Err, "changed since it was selected")
+	require.Equal(t, 2, b.count(t, "SELECT count(*) FROM "+b.table("saga_history")+" WHERE event = 'saga_resumed'"), "resumed once each")
 }

@@ -6,8 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/sagaflow/sagaflow/steps"
 	"github.com/sagaflow/sagaflow/store"
@@ -42,19 +45,32 @@ func (e *Engine) RescueNow(ctx context.Context) (RescueResult, error) {
 		return res, nil
 	}
 	for {
+		before := res
 		n, err := e.rescuePass(ctx, names, &res)
 		if err != nil {
 			return res, err
 		}
-		if n < e.cfg.RescueBatch {
+		// Another pass only when this one was full and moved something on:
+		// every saga it looked at got a later deadline or a new state, so
+		// the next pass sees different sagas.
+		changed := res.Redriven+res.FailedOver+res.Waiting+res.Busy+res.Superseded >
+			before.Redriven+before.FailedOver+before.Waiting+before.Busy+before.Superseded
+		if n < e.cfg.RescueBatch || !changed {
 			return res, nil
 		}
 	}
 }
 
+// rescueLockTimeout bounds how long the rescuer waits for a saga row that a
+// worker's batch has written and not yet committed; it skips the saga then.
+const rescueLockTimeout = 200 * time.Millisecond
+
 func (e *Engine) rescuePass(ctx context.Context, names []string, res *RescueResult) (int, error) {
 	var found int
 	err := pgx.BeginTxFunc(ctx, e.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = "+strconv.FormatInt(rescueLockTimeout.Milliseconds(), 10)); err != nil {
+			return err
+		}
 		stuck, err := e.st.StuckSagas(ctx, tx, names, e.cfg.RescueBatch)
 		if err != nil {
 			return err
@@ -68,33 +84,55 @@ func (e *Engine) rescuePass(ctx context.Context, names []string, res *RescueResu
 			if def != nil {
 				idx, known = def.byName[s.StepName]
 			}
-			switch {
-			case !s.Locked:
-				res.Busy++
-				continue
-			case !known || s.CommandStatus == store.OutboxPending:
-				// Waiting in the queue, or at a step only another engine
-				// knows: not lost. Look again later.
-				if _, err := e.st.ExtendDeadline(ctx, tx, s.ID, s.Version, e.cfg.RescueSlack); err != nil {
-					return err
-				}
-				res.Waiting++
-				continue
-			}
-			if h := e.hooks.beforeRescueUpdate; h != nil {
-				h(&s.Saga)
-			}
-			tr, failover := e.rescueTransition(s, def, idx)
 			sp := fmt.Sprintf("sagaflow_rescue_%d", i)
 			if _, err := tx.Exec(ctx, "SAVEPOINT "+sp); err != nil {
 				return err
 			}
-			fenced, err := e.st.ApplyTransition(ctx, tx, tr, sp)
+			var outcome *int
+			var tr *store.Transition
+			failover := false
 			switch {
-			case err != nil:
-				return err
+			case !s.Locked:
+				// A step is running right now: the saga is alive. Look
+				// again later, so that this pass and the next reach others.
+				outcome = &res.Busy
+			case s.CommandStatus == store.OutboxPending:
+				// Waiting in the queue (workers down or busy): not lost.
+				outcome = &res.Waiting
+			case !known:
+				// At a step only another engine knows, its command lost:
+				// re-drive it; an engine that knows the step runs it, or
+				// the command is parked after UnknownSagaGrace.
+				tr = e.redrive(s, StepTimeoutDefault, s.Attempt)
+			default:
+				tr, failover = e.rescueTransition(s, def, idx)
+			}
+			if h := e.hooks.beforeRescueUpdate; h != nil && tr != nil {
+				h(&s.Saga)
+			}
+			var fenced bool
+			var err error
+			if tr == nil {
+				fenced, err = e.st.ExtendDeadline(ctx, tx, s.ID, s.Version, e.cfg.RescueSlack)
+			} else {
+				fenced, err = e.st.ApplyTransition(ctx, tx, tr, sp)
+			}
+			if err != nil {
+				if !isLockError(err) {
+					return err
+				}
+				// A worker's batch holds the row: it is alive. Skip.
+				if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+sp); err != nil {
+					return err
+				}
+				res.Busy++
+				continue
+			}
+			switch {
 			case !fenced:
 				res.Superseded++
+			case outcome != nil:
+				*outcome++
 			case failover:
 				res.FailedOver++
 				e.stats.failedOver.Add(1)
@@ -102,7 +140,7 @@ func (e *Engine) rescuePass(ctx context.Context, names []string, res *RescueResu
 				res.Redriven++
 				e.stats.rescued.Add(1)
 			}
-			if fenced {
+			if fenced && tr != nil {
 				notify = notify || len(tr.Messages) > 0
 				e.log.WarnContext(ctx, "sagaflow rescued a stuck saga", slog.String("saga_id", s.ID.String()),
 					slog.String("step", s.StepName), slog.Bool("failed_over", failover), slog.Duration("overdue", s.Overdue))
@@ -138,10 +176,34 @@ func (e *Engine) rescueTransition(s *store.StuckSaga, def *compiled, idx int) (t
 		tr.History = append([]store.HistoryEntry{rescued}, tr.History...)
 		return tr, true
 	}
-	tr = transitionFrom(&s.Saga)
-	tr.Attempt = attempt
-	tr.CheckAfter = def.steps[idx].timeout + e.cfg.RescueSlack
+	tr = e.redrive(s, def.steps[idx].timeout, attempt)
 	tr.History = []store.HistoryEntry{rescued}
-	tr.Messages = []store.Message{e.commandMessage(s.ID, s.Name, s.StepName, dir, s.Epoch, s.Version+1, 0)}
 	return tr, false
+}
+
+// redrive writes a new command for a stuck saga's current step, under the
+// same step-scoped key.
+func (e *Engine) redrive(s *store.StuckSaga, timeout time.Duration, attempt int) *store.Transition {
+	tr := transitionFrom(&s.Saga)
+	tr.Attempt = attempt
+	tr.CheckAfter = timeout + e.cfg.RescueSlack
+	detail, _ := json.Marshal(map[string]any{"reason": "command lost; re-driven", "attempt": attempt})
+	tr.History = []store.HistoryEntry{{SagaID: s.ID, Event: EventSagaRescued, StepName: s.StepName,
+		Direction: s.Direction, Epoch: s.Epoch, Attempt: attempt, Detail: detail}}
+	tr.Messages = []store.Message{e.commandMessage(s.ID, s.Name, s.StepName, steps.Direction(s.Direction), s.Epoch, s.Version+1, 0)}
+	return tr
+}
+
+// isLockError reports whether err is PostgreSQL giving up on a lock: a lock
+// timeout, a deadlock, or a serialization failure.
+func isLockError(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	switch pgErr.Code {
+	case "55P03", "40P01", "40001":
+		return true
+	}
+	return false
 }

@@ -181,3 +181,46 @@ func TestTwoRescuersNeverDoubleDrive(t *testing.T) {
 	require.Equal(t, n, b.count(t, "SELECT count(DISTINCT saga_id) FROM "+b.table("saga_history")+" WHERE event = 'saga_rescued'"))
 	require.Equal(t, n, b.count(t, "SELECT count(*) FROM "+b.table("outbox")+" WHERE status = 'pending'"))
 }
+
+// TestBusySagasDoNotStarveTheRescuer: with more overdue sagas running a step
+// than the rescuer takes per pass, it must neither spin on them nor miss the
+// saga behind them whose command was lost.
+func TestBusySagasDoNotStarveTheRescuer(t *testing.T) {
+	t.Parallel()
+	// BatchSize 1: each blocked saga is taken by its own worker.
+	b := setup(t, &saga.Config{RescueBatch: 2, BatchSize: 1})
+	blocked := threeStepsBlocked(t, b)
+	defer blocked.release()
+	lost := threeSteps(b, "lost-behind", nil)
+	require.NoError(t, b.engine.Register(lost))
+	ctx := context.Background()
+	var busy []uuid.UUID
+	for range 2 {
+		st, err := saga.Start(ctx, b.engine, blocked.def, order{}, nil)
+		require.NoError(t, err)
+		busy = append(busy, st.ID)
+	}
+	b.start(t)
+	<-blocked.entered
+	<-blocked.entered
+	st, err := saga.Start(ctx, b.engine, lost, order{}, nil)
+	require.NoError(t, err)
+	b.waitTerminal(t, st.ID)
+	// Now: two sagas mid-step and a third stuck with its command lost, all
+	// overdue, the busy ones first in deadline order.
+	for _, id := range busy {
+		b.overdue(t, id)
+	}
+	_, err = b.pool.Exec(ctx, "UPDATE "+b.table("saga_instances")+` SET status = 'running', step_name = 'charge', step_index = 1,
+		attempt = 0, ended_at = NULL, next_check_at = now() - interval '1 second', command_id = NULL WHERE id = $1`, st.ID)
+	require.NoError(t, err)
+
+	started := time.Now()
+	res, err := b.engine.RescueNow(ctx)
+	require.NoError(t, err)
+	require.Less(t, time.Since(started), 5*time.Second, "the rescuer returned instead of spinning")
+	require.Equal(t, 2, res.Busy)
+	require.Equal(t, 1, res.Redriven, "the saga behind the busy ones was reached: %+v", res)
+	blocked.release()
+	require.Equal(t, saga.StatusCompleted, b.waitTerminal(t, st.ID).Status)
+}

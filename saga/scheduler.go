@@ -63,6 +63,11 @@ func Schedule[S any](e *Engine, spec string, d *Definition[S], state S, opts *Sc
 	if e.frozen {
 		return ErrEngineStarted
 	}
+	for _, other := range e.schedules {
+		if other.name == name {
+			return fmt.Errorf("saga: schedule %q: a schedule with that name exists; name it with ScheduleOpts.Name", name)
+		}
+	}
 	e.schedules = append(e.schedules, schedule{
 		name: name, spec: spec, sched: sched, sagaName: d.name,
 		start: func(ctx context.Context, key string) (Started, error) {
@@ -86,22 +91,27 @@ func slotTime(sched cron.Schedule, planned time.Time) time.Time {
 // schedules; it stops when ctx ends, and the returned channel is closed
 // once its running jobs have returned. The caller holds e.mu.
 func (e *Engine) startScheduler(ctx context.Context, schedules []schedule) <-chan struct{} {
-	c := cron.New(cron.WithLocation(e.cfg.Location), cron.WithParser(cronParser),
-		cron.WithChain(cron.Recover(cronLogger{e.log}), cron.SkipIfStillRunning(cronLogger{e.log})))
+	c := cron.New(cron.WithLocation(e.cfg.Location), cron.WithParser(cronParser))
+	logger := cronLogger{e.log}
+	// A maintenance job skips its turn while its previous run goes on; a
+	// schedule never does: every slot is started (its business key keeps a
+	// slot from starting twice).
+	maintenance := cron.NewChain(cron.Recover(logger), cron.SkipIfStillRunning(logger))
+	slots := cron.NewChain(cron.Recover(logger))
 	every := func(d time.Duration) cron.Schedule { return cron.Every(d) }
-	c.Schedule(every(e.cfg.RescueInterval), cron.FuncJob(func() {
+	c.Schedule(every(e.cfg.RescueInterval), maintenance.Then(cron.FuncJob(func() {
 		if _, err := e.RescueNow(ctx); err != nil && ctx.Err() == nil {
 			e.log.ErrorContext(ctx, "sagaflow rescuer failed; it runs again at its next interval", slog.Any("error", err))
 		}
-	}))
-	c.Schedule(every(e.cfg.RetentionInterval), cron.FuncJob(func() {
+	})))
+	c.Schedule(every(e.cfg.RetentionInterval), maintenance.Then(cron.FuncJob(func() {
 		if _, err := e.RunRetention(ctx); err != nil && ctx.Err() == nil {
 			e.log.ErrorContext(ctx, "sagaflow retention failed; it runs again at its next interval", slog.Any("error", err))
 		}
-	}))
+	})))
 	for _, s := range schedules {
 		var id cron.EntryID
-		id = c.Schedule(s.sched, cron.FuncJob(func() {
+		id = c.Schedule(s.sched, slots.Then(cron.FuncJob(func() {
 			slot := slotTime(s.sched, c.Entry(id).Prev).In(e.cfg.Location)
 			key := "cron:" + s.name + ":" + slot.Format(time.RFC3339)
 			st, err := s.start(ctx, key)
@@ -117,7 +127,7 @@ func (e *Engine) startScheduler(ctx context.Context, schedules []schedule) <-cha
 				e.log.InfoContext(ctx, "sagaflow started a scheduled saga", slog.String("schedule", s.name),
 					slog.String("saga_id", st.ID.String()), slog.String("business_key", key))
 			}
-		}))
+		})))
 	}
 	c.Start()
 	done := make(chan struct{})

@@ -160,7 +160,7 @@ type Store struct {
 
 type statements struct {
 	startSaga, sagaByKey, insertHistory, insertOutbox, notify, claimDirect, lockSagas, lockSaga, updateSaga string
-	insertInbox, deleteDelivered, deferMessages, markDead, nextDue, getSaga                                 string
+	insertInbox, recordInbox, deleteDelivered, deferMessages, markDead, nextDue, getSaga                    string
 	getSagaForUpdate, history, listBase                                                                     string
 	historyRows                                                                                             [maxHistoryRows + 1]string
 }
@@ -268,8 +268,14 @@ func New(schema string) (*Store, error) {
 			ended_at = CASE WHEN $3 IN ('running', 'compensating') THEN NULL ELSE clock_timestamp() END,
 			command_id = $15
 			WHERE id = $1 AND version = $2`,
-		lockSaga:        `SELECT pg_advisory_xact_lock(hashtextextended($1::text, $2))`,
-		insertInbox:     `INSERT INTO ` + s + `.inbox (consumer, key) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
+		lockSaga:    `SELECT pg_advisory_xact_lock(hashtextextended($1::text, $2))`,
+		insertInbox: `INSERT INTO ` + s + `.inbox (consumer, key) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
+		// A duplicate refreshes its key's processed_at: a message that keeps
+		// coming back (outbox replays) keeps its key for another
+		// InboxRetention. xmax is 0 only for a row this statement inserted.
+		recordInbox: `INSERT INTO ` + s + `.inbox (consumer, key) VALUES ($1, $2)
+			ON CONFLICT (consumer, key) DO UPDATE SET processed_at = now()
+			RETURNING xmax = 0`,
 		deleteDelivered: `DELETE FROM ` + s + `.outbox WHERE id = ANY($1)`,
 		deferMessages: `UPDATE ` + s + `.outbox SET attempts = attempts + 1,
 			available_at = clock_timestamp() + least($2 * power(2, least(attempts, 20)), $3) * interval '1 microsecond',
@@ -574,12 +580,15 @@ func (s *Store) ApplyTransition(ctx context.Context, tx pgx.Tx, t *Transition, s
 
 // InsertInboxKey records key for consumer. It reports false when the key was
 // already recorded (the message or step was processed before).
+//
+// A duplicate moves the key's processed_at to now, so retention keeps the key
+// for as long as the message keeps being delivered.
 func (s *Store) InsertInboxKey(ctx context.Context, db DBTX, consumer, key string) (bool, error) {
-	tag, err := db.Exec(ctx, s.q.insertInbox, consumer, key)
-	if err != nil {
+	var inserted bool
+	if err := db.QueryRow(ctx, s.q.recordInbox, consumer, key).Scan(&inserted); err != nil {
 		return false, fmt.Errorf("store: record inbox key %q for %s: %w", key, consumer, err)
 	}
-	return tag.RowsAffected() == 1, nil
+	return inserted, nil
 }
 
 // QueueDeleteDelivered queues the deletion of consumed direct commands on

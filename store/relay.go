@@ -1,0 +1,159 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// The relay's statements: it claims pending relay rows, publishes them to a
+// broker while holding their row locks, and marks them in the same
+// transaction. The statements are built per call from the schema (like
+// [Store.PublishedMessages]); pgx caches their prepared form by text.
+
+// RelayMessage is an outbox row claimed by [Store.ClaimRelayBatch].
+type RelayMessage struct {
+	ID            uuid.UUID
+	Topic         string
+	AggregateType string
+	AggregateID   string // the partition key
+	Type          string
+	Payload       []byte
+	// Headers is the headers column as stored: JSON that should be an
+	// object of strings. The relay checks it; a row whose headers are
+	// anything else is parked as dead.
+	Headers   []byte
+	SagaID    *uuid.UUID
+	StepKey   *string
+	Attempts  int // publish attempts before this claim
+	CreatedAt time.Time
+}
+
+// RelayFailure is a claimed row that was not published, for
+// [Store.MarkFailed].
+type RelayFailure struct {
+	ID  uuid.UUID
+	Err string // recorded as last_error
+	// Delay is how long after the database's clock_timestamp() the row
+	// becomes due again. Ignored when Dead.
+	Delay time.Duration
+	// Dead parks the row (status 'dead') instead of retrying it.
+	Dead bool
+}
+
+// ClaimRelayBatch locks up to limit due rows that the relay publishes
+// (delivery 'relay', status 'pending', available_at reached by the
+// database's clock) for the transaction tx, skipping rows another relay
+// holds, oldest available_at first. Rows commit out of id order, so the
+// outbox is never paged by id: every claim takes whatever is due and
+// unlocked.
+func (s *Store) ClaimRelayBatch(ctx context.Context, tx pgx.Tx, limit int) ([]RelayMessage, error) {
+	rows, err := tx.Query(ctx, `SELECT id, topic, aggregatetype, aggregateid, type, payload, headers::text, saga_id, step_key,
+			attempts, created_at
+		FROM `+quoteSchema(s.schema)+`.outbox
+		WHERE status = 'pending' AND delivery = 'relay' AND available_at <= now()
+		ORDER BY available_at, id
+		LIMIT $1
+		FOR UPDATE SKIP LOCKED`, limit)
+	if err != nil {
+		return nil, fmt.Errorf("store: claim %d relay messages: %w", limit, err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (RelayMessage, error) {
+		var m RelayMessage
+		var headers string
+		err := r.Scan(&m.ID, &m.Topic, &m.AggregateType, &m.AggregateID, &m.Type, &m.Payload, &headers,
+			&m.SagaID, &m.StepKey, &m.Attempts, &m.CreatedAt)
+		m.Headers = []byte(headers)
+		return m, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: claim %d relay messages: %w", limit, err)
+	}
+	return out, nil
+}
+
+// MarkPublished records that the broker acknowledged the rows ids: status
+// 'published', published_at now (clock_timestamp()), one more attempt, no
+// last error. Rows that are no longer pending are left alone.
+func (s *Store) MarkPublished(ctx context.Context, db DBTX, ids []uuid.UUID) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	_, err := db.Exec(ctx, `UPDATE `+quoteSchema(s.schema)+`.outbox
+		SET status = 'published', published_at = clock_timestamp(), attempts = attempts + 1, last_error = NULL
+		WHERE id = ANY($1) AND status = 'pending'`, ids)
+	if err != nil {
+		return fmt.Errorf("store: mark %d messages published: %w", len(ids), err)
+	}
+	return nil
+}
+
+// MarkFailed records failed publish attempts: each row gets one more
+// attempt and its error as last_error, and either becomes due again Delay
+// after clock_timestamp() or, when Dead, is parked with status 'dead'. Rows
+// that are no longer pending are left alone.
+func (s *Store) MarkFailed(ctx context.Context, db DBTX, failures []RelayFailure) error {
+	if len(failures) == 0 {
+		return nil
+	}
+	ids := make([]uuid.UUID, len(failures))
+	errs := make([]string, len(failures))
+	delays := make([]int64, len(failures))
+	dead := make([]bool, len(failures))
+	for i, f := range failures {
+		ids[i], errs[i], delays[i], dead[i] = f.ID, f.Err, micros(max(f.Delay, 0)), f.Dead
+	}
+	_, err := db.Exec(ctx, `UPDATE `+quoteSchema(s.schema)+`.outbox o SET
+			attempts = o.attempts + 1,
+			last_error = f.err,
+			status = CASE WHEN f.dead THEN 'dead' ELSE o.status END,
+			available_at = CASE WHEN f.dead THEN o.available_at
+				ELSE clock_timestamp() + f.delay_us * interval '1 microsecond' END
+		FROM unnest($1::uuid[], $2::text[], $3::int8[], $4::bool[]) AS f(id, err, delay_us, dead)
+		WHERE o.id = f.id AND o.status = 'pending'`, ids, errs, delays, dead)
+	if err != nil {
+		return fmt.Errorf("store: mark %d messages failed: %w", len(failures), err)
+	}
+	return nil
+}
+
+// RelayOutboxStatus is [Store.OutboxStatus] for the rows the relay
+// publishes (delivery 'relay') only: pending rows (due or waiting for a
+// retry), the age of the oldest by the database's clock, and dead rows.
+// Published is not counted (0): counting it would read every published row;
+// use OutboxStatus for that.
+func (s *Store) RelayOutboxStatus(ctx context.Context, db DBTX) (OutboxStatus, error) {
+	var st OutboxStatus
+	var age *float64
+	q := quoteSchema(s.schema) + `.outbox`
+	err := db.QueryRow(ctx, `SELECT p.n, p.age,
+			(SELECT count(*) FROM `+q+` WHERE status = 'dead' AND delivery = 'relay')
+		FROM (SELECT count(*) AS n, EXTRACT(EPOCH FROM now() - min(created_at)) AS age
+			FROM `+q+` WHERE status = 'pending' AND delivery = 'relay') p`).Scan(&st.Pending, &age, &st.Dead)
+	if err != nil {
+		return st, fmt.Errorf("store: relay outbox status: %w", err)
+	}
+	if age != nil {
+		st.OldestPendingAge = time.Duration(*age * float64(time.Second))
+	}
+	return st, nil
+}
+
+// NextRelayDue returns how long until the next pending relay row that is
+// not due yet (one waiting for a retry, or written with a delay) becomes
+// due, by the database's clock. ok is false when there is none.
+func (s *Store) NextRelayDue(ctx context.Context, db DBTX) (d time.Duration, ok bool, err error) {
+	var secs *float64
+	err = db.QueryRow(ctx, `SELECT EXTRACT(EPOCH FROM min(available_at) - now()) FROM `+quoteSchema(s.schema)+`.outbox
+		WHERE status = 'pending' AND delivery = 'relay' AND available_at > now()`).Scan(&secs)
+	if err != nil {
+		return 0, false, fmt.Errorf("store: next due relay message: %w", err)
+	}
+	if secs == nil {
+		return 0, false, nil
+	}
+	return time.Duration(*secs * float64(time.Second)), true, nil
+}
