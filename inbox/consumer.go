@@ -14,6 +14,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/sagaflow/sagaflow/steps"
+	"github.com/sagaflow/sagaflow/store"
 )
 
 // Reader is what a [Consumer] reads from: *kafka.Reader, in a consumer
@@ -86,11 +87,11 @@ func FromKafka(m kafka.Message) Message {
 	for _, h := range m.Headers {
 		msg.Headers[h.Key] = string(h.Value)
 	}
-	msg.ID = msg.Headers[HeaderMessageID]
+	msg.ID = msg.Headers[store.HeaderMessageID]
 	if msg.ID == "" {
 		msg.ID = idFromPosition(m.Topic, m.Partition, m.Offset)
 	}
-	msg.Type = msg.Headers[HeaderType]
+	msg.Type = msg.Headers[store.HeaderType]
 	return msg
 }
 
@@ -161,7 +162,7 @@ func (c *Consumer) process(ctx context.Context, msg Message) (deadReason string,
 	}
 	if h == nil {
 		if msg.Type == "" {
-			return "no " + HeaderType + " header, and no Default handler", nil
+			return "no " + store.HeaderType + " header, and no Default handler", nil
 		}
 		return fmt.Sprintf("unknown message type %q (handled: %s)", msg.Type, c.handled()), nil
 	}

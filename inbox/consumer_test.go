@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagaflow/sagaflow/inbox"
+	"github.com/sagaflow/sagaflow/store"
 )
 
 // memReader is an in-memory partition: the seam a Consumer reads through,
@@ -63,10 +64,10 @@ func (r *memReader) add(typ, id string, value []byte) {
 	defer r.mu.Unlock()
 	m := kafka.Message{Topic: "payments", Partition: 0, Offset: int64(len(r.msgs)), Key: []byte("order-1"), Value: value}
 	if typ != "" {
-		m.Headers = append(m.Headers, kafka.Header{Key: inbox.HeaderType, Value: []byte(typ)})
+		m.Headers = append(m.Headers, kafka.Header{Key: store.HeaderType, Value: []byte(typ)})
 	}
 	if id != "" {
-		m.Headers = append(m.Headers, kafka.Header{Key: inbox.HeaderMessageID, Value: []byte(id)})
+		m.Headers = append(m.Headers, kafka.Header{Key: store.HeaderMessageID, Value: []byte(id)})
 	}
 	r.msgs = append(r.msgs, m)
 }

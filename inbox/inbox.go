@@ -15,14 +15,6 @@ import (
 	"github.com/sagaflow/sagaflow/store"
 )
 
-// Header names sagaflow sets on the messages it publishes.
-const (
-	HeaderMessageID = "sagaflow-message-id"
-	HeaderType      = "sagaflow-type"
-	HeaderSagaID    = "sagaflow-saga-id"
-	HeaderStepKey   = "sagaflow-step-key"
-)
-
 // MaxMessageBytesDefault bounds a message's value.
 const MaxMessageBytesDefault = 1 << 20
 

@@ -73,7 +73,7 @@ func (e *Engine) cancelMessage(sg *store.Saga, reason string) store.Message {
 	return store.Message{
 		ID: id, Topic: e.cfg.CommandTopic, Delivery: store.DeliveryDirect,
 		AggregateType: aggregateType(sg.Name), AggregateID: sg.ID.String(), Type: cancelType, Payload: payload,
-		Headers: map[string]string{"sagaflow-message-id": id.String(), "sagaflow-saga-id": sg.ID.String(), "sagaflow-type": cancelType},
+		Headers: map[string]string{store.HeaderMessageID: id.String(), store.HeaderSagaID: sg.ID.String(), store.HeaderType: cancelType},
 		SagaID:  &sg.ID,
 	}
 }
@@ -88,10 +88,10 @@ func (e *Engine) commandMessage(sagaID uuid.UUID, name, step string, dir steps.D
 		ID: id, Topic: e.cfg.CommandTopic, Delivery: store.DeliveryDirect,
 		AggregateType: aggregateType(name), AggregateID: sagaID.String(), Type: commandType, Payload: payload,
 		Headers: map[string]string{
-			"sagaflow-message-id": id.String(),
-			"sagaflow-saga-id":    sagaID.String(),
-			"sagaflow-step-key":   key,
-			"sagaflow-type":       commandType,
+			store.HeaderMessageID: id.String(),
+			store.HeaderSagaID:    sagaID.String(),
+			store.HeaderStepKey:   key,
+			store.HeaderType:      commandType,
 		},
 		SagaID: &sagaID, StepKey: &key, Delay: delay,
 	}

@@ -67,14 +67,26 @@ func (e *Engine) rerun(ctx context.Context, id uuid.UUID, from, reason string, e
 		if err != nil {
 			return nil, err
 		}
-		undone := Status(sg.Status) == StatusCompensated ||
-			(Status(sg.Status) == StatusFailed && steps.Direction(sg.Direction) == steps.Compensate)
-		if undone && from != first {
-			// Its steps were compensated (some or all): running from a later
+		switch {
+		case Status(sg.Status) == StatusCompensated && from != first:
+			// Every completed step was compensated: running from a later
 			// step would leave the earlier ones undone, and a later failure
 			// would compensate them twice.
-			return nil, fmt.Errorf("status is %s with its steps compensated: it can only re-run from its first step %q, not %q: %w",
-				sg.Status, first, from, ErrNotReplayable)
+			return nil, fmt.Errorf("status is compensated: it can only re-run from its first step %q, not %q: %w",
+				first, from, ErrNotReplayable)
+		case Status(sg.Status) == StatusFailed && steps.Direction(sg.Direction) == steps.Compensate:
+			// The compensation of the failed step gave up: the steps after it
+			// were undone, the steps up to it are still in effect. Only a
+			// step after it can run again without repeating an effect.
+			def := e.lookupName(sg.Name)
+			if def == nil {
+				return nil, fmt.Errorf("it failed while compensating step %q, and only an engine that knows saga %q can tell "+
+					"which steps after it may run again; resume it, or re-run it from such an engine: %w", sg.StepName, sg.Name, ErrNotReplayable)
+			}
+			if failedAt := def.byName[sg.StepName]; idx <= failedAt {
+				return nil, fmt.Errorf("it failed while compensating step %q, whose effects (and those of the steps before it) are still in effect: "+
+					"re-run it from a later step: %w", sg.StepName, ErrNotReplayable)
+			}
 		}
 		tr := transitionFrom(sg)
 		tr.Status, tr.StepIndex, tr.StepName, tr.Direction = store.StatusRunning, idx, from, string(steps.Forward)

@@ -389,3 +389,31 @@ func TestBulkReplaySkipsSagasThatChangedSinceSelection(t *testing.T) {
 	require.ErrorContains(t, res.Errors[0].Err, "changed since it was selected")
 	require.Equal(t, 2, b.count(t, "SELECT count(*) FROM "+b.table("saga_history")+" WHERE event = 'saga_resumed'"), "resumed once each")
 }
+
+func TestRerunOfASagaThatFailedCompensating(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	def := threeSteps(b, "half-undone", map[string]saga.StepFunc[order]{
+		"ship/forward":       func(context.Context, *saga.StepRun, *order) error { return steps.Permanent(errors.New("no")) },
+		"reserve/compensate": func(context.Context, *saga.StepRun, *order) error { return steps.Permanent(errors.New("stuck")) },
+	})
+	require.NoError(t, b.engine.Register(def))
+	b.start(t)
+	ctx := context.Background()
+	st, err := saga.Start(ctx, b.engine, def, order{}, nil)
+	require.NoError(t, err)
+	require.Equal(t, saga.StatusFailed, b.waitTerminal(t, st.ID).Status)
+	// reserve is still in effect (its compensation gave up), charge was undone.
+	err = b.engine.Rerun(ctx, st.ID, "reserve", "x")
+	require.ErrorIs(t, err, saga.ErrNotReplayable)
+	require.ErrorContains(t, err, `failed while compensating step "reserve"`)
+	tool, err := saga.New(b.pool, &saga.Config{Schema: b.schema, Logger: testLogger(t)})
+	require.NoError(t, err)
+	require.ErrorContains(t, tool.Rerun(ctx, st.ID, "charge", "x"), "only an engine that knows saga")
+	require.NoError(t, b.engine.Rerun(ctx, st.ID, "charge", "charge again"))
+	in := b.waitTerminal(t, st.ID)
+	require.Equal(t, saga.StatusFailed, in.Status, "ship still fails, and reserve's compensation still gives up")
+	// reserve's compensation keeps failing, so its writes keep rolling back.
+	require.Equal(t, []string{"reserve/forward", "charge/forward", "charge/compensate",
+		"charge/forward", "charge/compensate"}, b.effects(t, st.ID))
+}

@@ -39,24 +39,32 @@ func TestReplay(t *testing.T) {
 	require.Contains(t, out, "saga "+s.failed1.String()+" resumes where it failed")
 	require.Equal(t, saga.StatusCompensating, f.status(t, s.failed1))
 
+	// A saga that failed while compensating can only re-run from a step
+	// after the one whose compensation gave up, which only an engine with
+	// the definition can tell: the CLI says so and changes nothing.
+	msg = f.cli(t, "replay", s.failed2.String(), "--from-step", "charge").failed(t, exitFailed)
+	require.Contains(t, msg, "only an engine that knows saga")
+	require.Equal(t, saga.StatusFailed, f.status(t, s.failed2))
+
+	// A completed saga re-runs from charge under a new epoch.
 	doc := decode[struct {
 		ID               uuid.UUID
 		Action, FromStep string
 	}](t,
-		f.cli(t, "replay", s.failed2.String(), "--from-step", "charge", "--json"))
-	require.Equal(t, s.failed2, doc.ID)
+		f.cli(t, "replay", s.completed.String(), "--from-step", "charge", "--json"))
+	require.Equal(t, s.completed, doc.ID)
 	require.Equal(t, "rerun", doc.Action)
-	require.Equal(t, saga.StatusRunning, f.status(t, s.failed2))
+	require.Equal(t, saga.StatusRunning, f.status(t, s.completed))
 
 	// The fix is deployed: an engine with the fixed saga finishes both.
 	e, _, _ := f.engine(t, true)
 	start(t, e)
 	f.waitStatus(t, s.failed1, saga.StatusCompensated)
-	f.waitStatus(t, s.failed2, saga.StatusCompleted)
+	f.waitStatus(t, s.completed, saga.StatusCompleted)
 
-	in := decode[saga.Instance](t, f.cli(t, "show", s.failed2.String(), "--json"))
+	in := decode[saga.Instance](t, f.cli(t, "show", s.completed.String(), "--json"))
 	require.Equal(t, 1, in.Epoch)
-	requireInOrder(t, f.cli(t, "show", s.failed2.String()).ok(t), "saga_failed", "saga_rerun", "charge",
+	requireInOrder(t, f.cli(t, "show", s.completed.String()).ok(t), "saga_completed", "saga_rerun", "charge",
 		"step_completed", "charge", "step_completed", "ship", "saga_completed")
 	requireInOrder(t, f.cli(t, "show", s.failed1.String()).ok(t), "saga_failed", "saga_resumed", "reserve",
 		"compensation_completed", "reserve", "saga_compensated")

@@ -1,0 +1,135 @@
+package relay
+
+import (
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"github.com/sagaflow/sagaflow/store"
+)
+
+// Configuration defaults.
+const (
+	// BatchSizeDefault is how many rows one cycle claims and publishes.
+	BatchSizeDefault = 100
+	// BatchSizeMax bounds BatchSize: the rows of a batch stay locked while
+	// the batch is published.
+	BatchSizeMax = 10000
+	// PollIntervalDefault is the longest an idle relay waits before it
+	// looks for due rows.
+	PollIntervalDefault = time.Second
+	// MaxAttemptsDefault is how many failed publish attempts a row gets
+	// before it is parked as dead.
+	MaxAttemptsDefault = 10
+	// MaxMessageBytesDefault bounds a message (key, value and headers):
+	// Kafka's default message.max.bytes is about 1 MiB.
+	MaxMessageBytesDefault = 1 << 20
+	// PublishTimeoutDefault bounds one cycle's write to the broker, during
+	// which the batch's rows stay locked.
+	PublishTimeoutDefault = 30 * time.Second
+	// BackoffMinDefault and BackoffMaxDefault bound [DefaultBackoff].
+	BackoffMinDefault = time.Second
+	BackoffMaxDefault = 5 * time.Minute
+)
+
+// BackoffFunc returns how long a row waits before its next publish attempt,
+// given how many attempts have failed so far (1 after the first failure).
+type BackoffFunc func(attempt int) time.Duration
+
+// DefaultBackoff doubles from one second after the first failure to five
+// minutes, with ±20% jitter so that rows that failed together do not come
+// back together.
+func DefaultBackoff(attempt int) time.Duration {
+	d := BackoffMinDefault << min(max(attempt-1, 0), 20)
+	d = min(d, BackoffMaxDefault)
+	jitter := time.Duration(rand.Int64N(int64(d)*2/5+1)) - d/5
+	return min(d+jitter, BackoffMaxDefault)
+}
+
+// Config configures a [Relay]. A nil *Config, and every zero field, means
+// the default.
+type Config struct {
+	// Schema holds sagaflow's tables. Defaults to store.SchemaDefault
+	// ("sagaflow").
+	Schema string
+	// BatchSize is how many rows one cycle claims (FOR UPDATE SKIP
+	// LOCKED), writes to the broker in one call and marks in one
+	// transaction. Defaults to BatchSizeDefault; at most BatchSizeMax.
+	BatchSize int
+	// PollInterval is the longest an idle relay waits before it looks for
+	// due rows again. A notification on the schema's channel
+	// (store.Store.Channel, which the engine notifies when it writes
+	// messages), a call to [Relay.Wake], or the next retry coming due
+	// wakes it sooner. Defaults to PollIntervalDefault.
+	PollInterval time.Duration
+	// MaxAttempts is how many failed publish attempts a row gets; the row
+	// that fails the last one is parked as dead with its last error.
+	// Defaults to MaxAttemptsDefault.
+	MaxAttempts int
+	// Backoff is how long a row that failed waits before its next attempt.
+	// Defaults to DefaultBackoff (1s doubling to 5m, with jitter).
+	Backoff BackoffFunc
+	// MaxMessageBytes bounds a message's key, value and headers together.
+	// A larger row is parked as dead at once, with its size in the reason,
+	// rather than failing the batch it is in. Keep it no larger than the
+	// broker's message.max.bytes and the writer's batch bytes. Defaults to
+	// MaxMessageBytesDefault (1 MiB).
+	MaxMessageBytes int
+	// PublishTimeout bounds one cycle's write to the broker; the batch's
+	// rows are locked meanwhile. A write that times out counts as a failed
+	// attempt for every row of the batch. Defaults to PublishTimeoutDefault.
+	PublishTimeout time.Duration
+	// Logger receives the relay's logs (never payloads). Defaults to
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *Config) withDefaults() (Config, error) {
+	out := Config{}
+	if c != nil {
+		out = *c
+	}
+	if out.Schema == "" {
+		out.Schema = store.SchemaDefault
+	}
+	if err := store.ValidateSchema(out.Schema); err != nil {
+		return out, fmt.Errorf("%w: Schema: %w", ErrInvalidConfig, err)
+	}
+	for _, ch := range []struct {
+		bad  bool
+		what string
+	}{
+		{out.BatchSize < 0 || out.BatchSize > BatchSizeMax, fmt.Sprintf("BatchSize must be between 1 and %d", BatchSizeMax)},
+		{out.PollInterval < 0, "PollInterval must not be negative"},
+		{out.MaxAttempts < 0, "MaxAttempts must not be negative"},
+		{out.MaxMessageBytes < 0, "MaxMessageBytes must not be negative"},
+		{out.PublishTimeout < 0, "PublishTimeout must not be negative"},
+	} {
+		if ch.bad {
+			return out, fmt.Errorf("%w: %s", ErrInvalidConfig, ch.what)
+		}
+	}
+	if out.BatchSize == 0 {
+		out.BatchSize = BatchSizeDefault
+	}
+	if out.PollInterval == 0 {
+		out.PollInterval = PollIntervalDefault
+	}
+	if out.MaxAttempts == 0 {
+		out.MaxAttempts = MaxAttemptsDefault
+	}
+	if out.Backoff == nil {
+		out.Backoff = DefaultBackoff
+	}
+	if out.MaxMessageBytes == 0 {
+		out.MaxMessageBytes = MaxMessageBytesDefault
+	}
+	if out.PublishTimeout == 0 {
+		out.PublishTimeout = PublishTimeoutDefault
+	}
+	if out.Logger == nil {
+		out.Logger = slog.Default()
+	}
+	return out, nil
+}

@@ -1,0 +1,141 @@
+// Package relay publishes sagaflow's outbox to Kafka with
+// github.com/segmentio/kafka-go.
+//
+// Rows written to the outbox with delivery 'relay' (by the saga engine, or
+// by your own code through store.Store.InsertMessage in your transaction)
+// commit together with the business data that produced them. A [Relay]
+// turns them into Kafka messages afterwards:
+//
+//	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+//	if err != nil {
+//		return err
+//	}
+//	defer pool.Close()
+//	if _, err := store.Migrate(ctx, pool, "sagaflow"); err != nil {
+//		return err
+//	}
+//
+//	w := relay.NewKafkaWriter(strings.Split(os.Getenv("KAFKA_BROKERS"), ","), nil)
+//	defer w.Close() // after Stop: the relay never closes its writer
+//	r, err := relay.New(pool, w, &relay.Config{Schema: "sagaflow"})
+//	if err != nil {
+//		return err
+//	}
+//	if err := r.Start(ctx); err != nil { // returns at once
+//		return err
+//	}
+//	defer r.Stop(context.WithoutCancel(ctx)) // publishes the batch in flight, then returns
+//
+//	// In a request handler: the order and its event commit together, and
+//	// the relay publishes the event once they have.
+//	st, err := store.New("sagaflow")
+//	if err != nil {
+//		return err
+//	}
+//	tx, err := pool.Begin(ctx)
+//	if err != nil {
+//		return err
+//	}
+//	defer tx.Rollback(ctx)
+//	if _, err := tx.Exec(ctx, `INSERT INTO shop.orders (id) VALUES ($1)`, orderID); err != nil {
+//		return err
+//	}
+//	if err := st.InsertMessage(ctx, tx, &store.Message{
+//		ID:          uuid.Must(uuid.NewV7()), // the sagaflow-message-id consumers deduplicate on
+//		Topic:       "orders",
+//		AggregateID: orderID, // the partition key
+//		Type:        "order.created",
+//		Payload:     payload,
+//		Headers:     map[string]string{"traceparent": traceparent},
+//	}); err != nil {
+//		return err
+//	}
+//	if err := tx.Commit(ctx); err != nil {
+//		return err
+//	}
+//	r.Wake() // optional: publish now rather than at the next poll
+//
+// The package's Example is the same program, compiled with the tests.
+//
+// # A cycle
+//
+// One cycle is one PostgreSQL transaction that touches nothing but outbox
+// rows: it claims up to BatchSize due rows (SELECT … FOR UPDATE SKIP
+// LOCKED, oldest available_at first), builds one Kafka message per row,
+// writes the whole batch with one synchronous WriteMessages call, and, in
+// the same transaction, marks the acknowledged rows published and the
+// others failed, then commits. Only when that call fails as a whole for a
+// reason that names a topic (an unknown topic, say) does the relay write the
+// batch again topic by topic, so that one bad topic does not hold up the
+// others. Publishing happens while the rows are locked, but never inside a
+// transaction that writes business data.
+//
+// A message has:
+//
+//   - Topic: the row's topic; Key: its aggregateid (the saga id, or the
+//     aggregate the writer named); Value: its payload.
+//   - Headers: every entry of the row's headers (a JSON object of strings),
+//     W3C traceparent and tracestate among them when present, plus
+//     sagaflow-message-id (the row's id), sagaflow-type, and, when the row
+//     has them, sagaflow-saga-id and sagaflow-step-key. These four are taken
+//     from the row's columns and replace entries of the same name.
+//
+// # Guarantees
+//
+// At least once. A row is marked published only after the broker
+// acknowledged it (RequiredAcks: all, with [NewKafkaWriter]). A relay that
+// crashes after the acknowledgement and before its commit leaves the rows
+// pending, and they are published again; kafka-go, which has no idempotent
+// producer, may also store a retried produce request twice. Every copy
+// carries the same sagaflow-message-id: consumers deduplicate on it, by
+// recording it in the transaction of the effects it guards (the inbox
+// package does that).
+//
+// Ordering per key. Messages with the same key go to the same partition
+// (kafka.Hash by default), and one relay writes them in the order it claims
+// them: the order in which they became due, which for rows written without
+// a delay is the order they were written. Two things can reorder messages
+// of one key, and the relay does not prevent them: a message that failed and
+// waits for its retry can be overtaken by a later message of the same key,
+// and several relays publish concurrently. Saga commands do not depend on
+// either: a saga has at most one command in flight, and the next is written
+// only when the step it answers has committed.
+//
+// Dead-lettering. A row that can never be published is parked with status
+// 'dead' and a last_error that starts with a stable code: larger than
+// MaxMessageBytes ([CodeTooLarge]), headers that are not a JSON object of
+// strings ([CodeMalformedHeaders]), a topic name Kafka does not allow
+// ([CodeInvalidTopic]), a message the broker refused for good
+// ([CodeRejected], [CodeTooLarge], [CodeInvalidTopic]), or MaxAttempts
+// failed attempts ([CodeAttemptsExhausted], with the last error). Rows are
+// never dropped, and a bad row never holds up the rest of its batch: the
+// others are published in the same cycle. A row that fails for a reason
+// that may pass (the broker is unreachable, a partition has no leader) gets
+// one more attempt, its error as last_error and an available_at pushed back
+// by Backoff. Dead rows are counted by [Relay.Health] and by `sagaflow
+// outbox status`; put one back with UPDATE … SET status = 'pending',
+// attempts = 0 once its cause is fixed.
+//
+// Many relays. Any number of relays can run on one database: SKIP LOCKED
+// gives each a different batch, and a row is published by the relay that
+// claimed it, so without crashes every row is published once. Keep them
+// few: claimers that step over each other's locks slow each other down.
+//
+// # Waking up
+//
+// A running relay looks for due rows after every cycle that filled its
+// batch; otherwise it waits for the first of: a notification on the
+// schema's channel (store.Store.Channel; the engine notifies it when it
+// writes messages, and so can you, with store.Store.Notify), [Relay.Wake],
+// the next row coming due (a retry, or a row written with a delay), or
+// PollInterval.
+//
+// # Lifecycle
+//
+// [Relay.Start] returns at once; [Relay.Stop] stops claiming, lets the batch
+// in flight be published and marked, and returns ctx.Err() if its context
+// ends first, after cancelling that batch; [Relay.StopAndCancel] cancels it
+// at once. A cancelled batch's rows stay pending and are published again,
+// so cancelling never loses a message. Calling either twice or concurrently
+// is safe. [Relay.RunOnce] runs one cycle, for tests and tools.
+package relay

@@ -1,0 +1,7 @@
+package relay
+
+// SetAfterPublish installs a hook that runs after the writer returned and
+// before the batch's rows are marked; an error from it aborts the cycle as a
+// crash between the broker's acknowledgement and the commit would. Set it
+// before the relay runs.
+func SetAfterPublish(r *Relay, f func() error) { r.hooks.afterPublish = f }

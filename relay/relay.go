@@ -1,0 +1,548 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/sagaflow/sagaflow/store"
+)
+
+// Relay publishes the outbox's relay rows to Kafka. See the package
+// documentation for what it guarantees.
+type Relay struct {
+	pool *pgxpool.Pool
+	w    Writer
+	cfg  Config
+	st   *store.Store
+	log  *slog.Logger
+	wake chan struct{}
+
+	cycleMu sync.Mutex // one cycle at a time per Relay
+
+	mu  sync.Mutex
+	run *runState // non-nil while running or stopping
+
+	stats counters
+	hooks testHooks
+}
+
+// testHooks let tests stop a cycle at chosen points.
+type testHooks struct {
+	// afterPublish runs after the writer returned (the broker acknowledged
+	// the batch, or some of it) and before the rows are marked; an error
+	// aborts the cycle as a crash would: the transaction rolls back and
+	// the rows stay pending.
+	afterPublish func() error
+}
+
+type counters struct {
+	published, retries, dead, writes, writeFailures atomic.Int64
+	latencyLast, latencyTotal                       atomic.Int64 // nanoseconds
+}
+
+type runState struct {
+	stopping    bool
+	fetchCancel context.CancelFunc // stops claiming new batches
+	workCancel  context.CancelFunc // cancels the batch in flight
+	done        chan struct{}
+}
+
+// New returns a relay that reads the outbox of cfg.Schema on pool and
+// publishes through w. A nil cfg means the defaults. The schema must have
+// been migrated with store.Migrate. The relay does not close w.
+func New(pool *pgxpool.Pool, w Writer, cfg *Config) (*Relay, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("%w: pool is nil", ErrInvalidConfig)
+	}
+	if w == nil {
+		return nil, fmt.Errorf("%w: writer is nil", ErrInvalidConfig)
+	}
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	st, err := store.New(c.Schema)
+	if err != nil {
+		return nil, fmt.Errorf("%w: Schema: %w", ErrInvalidConfig, err)
+	}
+	return &Relay{pool: pool, w: w, cfg: c, st: st, log: c.Logger, wake: make(chan struct{}, 1)}, nil
+}
+
+// Wake makes a running relay look for due rows now instead of at its next
+// poll. Call it after committing rows that should go out at once, when no
+// notification announces them. It never blocks.
+func (r *Relay) Wake() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Start launches the relay's loop and its notification listener and returns
+// at once. Calling it on a running relay does nothing; calling it while Stop
+// is in progress returns an error. Cancelling ctx stops the relay hard, as
+// [Relay.StopAndCancel] does.
+func (r *Relay) Start(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.run != nil {
+		if r.run.stopping {
+			return errors.New("relay: relay is stopping; wait for Stop to return before starting it again")
+		}
+		return nil
+	}
+	workCtx, workCancel := context.WithCancel(ctx)
+	fetchCtx, fetchCancel := context.WithCancel(workCtx)
+	rs := &runState{fetchCancel: fetchCancel, workCancel: workCancel, done: make(chan struct{})}
+	r.run = rs
+	var wg sync.WaitGroup
+	wg.Go(func() { r.listen(fetchCtx) })
+	wg.Go(func() { r.loop(fetchCtx, workCtx) })
+	go func() {
+		wg.Wait()
+		workCancel()
+		r.mu.Lock()
+		r.run = nil
+		r.mu.Unlock()
+		close(rs.done)
+	}()
+	r.log.InfoContext(ctx, "sagaflow relay started", slog.String("schema", r.cfg.Schema),
+		slog.Int("batch_size", r.cfg.BatchSize))
+	return nil
+}
+
+// Stop stops claiming new batches, lets the batch in flight be published and
+// marked, and returns once the relay's goroutines have exited. If ctx ends
+// first, Stop cancels the batch in flight (its rows stay pending, and are
+// published again later if the broker had them already), waits for the
+// goroutines and returns ctx.Err(). Stop on a relay that is not running
+// returns nil; it is safe to call concurrently and repeatedly.
+func (r *Relay) Stop(ctx context.Context) error {
+	return r.stop(ctx, false)
+}
+
+// StopAndCancel stops the relay at once: it cancels the batch in flight,
+// whose transaction rolls back, and waits for the goroutines to exit or for
+// ctx to end.
+func (r *Relay) StopAndCancel(ctx context.Context) error {
+	return r.stop(ctx, true)
+}
+
+func (r *Relay) stop(ctx context.Context, hard bool) error {
+	r.mu.Lock()
+	rs := r.run
+	if rs == nil {
+		r.mu.Unlock()
+		return nil
+	}
+	rs.stopping = true
+	rs.fetchCancel()
+	if hard {
+		rs.workCancel()
+	}
+	r.mu.Unlock()
+
+	select {
+	case <-rs.done:
+		r.log.InfoContext(ctx, "sagaflow relay stopped", slog.String("schema", r.cfg.Schema))
+		return nil
+	case <-ctx.Done():
+		rs.workCancel()
+		<-rs.done
+		return ctx.Err()
+	}
+}
+
+// loop runs cycles until fetchCtx ends. Cycles run on workCtx, so a graceful
+// stop lets the batch in flight finish.
+func (r *Relay) loop(fetchCtx, workCtx context.Context) {
+	failures := 0
+	for fetchCtx.Err() == nil {
+		res, err := r.cycle(workCtx)
+		if err != nil {
+			if fetchCtx.Err() != nil {
+				return
+			}
+			failures++
+			r.log.ErrorContext(fetchCtx, "sagaflow relay cycle failed; its rows stay pending",
+				slog.Any("error", err), slog.Int("consecutive_failures", failures))
+			if !sleepCtx(fetchCtx, backoffPause(failures)) {
+				return
+			}
+			continue
+		}
+		failures = 0
+		if res.claimed >= r.cfg.BatchSize {
+			continue // more may be due
+		}
+		wait := r.cfg.PollInterval
+		if d, ok, err := r.st.NextRelayDue(fetchCtx, r.pool); err == nil && ok {
+			wait = min(wait, max(d, time.Millisecond))
+		}
+		timer := time.NewTimer(wait)
+		select {
+		case <-fetchCtx.Done():
+			timer.Stop()
+			return
+		case <-r.wake:
+		case <-timer.C:
+		}
+		timer.Stop()
+	}
+}
+
+// listen wakes the loop when PostgreSQL announces new messages on the
+// schema's channel. If the listening connection fails, the loop keeps
+// polling until it is back.
+func (r *Relay) listen(ctx context.Context) {
+	for ctx.Err() == nil {
+		err := r.listenOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		r.log.WarnContext(ctx, "sagaflow relay listener lost its connection; polling until it is back",
+			slog.String("channel", r.st.Channel()), slog.Any("error", err))
+		if !sleepCtx(ctx, time.Second+rand.N(time.Second)) {
+			return
+		}
+	}
+}
+
+func (r *Relay) listenOnce(ctx context.Context) error {
+	conn, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	// A listening connection must not go back to the pool: close it.
+	raw := conn.Hijack()
+	defer raw.Close(context.WithoutCancel(ctx))
+	if _, err := raw.Exec(ctx, "LISTEN "+pgx.Identifier{r.st.Channel()}.Sanitize()); err != nil {
+		return err
+	}
+	r.Wake() // rows may have arrived while no one listened
+	for {
+		if _, err := raw.WaitForNotification(ctx); err != nil {
+			return err
+		}
+		r.Wake()
+	}
+}
+
+func backoffPause(failures int) time.Duration {
+	d := 50 * time.Millisecond << min(failures, 6)
+	return min(d, 3*time.Second) + rand.N(50*time.Millisecond)
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// RunOnce runs one claim-publish-mark cycle, whether or not the relay is
+// running, and reports how many rows it marked published and how many it
+// marked failed (retried later, or parked as dead). It returns an error, and
+// leaves the claimed rows pending, when the database or the cycle failed;
+// a batch the broker refused is not an error. For tests and tools.
+func (r *Relay) RunOnce(ctx context.Context) (published, failed int, err error) {
+	res, err := r.cycle(ctx)
+	return res.published, res.failed, err
+}
+
+type cycleResult struct {
+	claimed, published, failed int
+}
+
+// cycle claims a batch, publishes it with one write, and marks its rows, in
+// one transaction that touches nothing but those outbox rows.
+func (r *Relay) cycle(ctx context.Context) (cycleResult, error) {
+	r.cycleMu.Lock()
+	defer r.cycleMu.Unlock()
+	var res cycleResult
+	tx, err := r.pool.Begin(ctx)
+	if err != nil {
+		return res, fmt.Errorf("relay: begin claim: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // a no-op after Commit
+	rows, err := r.st.ClaimRelayBatch(ctx, tx, r.cfg.BatchSize)
+	if err != nil {
+		return res, err
+	}
+	res.claimed = len(rows)
+	if len(rows) == 0 {
+		return res, nil
+	}
+
+	msgs := make([]kafka.Message, 0, len(rows))
+	owners := make([]*store.RelayMessage, 0, len(rows))
+	var failures []store.RelayFailure
+	var dead []*store.RelayMessage // parallel to the Dead entries of failures
+	for i := range rows {
+		m, why := buildMessage(&rows[i], r.cfg.MaxMessageBytes)
+		if why != "" {
+			failures = append(failures, store.RelayFailure{ID: rows[i].ID, Err: why, Dead: true})
+			dead = append(dead, &rows[i])
+			continue
+		}
+		msgs = append(msgs, m)
+		owners = append(owners, &rows[i])
+	}
+
+	var published []uuid.UUID
+	retries := 0
+	if len(msgs) > 0 {
+		errs := r.publish(ctx, msgs)
+		if err := ctx.Err(); err != nil {
+			return res, fmt.Errorf("relay: publish batch of %d: %w", len(msgs), err)
+		}
+		if r.hooks.afterPublish != nil {
+			if err := r.hooks.afterPublish(); err != nil {
+				return res, err
+			}
+		}
+		for i, e := range errs {
+			if e == nil {
+				published = append(published, owners[i].ID)
+				continue
+			}
+			f := r.failure(owners[i], e)
+			failures = append(failures, f)
+			if f.Dead {
+				dead = append(dead, owners[i])
+			} else {
+				retries++
+			}
+		}
+	}
+
+	if err := r.st.MarkPublished(ctx, tx, published); err != nil {
+		return res, err
+	}
+	if err := r.st.MarkFailed(ctx, tx, failures); err != nil {
+		return res, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return res, fmt.Errorf("relay: commit batch of %d: %w", len(rows), err)
+	}
+	r.stats.published.Add(int64(len(published)))
+	r.stats.retries.Add(int64(retries))
+	r.stats.dead.Add(int64(len(dead)))
+	d := 0
+	for _, f := range failures {
+		if f.Dead {
+			row := dead[d]
+			d++
+			r.log.WarnContext(ctx, "sagaflow relay parked a message as dead", slog.String("message_id", f.ID.String()),
+				slog.String("topic", row.Topic), slog.String("type", row.Type), slog.Int("attempts", row.Attempts+1),
+				slog.String("reason", f.Err))
+		}
+	}
+	if retries > 0 {
+		r.log.WarnContext(ctx, "sagaflow relay could not publish messages; they will be retried",
+			slog.Int("retries", retries), slog.Int("published", len(published)), slog.String("error", firstRetry(failures)))
+	}
+	res.published, res.failed = len(published), len(failures)
+	return res, nil
+}
+
+func firstRetry(fs []store.RelayFailure) string {
+	for _, f := range fs {
+		if !f.Dead {
+			return f.Err
+		}
+	}
+	return ""
+}
+
+// failure decides what becomes of a row whose message was not published:
+// dead at once when the broker refused it for good, dead when this was its
+// last attempt, otherwise due again after the backoff.
+func (r *Relay) failure(row *store.RelayMessage, err error) store.RelayFailure {
+	attempt := row.Attempts + 1
+	f := store.RelayFailure{ID: row.ID}
+	switch {
+	case errors.Is(err, kafka.MessageSizeTooLarge):
+		f.Dead, f.Err = true, reason(CodeTooLarge, "the broker refused the message as too large: %v", err)
+	case errors.Is(err, kafka.InvalidTopic):
+		f.Dead, f.Err = true, reason(CodeInvalidTopic, "the broker refused topic %q: %v", row.Topic, err)
+	case errors.Is(err, kafka.InvalidRecord):
+		f.Dead, f.Err = true, reason(CodeRejected, "the broker refused the message: %v", err)
+	case attempt >= r.cfg.MaxAttempts:
+		f.Dead, f.Err = true, reason(CodeAttemptsExhausted, "gave up after %d attempts: %v", attempt, err)
+	default:
+		f.Err, f.Delay = truncate(err.Error()), r.cfg.Backoff(attempt)
+	}
+	return f
+}
+
+// publish writes msgs with one WriteMessages call and returns the outcome of
+// each (nil: the broker acknowledged it). Two failures of the whole call
+// are narrowed down so that one bad row does not hold up the others: a
+// message kafka-go refuses as too large before sending anything is set
+// aside and the rest written again, and a topic-level error (an unknown
+// topic, say) in a batch of several topics is retried topic by topic.
+func (r *Relay) publish(ctx context.Context, msgs []kafka.Message) []error {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+	defer cancel()
+	errs := make([]error, len(msgs))
+	idx := make([]int, len(msgs))
+	for i := range idx {
+		idx[i] = i
+	}
+	r.write(ctx, msgs, idx, errs, true)
+	return errs
+}
+
+func (r *Relay) write(ctx context.Context, all []kafka.Message, idx []int, errs []error, split bool) {
+	for len(idx) > 0 {
+		batch := make([]kafka.Message, len(idx))
+		for j, i := range idx {
+			batch[j] = all[i]
+		}
+		err := r.writeTimed(ctx, batch)
+		if err == nil {
+			return
+		}
+		var werrs kafka.WriteErrors
+		if errors.As(err, &werrs) && len(werrs) == len(batch) {
+			for j, e := range werrs {
+				if e != nil {
+					errs[idx[j]] = fmt.Errorf("relay: publish to %s: %w", batch[j].Topic, e)
+				}
+			}
+			return
+		}
+		var tooLarge kafka.MessageTooLargeError
+		if errors.As(err, &tooLarge) {
+			id := headerValue(tooLarge.Message.Headers, store.HeaderMessageID)
+			if j := slices.IndexFunc(batch, func(m kafka.Message) bool {
+				return headerValue(m.Headers, store.HeaderMessageID) == id
+			}); j >= 0 {
+				errs[idx[j]] = fmt.Errorf("relay: publish to %s: %w", batch[j].Topic, err)
+				idx = slices.Delete(slices.Clone(idx), j, j+1)
+				continue
+			}
+		}
+		if topics := topicsOf(batch); split && ctx.Err() == nil && topicScoped(err) && len(topics) > 1 {
+			for _, topic := range topics {
+				var sub []int
+				for j, i := range idx {
+					if batch[j].Topic == topic {
+						sub = append(sub, i)
+					}
+				}
+				r.write(ctx, all, sub, errs, false)
+			}
+			return
+		}
+		werr := fmt.Errorf("relay: publish batch of %d to %s: %w", len(batch), joinTopics(batch), err)
+		for _, i := range idx {
+			errs[i] = werr
+		}
+		return
+	}
+}
+
+func (r *Relay) writeTimed(ctx context.Context, batch []kafka.Message) error {
+	start := time.Now()
+	err := r.w.WriteMessages(ctx, batch...)
+	d := int64(time.Since(start))
+	r.stats.latencyLast.Store(d)
+	r.stats.latencyTotal.Add(d)
+	r.stats.writes.Add(1)
+	if err != nil {
+		r.stats.writeFailures.Add(1)
+	}
+	return err
+}
+
+// topicScoped reports whether err is about a topic rather than the cluster.
+func topicScoped(err error) bool {
+	for _, e := range []kafka.Error{kafka.UnknownTopicOrPartition, kafka.InvalidTopic, kafka.TopicAuthorizationFailed,
+		kafka.LeaderNotAvailable, kafka.UnknownTopicID} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+func headerValue(hs []kafka.Header, key string) string {
+	for _, h := range hs {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+// Health is the relay's backlog, from the database, and what this Relay
+// value has done since it was created.
+type Health struct {
+	// Pending is the number of relay rows waiting to be published, due or
+	// waiting for a retry.
+	Pending int64
+	// OldestPendingAge is the age of the oldest of them by the database's
+	// clock: how far publishing lags behind. 0 when nothing is pending.
+	OldestPendingAge time.Duration
+	// Dead is the number of relay rows parked as dead, by any relay.
+	Dead int64
+
+	// Running reports whether the relay's loop is running.
+	Running bool
+	// Published is the number of rows this relay marked published.
+	Published int64
+	// Retries is the number of rows this relay put back for another
+	// attempt after a failed publish.
+	Retries int64
+	// DeadLettered is the number of rows this relay parked as dead.
+	DeadLettered int64
+	// Writes and WriteFailures count calls of the writer, and those that
+	// did not publish everything.
+	Writes, WriteFailures int64
+	// LastPublishLatency and AvgPublishLatency are the duration of the
+	// last call of the writer and the mean over all calls.
+	LastPublishLatency, AvgPublishLatency time.Duration
+}
+
+// Health reads the relay's backlog from the database and adds the relay's
+// counters.
+func (r *Relay) Health(ctx context.Context) (Health, error) {
+	h := Health{
+		Published:          r.stats.published.Load(),
+		Retries:            r.stats.retries.Load(),
+		DeadLettered:       r.stats.dead.Load(),
+		Writes:             r.stats.writes.Load(),
+		WriteFailures:      r.stats.writeFailures.Load(),
+		LastPublishLatency: time.Duration(r.stats.latencyLast.Load()),
+	}
+	if h.Writes > 0 {
+		h.AvgPublishLatency = time.Duration(r.stats.latencyTotal.Load() / h.Writes)
+	}
+	r.mu.Lock()
+	h.Running = r.run != nil && !r.run.stopping
+	r.mu.Unlock()
+	st, err := r.st.RelayOutboxStatus(ctx, r.pool)
+	if err != nil {
+		return h, err
+	}
+	h.Pending, h.OldestPendingAge, h.Dead = st.Pending, st.OldestPendingAge, st.Dead
+	return h, nil
+}

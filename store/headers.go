@@ -1,0 +1,15 @@
+package store
+
+// Kafka header names that sagaflow sets on every message it publishes from
+// the outbox, and that consumers read. They are the wire contract between
+// the relay, the engine and the inbox, defined once here.
+const (
+	// HeaderMessageID is the outbox row's id: the key consumers deduplicate on.
+	HeaderMessageID = "sagaflow-message-id"
+	// HeaderType is the row's type column: what the message is.
+	HeaderType = "sagaflow-type"
+	// HeaderSagaID is the saga the message belongs to, when it has one.
+	HeaderSagaID = "sagaflow-saga-id"
+	// HeaderStepKey is the step-scoped idempotency key, when it has one.
+	HeaderStepKey = "sagaflow-step-key"
+)
