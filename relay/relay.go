@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/sagaflow/sagaflow/internal/lifecycle"
 	"github.com/sagaflow/sagaflow/store"
 )
 
@@ -31,8 +32,7 @@ type Relay struct {
 
 	cycleMu sync.Mutex // one cycle at a time per Relay
 
-	mu  sync.Mutex
-	run *runState // non-nil while running or stopping
+	life lifecycle.Lifecycle
 
 	stats counters
 	hooks testHooks
@@ -50,13 +50,6 @@ type testHooks struct {
 type counters struct {
 	published, retries, dead, writes, writeFailures atomic.Int64
 	latencyLast, latencyTotal                       atomic.Int64 // nanoseconds
-}
-
-type runState struct {
-	stopping    bool
-	fetchCancel context.CancelFunc // stops claiming new batches
-	workCancel  context.CancelFunc // cancels the batch in flight
-	done        chan struct{}
 }
 
 // New returns a relay that reads the outbox of cfg.Schema on pool and
@@ -95,31 +88,17 @@ func (r *Relay) Wake() {
 // is in progress returns an error. Cancelling ctx stops the relay hard, as
 // [Relay.StopAndCancel] does.
 func (r *Relay) Start(ctx context.Context) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.run != nil {
-		if r.run.stopping {
-			return errors.New("relay: relay is stopping; wait for Stop to return before starting it again")
-		}
-		return nil
+	started, err := r.life.Start(ctx, func(fetch, work context.Context, wg *sync.WaitGroup) {
+		wg.Go(func() { r.listen(fetch) })
+		wg.Go(func() { r.loop(fetch, work) })
+	})
+	if err != nil {
+		return fmt.Errorf("relay: %w", err)
 	}
-	workCtx, workCancel := context.WithCancel(ctx)
-	fetchCtx, fetchCancel := context.WithCancel(workCtx)
-	rs := &runState{fetchCancel: fetchCancel, workCancel: workCancel, done: make(chan struct{})}
-	r.run = rs
-	var wg sync.WaitGroup
-	wg.Go(func() { r.listen(fetchCtx) })
-	wg.Go(func() { r.loop(fetchCtx, workCtx) })
-	go func() {
-		wg.Wait()
-		workCancel()
-		r.mu.Lock()
-		r.run = nil
-		r.mu.Unlock()
-		close(rs.done)
-	}()
-	r.log.InfoContext(ctx, "sagaflow relay started", slog.String("schema", r.cfg.Schema),
-		slog.Int("batch_size", r.cfg.BatchSize))
+	if started {
+		r.log.InfoContext(ctx, "sagaflow relay started", slog.String("schema", r.cfg.Schema),
+			slog.Int("batch_size", r.cfg.BatchSize))
+	}
 	return nil
 }
 
@@ -141,28 +120,11 @@ func (r *Relay) StopAndCancel(ctx context.Context) error {
 }
 
 func (r *Relay) stop(ctx context.Context, hard bool) error {
-	r.mu.Lock()
-	rs := r.run
-	if rs == nil {
-		r.mu.Unlock()
-		return nil
-	}
-	rs.stopping = true
-	rs.fetchCancel()
-	if hard {
-		rs.workCancel()
-	}
-	r.mu.Unlock()
-
-	select {
-	case <-rs.done:
+	stopped, err := r.life.Stop(ctx, hard)
+	if stopped && err == nil {
 		r.log.InfoContext(ctx, "sagaflow relay stopped", slog.String("schema", r.cfg.Schema))
-		return nil
-	case <-ctx.Done():
-		rs.workCancel()
-		<-rs.done
-		return ctx.Err()
 	}
+	return err
 }
 
 // loop runs cycles until fetchCtx ends. Cycles run on workCtx, so a graceful
@@ -536,9 +498,7 @@ func (r *Relay) Health(ctx context.Context) (Health, error) {
 	if h.Writes > 0 {
 		h.AvgPublishLatency = time.Duration(r.stats.latencyTotal.Load() / h.Writes)
 	}
-	r.mu.Lock()
-	h.Running = r.run != nil && !r.run.stopping
-	r.mu.Unlock()
+	h.Running = r.life.Running()
 	st, err := r.st.RelayOutboxStatus(ctx, r.pool)
 	if err != nil {
 		return h, err

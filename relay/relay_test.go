@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagaflow/sagaflow/inbox"
+	"github.com/sagaflow/sagaflow/internal/lifecycle"
 	"github.com/sagaflow/sagaflow/relay"
 	"github.com/sagaflow/sagaflow/store"
 )
@@ -482,7 +483,7 @@ func TestStartStopStress(t *testing.T) {
 			}()
 		}
 		for range 8 {
-			if err := <-errs; err != nil && !strings.Contains(err.Error(), "is stopping") {
+			if err := <-errs; err != nil && !errors.Is(err, lifecycle.ErrStopping) {
 				require.NoError(t, err)
 			}
 		}

@@ -2,7 +2,6 @@ package saga
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -15,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/sagaflow/sagaflow/internal/lifecycle"
 	"github.com/sagaflow/sagaflow/store"
 )
 
@@ -232,8 +232,9 @@ type Engine struct {
 	known     []string   // aggregatetype of the commands of registered sagas
 	names     []string   // registered saga names
 	schedules []schedule // from Schedule, started with the engine
-	run       *runState  // non-nil while running or stopping
 	frozen    bool       // set at the first Start: definitions no longer change
+
+	life lifecycle.Lifecycle
 
 	stats statCounters
 	hooks testHooks
@@ -364,52 +365,34 @@ func (e *Engine) maxStepTimeout() time.Duration {
 // Store returns the engine's statements, for tools built on the engine.
 func (e *Engine) Store() *store.Store { return e.st }
 
-type runState struct {
-	stopping    bool
-	fetchCancel context.CancelFunc // stops claiming new work
-	workCancel  context.CancelFunc // cancels running handlers
-	done        chan struct{}
-}
-
-// Start launches the engine's workers and its notification listener and
-// returns at once. Calling it on a running engine does nothing. Cancelling
+// Start launches the engine's workers, its notification listener and its
+// scheduler, and returns at once. Calling it on a running engine does
+// nothing; calling it while Stop is in progress returns an error. Cancelling
 // ctx stops the engine hard, as [Engine.StopAndCancel] does.
 func (e *Engine) Start(ctx context.Context) error {
 	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.run != nil {
-		if e.run.stopping {
-			return errors.New("saga: engine is stopping; wait for Stop to return before starting it again")
-		}
-		return nil
-	}
 	e.frozen = true
-	workCtx, workCancel := context.WithCancel(ctx)
-	fetchCtx, fetchCancel := context.WithCancel(workCtx)
-	r := &runState{fetchCancel: fetchCancel, workCancel: workCancel, done: make(chan struct{})}
-	e.run = r
-
-	wakes := make([]chan struct{}, e.cfg.Workers)
-	for i := range wakes {
-		wakes[i] = make(chan struct{}, 1)
+	schedules := e.schedules
+	e.mu.Unlock()
+	started, err := e.life.Start(ctx, func(fetch, work context.Context, wg *sync.WaitGroup) {
+		wakes := make([]chan struct{}, e.cfg.Workers)
+		for i := range wakes {
+			wakes[i] = make(chan struct{}, 1)
+		}
+		schedulerDone := e.startScheduler(fetch, schedules)
+		wg.Go(func() { <-schedulerDone })
+		wg.Go(func() { e.listen(fetch, wakes) })
+		for i := range wakes {
+			wg.Go(func() { e.work(fetch, work, wakes[i]) })
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("saga: engine: %w", err)
 	}
-	var wg sync.WaitGroup
-	schedulerDone := e.startScheduler(fetchCtx, e.schedules)
-	wg.Go(func() { <-schedulerDone })
-	wg.Go(func() { e.listen(fetchCtx, wakes) })
-	for i := range wakes {
-		wg.Go(func() { e.work(fetchCtx, workCtx, wakes[i]) })
+	if started {
+		e.log.InfoContext(ctx, "sagaflow engine started", slog.String("schema", e.cfg.Schema),
+			slog.Int("workers", e.cfg.Workers), slog.Int("batch_size", e.cfg.BatchSize))
 	}
-	go func() {
-		wg.Wait()
-		workCancel()
-		e.mu.Lock()
-		e.run = nil
-		e.mu.Unlock()
-		close(r.done)
-	}()
-	e.log.InfoContext(ctx, "sagaflow engine started", slog.String("schema", e.cfg.Schema),
-		slog.Int("workers", e.cfg.Workers), slog.Int("batch_size", e.cfg.BatchSize))
 	return nil
 }
 
@@ -430,28 +413,11 @@ func (e *Engine) StopAndCancel(ctx context.Context) error {
 }
 
 func (e *Engine) stop(ctx context.Context, hard bool) error {
-	e.mu.Lock()
-	r := e.run
-	if r == nil {
-		e.mu.Unlock()
-		return nil
-	}
-	r.stopping = true
-	r.fetchCancel()
-	if hard {
-		r.workCancel()
-	}
-	e.mu.Unlock()
-
-	select {
-	case <-r.done:
+	stopped, err := e.life.Stop(ctx, hard)
+	if stopped && err == nil {
 		e.log.InfoContext(ctx, "sagaflow engine stopped", slog.String("schema", e.cfg.Schema))
-		return nil
-	case <-ctx.Done():
-		r.workCancel()
-		<-r.done
-		return ctx.Err()
 	}
+	return err
 }
 
 // listen wakes the workers when PostgreSQL announces new commands. If the

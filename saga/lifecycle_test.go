@@ -35,7 +35,7 @@ func TestStartStopStress(t *testing.T) {
 				case 0, 1:
 					err := b.engine.Start(ctx)
 					if err != nil {
-						require.ErrorContains(t, err, "engine is stopping")
+						require.ErrorContains(t, err, "saga: engine: stopping; wait for Stop to return")
 					}
 				case 2:
 					stopCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
