@@ -124,6 +124,9 @@ type Config struct {
 	// history, are kept after they ended. Failed sagas are kept until an
 	// operator deals with them. Defaults to SagaRetentionDefault.
 	SagaRetention time.Duration
+	// Kafka, when set, carries step commands over Kafka (see [KafkaConfig]);
+	// nil runs them straight from the outbox table (the Postgres-only mode).
+	Kafka *KafkaConfig
 	// Location is the time zone of cron specs given to [Schedule]. Defaults
 	// to UTC.
 	Location *time.Location
@@ -202,6 +205,16 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if out.Location == nil {
 		out.Location = time.UTC
+	}
+	if out.Kafka != nil {
+		k := *out.Kafka
+		if len(k.Brokers) == 0 {
+			return out, fmt.Errorf("%w: Kafka.Brokers is empty", ErrInvalidConfig)
+		}
+		if k.GroupID == "" {
+			k.GroupID = "sagaflow-engine-" + out.Schema
+		}
+		out.Kafka = &k
 	}
 	if out.Logger == nil {
 		out.Logger = slog.Default()
@@ -375,12 +388,19 @@ func (e *Engine) Start(ctx context.Context) error {
 	schedules := e.schedules
 	e.mu.Unlock()
 	started, err := e.life.Start(ctx, func(fetch, work context.Context, wg *sync.WaitGroup) {
+		schedulerDone := e.startScheduler(fetch, schedules)
+		wg.Go(func() { <-schedulerDone })
+		if e.cfg.Kafka != nil {
+			for range e.cfg.Workers {
+				r := e.newCommandReader()
+				wg.Go(func() { e.kafkaWork(fetch, work, r) })
+			}
+			return
+		}
 		wakes := make([]chan struct{}, e.cfg.Workers)
 		for i := range wakes {
 			wakes[i] = make(chan struct{}, 1)
 		}
-		schedulerDone := e.startScheduler(fetch, schedules)
-		wg.Go(func() { <-schedulerDone })
 		wg.Go(func() { e.listen(fetch, wakes) })
 		for i := range wakes {
 			wg.Go(func() { e.work(fetch, work, wakes[i]) })

@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/sagaflow/sagaflow/steps"
 	"github.com/sagaflow/sagaflow/store"
@@ -71,7 +72,7 @@ func (e *Engine) cancelMessage(sg *store.Saga, reason string) store.Message {
 	payload, _ := json.Marshal(cmd)
 	id := uuid.Must(uuid.NewV7())
 	return store.Message{
-		ID: id, Topic: e.cfg.CommandTopic, Delivery: store.DeliveryDirect,
+		ID: id, Topic: e.commandTopic(sg.Name), Delivery: e.commandDelivery(),
 		AggregateType: aggregateType(sg.Name), AggregateID: sg.ID.String(), Type: cancelType, Payload: payload,
 		Headers: map[string]string{store.HeaderMessageID: id.String(), store.HeaderSagaID: sg.ID.String(), store.HeaderType: cancelType},
 		SagaID:  &sg.ID,
@@ -85,7 +86,7 @@ func (e *Engine) commandMessage(sagaID uuid.UUID, name, step string, dir steps.D
 	key := steps.Key{SagaID: sagaID, Step: step, Direction: dir, Epoch: epoch}.String()
 	id := uuid.Must(uuid.NewV7())
 	return store.Message{
-		ID: id, Topic: e.cfg.CommandTopic, Delivery: store.DeliveryDirect,
+		ID: id, Topic: e.commandTopic(name), Delivery: e.commandDelivery(),
 		AggregateType: aggregateType(name), AggregateID: sagaID.String(), Type: commandType, Payload: payload,
 		Headers: map[string]string{
 			store.HeaderMessageID: id.String(),
@@ -115,6 +116,9 @@ type batch struct {
 	seq   int
 	// abandoned is set when a handler overran; the transaction is lost.
 	abandoned *abandonedStep
+	// msg is the Kafka message being run, in Kafka mode; nil when commands
+	// come straight from the outbox.
+	msg *kafka.Message
 }
 
 type deferral struct {
@@ -204,31 +208,41 @@ func (e *Engine) runBatch(fetchCtx, ctx context.Context) (res batchResult, err e
 		}
 	}
 
+	if err := e.finish(ctx, tx, b); err != nil {
+		return res, err
+	}
+	res.readyCreated = b.ready
+	return res, nil
+}
+
+// finish ends a batch: it deletes the consumed direct commands, defers the
+// ones whose saga was busy, announces new commands, and commits.
+func (e *Engine) finish(ctx context.Context, tx pgx.Tx, b *batch) error {
 	end := &pgx.Batch{}
-	if len(b.delivered) > 0 {
+	if len(b.delivered) > 0 && b.msg == nil {
 		e.st.QueueDeleteDelivered(end, b.delivered)
 	}
 	for _, d := range b.deferred {
 		e.st.QueueDefer(end, []uuid.UUID{d.id}, deferDelay, deferDelayMax, d.reason)
 	}
 	if b.ready {
+		// Wakes direct workers, or the relay that publishes Kafka commands.
 		e.st.QueueNotify(end, e.cfg.CommandTopic)
 	}
 	if end.Len() > 0 {
 		if err := tx.SendBatch(ctx, end).Close(); err != nil {
-			return res, fmt.Errorf("saga: finish batch: %w", err)
+			return fmt.Errorf("saga: finish batch: %w", err)
 		}
 	}
 	if h := e.hooks.beforeCommit; h != nil {
 		if err := h(ctx, tx); err != nil {
-			return res, err
+			return err
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return res, fmt.Errorf("saga: commit batch of %d commands: %w", len(claimed), err)
+		return fmt.Errorf("saga: commit batch: %w", err)
 	}
-	res.readyCreated = b.ready
-	return res, nil
+	return nil
 }
 
 // A command whose saga another transaction holds waits deferDelay, doubling
@@ -247,7 +261,15 @@ func (b *batch) park(ctx context.Context, c *store.Claimed, sagaID *uuid.UUID, c
 	b.e.stats.parked.Add(1)
 	b.e.log.WarnContext(ctx, "sagaflow parked a command", slog.String("message_id", c.ID.String()),
 		slog.String("code", code), slog.String("reason", reason))
-	if err := b.e.st.MarkDead(ctx, b.tx, c.ID, reason); err != nil {
+	if b.msg != nil {
+		// From Kafka: the command's bytes go to the dead letters.
+		p, o := b.msg.Partition, b.msg.Offset
+		d := &store.DeadLetter{Consumer: store.InboxConsumerEngine, MessageID: c.ID.String(), Topic: b.msg.Topic,
+			Partition: &p, Offset: &o, Key: b.msg.Key, Value: b.msg.Value, Headers: kafkaHeaders(b.msg), Reason: reason}
+		if err := b.e.st.InsertDeadLetter(ctx, b.tx, d); err != nil {
+			return err
+		}
+	} else if err := b.e.st.MarkDead(ctx, b.tx, c.ID, reason); err != nil {
 		return err
 	}
 	if sagaID == nil {
@@ -257,6 +279,14 @@ func (b *batch) park(ctx context.Context, c *store.Claimed, sagaID *uuid.UUID, c
 	return b.e.st.InsertHistory(ctx, b.tx, &store.HistoryEntry{
 		SagaID: *sagaID, Event: EventCommandParked, Error: reason, ErrorCode: code, Detail: detail,
 	})
+}
+
+func kafkaHeaders(m *kafka.Message) map[string]string {
+	h := make(map[string]string, len(m.Headers))
+	for _, kv := range m.Headers {
+		h[kv.Key] = sanitizeText(string(kv.Value), 2000)
+	}
+	return h
 }
 
 // unknown defers a command that this engine cannot run (another engine,

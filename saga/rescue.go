@@ -71,7 +71,7 @@ func (e *Engine) rescuePass(ctx context.Context, names []string, res *RescueResu
 		if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = "+strconv.FormatInt(rescueLockTimeout.Milliseconds(), 10)); err != nil {
 			return err
 		}
-		stuck, err := e.st.StuckSagas(ctx, tx, names, e.cfg.RescueBatch)
+		stuck, err := e.st.StuckSagas(ctx, tx, names, e.cfg.RescueBatch, e.cfg.RescueSlack)
 		if err != nil {
 			return err
 		}
@@ -96,8 +96,9 @@ func (e *Engine) rescuePass(ctx context.Context, names []string, res *RescueResu
 				// A step is running right now: the saga is alive. Look
 				// again later, so that this pass and the next reach others.
 				outcome = &res.Busy
-			case s.CommandStatus == store.OutboxPending:
-				// Waiting in the queue (workers down or busy): not lost.
+			case s.CommandStatus == store.OutboxPending || s.CommandStatus == "in_flight":
+				// Waiting in the queue (workers down or busy), or published
+				// lately to a consumer that may be behind: not lost.
 				outcome = &res.Waiting
 			case !known:
 				// At a step only another engine knows, its command lost:

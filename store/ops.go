@@ -23,7 +23,9 @@ func newOpsStatements(s string) opsStatements {
 		// outer query so that it is taken only for the rows returned: a saga
 		// whose lock is held has a step running right now and is not stuck.
 		stuck: `SELECT ` + prefixColumns("s.") + `, pg_try_advisory_xact_lock(hashtextextended(s.id::text, $3)),
-				(SELECT o.status FROM ` + s + `.outbox o WHERE o.id = s.command_id),
+				(SELECT CASE WHEN o.status = 'published' AND o.published_at > now() - $4 * interval '1 microsecond'
+					THEN 'in_flight' ELSE o.status END
+					FROM ` + s + `.outbox o WHERE o.id = s.command_id),
 				EXTRACT(EPOCH FROM now() - s.next_check_at)
 			FROM (SELECT * FROM ` + s + `.saga_instances
 				WHERE status IN ('running', 'compensating') AND next_check_at < now() AND saga_name = ANY($1)
@@ -59,8 +61,10 @@ type StuckSaga struct {
 	// Locked is true when this transaction took the saga's execution lock;
 	// false means a step of it is running right now.
 	Locked bool
-	// CommandStatus is the outbox status of the saga's current command, or
-	// "" when that row no longer exists.
+	// CommandStatus is the outbox status of the saga's current command
+	// ("pending", "published", "dead"), "in_flight" for one published to a
+	// broker within the inFlight window of [Store.StuckSagas] (its consumer
+	// may just be behind), or "" when that row no longer exists.
 	CommandStatus string
 	// Overdue is how long ago the deadline passed.
 	Overdue time.Duration
@@ -68,9 +72,10 @@ type StuckSaga struct {
 
 // StuckSagas returns up to limit running or compensating sagas of the named
 // types whose deadline has passed, oldest deadline first, taking the
-// execution lock of each without waiting.
-func (s *Store) StuckSagas(ctx context.Context, tx pgx.Tx, names []string, limit int) ([]StuckSaga, error) {
-	rows, err := tx.Query(ctx, s.ops.stuck, names, limit, s.lockNS)
+// execution lock of each without waiting. A command published to a broker
+// less than inFlight ago counts as in flight.
+func (s *Store) StuckSagas(ctx context.Context, tx pgx.Tx, names []string, limit int, inFlight time.Duration) ([]StuckSaga, error) {
+	rows, err := tx.Query(ctx, s.ops.stuck, names, limit, s.lockNS, micros(inFlight))
 	if err != nil {
 		return nil, fmt.Errorf("store: find stuck sagas: %w", err)
 	}

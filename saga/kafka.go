@@ -1,0 +1,208 @@
+package saga
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/sagaflow/sagaflow/store"
+)
+
+// KafkaConfig makes an engine carry step commands over Kafka instead of
+// straight from the outbox table: the commands are still written to the
+// outbox in the step's transaction, a relay (package relay) publishes them,
+// and the engine's workers consume them as members of one consumer group.
+// The executor, the keys and the fencing are the same as in the
+// Postgres-only mode.
+//
+// Each saga type has its own topic, CommandTopic + "." + the saga's name
+// (sagaflow.commands.checkout, say), partitioned by saga id: an engine
+// consumes only the sagas it knows, and one saga's commands stay in order.
+// Create the topics before starting the engine, or let the cluster create
+// them.
+type KafkaConfig struct {
+	// Brokers to consume from. Required.
+	Brokers []string
+	// Dialer connects to the brokers (TLS, SASL: see package kafkaconfig).
+	// Defaults to plain TCP.
+	Dialer *kafka.Dialer
+	// GroupID names the engines' consumer group. Defaults to
+	// "sagaflow-engine-" + Schema.
+	GroupID string
+}
+
+// commandReader is what a Kafka worker consumes from; *kafka.Reader
+// satisfies it.
+type commandReader interface {
+	FetchMessage(ctx context.Context) (kafka.Message, error)
+	CommitMessages(ctx context.Context, msgs ...kafka.Message) error
+	Close() error
+}
+
+// commandTopic is the topic of a saga type's commands in Kafka mode, or the
+// direct command topic otherwise.
+func (e *Engine) commandTopic(sagaName string) string {
+	if e.cfg.Kafka == nil {
+		return e.cfg.CommandTopic
+	}
+	return e.cfg.CommandTopic + "." + sagaName
+}
+
+func (e *Engine) commandDelivery() string {
+	if e.cfg.Kafka == nil {
+		return store.DeliveryDirect
+	}
+	return store.DeliveryRelay
+}
+
+// CommandTopics returns the Kafka topics of the registered sagas' commands:
+// the topics to create before starting an engine in Kafka mode.
+func (e *Engine) CommandTopics() []string {
+	var topics []string
+	for _, name := range e.registeredNameList() {
+		topics = append(topics, e.commandTopic(name))
+	}
+	return topics
+}
+
+func (e *Engine) newCommandReader() commandReader {
+	k := e.cfg.Kafka
+	return kafka.NewReader(kafka.ReaderConfig{
+		Brokers:        k.Brokers,
+		Dialer:         k.Dialer,
+		GroupID:        k.GroupID,
+		GroupTopics:    e.CommandTopics(),
+		StartOffset:    kafka.FirstOffset,
+		MinBytes:       1,
+		MaxBytes:       10 << 20,
+		MaxWait:        250 * time.Millisecond,
+		CommitInterval: 0, // commit synchronously, after the step's transaction
+		Logger:         nil,
+		ErrorLogger:    kafka.LoggerFunc(func(msg string, args ...any) { e.log.Debug("sagaflow kafka: " + fmt.Sprintf(msg, args...)) }),
+	})
+}
+
+// kafkaWork is one Kafka executor: it runs each message's command in a
+// transaction and commits the message's offset only after that transaction
+// committed. A message whose command cannot run yet (its saga is busy) or
+// whose transaction failed is tried again, in order: its partition waits.
+func (e *Engine) kafkaWork(fetch, work context.Context, r commandReader) {
+	defer func() {
+		if err := r.Close(); err != nil {
+			e.log.WarnContext(work, "sagaflow kafka: close reader", slog.Any("error", err))
+		}
+	}()
+	failures := 0
+	for fetch.Err() == nil {
+		m, err := r.FetchMessage(fetch)
+		if fetch.Err() != nil {
+			return
+		}
+		if err != nil {
+			failures++
+			e.log.WarnContext(work, "sagaflow kafka: fetch failed", slog.Any("error", err))
+			if !sleepCtx(fetch, backoffPause(failures)) {
+				return
+			}
+			continue
+		}
+		failures = 0
+		for attempt := 1; ; attempt++ {
+			again, err := e.runKafkaMessage(work, m)
+			if err == nil && !again {
+				break
+			}
+			if err != nil && work.Err() == nil {
+				e.log.ErrorContext(work, "sagaflow kafka: command failed; it runs again", slog.String("topic", m.Topic),
+					slog.Int("partition", m.Partition), slog.Int64("offset", m.Offset), slog.Any("error", err))
+			}
+			// Stopping leaves the offset uncommitted: the command is
+			// redelivered to whichever engine takes the partition.
+			if !sleepCtx(fetch, min(backoffPause(attempt), deferDelay<<attempt)) {
+				return
+			}
+		}
+		if err := r.CommitMessages(work, m); err != nil && work.Err() == nil {
+			e.log.WarnContext(work, "sagaflow kafka: commit offset failed; the redelivered command will be stale",
+				slog.String("topic", m.Topic), slog.Int64("offset", m.Offset), slog.Any("error", err))
+		}
+	}
+}
+
+// claimedFromKafka describes a Kafka message as the executor's input.
+func claimedFromKafka(m kafka.Message) store.Claimed {
+	c := store.Claimed{Payload: m.Value, Age: time.Since(m.Time)}
+	for _, h := range m.Headers {
+		switch h.Key {
+		case store.HeaderMessageID:
+			c.ID, _ = uuid.Parse(string(h.Value))
+		case store.HeaderType:
+			c.Type = string(h.Value)
+		case store.HeaderSagaID:
+			if id, err := uuid.Parse(string(h.Value)); err == nil {
+				c.SagaID = &id
+			}
+		}
+	}
+	return c
+}
+
+// runKafkaMessage runs one command from Kafka in its own transaction. again
+// is true when the command must be tried again later (its saga is busy).
+func (e *Engine) runKafkaMessage(ctx context.Context, m kafka.Message) (again bool, err error) {
+	conn, err := e.pool.Acquire(ctx)
+	if err != nil {
+		return false, fmt.Errorf("saga: acquire connection: %w", err)
+	}
+	hijacked := false
+	defer func() {
+		if !hijacked {
+			conn.Release()
+		}
+	}()
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: e.beginQuery()})
+	if err != nil {
+		return false, fmt.Errorf("saga: begin: %w", err)
+	}
+	defer func() {
+		if !hijacked {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	c := claimedFromKafka(m)
+	cmd, derr := decodeCommand(&c)
+	if derr == nil && c.ID == uuid.Nil {
+		derr = errors.New("no valid " + store.HeaderMessageID + " header")
+	}
+	var ids []uuid.UUID
+	if derr == nil {
+		ids = []uuid.UUID{cmd.SagaID}
+	}
+	sagas, err := e.st.LockSagas(ctx, tx, ids)
+	if err != nil {
+		return false, err
+	}
+	b := &batch{e: e, tx: tx, msg: &m}
+	err = b.handle(ctx, &c, cmd, derr, sagas, true)
+	if errors.Is(err, errAbandoned) {
+		hijacked = true
+		_ = conn.Hijack().PgConn().Conn().Close()
+		return false, e.recordAbandoned(context.WithoutCancel(ctx), b.abandoned)
+	}
+	if err != nil {
+		return false, err
+	}
+	if len(b.deferred) > 0 {
+		return true, nil
+	}
+	if err := e.finish(ctx, tx, b); err != nil {
+		return false, err
+	}
+	return false, nil
+}
