@@ -3,6 +3,7 @@ package inbox
 import (
 	"context"
 	"encoding/json"
+	"errors"
 
 	"fmt"
 	"log/slog"
@@ -13,7 +14,6 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/sagaflow/sagaflow/steps"
 	"github.com/sagaflow/sagaflow/store"
 )
 
@@ -167,7 +167,7 @@ func (c *Consumer) process(ctx context.Context, msg Message) (deadReason string,
 		return fmt.Sprintf("unknown message type %q (handled: %s)", msg.Type, c.handled()), nil
 	}
 	_, err = c.in.Process(ctx, msg, h)
-	if err != nil && steps.IsPermanent(err) {
+	if err != nil && IsPermanent(err) {
 		return "refused by its handler: " + err.Error(), nil
 	}
 	return "", err
@@ -206,13 +206,29 @@ func (c *Consumer) pause(ctx context.Context, attempt int) bool {
 	}
 }
 
+// IsPermanent reports whether err, or an error it wraps, says it is
+// permanent (has a Permanent() bool method that returns true), as the errors
+// of steps.Permanent do: a [Consumer] dead-letters such a message instead of
+// retrying it.
+func IsPermanent(err error) bool {
+	var p interface{ Permanent() bool }
+	return errors.As(err, &p) && p.Permanent()
+}
+
+// poisonError marks a message that cannot be processed, ever.
+type poisonError struct{ err error }
+
+func (e *poisonError) Error() string   { return "permanent: " + e.err.Error() }
+func (e *poisonError) Unwrap() error   { return e.err }
+func (e *poisonError) Permanent() bool { return true }
+
 // DecodeJSON decodes a message's JSON value into T. A value that does not
 // decode is an error marked permanent, so a [Consumer] dead-letters the
 // message instead of retrying it.
 func DecodeJSON[T any](msg Message) (T, error) {
 	var v T
 	if err := json.Unmarshal(msg.Value, &v); err != nil {
-		return v, steps.Permanent(fmt.Errorf("decode %s message %s: %w", msg.Type, msg.ID, err))
+		return v, &poisonError{err: fmt.Errorf("decode %s message %s: %w", msg.Type, msg.ID, err)}
 	}
 	return v, nil
 }

@@ -30,8 +30,8 @@
 // header) to handlers, commits a message's offset only after its
 // transaction committed, and keeps the partition moving past poison: a
 // message that is oversized, has no handler for its type, or that its
-// handler refuses for good (an error marked with steps.Permanent, such as a
-// payload that does not decode) is dead-lettered with the reason and its
+// handler refuses for good (an error marked with steps.Permanent, or any error
+// with a Permanent() bool method, such as a payload that does not decode) is dead-lettered with the reason and its
 // original bytes, and the next message is processed. Other handler errors
 // are retried with backoff, in order.
 //

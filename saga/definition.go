@@ -99,13 +99,38 @@ func (p *RetryPolicy) withDefaults() RetryPolicy {
 	return out
 }
 
+// Remote makes a step a call to another service (a participant, see
+// package steps): instead of running an Action, the step sends a command to
+// the service's topic and the saga waits for its reply, which arrives over
+// Kafka. A successful reply completes the step; a failure reply, or no reply
+// within the step's Timeout, fails it for good and the saga compensates.
+// Remote steps need an engine in Kafka mode.
+type Remote[S any] struct {
+	// Topic receives the service's commands. Required.
+	Topic string
+	// Type of the command message, which the participant routes on. Required.
+	Type string
+	// Command builds the command's payload, encoded as JSON. Required.
+	Command func(ctx context.Context, run *StepRun, state *S) (any, error)
+	// OnReply, when set, applies a successful reply's result (JSON) to the
+	// state.
+	OnReply func(ctx context.Context, run *StepRun, state *S, result json.RawMessage) error
+	// CompensateType, when set, makes the step's compensation remote too: a
+	// command of this type goes to Topic with CompensateCommand's payload
+	// (Command's when nil), and its reply is awaited.
+	CompensateType    string
+	CompensateCommand func(ctx context.Context, run *StepRun, state *S) (any, error)
+}
+
 // Step is one step of a saga over state S.
 type Step[S any] struct {
 	// Name identifies the step within its saga, in keys, history and
 	// commands: letters, digits, '.', '-' and '_', at most 64 bytes.
 	Name string
-	// Action does the step's work. Required.
+	// Action does the step's work. Required, unless Remote is set.
 	Action StepFunc[S]
+	// Remote, instead of Action, makes the step a call to another service.
+	Remote *Remote[S]
 	// Compensate undoes Action after a later step failed for good, or after
 	// the saga was cancelled. Optional: a step without one is skipped when
 	// compensating.
@@ -152,14 +177,45 @@ type compiled struct {
 	// run decodes the state, runs step i in direction dir and encodes the
 	// state again.
 	run func(ctx context.Context, r *StepRun, i int, dir steps.Direction, state []byte) ([]byte, error)
+	// send builds the command payload of remote step i in direction dir.
+	send func(ctx context.Context, r *StepRun, i int, dir steps.Direction, state []byte) ([]byte, error)
+	// reply applies a successful reply's result to the state.
+	reply func(ctx context.Context, r *StepRun, i int, state []byte, result json.RawMessage) ([]byte, error)
 }
 
 type compiledStep struct {
 	name           string
 	hasCompensate  bool
+	remoteTopic    string // set for a remote step
+	remoteType     string // the forward command's type
+	remoteCompType string // the compensation command's type, when it is remote
 	retry          RetryPolicy
 	compensateWith RetryPolicy
 	timeout        time.Duration
+}
+
+// remote reports whether step i runs in direction dir as a call to another
+// service, and the command's topic and type.
+func (c *compiled) remote(i int, dir steps.Direction) (topic, typ string, ok bool) {
+	s := c.steps[i]
+	switch {
+	case s.remoteTopic == "":
+		return "", "", false
+	case dir == steps.Forward:
+		return s.remoteTopic, s.remoteType, true
+	case s.remoteCompType != "":
+		return s.remoteTopic, s.remoteCompType, true
+	}
+	return "", "", false
+}
+
+func (c *compiled) hasRemote() bool {
+	for _, s := range c.steps {
+		if s.remoteTopic != "" {
+			return true
+		}
+	}
+	return false
 }
 
 func (c *compiled) policy(i int, dir steps.Direction) RetryPolicy {
@@ -214,8 +270,15 @@ func (d *Definition[S]) compile() (*compiled, error) {
 		if _, dup := c.byName[s.Name]; dup {
 			return nil, fmt.Errorf("%w: saga %q has two steps named %q", ErrInvalidDefinition, d.name, s.Name)
 		}
-		if s.Action == nil {
+		switch {
+		case s.Action == nil && s.Remote == nil:
 			return nil, fmt.Errorf("%w: saga %q step %q has no Action", ErrInvalidDefinition, d.name, s.Name)
+		case s.Action != nil && s.Remote != nil:
+			return nil, fmt.Errorf("%w: saga %q step %q has both an Action and a Remote", ErrInvalidDefinition, d.name, s.Name)
+		case s.Remote != nil && (s.Remote.Topic == "" || s.Remote.Type == "" || s.Remote.Command == nil):
+			return nil, fmt.Errorf("%w: saga %q step %q: Remote needs Topic, Type and Command", ErrInvalidDefinition, d.name, s.Name)
+		case s.Remote != nil && s.Remote.CompensateType != "" && s.Compensate != nil:
+			return nil, fmt.Errorf("%w: saga %q step %q has both a Compensate and a Remote.CompensateType", ErrInvalidDefinition, d.name, s.Name)
 		}
 		if s.Timeout < 0 {
 			return nil, fmt.Errorf("%w: saga %q step %q has a negative Timeout", ErrInvalidDefinition, d.name, s.Name)
@@ -230,9 +293,48 @@ func (d *Definition[S]) compile() (*compiled, error) {
 		if timeout == 0 {
 			timeout = StepTimeoutDefault
 		}
-		c.steps = append(c.steps, compiledStep{
-			name: s.Name, hasCompensate: s.Compensate != nil, retry: retry, compensateWith: comp, timeout: timeout,
-		})
+		cs := compiledStep{name: s.Name, hasCompensate: s.Compensate != nil, retry: retry, compensateWith: comp, timeout: timeout}
+		if s.Remote != nil {
+			cs.remoteTopic, cs.remoteType, cs.remoteCompType = s.Remote.Topic, s.Remote.Type, s.Remote.CompensateType
+			cs.hasCompensate = cs.hasCompensate || s.Remote.CompensateType != ""
+		}
+		c.steps = append(c.steps, cs)
+	}
+	c.send = func(ctx context.Context, r *StepRun, i int, dir steps.Direction, raw []byte) ([]byte, error) {
+		var state S
+		if err := json.Unmarshal(raw, &state); err != nil {
+			return nil, &stateDecodeError{err: err}
+		}
+		rm := d.steps[i].Remote
+		build := rm.Command
+		if dir == steps.Compensate && rm.CompensateCommand != nil {
+			build = rm.CompensateCommand
+		}
+		v, err := build(ctx, r, &state)
+		if err != nil {
+			return nil, err
+		}
+		out, err := json.Marshal(v)
+		if err != nil {
+			return nil, steps.Permanent(fmt.Errorf("encode command of step %q: %w", d.steps[i].Name, err))
+		}
+		return out, nil
+	}
+	c.reply = func(ctx context.Context, r *StepRun, i int, raw []byte, result json.RawMessage) ([]byte, error) {
+		var state S
+		if err := json.Unmarshal(raw, &state); err != nil {
+			return nil, &stateDecodeError{err: err}
+		}
+		if f := d.steps[i].Remote.OnReply; f != nil && r.Direction == steps.Forward {
+			if err := f(ctx, r, &state, result); err != nil {
+				return nil, err
+			}
+		}
+		out, err := json.Marshal(&state)
+		if err != nil {
+			return nil, steps.Permanent(steps.WithCode(CodeStateEncode, fmt.Errorf("encode state: %w", err)))
+		}
+		return out, nil
 	}
 	c.run = func(ctx context.Context, r *StepRun, i int, dir steps.Direction, raw []byte) ([]byte, error) {
 		var state S

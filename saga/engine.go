@@ -214,6 +214,9 @@ func (c *Config) withDefaults() (Config, error) {
 		if k.GroupID == "" {
 			k.GroupID = "sagaflow-engine-" + out.Schema
 		}
+		if k.ReplyTopic == "" {
+			k.ReplyTopic = "sagaflow.replies." + out.Schema
+		}
 		out.Kafka = &k
 	}
 	if out.Logger == nil {
@@ -301,6 +304,9 @@ func (e *Engine) Register(defs ...AnyDefinition) error {
 		c, err := d.compile()
 		if err != nil {
 			return err
+		}
+		if c.hasRemote() && e.cfg.Kafka == nil {
+			return fmt.Errorf("%w: saga %q has Remote steps, which need an engine in Kafka mode (Config.Kafka)", ErrInvalidDefinition, c.name)
 		}
 		if _, dup := e.defs[c.name]; dup || seen[c.name] {
 			return fmt.Errorf("%w: a saga named %q is already registered", ErrInvalidDefinition, c.name)

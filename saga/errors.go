@@ -53,4 +53,6 @@ const (
 	CodeUnknownSaga     = "unknown_saga"      // a command names a saga this engine does not know
 	CodeAbandonedRunOn  = "handler_overran"   // a handler ignored its context past the grace period
 	CodeRescueExhausted = "rescue_exhausted"  // the rescuer found the saga stuck with its attempts spent
+	CodeReplyTimeout    = "reply_timeout"     // a participant did not reply within the step's Timeout
+	CodeRefused         = "refused"           // a participant refused the command and named no code
 )

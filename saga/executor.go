@@ -450,6 +450,9 @@ func (b *batch) execute(ctx context.Context, sg *store.Saga, def *compiled, idx 
 		}
 		return err
 	}
+	if topic, typ, ok := def.remote(idx, dir); ok {
+		return b.send(ctx, sg, def, idx, dir, key, sp, topic, typ, last)
+	}
 	attempt := sg.Attempt + 1
 	timeout := def.steps[idx].timeout
 	run := &StepRun{
@@ -494,6 +497,109 @@ func (b *batch) execute(ctx context.Context, sg *store.Saga, def *compiled, idx 
 		if tr.StepName == sg.StepName && tr.Direction == string(dir) && len(tr.Messages) > 0 {
 			e.stats.retries.Add(1)
 		}
+	}
+	return err
+}
+
+// send runs a remote step: it builds the command, writes it to the outbox
+// for the participant, and leaves the saga waiting for the reply, whose
+// deadline is the step's Timeout.
+func (b *batch) send(ctx context.Context, sg *store.Saga, def *compiled, idx int, dir steps.Direction, key steps.Key, sp, topic, typ string, last bool) error {
+	e := b.e
+	run := &StepRun{Tx: stepTx{b.tx}, Key: key, SagaID: sg.ID, SagaName: sg.Name, Step: sg.StepName, Direction: dir,
+		Epoch: sg.Epoch, Attempt: sg.Attempt + 1}
+	if sg.BusinessKey != nil {
+		run.BusinessKey = *sg.BusinessKey
+	}
+	payload, err := def.send(ctx, run, idx, dir, sg.State)
+	if err != nil {
+		tr := e.failureTransition(sg, def, idx, dir, sg.Attempt+1, err, 0)
+		fenced, werr := b.write(ctx, sg, tr, sp, sp, last)
+		if fenced {
+			e.stats.failed.Add(1)
+		}
+		return werr
+	}
+	id := uuid.Must(uuid.NewV7())
+	keyText := key.String()
+	msg := store.Message{
+		ID: id, Topic: topic, Delivery: store.DeliveryRelay, AggregateType: aggregateType(sg.Name),
+		AggregateID: sg.ID.String(), Type: typ, Payload: payload, SagaID: &sg.ID, StepKey: &keyText,
+		Headers: map[string]string{
+			store.HeaderMessageID: id.String(), store.HeaderType: typ, store.HeaderSagaID: sg.ID.String(),
+			store.HeaderStepKey: keyText, store.HeaderReplyTo: e.cfg.Kafka.ReplyTopic, store.HeaderDirection: string(dir),
+		},
+	}
+	tr := transitionFrom(sg)
+	tr.AwaitingReply = true
+	tr.CheckAfter, tr.ExactDeadline = def.steps[idx].timeout, true
+	tr.Messages = []store.Message{msg}
+	detail, _ := json.Marshal(map[string]string{"topic": topic, "type": typ, "message_id": id.String()})
+	tr.History = []store.HistoryEntry{{SagaID: sg.ID, Event: EventCommandSent, StepName: sg.StepName,
+		Direction: string(dir), Epoch: sg.Epoch, Attempt: sg.Attempt + 1, Detail: detail}}
+	fenced, err := b.write(ctx, sg, tr, sp, "", last)
+	if fenced {
+		sg.AwaitingReply = true
+	}
+	return err
+}
+
+// reply applies a participant's reply to the saga waiting for it: the step
+// completes, or, refused, fails for good. A reply for a step the saga is not
+// waiting on (late, duplicate, after a cancel) is dropped.
+func (b *batch) reply(ctx context.Context, c *store.Claimed, ls *store.LockedSaga, key steps.Key, last bool) error {
+	e := b.e
+	b.delivered = append(b.delivered, c.ID)
+	sg := &ls.Saga
+	def := e.lookupName(sg.Name)
+	idx, known := 0, false
+	if def != nil {
+		idx, known = def.byName[sg.StepName]
+	}
+	if !known || !sg.AwaitingReply || sg.StepName != key.Step || sg.Direction != string(key.Direction) || sg.Epoch != key.Epoch {
+		e.stats.stale.Add(1)
+		return nil
+	}
+	var r steps.Reply
+	if err := json.Unmarshal(c.Payload, &r); err != nil {
+		return b.park(ctx, c, &sg.ID, CodeMalformed, "malformed reply: "+err.Error())
+	}
+	sp, err := b.savepoint(ctx)
+	if err != nil {
+		return err
+	}
+	dir := key.Direction
+	attempt := sg.Attempt + 1
+	if !r.OK {
+		code := r.Code
+		if code == "" {
+			code = CodeRefused
+		}
+		sg.AwaitingReply = false // refused: the participant did nothing to undo
+		tr := e.failureTransition(sg, def, idx, dir, attempt, steps.Permanent(steps.WithCode(code, errors.New(r.Error))), 0)
+		fenced, err := b.write(ctx, sg, tr, sp, "", last)
+		if fenced {
+			e.stats.failed.Add(1)
+		}
+		return err
+	}
+	run := &StepRun{Tx: stepTx{b.tx}, Key: key, SagaID: sg.ID, SagaName: sg.Name, Step: sg.StepName, Direction: dir,
+		Epoch: sg.Epoch, Attempt: attempt}
+	newState, herr := def.reply(ctx, run, idx, sg.State, r.Result)
+	if herr == nil {
+		herr = e.checkNewState(sg.StepName, newState)
+	}
+	var tr *store.Transition
+	if herr != nil {
+		tr = e.failureTransition(sg, def, idx, dir, attempt, steps.Permanent(herr), 0)
+	} else {
+		tr = e.successTransition(sg, def, idx, dir, newState, 0, key.String())
+		tr.History = append([]store.HistoryEntry{{SagaID: sg.ID, Event: EventReplyReceived, StepName: sg.StepName,
+			Direction: string(dir), Epoch: sg.Epoch, Attempt: attempt}}, tr.History...)
+	}
+	fenced, err := b.write(ctx, sg, tr, sp, "", last)
+	if fenced && herr == nil {
+		e.stats.succeeded.Add(1)
 	}
 	return err
 }
@@ -692,6 +798,17 @@ func (b *batch) write(ctx context.Context, sg *store.Saga, tr *store.Transition,
 	return true, nil
 }
 
+// compensateFrom is the first step to compensate when step idx of sg fails
+// for good or the saga is cancelled: the step before it, or the step itself
+// when it is a remote step whose command went out and whose reply never
+// came (the participant may have carried it out).
+func compensateFrom(sg *store.Saga, def *compiled, idx int) int {
+	if sg.AwaitingReply && steps.Direction(sg.Direction) == steps.Forward {
+		return def.prevCompensable(idx)
+	}
+	return def.prevCompensable(idx - 1)
+}
+
 func transitionFrom(sg *store.Saga) *store.Transition {
 	return &store.Transition{
 		ID: sg.ID, Version: sg.Version, Status: sg.Status, StepIndex: sg.StepIndex, StepName: sg.StepName,
@@ -808,7 +925,7 @@ func (e *Engine) failureTransition(sg *store.Saga, def *compiled, idx int, dir s
 			Direction: string(dir), Epoch: sg.Epoch, Error: msg, ErrorCode: code})
 		return tr
 	}
-	prev := def.prevCompensable(idx - 1)
+	prev := compensateFrom(sg, def, idx)
 	if prev >= 0 {
 		tr.History = append(tr.History, store.HistoryEntry{SagaID: sg.ID, Event: EventCompensationStarted,
 			StepName: def.steps[prev].name, Direction: string(steps.Compensate), Epoch: sg.Epoch})

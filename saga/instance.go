@@ -53,6 +53,8 @@ const (
 	EventSagaRescued           = "saga_rescued"
 	EventSagaResumed           = "saga_resumed"
 	EventSagaRerun             = "saga_rerun"
+	EventCommandSent           = "command_sent" // a remote step sent its command; the saga waits for the reply
+	EventReplyReceived         = "reply_received"
 )
 
 // ErrorInfo is a saga's last error.
@@ -288,7 +290,7 @@ func (e *Engine) CancelTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, reason s
 	tr.LastError, tr.LastErrorCode = &reason, &code
 	tr.History = append(tr.History, store.HistoryEntry{SagaID: id, Event: EventSagaCancelled, StepName: sg.StepName,
 		Direction: sg.Direction, Epoch: sg.Epoch, Error: reason, ErrorCode: code})
-	prev := def.prevCompensable(idx - 1)
+	prev := compensateFrom(sg, def, idx)
 	if prev >= 0 {
 		tr.History = append(tr.History, store.HistoryEntry{SagaID: id, Event: EventCompensationStarted,
 			StepName: def.steps[prev].name, Direction: string(steps.Compensate), Epoch: sg.Epoch})

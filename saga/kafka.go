@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/sagaflow/sagaflow/steps"
 	"github.com/sagaflow/sagaflow/store"
 )
 
@@ -35,6 +36,9 @@ type KafkaConfig struct {
 	// GroupID names the engines' consumer group. Defaults to
 	// "sagaflow-engine-" + Schema.
 	GroupID string
+	// ReplyTopic receives participants' replies to the commands of remote
+	// steps. Defaults to "sagaflow.replies." + Schema.
+	ReplyTopic string
 }
 
 // commandReader is what a Kafka worker consumes from; *kafka.Reader
@@ -61,12 +65,18 @@ func (e *Engine) commandDelivery() string {
 	return store.DeliveryRelay
 }
 
-// CommandTopics returns the Kafka topics of the registered sagas' commands:
-// the topics to create before starting an engine in Kafka mode.
+// CommandTopics returns the Kafka topics an engine in Kafka mode consumes:
+// its registered sagas' command topics and, when a saga has remote steps,
+// its reply topic. Create them before starting the engine.
 func (e *Engine) CommandTopics() []string {
 	var topics []string
+	remote := false
 	for _, name := range e.registeredNameList() {
 		topics = append(topics, e.commandTopic(name))
+		remote = remote || e.lookupName(name).hasRemote()
+	}
+	if remote {
+		topics = append(topics, e.cfg.Kafka.ReplyTopic)
 	}
 	return topics
 }
@@ -135,6 +145,45 @@ func (e *Engine) kafkaWork(fetch, work context.Context, r commandReader) {
 	}
 }
 
+// runReply applies a participant's reply in tx and commits.
+func (e *Engine) runReply(ctx context.Context, tx pgx.Tx, m kafka.Message, c *store.Claimed) (bool, error) {
+	b := &batch{e: e, tx: tx, msg: &m}
+	var keyText string
+	for _, h := range m.Headers {
+		if h.Key == store.HeaderStepKey {
+			keyText = string(h.Value)
+		}
+	}
+	key, kerr := steps.ParseKey(keyText)
+	if kerr != nil || c.ID == uuid.Nil {
+		if kerr == nil {
+			kerr = errors.New("no valid " + store.HeaderMessageID + " header")
+		}
+		if err := b.park(ctx, c, nil, CodeMalformed, "malformed reply: "+kerr.Error()); err != nil {
+			return false, err
+		}
+		return false, e.finish(ctx, tx, b)
+	}
+	sagas, err := e.st.LockSagas(ctx, tx, []uuid.UUID{key.SagaID})
+	if err != nil {
+		return false, err
+	}
+	ls := sagas[key.SagaID]
+	switch {
+	case ls == nil:
+		if err := b.park(ctx, c, nil, CodeUnknownSaga, fmt.Sprintf("reply for saga %s, which does not exist", key.SagaID)); err != nil {
+			return false, err
+		}
+	case !ls.Locked:
+		return true, nil // a step of the saga runs right now: try again
+	default:
+		if err := b.reply(ctx, c, ls, key, true); err != nil {
+			return false, err
+		}
+	}
+	return false, e.finish(ctx, tx, b)
+}
+
 // claimedFromKafka describes a Kafka message as the executor's input.
 func claimedFromKafka(m kafka.Message) store.Claimed {
 	c := store.Claimed{Payload: m.Value, Age: time.Since(m.Time)}
@@ -176,6 +225,9 @@ func (e *Engine) runKafkaMessage(ctx context.Context, m kafka.Message) (again bo
 		}
 	}()
 	c := claimedFromKafka(m)
+	if c.Type == steps.ReplyType {
+		return e.runReply(ctx, tx, m, &c)
+	}
 	cmd, derr := decodeCommand(&c)
 	if derr == nil && c.ID == uuid.Nil {
 		derr = errors.New("no valid " + store.HeaderMessageID + " header")

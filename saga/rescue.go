@@ -96,6 +96,13 @@ func (e *Engine) rescuePass(ctx context.Context, names []string, res *RescueResu
 				// A step is running right now: the saga is alive. Look
 				// again later, so that this pass and the next reach others.
 				outcome = &res.Busy
+			case known && s.AwaitingReply:
+				// The participant did not reply in time: the step fails for
+				// good, and the compensation includes it (it may have run).
+				tr = e.failureTransition(&s.Saga, def, idx, steps.Direction(s.Direction), s.Attempt+1,
+					steps.Permanent(steps.WithCode(CodeReplyTimeout, fmt.Errorf("no reply to step %q within its timeout (%s)",
+						s.StepName, def.steps[idx].timeout))), 0)
+				failover = true
 			case s.CommandStatus == store.OutboxPending || s.CommandStatus == "in_flight":
 				// Waiting in the queue (workers down or busy), or published
 				// lately to a consumer that may be behind: not lost.

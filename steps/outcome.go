@@ -13,6 +13,10 @@ type PermanentError struct{ Err error }
 func (e *PermanentError) Error() string { return "permanent: " + errText(e.Err) }
 func (e *PermanentError) Unwrap() error { return e.Err }
 
+// Permanent reports true. Packages that must not import steps recognise a
+// permanent error by this method (package inbox does).
+func (e *PermanentError) Permanent() bool { return true }
+
 // Permanent marks err as not retryable: the step fails at once. A nil err
 // gives a non-nil error that still says the step failed.
 func Permanent(err error) error {

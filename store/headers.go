@@ -13,3 +13,11 @@ const (
 	// HeaderStepKey is the step-scoped idempotency key, when it has one.
 	HeaderStepKey = "sagaflow-step-key"
 )
+
+// Headers of the commands a saga sends to participants.
+const (
+	// HeaderReplyTo names the topic the participant's reply goes to.
+	HeaderReplyTo = "sagaflow-reply-to"
+	// HeaderDirection is "forward" or "compensate".
+	HeaderDirection = "sagaflow-direction"
+)

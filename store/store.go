@@ -65,6 +65,7 @@ type Saga struct {
 	Version       int64
 	NextCheckAt   *time.Time
 	CommandID     *uuid.UUID
+	AwaitingReply bool
 	LastError     *string
 	LastErrorCode *string
 	FailedStep    *string
@@ -142,6 +143,14 @@ type Transition struct {
 	LastErrorCode *string
 	FailedStep    *string
 
+	// AwaitingReply marks a saga whose step sent a command to another
+	// service and waits for its reply.
+	AwaitingReply bool
+	// ExactDeadline sets next_check_at to exactly CheckAfter from now (a
+	// reply timeout), instead of only moving it when it would come too
+	// early.
+	ExactDeadline bool
+
 	History  []HistoryEntry
 	Messages []Message
 	// InboxConsumer and InboxKey, when InboxKey is set, record a processed
@@ -169,7 +178,7 @@ type statements struct {
 const maxHistoryRows = 4
 
 const sagaColumns = `id, saga_name, business_key, status, step_index, step_name, direction, epoch, attempt,
-	state, version, next_check_at, command_id, last_error, last_error_code, failed_step, created_at, updated_at, ended_at`
+	state, version, next_check_at, command_id, awaiting_reply, last_error, last_error_code, failed_step, created_at, updated_at, ended_at`
 
 // historyRows and messageRows expand parallel arrays into rows, so one
 // statement shape serves any number of history entries and messages.
@@ -262,11 +271,12 @@ func New(schema string) (*Store, error) {
 			state = COALESCE($9, state), version = version + 1,
 			next_check_at = CASE
 				WHEN $3 NOT IN ('running', 'compensating') THEN NULL
+				WHEN $17 THEN clock_timestamp() + $10 * interval '1 microsecond'
 				WHEN next_check_at >= clock_timestamp() + $10 * interval '1 microsecond' THEN next_check_at
 				ELSE clock_timestamp() + ($10 + $11) * interval '1 microsecond' END,
 			last_error = $12, last_error_code = $13, failed_step = $14, updated_at = clock_timestamp(),
 			ended_at = CASE WHEN $3 IN ('running', 'compensating') THEN NULL ELSE clock_timestamp() END,
-			command_id = $15
+			command_id = $15, awaiting_reply = $16
 			WHERE id = $1 AND version = $2`,
 		lockSaga:    `SELECT pg_advisory_xact_lock(hashtextextended($1::text, $2))`,
 		insertInbox: `INSERT INTO ` + s + `.inbox (consumer, key) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
@@ -538,7 +548,8 @@ func (s *Store) QueueTransition(b *pgx.Batch, t *Transition) *pgx.QueuedQuery {
 		commandID = &t.Messages[len(t.Messages)-1].ID
 	}
 	q := b.Queue(s.q.updateSaga, t.ID, t.Version, t.Status, t.StepIndex, t.StepName, t.Direction, t.Epoch, t.Attempt,
-		state, micros(t.CheckAfter), micros(deadlineRoom), t.LastError, t.LastErrorCode, t.FailedStep, commandID)
+		state, micros(t.CheckAfter), micros(deadlineRoom), t.LastError, t.LastErrorCode, t.FailedStep, commandID, t.AwaitingReply,
+		t.ExactDeadline)
 	for rest := t.History; len(rest) > 0; {
 		n := min(len(rest), maxHistoryRows)
 		var args []any
@@ -629,7 +640,7 @@ func (s *Store) NextDirectDue(ctx context.Context, db DBTX, topic string, known 
 
 func sagaDest(sg *Saga) []any {
 	return []any{&sg.ID, &sg.Name, &sg.BusinessKey, &sg.Status, &sg.StepIndex, &sg.StepName, &sg.Direction,
-		&sg.Epoch, &sg.Attempt, &sg.State, &sg.Version, &sg.NextCheckAt, &sg.CommandID, &sg.LastError, &sg.LastErrorCode,
+		&sg.Epoch, &sg.Attempt, &sg.State, &sg.Version, &sg.NextCheckAt, &sg.CommandID, &sg.AwaitingReply, &sg.LastError, &sg.LastErrorCode,
 		&sg.FailedStep, &sg.CreatedAt, &sg.UpdatedAt, &sg.EndedAt}
 }
 

@@ -1,0 +1,234 @@
+package steps_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sagaflow/sagaflow/inbox"
+	"github.com/sagaflow/sagaflow/internal/kafkatest"
+	"github.com/sagaflow/sagaflow/internal/pgtest"
+	"github.com/sagaflow/sagaflow/relay"
+	"github.com/sagaflow/sagaflow/saga"
+	"github.com/sagaflow/sagaflow/steps"
+	"github.com/sagaflow/sagaflow/store"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// service is one service's database schema with its relay.
+type service struct {
+	pool   *pgxpool.Pool
+	schema string
+}
+
+func newService(t *testing.T, kc *kafkatest.Cluster) *service {
+	t.Helper()
+	ctx := context.Background()
+	pool, schema := pgtest.NewSchema(t)
+	_, err := store.Migrate(ctx, pool, schema)
+	require.NoError(t, err)
+	w := relay.NewKafkaWriter(kc.Addrs(), nil)
+	r, err := relay.New(pool, w, &relay.Config{Schema: schema, PollInterval: 50 * time.Millisecond, Logger: quiet})
+	require.NoError(t, err)
+	require.NoError(t, r.Start(ctx))
+	t.Cleanup(func() {
+		require.NoError(t, r.Stop(context.Background()))
+		require.NoError(t, w.Close())
+	})
+	return &service{pool: pool, schema: schema}
+}
+
+func (s *service) table(name string) string { return pgx.Identifier{s.schema, name}.Sanitize() }
+
+func (s *service) count(t *testing.T, q string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, s.pool.QueryRow(context.Background(), q, args...).Scan(&n))
+	return n
+}
+
+// serve runs a participant's consumer on topic until the test ends.
+func serve(t *testing.T, kc *kafkatest.Cluster, p *steps.Participant, topic, group string) {
+	t.Helper()
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: kc.Addrs(), GroupID: group, Topic: topic, MinBytes: 1, MaxBytes: 1 << 20,
+		MaxWait: 100 * time.Millisecond, StartOffset: kafka.FirstOffset, CommitInterval: 0})
+	c, err := p.Inbox().NewConsumer(r, &inbox.ConsumerConfig{Handlers: p.Handlers()})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+		require.NoError(t, r.Close())
+	})
+}
+
+type checkout struct {
+	OrderID  string `json:"order_id"`
+	Amount   int    `json:"amount"`
+	ChargeID string `json:"charge_id,omitempty"`
+}
+
+type reserveCmd struct {
+	OrderID string `json:"order_id"`
+}
+
+type chargeCmd struct {
+	OrderID string `json:"order_id"`
+	Amount  int    `json:"amount"`
+}
+
+type charged struct {
+	ChargeID string `json:"charge_id"`
+}
+
+// system is an orchestrator with a checkout saga of two remote steps, and
+// the inventory and payment services it calls, each with its own schema,
+// outbox, inbox and relay, talking over Kafka only.
+type system struct {
+	orders, inventory, payments *service
+	engine                      *saga.Engine
+	def                         *saga.Definition[checkout]
+}
+
+func newSystem(t *testing.T, paymentsRunning bool) *system {
+	t.Helper()
+	ctx := context.Background()
+	kc := kafkatest.New(t, kafkatest.SeedTopics(3, "sagaflow.commands.checkout", "orders.replies", "inventory.commands", "payments.commands"))
+	s := &system{orders: newService(t, kc), inventory: newService(t, kc), payments: newService(t, kc)}
+
+	// Inventory: reserve, and release as its compensation.
+	_, err := s.inventory.pool.Exec(ctx, "CREATE TABLE "+s.inventory.table("stock_moves")+" (order_id text, move text, step_key text)")
+	require.NoError(t, err)
+	inv, err := steps.NewParticipant(s.inventory.pool, &steps.ParticipantConfig{Consumer: "inventory", Schema: s.inventory.schema, Logger: quiet})
+	require.NoError(t, err)
+	move := func(kind string) func(ctx context.Context, tx pgx.Tx, c steps.Call[reserveCmd]) (struct{}, error) {
+		return func(ctx context.Context, tx pgx.Tx, c steps.Call[reserveCmd]) (struct{}, error) {
+			_, err := tx.Exec(ctx, "INSERT INTO "+s.inventory.table("stock_moves")+" VALUES ($1, $2, $3)", c.Command.OrderID, kind, c.Key.String())
+			return struct{}{}, err
+		}
+	}
+	require.NoError(t, steps.Handle(inv, "inventory.reserve", move("reserve")))
+	require.NoError(t, steps.Handle(inv, "inventory.release", move("release")))
+	serve(t, kc, inv, "inventory.commands", "inventory")
+
+	// Payments: charge, refusing large amounts.
+	_, err = s.payments.pool.Exec(ctx, "CREATE TABLE "+s.payments.table("charges")+" (order_id text, amount int, charge_id text)")
+	require.NoError(t, err)
+	pay, err := steps.NewParticipant(s.payments.pool, &steps.ParticipantConfig{Consumer: "payments", Schema: s.payments.schema, Logger: quiet})
+	require.NoError(t, err)
+	require.NoError(t, steps.Handle(pay, "payments.charge", func(ctx context.Context, tx pgx.Tx, c steps.Call[chargeCmd]) (charged, error) {
+		id := "ch_" + c.Command.OrderID
+		if _, err := tx.Exec(ctx, "INSERT INTO "+s.payments.table("charges")+" VALUES ($1, $2, $3)", c.Command.OrderID, c.Command.Amount, id); err != nil {
+			return charged{}, err
+		}
+		if c.Command.Amount > 100 {
+			return charged{}, steps.Permanent(steps.WithCode("card_declined", errors.New("the card was declined")))
+		}
+		return charged{ChargeID: id}, nil
+	}))
+	if paymentsRunning {
+		serve(t, kc, pay, "payments.commands", "payments")
+	}
+
+	// The orchestrator.
+	s.def = saga.Define("checkout",
+		saga.Step[checkout]{Name: "reserve", Remote: &saga.Remote[checkout]{
+			Topic: "inventory.commands", Type: "inventory.reserve", CompensateType: "inventory.release",
+			Command: func(_ context.Context, _ *saga.StepRun, c *checkout) (any, error) {
+				return reserveCmd{OrderID: c.OrderID}, nil
+			},
+		}},
+		saga.Step[checkout]{Name: "charge", Timeout: 2 * time.Second, Remote: &saga.Remote[checkout]{
+			Topic: "payments.commands", Type: "payments.charge",
+			Command: func(_ context.Context, _ *saga.StepRun, c *checkout) (any, error) {
+				return chargeCmd{OrderID: c.OrderID, Amount: c.Amount}, nil
+			},
+			OnReply: func(_ context.Context, _ *saga.StepRun, c *checkout, result json.RawMessage) error {
+				var r charged
+				if err := json.Unmarshal(result, &r); err != nil {
+					return err
+				}
+				c.ChargeID = r.ChargeID
+				return nil
+			},
+		}},
+	)
+	s.engine, err = saga.New(s.orders.pool, &saga.Config{Schema: s.orders.schema, Workers: 2, Logger: quiet,
+		RescueInterval: time.Second, Kafka: &saga.KafkaConfig{Brokers: kc.Addrs(), ReplyTopic: "orders.replies"}})
+	require.NoError(t, err)
+	require.NoError(t, s.engine.Register(s.def))
+	require.Equal(t, []string{"sagaflow.commands.checkout", "orders.replies"}, s.engine.CommandTopics())
+	require.NoError(t, s.engine.Start(ctx))
+	t.Cleanup(func() { require.NoError(t, s.engine.Stop(context.Background())) })
+	return s
+}
+
+func (s *system) run(t *testing.T, c checkout) *saga.Instance {
+	t.Helper()
+	ctx := context.Background()
+	st, err := saga.Start(ctx, s.engine, s.def, c, nil)
+	require.NoError(t, err)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		in, err := s.engine.Get(ctx, st.ID)
+		require.NoError(t, err)
+		if in.Status.Terminal() {
+			return in
+		}
+		require.True(t, time.Now().Before(deadline), "saga %s did not end: %+v", st.ID, in)
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestMultiServiceSagaCompletesOverKafka(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, true)
+	in := s.run(t, checkout{OrderID: "o-1", Amount: 40})
+	require.Equal(t, saga.StatusCompleted, in.Status)
+	var state checkout
+	require.NoError(t, in.DecodeState(&state))
+	require.Equal(t, "ch_o-1", state.ChargeID, "the payment service's reply reached the saga's state")
+	require.Equal(t, 1, s.inventory.count(t, "SELECT count(*) FROM "+s.inventory.table("stock_moves")+" WHERE move = 'reserve'"))
+	require.Equal(t, 0, s.inventory.count(t, "SELECT count(*) FROM "+s.inventory.table("stock_moves")+" WHERE move = 'release'"))
+	require.Equal(t, 1, s.payments.count(t, "SELECT count(*) FROM "+s.payments.table("charges")))
+	// The participants deduplicated by the step-scoped key.
+	require.Equal(t, 1, s.payments.count(t, "SELECT count(*) FROM "+s.payments.table("inbox")+" WHERE consumer = 'payments/steps' AND key = $1",
+		in.ID.String()+"/charge/forward/0"))
+}
+
+func TestRefusedStepCompensatesAcrossServices(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, true)
+	in := s.run(t, checkout{OrderID: "o-2", Amount: 500})
+	require.Equal(t, saga.StatusCompensated, in.Status)
+	require.Equal(t, "card_declined", in.LastError.Code)
+	require.Equal(t, "the card was declined", in.LastError.Message)
+	// The refusal undid the payment service's own writes; inventory released.
+	require.Equal(t, 0, s.payments.count(t, "SELECT count(*) FROM "+s.payments.table("charges")))
+	require.Equal(t, 1, s.inventory.count(t, "SELECT count(*) FROM "+s.inventory.table("stock_moves")+" WHERE move = 'reserve'"))
+	require.Equal(t, 1, s.inventory.count(t, "SELECT count(*) FROM "+s.inventory.table("stock_moves")+" WHERE move = 'release'"))
+}
+
+func TestReplyTimeoutCompensates(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, false) // the payment service is down
+	in := s.run(t, checkout{OrderID: "o-3", Amount: 40})
+	require.Equal(t, saga.StatusCompensated, in.Status)
+	require.Equal(t, saga.CodeReplyTimeout, in.LastError.Code)
+	require.Equal(t, "charge", in.LastError.Step)
+	require.Equal(t, 1, s.inventory.count(t, "SELECT count(*) FROM "+s.inventory.table("stock_moves")+" WHERE move = 'release'"))
+}
