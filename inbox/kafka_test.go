@@ -1,0 +1,137 @@
+package inbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sagaflow/sagaflow/inbox"
+	"github.com/sagaflow/sagaflow/internal/kafkatest"
+)
+
+// The consume-loop tests of consumer_test.go again, through kafka-go's
+// consumer-group Reader and the real Kafka protocol (an in-process kfake
+// cluster): the group's offsets are the broker's, and redelivery is what a
+// rebalance does.
+
+func TestKafkaConsumerDeadLettersPoisonAndKeepsThePartitionMoving(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	kc := kafkatest.New(t, kafkatest.SeedTopics(1, kafkaTopic))
+	var order []string
+	var mu sync.Mutex
+	handler := func(ctx context.Context, tx pgx.Tx, msg inbox.Message) error {
+		req, err := inbox.DecodeJSON[chargeRequested](msg)
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		order = append(order, req.OrderID)
+		mu.Unlock()
+		_, err = tx.Exec(ctx, "INSERT INTO "+b.table("charges")+" VALUES ($1, $2)", msg.ID, req.Amount)
+		return err
+	}
+	cfg := &inbox.ConsumerConfig{Handlers: map[string]inbox.HandlerFunc{"charge.requested": handler}, MaxMessageBytes: 200}
+	produce(t, kc,
+		kafkaMessage("charge.requested", "m-1", []byte(`{"order_id":"o-1","amount":5}`)),
+		kafkaMessage("charge.requested", "m-2", []byte(`{not json`)),                                   // undecodable
+		kafkaMessage("refund.requested", "m-3", []byte(`{}`)),                                          // unknown type
+		kafkaMessage("charge.requested", "m-4", []byte(`{"order_id":"`+strings.Repeat("x", 300)+`"}`)), // oversized
+		kafkaMessage("", "", []byte(`{}`)),                                                             // no type, no id
+		kafkaMessage("charge.requested", "m-5", []byte(`{"order_id":"o-5","amount":7}`)),
+	)
+
+	r := newGroupReader(t, kc, false)
+	c, err := b.in.NewConsumer(r, cfg)
+	require.NoError(t, err)
+	runConsumer(t, c, func() bool { return len(r.committedOffsets()) == 6 })
+	require.NoError(t, r.Close()) // leaves the group
+
+	require.Equal(t, []string{"o-1", "o-5"}, order, "the valid messages behind the poison were processed, in order")
+	require.Equal(t, []int64{0, 1, 2, 3, 4, 5}, r.fetchedOffsets())
+	require.Equal(t, []int64{0, 1, 2, 3, 4, 5}, r.committedOffsets(), "every offset committed, in order")
+	require.Equal(t, int64(6), committedOffset(t, kc), "the group's offset on the broker is past all six")
+	rows, err := b.pool.Query(context.Background(), "SELECT coalesce(message_id, ''), reason, msg_value, kafka_offset FROM "+b.table("dead_letters")+" ORDER BY id")
+	require.NoError(t, err)
+	type dead struct {
+		ID, Reason string
+		Value      []byte
+		Offset     int64
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[dead])
+	require.NoError(t, err)
+	require.Len(t, got, 4)
+	require.Equal(t, "m-2", got[0].ID)
+	require.Contains(t, got[0].Reason, "refused by its handler: permanent: decode charge.requested message m-2")
+	require.Equal(t, []byte(`{not json`), got[0].Value, "the original bytes, as the broker returned them")
+	require.Equal(t, "m-3", got[1].ID)
+	require.Equal(t, `unknown message type "refund.requested" (handled: charge.requested)`, got[1].Reason)
+	require.Equal(t, "m-4", got[2].ID)
+	require.Contains(t, got[2].Reason, "oversized: 315 bytes, more than MaxMessageBytes (200)")
+	require.Equal(t, "payments/0/4", got[3].ID, "a message without an id header is identified by its position")
+	require.Equal(t, "no sagaflow-type header, and no Default handler", got[3].Reason)
+	for i, d := range got {
+		require.Equal(t, []int64{1, 2, 3, 4}[i], d.Offset, "dead letter %d keeps the offset", i)
+	}
+
+	// A fresh member of the group starts where the group's offset is:
+	// its first message is the one produced next, nothing before it.
+	produce(t, kc, kafkaMessage("charge.requested", "m-6", []byte(`{"order_id":"o-6","amount":9}`)))
+	fresh := newGroupReader(t, kc, false)
+	c, err = b.in.NewConsumer(fresh, cfg)
+	require.NoError(t, err)
+	runConsumer(t, c, func() bool { return len(fresh.committedOffsets()) == 1 })
+	require.NoError(t, fresh.Close())
+	require.Equal(t, []int64{6}, fresh.fetchedOffsets(), "nothing redelivered")
+	require.Equal(t, []string{"o-1", "o-5", "o-6"}, order)
+	require.Equal(t, int64(7), committedOffset(t, kc))
+	require.Equal(t, 4, b.count(t, "SELECT count(*) FROM "+b.table("dead_letters")))
+	require.Equal(t, 3, b.count(t, "SELECT count(*) FROM "+b.table("charges")))
+}
+
+func TestKafkaConsumerThatLeftWithoutCommittingIsDeduplicated(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	kc := kafkatest.New(t, kafkatest.SeedTopics(1, kafkaTopic))
+	var calls atomic.Int32
+	cfg := &inbox.ConsumerConfig{Handlers: map[string]inbox.HandlerFunc{"charge.requested": b.charge(&calls)}}
+	payload, err := json.Marshal(chargeRequested{OrderID: "o-1", Amount: 3})
+	require.NoError(t, err)
+	produce(t, kc,
+		kafkaMessage("charge.requested", "m-1", payload),
+		kafkaMessage("charge.requested", "", payload), // from another producer: identified by its position
+		kafkaMessage("charge.requested", "m-3", payload),
+	)
+
+	// The first member processes the three messages, but its commits never
+	// reach the broker; then it leaves the group.
+	first := newGroupReader(t, kc, true)
+	c, err := b.in.NewConsumer(first, cfg)
+	require.NoError(t, err)
+	runConsumer(t, c, func() bool { return len(first.droppedOffsets()) == 3 })
+	require.NoError(t, first.Close())
+	require.Equal(t, []int64{0, 1, 2}, first.fetchedOffsets())
+	require.Equal(t, int32(3), calls.Load())
+	require.Equal(t, 3, b.count(t, "SELECT count(*) FROM "+b.table("inbox")))
+	require.Equal(t, int64(-1), committedOffset(t, kc), "the group has no committed offset")
+
+	// The next member of the group gets the partition, and every message
+	// again from the start.
+	second := newGroupReader(t, kc, false)
+	c, err = b.in.NewConsumer(second, cfg)
+	require.NoError(t, err)
+	runConsumer(t, c, func() bool { return len(second.committedOffsets()) == 3 })
+	require.NoError(t, second.Close())
+	require.Equal(t, []int64{0, 1, 2}, second.fetchedOffsets(), "the three messages were redelivered")
+	require.Equal(t, int32(3), calls.Load(), "redelivered messages had no second effect")
+	require.Equal(t, 3, b.count(t, "SELECT count(*) FROM "+b.table("charges")), "one effect per distinct message")
+	require.Equal(t, 3, b.count(t, "SELECT count(DISTINCT message_id) FROM "+b.table("charges")))
+	require.Equal(t, int64(3), committedOffset(t, kc), "the second member committed past all three")
+	require.Equal(t, 0, b.count(t, "SELECT count(*) FROM "+b.table("dead_letters")))
+}
