@@ -126,6 +126,24 @@
 // slow step delays the commit of the steps batched with it; engines whose
 // steps are slow should use a small BatchSize.
 //
+// # Kafka mode and remote steps
+//
+// With [Config.Kafka] set, the engine carries step commands over Kafka: they
+// are still written to the outbox in the step's transaction, a relay
+// (package relay) publishes them to one topic per saga type, keyed by saga
+// id, and the engine's workers consume them in one consumer group, each
+// message in its own transaction, committing the offset only after it. The
+// guarantees above hold unchanged; malformed commands go to the
+// dead_letters table.
+//
+// A step with a [Remote] instead of an Action calls another service: the
+// step sends a command to the service's topic and the saga waits for the
+// reply, which the service (a steps.Participant) writes to its own outbox.
+// A successful reply completes the step; a refusal, or no reply within the
+// step's Timeout, fails it for good and the saga compensates (after a
+// timeout, the step's own compensation included: the service may have done
+// it). Remote steps need Kafka mode.
+//
 // # The scheduler
 //
 // A started engine runs a robfig/cron scheduler with three kinds of jobs,

@@ -28,4 +28,27 @@
 //     error, so dashboards and bulk replay can match it after a restart.
 //
 // The helpers compose: Permanent(WithCode("card_declined", err)).
+//
+// # Participants
+//
+// A [Participant] serves the commands that sagas in other services send to
+// this service (saga steps with a Remote). [Handle] registers a typed
+// handler, command in, result out:
+//
+//	p, err := steps.NewParticipant(pool, &steps.ParticipantConfig{Consumer: "payments"})
+//	err = steps.Handle(p, "payments.charge", func(ctx context.Context, tx pgx.Tx, c steps.Call[Charge]) (Charged, error) {
+//		id, err := provider.Charge(ctx, c.Command.Amount, c.Key.String()) // the step key as idempotency key
+//		if errors.Is(err, provider.ErrDeclined) {
+//			return Charged{}, steps.Permanent(steps.WithCode("card_declined", err)) // the saga compensates
+//		}
+//		return Charged{ID: id}, err
+//	})
+//	consumer, err := p.Inbox().NewConsumer(kafkaReader, &inbox.ConsumerConfig{Handlers: p.Handlers()})
+//
+// The handler runs in the service's own transaction, which records the
+// step-scoped key first, so a command delivered twice runs once; its result
+// goes back to the saga as a [Reply] written to the service's outbox in the
+// same transaction (run a relay on the service's schema to publish it). A
+// permanent error is sent back as a refusal, and the handler's writes are
+// undone; any other error leaves the command to be retried.
 package steps
