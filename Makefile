@@ -29,8 +29,9 @@ lint: ## gofmt, go vet and staticcheck
 	$(GO) run $(STATICCHECK) $(PKGS)
 
 .PHONY: bench
-bench: ## engine vs raw PostgreSQL step throughput and latency, same machine, same run
+bench: ## engine vs raw PostgreSQL, relay vs raw kafka-go: throughput and latency, same machine, same run
 	$(GO) test -run '^$$' -bench 'StepThroughput|StepLatency' -benchtime=6000x -count=3 ./saga/
+	$(GO) test -run '^$$' -bench 'RelayThroughput|CommitToKafkaLatency' -benchtime=20000x -count=3 ./relay/
 
 .PHONY: db/sql
 db/sql: ## print the migrations' SQL for SCHEMA (default sagaflow), for your own migration tool

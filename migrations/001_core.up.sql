@@ -87,7 +87,10 @@ CREATE TABLE {{schema}}.outbox (
 -- consumed (the saga history records them); the relay claims the rest.
 CREATE INDEX outbox_direct_pending ON {{schema}}.outbox (topic, available_at)
     WHERE status = 'pending' AND delivery = 'direct';
-CREATE INDEX outbox_relay_pending ON {{schema}}.outbox (available_at)
+-- (available_at, id): the relay claims in that order, and a backlog written
+-- by one transaction shares one available_at; without id in the index every
+-- claim would sort the whole backlog.
+CREATE INDEX outbox_relay_pending ON {{schema}}.outbox (available_at, id)
     WHERE status = 'pending' AND delivery = 'relay';
 CREATE INDEX outbox_dead ON {{schema}}.outbox (created_at) WHERE status = 'dead';
 -- Retention and replay of published messages.
