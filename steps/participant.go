@@ -94,7 +94,9 @@ type Call[C any] struct {
 // whatever the duplicates; its result is sent back to the saga as the reply,
 // written to the participant's outbox in the same transaction. An error
 // marked [Permanent] is sent back as a refusal (the saga compensates); any
-// other error leaves the command to be retried.
+// other error leaves the command to be retried. A refusal is not recorded
+// under the step key: after its cause is fixed, the saga may send the same
+// step again (saga.Engine.Resume) and it runs.
 func Handle[C, R any](p *Participant, commandType string, fn func(ctx context.Context, tx pgx.Tx, call Call[C]) (R, error)) error {
 	if commandType == "" || fn == nil {
 		return errors.New("steps: handle: a command type and a function are required")
@@ -110,41 +112,44 @@ func Handle[C, R any](p *Participant, commandType string, fn func(ctx context.Co
 				msg.ID, store.HeaderStepKey, store.HeaderReplyTo, err))
 		}
 		call := Call[C]{Key: key, SagaID: key.SagaID, Direction: key.Direction, Type: msg.Type}
-		// Deduplicate by the step-scoped key, not only the message id: a
+		// A savepoint around the step key and the handler's writes: a
+		// refusal undoes both, so once its cause is fixed the saga can send
+		// the same step again (Resume) and it runs.
+		sp, err := tx.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		var result R
+		// Deduplicate by the step-scoped key, not only the message id: one
 		// saga step's command may reach the participant as more than one
 		// message.
-		_, err = p.steps.ProcessTx(ctx, tx, inbox.Message{ID: key.String()}, func(ctx context.Context, tx pgx.Tx, _ inbox.Message) error {
-			var reply Reply
+		fresh, err := p.steps.ProcessTx(ctx, sp, inbox.Message{ID: key.String()}, func(ctx context.Context, sptx pgx.Tx, _ inbox.Message) error {
 			if err := json.Unmarshal(msg.Value, &call.Command); err != nil {
-				reply = Reply{Error: "malformed command: " + err.Error(), Code: "malformed_command"}
-			} else {
-				sp, err := tx.Begin(ctx) // a savepoint: a refusal undoes the handler's writes
-				if err != nil {
-					return err
-				}
-				result, herr := fn(ctx, sp, call)
-				switch {
-				case herr == nil:
-					if err := sp.Commit(ctx); err != nil {
-						return err
-					}
-					out, err := json.Marshal(result)
-					if err != nil {
-						return fmt.Errorf("steps: encode reply to %s: %w", key, err)
-					}
-					reply = Reply{OK: true, Result: out}
-				case IsPermanent(herr):
-					if err := sp.Rollback(ctx); err != nil {
-						return err
-					}
-					reply = Reply{Error: refusalText(herr), Code: Code(herr)}
-				default:
-					return herr
-				}
+				return Permanent(WithCode("malformed_command", fmt.Errorf("decode command: %w", err)))
 			}
-			return p.sendReply(ctx, tx, replyTo, key, reply)
+			var herr error
+			result, herr = fn(ctx, sptx, call)
+			return herr
 		})
-		return err
+		switch {
+		case err != nil && !IsPermanent(err):
+			return err // retried by the consumer
+		case err != nil:
+			if rerr := sp.Rollback(ctx); rerr != nil {
+				return rerr
+			}
+			return p.sendReply(ctx, tx, replyTo, key, Reply{Error: refusalText(err), Code: Code(err)})
+		case !fresh:
+			return sp.Commit(ctx) // this step ran before; its reply was sent then
+		}
+		if err := sp.Commit(ctx); err != nil {
+			return err
+		}
+		out, err := json.Marshal(result)
+		if err != nil {
+			return fmt.Errorf("steps: encode reply to %s: %w", key, err)
+		}
+		return p.sendReply(ctx, tx, replyTo, key, Reply{OK: true, Result: out})
 	}
 	return nil
 }

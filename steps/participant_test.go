@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"sync/atomic"
 	"io"
 	"log/slog"
 	"testing"
@@ -102,6 +103,7 @@ type system struct {
 	orders, inventory, payments *service
 	engine                      *saga.Engine
 	def                         *saga.Definition[checkout]
+	inventoryDown               atomic.Bool // refuse releases
 }
 
 func newSystem(t *testing.T, paymentsRunning bool) *system {
@@ -122,7 +124,12 @@ func newSystem(t *testing.T, paymentsRunning bool) *system {
 		}
 	}
 	require.NoError(t, steps.Handle(inv, "inventory.reserve", move("reserve")))
-	require.NoError(t, steps.Handle(inv, "inventory.release", move("release")))
+	require.NoError(t, steps.Handle(inv, "inventory.release", func(ctx context.Context, tx pgx.Tx, c steps.Call[reserveCmd]) (struct{}, error) {
+		if s.inventoryDown.Load() {
+			return struct{}{}, steps.Permanent(steps.WithCode("warehouse_closed", errors.New("the warehouse is closed")))
+		}
+		return move("release")(ctx, tx, c)
+	}))
 	serve(t, kc, inv, "inventory.commands", "inventory")
 
 	// Payments: charge, refusing large amounts.
@@ -230,5 +237,33 @@ func TestReplyTimeoutCompensates(t *testing.T) {
 	require.Equal(t, saga.StatusCompensated, in.Status)
 	require.Equal(t, saga.CodeReplyTimeout, in.LastError.Code)
 	require.Equal(t, "charge", in.LastError.Step)
+	require.Equal(t, 1, s.inventory.count(t, "SELECT count(*) FROM "+s.inventory.table("stock_moves")+" WHERE move = 'release'"))
+}
+
+// TestRefusalIsNotRecordedSoAResumeRunsTheStep: a participant refuses (its
+// cause: refunds are down), the saga is parked failed; the cause is fixed and
+// the saga resumed with the same step key: the participant runs it.
+func TestRefusalIsNotRecordedSoAResumeRunsTheStep(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, true)
+	// Inventory refuses releases until mended; payments declines this order,
+	// so the saga compensates, and its release is refused: failed.
+	s.inventoryDown.Store(true)
+	in := s.run(t, checkout{OrderID: "o-4", Amount: 500})
+	require.Equal(t, saga.StatusFailed, in.Status)
+	require.Equal(t, "warehouse_closed", in.LastError.Code)
+	s.inventoryDown.Store(false)
+	require.NoError(t, s.engine.Resume(context.Background(), in.ID, "warehouse open again"))
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got, err := s.engine.Get(context.Background(), in.ID)
+		require.NoError(t, err)
+		if got.Status.Terminal() {
+			require.Equal(t, saga.StatusCompensated, got.Status)
+			break
+		}
+		require.True(t, time.Now().Before(deadline))
+		time.Sleep(20 * time.Millisecond)
+	}
 	require.Equal(t, 1, s.inventory.count(t, "SELECT count(*) FROM "+s.inventory.table("stock_moves")+" WHERE move = 'release'"))
 }
