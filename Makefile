@@ -10,6 +10,10 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_\/-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
+.PHONY: demo
+demo: ## run the checkout example: four services over Kafka, seven scenarios, a summary (exit 0 = all as expected)
+	$(GO) run ./examples/checkout
+
 .PHONY: test
 test: ## run every test against a real PostgreSQL, with the race detector
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)

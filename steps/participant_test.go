@@ -4,9 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"sync/atomic"
 	"io"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 

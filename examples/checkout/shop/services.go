@@ -1,0 +1,456 @@
+package shop
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/sagaflow/sagaflow/inbox"
+	"github.com/sagaflow/sagaflow/relay"
+	"github.com/sagaflow/sagaflow/saga"
+	"github.com/sagaflow/sagaflow/steps"
+	"github.com/sagaflow/sagaflow/store"
+)
+
+// Topics the services talk on.
+const (
+	TopicInventory = "inventory.commands"
+	TopicPayments  = "payments.commands"
+	TopicShipping  = "shipping.commands"
+	TopicReplies   = "orders.replies"
+)
+
+// Topics lists every topic the system needs, with the saga's command topic.
+var Topics = []string{saga.CommandTopicDefault + ".checkout", TopicInventory, TopicPayments, TopicShipping, TopicReplies}
+
+// Order is the checkout saga's state.
+type Order struct {
+	ID       string `json:"id"`
+	SKU      string `json:"sku"`
+	Qty      int    `json:"qty"`
+	Amount   int    `json:"amount"`
+	Address  string `json:"address"`
+	ChargeID string `json:"charge_id,omitempty"`
+}
+
+// Commands and replies between the services: their contracts are in
+// docs/events/.
+type (
+	ReserveStock struct {
+		OrderID string `json:"order_id"`
+		SKU     string `json:"sku"`
+		Qty     int    `json:"qty"`
+	}
+	ChargePayment struct {
+		OrderID string `json:"order_id"`
+		Amount  int    `json:"amount"`
+	}
+	RefundPayment struct {
+		OrderID  string `json:"order_id"`
+		ChargeID string `json:"charge_id"`
+	}
+	CreateShipment struct {
+		OrderID string `json:"order_id"`
+		Address string `json:"address"`
+	}
+	PaymentCharged struct {
+		ChargeID string `json:"charge_id"`
+	}
+)
+
+// DB is one service's schema.
+type DB struct {
+	Pool   *pgxpool.Pool
+	Schema string
+}
+
+func (d DB) table(name string) string { return pgx.Identifier{d.Schema, name}.Sanitize() }
+
+// Env is what the system runs on.
+type Env struct {
+	Orders, Inventory, Payments, Shipping DB
+	Brokers                               []string
+	Dialer                                *kafka.Dialer
+	Logger                                *slog.Logger
+}
+
+// System is the order service (orchestrator) and the inventory, payment and
+// shipping services (participants), with the payment provider they call.
+type System struct {
+	env      Env
+	Engine   *saga.Engine // the order service's
+	Checkout *saga.Definition[Order]
+	Ship     *saga.Engine // the shipping service's own engine, for fulfilment
+	Provider *Provider
+	provider *http.Server
+	addr     string
+
+	stop []func() // undoes Start, in reverse
+
+	// CrashInventoryOn makes the inventory service crash, once, in the middle
+	// of reserving stock of this SKU.
+	CrashInventoryOn atomic.Value // string
+	inventoryCrashes atomic.Int32
+}
+
+// Fulfilment is the shipping service's own saga: pick, pack, ship, notify.
+type Fulfilment struct {
+	OrderID string `json:"order_id"`
+	Address string `json:"address"`
+}
+
+func schemaSQL(d DB, stmts ...string) error {
+	for _, s := range stmts {
+		if _, err := d.Pool.Exec(context.Background(), strings.ReplaceAll(s, "{s}", pgx.Identifier{d.Schema}.Sanitize())); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Start migrates every schema, creates the services' tables and starts
+// everything: relays, consumers, engines, the provider. Stop undoes it.
+func Start(ctx context.Context, env Env) (*System, error) {
+	s := &System{env: env, Provider: NewProvider()}
+	for _, d := range []DB{env.Orders, env.Inventory, env.Payments, env.Shipping} {
+		if _, err := store.Migrate(ctx, d.Pool, d.Schema); err != nil {
+			return nil, err
+		}
+	}
+	err := errors.Join(
+		schemaSQL(env.Orders, `CREATE TABLE IF NOT EXISTS {s}.orders (id text PRIMARY KEY, sku text, qty int, amount int,
+			address text, status text NOT NULL, saga_id uuid, created_at timestamptz DEFAULT now())`),
+		schemaSQL(env.Inventory, `CREATE TABLE IF NOT EXISTS {s}.stock (sku text PRIMARY KEY, available int NOT NULL CHECK (available >= 0))`,
+			`CREATE TABLE IF NOT EXISTS {s}.reservations (order_id text PRIMARY KEY, sku text, qty int, released boolean DEFAULT false)`,
+			`INSERT INTO {s}.stock VALUES ('book', 100), ('lamp', 0), ('mug', 10) ON CONFLICT DO NOTHING`),
+		schemaSQL(env.Payments, `CREATE TABLE IF NOT EXISTS {s}.payments (order_id text PRIMARY KEY, charge_id text, refunded boolean DEFAULT false)`),
+		schemaSQL(env.Shipping, `CREATE TABLE IF NOT EXISTS {s}.shipments (order_id text PRIMARY KEY, address text)`,
+			`CREATE TABLE IF NOT EXISTS {s}.fulfilment_log (order_id text, step text, at timestamptz DEFAULT clock_timestamp())`),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("shop: create tables: %w", err)
+	}
+	if err := s.startProvider(); err != nil {
+		return nil, err
+	}
+	for _, d := range []DB{env.Orders, env.Inventory, env.Payments, env.Shipping} {
+		if err := s.startRelay(ctx, d); err != nil {
+			s.Stop()
+			return nil, err
+		}
+	}
+	if err := errors.Join(s.startInventory(ctx), s.startPayments(ctx), s.startShipping(ctx), s.startOrders(ctx)); err != nil {
+		s.Stop()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Stop stops every part, the orchestrator first.
+func (s *System) Stop() {
+	for i := len(s.stop) - 1; i >= 0; i-- {
+		s.stop[i]()
+	}
+	s.stop = nil
+}
+
+func (s *System) startProvider() error {
+	srv := &http.Server{Handler: s.Provider, ReadHeaderTimeout: 5 * time.Second}
+	ln, err := listen()
+	if err != nil {
+		return fmt.Errorf("shop: provider: %w", err)
+	}
+	s.addr = "http://" + ln.Addr().String()
+	go func() { _ = srv.Serve(ln) }()
+	s.provider = srv
+	s.stop = append(s.stop, func() { _ = srv.Close() })
+	return nil
+}
+
+func (s *System) startRelay(ctx context.Context, d DB) error {
+	w := relay.NewKafkaWriter(s.env.Brokers, &relay.WriterOpts{Dialer: s.env.Dialer, BatchTimeout: time.Millisecond})
+	r, err := relay.New(d.Pool, w, &relay.Config{Schema: d.Schema, PollInterval: 200 * time.Millisecond, Logger: s.env.Logger})
+	if err != nil {
+		return err
+	}
+	if err := r.Start(ctx); err != nil {
+		return err
+	}
+	s.stop = append(s.stop, func() {
+		_ = r.Stop(context.Background())
+		_ = w.Close()
+	})
+	return nil
+}
+
+// consume runs a participant's consumer on topic, restarting it when it
+// crashes, until the system stops.
+func (s *System) consume(topic, group string, p *steps.Participant, crashed func() bool) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for ctx.Err() == nil {
+			r := kafka.NewReader(kafka.ReaderConfig{Brokers: s.env.Brokers, Dialer: s.env.Dialer, GroupID: group, Topic: topic,
+				MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 100 * time.Millisecond, StartOffset: kafka.FirstOffset,
+				HeartbeatInterval: 200 * time.Millisecond, SessionTimeout: 6 * time.Second, RebalanceTimeout: 2 * time.Second})
+			c, err := p.Inbox().NewConsumer(r, &inbox.ConsumerConfig{Handlers: p.Handlers(), RetryMax: time.Second})
+			if err != nil {
+				panic(err) // a programming error: the handlers are registered above
+			}
+			runCtx, stopRun := context.WithCancel(ctx)
+			go func() {
+				for runCtx.Err() == nil {
+					if crashed != nil && crashed() {
+						stopRun() // the process "dies": nothing after this point commits
+						return
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
+			}()
+			_ = c.Run(runCtx)
+			stopRun()
+			_ = r.Close()
+		}
+	})
+	s.stop = append(s.stop, func() { cancel(); wg.Wait() })
+}
+
+func (s *System) participant(d DB, name string) (*steps.Participant, error) {
+	return steps.NewParticipant(d.Pool, &steps.ParticipantConfig{Consumer: name, Schema: d.Schema, Logger: s.env.Logger})
+}
+
+// startInventory: reserve stock, and release it as the compensation.
+func (s *System) startInventory(context.Context) error {
+	d := s.env.Inventory
+	p, err := s.participant(d, "inventory")
+	if err != nil {
+		return err
+	}
+	var crashNow atomic.Bool
+	err = errors.Join(
+		steps.Handle(p, "inventory.reserve", func(ctx context.Context, tx pgx.Tx, c steps.Call[ReserveStock]) (struct{}, error) {
+			tag, err := tx.Exec(ctx, "UPDATE "+d.table("stock")+" SET available = available - $2 WHERE sku = $1 AND available >= $2", c.Command.SKU, c.Command.Qty)
+			if err != nil {
+				return struct{}{}, err
+			}
+			if tag.RowsAffected() == 0 {
+				return struct{}{}, steps.Permanent(steps.WithCode("out_of_stock", fmt.Errorf("%d × %s not available", c.Command.Qty, c.Command.SKU)))
+			}
+			if _, err := tx.Exec(ctx, "INSERT INTO "+d.table("reservations")+" (order_id, sku, qty) VALUES ($1, $2, $3)", c.Command.OrderID, c.Command.SKU, c.Command.Qty); err != nil {
+				return struct{}{}, err
+			}
+			if v, _ := s.CrashInventoryOn.Load().(string); v == c.Command.SKU && s.inventoryCrashes.Load() == 0 {
+				// Crash mid-step: the stock is updated in this transaction,
+				// which will never commit.
+				s.inventoryCrashes.Add(1)
+				crashNow.Store(true)
+				return struct{}{}, errors.New("inventory service crashed")
+			}
+			return struct{}{}, nil
+		}),
+		steps.Handle(p, "inventory.release", func(ctx context.Context, tx pgx.Tx, c steps.Call[ReserveStock]) (struct{}, error) {
+			var sku string
+			var qty int
+			err := tx.QueryRow(ctx, "UPDATE "+d.table("reservations")+" SET released = true WHERE order_id = $1 AND NOT released RETURNING sku, qty", c.Command.OrderID).Scan(&sku, &qty)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return struct{}{}, nil // nothing reserved (or released already)
+			}
+			if err != nil {
+				return struct{}{}, err
+			}
+			_, err = tx.Exec(ctx, "UPDATE "+d.table("stock")+" SET available = available + $2 WHERE sku = $1", sku, qty)
+			return struct{}{}, err
+		}),
+	)
+	if err != nil {
+		return err
+	}
+	s.consume(TopicInventory, "inventory", p, func() bool {
+		return crashNow.CompareAndSwap(true, false)
+	})
+	return nil
+}
+
+// callProvider posts to the payment provider with the step's key as the
+// Idempotency-Key: a retry can never charge twice.
+func (s *System) callProvider(ctx context.Context, path, key string, body any) (int, []byte, error) {
+	b, _ := json.Marshal(body)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.addr+path, strings.NewReader(string(b)))
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	var out json.RawMessage
+	_ = json.NewDecoder(resp.Body).Decode(&out)
+	return resp.StatusCode, out, nil
+}
+
+// startPayments: charge through the provider, refund as the compensation.
+func (s *System) startPayments(context.Context) error {
+	d := s.env.Payments
+	p, err := s.participant(d, "payments")
+	if err != nil {
+		return err
+	}
+	err = errors.Join(
+		steps.Handle(p, "payments.charge", func(ctx context.Context, tx pgx.Tx, c steps.Call[ChargePayment]) (PaymentCharged, error) {
+			status, body, err := s.callProvider(ctx, "/charges", c.Key.String(), chargeRequest{Order: c.Command.OrderID, Amount: c.Command.Amount})
+			switch {
+			case err != nil || status >= 500:
+				return PaymentCharged{}, fmt.Errorf("provider unavailable (status %d): %v", status, err) // retried, same key
+			case status == http.StatusPaymentRequired:
+				return PaymentCharged{}, steps.Permanent(steps.WithCode("card_declined", errors.New("the card was declined")))
+			case status != http.StatusOK:
+				return PaymentCharged{}, steps.Permanent(fmt.Errorf("provider answered %d: %s", status, body))
+			}
+			var res struct {
+				ChargeID string `json:"charge_id"`
+			}
+			if err := json.Unmarshal(body, &res); err != nil {
+				return PaymentCharged{}, err
+			}
+			_, err = tx.Exec(ctx, "INSERT INTO "+d.table("payments")+" (order_id, charge_id) VALUES ($1, $2)", c.Command.OrderID, res.ChargeID)
+			return PaymentCharged{ChargeID: res.ChargeID}, err
+		}),
+		steps.Handle(p, "payments.refund", func(ctx context.Context, tx pgx.Tx, c steps.Call[RefundPayment]) (struct{}, error) {
+			status, body, err := s.callProvider(ctx, "/refunds", c.Key.String(), chargeRequest{Order: c.Command.OrderID, ChargeID: c.Command.ChargeID})
+			switch {
+			case err != nil:
+				return struct{}{}, err
+			case status != http.StatusOK:
+				return struct{}{}, steps.Permanent(steps.WithCode("refund_failed", fmt.Errorf("provider answered %d: %s", status, body)))
+			}
+			_, err = tx.Exec(ctx, "UPDATE "+d.table("payments")+" SET refunded = true WHERE order_id = $1", c.Command.OrderID)
+			return struct{}{}, err
+		}),
+	)
+	if err != nil {
+		return err
+	}
+	s.consume(TopicPayments, "payments", p, nil)
+	return nil
+}
+
+// startShipping: create a shipment, starting the shipping service's own
+// fulfilment saga in the same transaction.
+func (s *System) startShipping(ctx context.Context) error {
+	d := s.env.Shipping
+	logStep := func(name string) saga.StepFunc[Fulfilment] {
+		return func(ctx context.Context, run *saga.StepRun, f *Fulfilment) error {
+			_, err := run.Tx.Exec(ctx, "INSERT INTO "+d.table("fulfilment_log")+" (order_id, step) VALUES ($1, $2)", f.OrderID, name)
+			return err
+		}
+	}
+	fulfil := saga.Define("fulfilment",
+		saga.Step[Fulfilment]{Name: "pick", Action: logStep("pick"), Compensate: logStep("restock")},
+		saga.Step[Fulfilment]{Name: "pack", Action: logStep("pack"), Compensate: logStep("unpack")},
+		saga.Step[Fulfilment]{Name: "ship", Action: logStep("ship")},
+		saga.Step[Fulfilment]{Name: "notify", Action: logStep("notify")},
+	)
+	engine, err := saga.New(d.Pool, &saga.Config{Schema: d.Schema, Workers: 2, PollInterval: 100 * time.Millisecond, Logger: s.env.Logger})
+	if err != nil {
+		return err
+	}
+	if err := engine.Register(fulfil); err != nil {
+		return err
+	}
+	if err := engine.Start(ctx); err != nil {
+		return err
+	}
+	s.Ship = engine
+	s.stop = append(s.stop, func() { _ = engine.Stop(context.Background()) })
+	p, err := s.participant(d, "shipping")
+	if err != nil {
+		return err
+	}
+	err = steps.Handle(p, "shipping.create", func(ctx context.Context, tx pgx.Tx, c steps.Call[CreateShipment]) (struct{}, error) {
+		if c.Command.Address == "nowhere" {
+			return struct{}{}, steps.Permanent(steps.WithCode("undeliverable", errors.New("no carrier delivers to this address")))
+		}
+		if _, err := tx.Exec(ctx, "INSERT INTO "+d.table("shipments")+" VALUES ($1, $2)", c.Command.OrderID, c.Command.Address); err != nil {
+			return struct{}{}, err
+		}
+		_, err := saga.StartTx(ctx, engine, tx, fulfil, Fulfilment{OrderID: c.Command.OrderID, Address: c.Command.Address},
+			&saga.StartOpts{BusinessKey: c.Command.OrderID})
+		return struct{}{}, err
+	})
+	if err != nil {
+		return err
+	}
+	s.consume(TopicShipping, "shipping", p, nil)
+	return nil
+}
+
+// startOrders: the checkout saga and its engine.
+func (s *System) startOrders(ctx context.Context) error {
+	d := s.env.Orders
+	setStatus := func(status string) saga.StepFunc[Order] {
+		return func(ctx context.Context, run *saga.StepRun, o *Order) error {
+			_, err := run.Tx.Exec(ctx, "UPDATE "+d.table("orders")+" SET status = $2 WHERE id = $1", o.ID, status)
+			return err
+		}
+	}
+	s.Checkout = saga.Define("checkout",
+		saga.Step[Order]{Name: "accept", Action: setStatus("accepted"), Compensate: setStatus("rejected")},
+		saga.Step[Order]{Name: "reserve", Timeout: 20 * time.Second, Remote: &saga.Remote[Order]{
+			Topic: TopicInventory, Type: "inventory.reserve", CompensateType: "inventory.release",
+			Command: func(_ context.Context, _ *saga.StepRun, o *Order) (any, error) {
+				return ReserveStock{OrderID: o.ID, SKU: o.SKU, Qty: o.Qty}, nil
+			},
+		}},
+		saga.Step[Order]{Name: "charge", Timeout: 20 * time.Second, Remote: &saga.Remote[Order]{
+			Topic: TopicPayments, Type: "payments.charge", CompensateType: "payments.refund",
+			Command: func(_ context.Context, _ *saga.StepRun, o *Order) (any, error) {
+				return ChargePayment{OrderID: o.ID, Amount: o.Amount}, nil
+			},
+			CompensateCommand: func(_ context.Context, _ *saga.StepRun, o *Order) (any, error) {
+				return RefundPayment{OrderID: o.ID, ChargeID: o.ChargeID}, nil
+			},
+			OnReply: func(_ context.Context, _ *saga.StepRun, o *Order, result json.RawMessage) error {
+				var r PaymentCharged
+				if err := json.Unmarshal(result, &r); err != nil {
+					return err
+				}
+				o.ChargeID = r.ChargeID
+				return nil
+			},
+		}},
+		saga.Step[Order]{Name: "ship", Timeout: 20 * time.Second, Remote: &saga.Remote[Order]{
+			Topic: TopicShipping, Type: "shipping.create",
+			Command: func(_ context.Context, _ *saga.StepRun, o *Order) (any, error) {
+				return CreateShipment{OrderID: o.ID, Address: o.Address}, nil
+			},
+		}},
+		saga.Step[Order]{Name: "confirm", Action: setStatus("confirmed")},
+	)
+	engine, err := saga.New(d.Pool, &saga.Config{Schema: d.Schema, Workers: 2, Logger: s.env.Logger, RescueInterval: time.Second,
+		Kafka: &saga.KafkaConfig{Brokers: s.env.Brokers, Dialer: s.env.Dialer, ReplyTopic: TopicReplies}})
+	if err != nil {
+		return err
+	}
+	if err := engine.Register(s.Checkout); err != nil {
+		return err
+	}
+	if err := engine.Start(ctx); err != nil {
+		return err
+	}
+	s.Engine = engine
+	s.stop = append(s.stop, func() { _ = engine.Stop(context.Background()) })
+	return nil
+}
