@@ -26,6 +26,17 @@ test/short: ## run every test without the race detector (quicker)
 test/race: ## run the suite five times with the race detector, to shake out flakes
 	$(GO) test -race -count=5 -timeout 30m $(PKGS)
 
+FUZZTIME ?= 30s
+FUZZ_TARGETS := FuzzDecodeCommand:./saga FuzzClaimedFromKafka:./saga FuzzFromKafka:./inbox \
+	FuzzBuildMessage:./relay FuzzDecodeCursor:./store FuzzParseKey:./steps
+
+.PHONY: fuzz
+fuzz: ## fuzz every decoder of untrusted bytes for FUZZTIME each (default 30s)
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		name=$${t%%:*}; pkg=$${t#*:}; echo "== $$name ($$pkg)"; \
+		$(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) $$pkg; \
+	done
+
 .PHONY: lint
 lint: ## gofmt, go vet and staticcheck
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
