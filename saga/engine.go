@@ -396,14 +396,18 @@ func (e *Engine) Start(ctx context.Context) error {
 	started, err := e.life.Start(ctx, func(fetch, work context.Context, wg *sync.WaitGroup) {
 		schedulerDone := e.startScheduler(fetch, schedules)
 		wg.Go(func() { <-schedulerDone })
+		direct := e.cfg.Workers
 		if e.cfg.Kafka != nil {
 			for range e.cfg.Workers {
 				r := e.newCommandReader()
 				wg.Go(func() { e.kafkaWork(fetch, work, r) })
 			}
-			return
+			// One direct worker as well: replays and cancel requests that a
+			// tool without the saga's definition (the operator CLI) records
+			// are direct commands in the outbox.
+			direct = 1
 		}
-		wakes := make([]chan struct{}, e.cfg.Workers)
+		wakes := make([]chan struct{}, direct)
 		for i := range wakes {
 			wakes[i] = make(chan struct{}, 1)
 		}

@@ -2,7 +2,9 @@ package saga_test
 
 import (
 	"context"
+	"errors"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,6 +15,7 @@ import (
 	"github.com/sagaflow/sagaflow/internal/kafkatest"
 	"github.com/sagaflow/sagaflow/relay"
 	"github.com/sagaflow/sagaflow/saga"
+	"github.com/sagaflow/sagaflow/steps"
 )
 
 // kafkaBundle is an engine in Kafka mode, the relay that publishes its
@@ -224,4 +227,40 @@ func TestKafkaModeRescuerWaitsForALaggingConsumer(t *testing.T) {
 	k.start(t)
 	require.Equal(t, saga.StatusCompleted, k.waitTerminal(t, st.ID).Status)
 	require.Equal(t, []string{"reserve/forward", "charge/forward", "ship/forward"}, k.effects(t, st.ID), "the first copy was stale")
+}
+
+// TestKafkaModeCarriesOutToolRequests: the operator CLI has no definitions
+// and no Kafka: its cancel requests and replays are direct commands, which a
+// Kafka-mode engine carries out too.
+func TestKafkaModeCarriesOutToolRequests(t *testing.T) {
+	t.Parallel()
+	k := setupKafka(t, 1, "ktool")
+	var fixed atomic.Bool
+	def := threeSteps(k.bundle, "ktool", map[string]saga.StepFunc[order]{
+		"ship/forward": func(context.Context, *saga.StepRun, *order) error {
+			if !fixed.Load() {
+				return steps.Permanent(errors.New("no carrier"))
+			}
+			return nil
+		},
+		"charge/compensate": func(context.Context, *saga.StepRun, *order) error {
+			if !fixed.Load() {
+				return steps.Permanent(errors.New("refunds down"))
+			}
+			return nil
+		},
+	})
+	require.NoError(t, k.engine.Register(def))
+	k.start(t)
+	ctx := context.Background()
+	st, err := saga.Start(ctx, k.engine, def, order{}, nil)
+	require.NoError(t, err)
+	require.Equal(t, saga.StatusFailed, k.waitTerminal(t, st.ID).Status)
+
+	tool, err := saga.New(k.pool, &saga.Config{Schema: k.schema, Logger: testLogger(t)})
+	require.NoError(t, err)
+	fixed.Store(true)
+	require.NoError(t, tool.Resume(ctx, st.ID, "refunds work again"))
+	require.Equal(t, saga.StatusCompensated, k.waitTerminal(t, st.ID).Status)
+
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/sagaflow/sagaflow/idempotency"
 	"github.com/sagaflow/sagaflow/saga"
 )
 
@@ -52,11 +53,19 @@ func (s *System) placeOrder(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
+	// The order's id comes from the request's idempotency key: if this
+	// transaction commits but the answer is lost, the client's retry finds
+	// the same order (and, by business key, the same saga) instead of
+	// creating another.
 	id := "ord_" + strings.ReplaceAll(uuid.Must(uuid.NewV7()).String(), "-", "")[20:]
+	if key, ok := idempotency.FromContext(ctx); ok {
+		scope, _ := idempotency.ScopeFromContext(ctx)
+		id = "ord_" + strings.ReplaceAll(uuid.NewSHA1(uuid.NameSpaceURL, []byte(scope+"\x00"+key)).String(), "-", "")[20:]
+	}
 	d := s.env.Orders
 	var started saga.Started
 	err := pgx.BeginFunc(ctx, d.Pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "INSERT INTO "+d.table("orders")+" (id, sku, qty, amount, address, status) VALUES ($1, $2, $3, $4, $5, 'placed')",
+		if _, err := tx.Exec(ctx, "INSERT INTO "+d.table("orders")+" (id, sku, qty, amount, address, status) VALUES ($1, $2, $3, $4, $5, 'placed') ON CONFLICT (id) DO NOTHING",
 			id, req.SKU, req.Qty, req.Amount, req.Address); err != nil {
 			return err
 		}
@@ -81,13 +90,18 @@ func (s *System) getOrder(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	d := s.env.Orders
 	var v OrderView
-	err := d.Pool.QueryRow(ctx, "SELECT id, status, saga_id FROM "+d.table("orders")+" WHERE id = $1", r.PathValue("id")).Scan(&v.ID, &v.Status, &v.SagaID)
+	err := d.Pool.QueryRow(ctx, "SELECT saga_id FROM "+d.table("orders")+" WHERE id = $1", r.PathValue("id")).Scan(&v.SagaID)
 	if errors.Is(err, pgx.ErrNoRows) {
 		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such order"})
 		return
 	}
+	// The saga first, then the order's status: a step changes both in one
+	// transaction, so the order read second is never behind the saga.
 	if err == nil {
 		v.Saga, err = s.Engine.Get(ctx, v.SagaID)
+	}
+	if err == nil {
+		err = d.Pool.QueryRow(ctx, "SELECT id, status FROM "+d.table("orders")+" WHERE id = $1", r.PathValue("id")).Scan(&v.ID, &v.Status)
 	}
 	if err != nil {
 		writeJSON(w, http.StatusInternalServerError, map[string]string{"error": err.Error()})

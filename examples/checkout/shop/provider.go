@@ -18,8 +18,9 @@ type Provider struct {
 	refunds map[string]bool           // refunded charge ids
 	// failNext counts the charge calls still to fail with a 503.
 	failNext int
-	// refundsDown makes every refund fail with a 500 until it is cleared.
-	refundsDown bool
+	// refundsDisabled makes every refund fail with a 403 (a merchant account
+	// setting an operator must fix) until it is cleared.
+	refundsDisabled bool
 }
 
 type providerAnswer struct {
@@ -39,11 +40,11 @@ func (p *Provider) FailNextCharges(n int) {
 	p.failNext = n
 }
 
-// SetRefundsDown breaks or mends refunds.
-func (p *Provider) SetRefundsDown(down bool) {
+// SetRefundsDisabled disables or enables refunds on the merchant account.
+func (p *Provider) SetRefundsDisabled(disabled bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.refundsDown = down
+	p.refundsDisabled = disabled
 }
 
 // Stats returns the calls made with key and the charges made in all.
@@ -90,8 +91,8 @@ func (p *Provider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var a providerAnswer
 	switch {
 	case strings.HasSuffix(r.URL.Path, "/refunds"):
-		if p.refundsDown {
-			http.Error(w, `{"error":"refunds unavailable"}`, http.StatusInternalServerError)
+		if p.refundsDisabled {
+			http.Error(w, `{"error":"refunds are disabled for this merchant account"}`, http.StatusForbidden)
 			return
 		}
 		p.refunds[req.ChargeID] = true

@@ -181,19 +181,24 @@ func (s *System) Run(ctx context.Context, base string, out io.Writer) ([]Result,
 		got := fmt.Sprintf("%s, same id %v, replayed %v, %d saga", outcome(v), again == id, replayed, len(res.Sagas))
 		return id, got, again == id && replayed && len(res.Sagas) == 1 && v.Saga.Status == saga.StatusCompleted, nil
 	})
-	_ = scenario("participant crash", "completed; the inventory service crashed mid-step once, stock taken once", func(ctx context.Context) (string, string, bool, error) {
+	_ = scenario("participant crash", "completed; inventory crashed after its commit, before its offset: stock taken once, one reply", func(ctx context.Context) (string, string, bool, error) {
 		s.CrashInventoryOn.Store("mug")
 		before := stock("mug")
 		id, v, err := place(ctx, "k-crash", PlaceOrder{SKU: "mug", Qty: 3, Amount: 25, Address: "3 High St"})
 		if err != nil {
 			return id, "", false, err
 		}
+		inv := s.env.Inventory
+		var reservations, replies int
+		_ = inv.Pool.QueryRow(ctx, "SELECT count(*) FROM "+inv.table("reservations")+" WHERE order_id = $1", id).Scan(&reservations)
+		_ = inv.Pool.QueryRow(ctx, "SELECT count(*) FROM "+inv.table("outbox")+" WHERE step_key = $1 AND type = 'sagaflow.reply'",
+			v.SagaID.String()+"/reserve/forward/0").Scan(&replies)
 		crashes, taken := s.inventoryCrashes.Load(), before-stock("mug")
-		got := fmt.Sprintf("%s, %d crash, %d taken", outcome(v), crashes, taken)
-		return id, got, v.Saga.Status == saga.StatusCompleted && crashes == 1 && taken == 3, nil
+		got := fmt.Sprintf("%s, %d crash, %d taken, %d reservation, %d reply", outcome(v), crashes, taken, reservations, replies)
+		return id, got, v.Saga.Status == saga.StatusCompleted && crashes == 1 && taken == 3 && reservations == 1 && replies == 1, nil
 	})
 	_ = scenario("replay after fix", "failed (refund_failed), then replayed: compensated, refunded", func(ctx context.Context) (string, string, bool, error) {
-		s.Provider.SetRefundsDown(true)
+		s.Provider.SetRefundsDisabled(true)
 		id, v, err := place(ctx, "k-replay", PlaceOrder{SKU: "book", Qty: 1, Amount: 60, Address: "nowhere"})
 		if err != nil {
 			return id, "", false, err
@@ -202,7 +207,7 @@ func (s *System) Run(ctx context.Context, base string, out io.Writer) ([]Result,
 		if v.Saga.Status != saga.StatusFailed {
 			return id, first, false, nil
 		}
-		s.Provider.SetRefundsDown(false) // the cause is fixed
+		s.Provider.SetRefundsDisabled(false) // the cause is fixed
 		if err := s.Engine.Resume(ctx, v.SagaID, "refunds work again"); err != nil {
 			return id, first, false, err
 		}

@@ -196,7 +196,7 @@ func (s *System) startRelay(ctx context.Context, d DB) error {
 
 // consume runs a participant's consumer on topic, restarting it when it
 // crashes, until the system stops.
-func (s *System) consume(topic, group string, p *steps.Participant, crashed func() bool) {
+func (s *System) consume(topic, group string, p *steps.Participant, crashes func() bool) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -204,26 +204,35 @@ func (s *System) consume(topic, group string, p *steps.Participant, crashed func
 			r := kafka.NewReader(kafka.ReaderConfig{Brokers: s.env.Brokers, Dialer: s.env.Dialer, GroupID: group, Topic: topic,
 				MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 100 * time.Millisecond, StartOffset: kafka.FirstOffset,
 				HeartbeatInterval: 200 * time.Millisecond, SessionTimeout: 6 * time.Second, RebalanceTimeout: 2 * time.Second})
-			c, err := p.Inbox().NewConsumer(r, &inbox.ConsumerConfig{Handlers: p.Handlers(), RetryMax: time.Second})
+			runCtx, stopRun := context.WithCancel(ctx)
+			reader := &crashingReader{Reader: r, crashes: crashes, crash: stopRun}
+			c, err := p.Inbox().NewConsumer(reader, &inbox.ConsumerConfig{Handlers: p.Handlers(), RetryMax: time.Second})
 			if err != nil {
 				panic(err) // a programming error: the handlers are registered above
 			}
-			runCtx, stopRun := context.WithCancel(ctx)
-			go func() {
-				for runCtx.Err() == nil {
-					if crashed != nil && crashed() {
-						stopRun() // the process "dies": nothing after this point commits
-						return
-					}
-					time.Sleep(5 * time.Millisecond)
-				}
-			}()
 			_ = c.Run(runCtx)
 			stopRun()
 			_ = r.Close()
 		}
 	})
 	s.stop = append(s.stop, func() { cancel(); wg.Wait() })
+}
+
+// crashingReader makes its consumer "die" when crashes says so: after the
+// message's transaction committed and before its offset is committed, the
+// one moment where only deduplication prevents a second effect.
+type crashingReader struct {
+	*kafka.Reader
+	crashes func() bool
+	crash   func()
+}
+
+func (r *crashingReader) CommitMessages(ctx context.Context, msgs ...kafka.Message) error {
+	if r.crashes != nil && r.crashes() {
+		r.crash()
+		return errors.New("the service crashed before committing the offset")
+	}
+	return r.Reader.CommitMessages(ctx, msgs...)
 }
 
 func (s *System) participant(d DB, name string) (*steps.Participant, error) {
@@ -251,11 +260,11 @@ func (s *System) startInventory(context.Context) error {
 				return struct{}{}, err
 			}
 			if v, _ := s.CrashInventoryOn.Load().(string); v == c.Command.SKU && s.inventoryCrashes.Load() == 0 {
-				// Crash mid-step: the stock is updated in this transaction,
-				// which will never commit.
+				// The service will crash once this transaction has
+				// committed, before the message's offset is committed: the
+				// command is delivered again after the restart.
 				s.inventoryCrashes.Add(1)
 				crashNow.Store(true)
-				return struct{}{}, errors.New("inventory service crashed")
 			}
 			return struct{}{}, nil
 		}),
@@ -329,10 +338,23 @@ func (s *System) startPayments(context.Context) error {
 			return PaymentCharged{ChargeID: res.ChargeID}, err
 		}),
 		steps.Handle(p, "payments.refund", func(ctx context.Context, tx pgx.Tx, c steps.Call[RefundPayment]) (struct{}, error) {
-			status, body, err := s.callProvider(ctx, "/refunds", c.Key.String(), chargeRequest{Order: c.Command.OrderID, ChargeID: c.Command.ChargeID})
-			switch {
-			case err != nil:
+			// Refund what this service charged for the order, whatever the
+			// saga knows: after a reply timeout the saga never saw the charge
+			// id, and a late charge is processed before this refund (same
+			// partition, in order).
+			var chargeID string
+			var refunded bool
+			err := tx.QueryRow(ctx, "SELECT charge_id, refunded FROM "+d.table("payments")+" WHERE order_id = $1 FOR UPDATE", c.Command.OrderID).Scan(&chargeID, &refunded)
+			if errors.Is(err, pgx.ErrNoRows) || refunded {
+				return struct{}{}, nil // nothing charged, or refunded already
+			}
+			if err != nil {
 				return struct{}{}, err
+			}
+			status, body, err := s.callProvider(ctx, "/refunds", c.Key.String(), chargeRequest{Order: c.Command.OrderID, ChargeID: chargeID})
+			switch {
+			case err != nil || status >= 500:
+				return struct{}{}, fmt.Errorf("provider unavailable (status %d): %v", status, err) // retried, same key
 			case status != http.StatusOK:
 				return struct{}{}, steps.Permanent(steps.WithCode("refund_failed", fmt.Errorf("provider answered %d: %s", status, body)))
 			}
