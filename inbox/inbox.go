@@ -119,10 +119,21 @@ func (in *Inbox) ProcessTx(ctx context.Context, tx pgx.Tx, msg Message, fn Handl
 	if !fresh {
 		return false, nil
 	}
-	if err := fn(ctx, tx, msg); err != nil {
+	if err := callHandler(ctx, tx, msg, fn); err != nil {
 		return false, err
 	}
 	return true, nil
+}
+
+// callHandler runs fn, turning a panic into a permanent error: a handler
+// that panics on a message would panic again on every redelivery.
+func callHandler(ctx context.Context, tx pgx.Tx, msg Message, fn HandlerFunc) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &poisonError{err: fmt.Errorf("handler panicked on message %s: %v", msg.ID, v)}
+		}
+	}()
+	return fn(ctx, tx, msg)
 }
 
 // DeadLetter stores msg with the reason it cannot be processed, and records

@@ -214,9 +214,6 @@ func (c *Config) withDefaults() (Config, error) {
 		if k.GroupID == "" {
 			k.GroupID = "sagaflow-engine-" + out.Schema
 		}
-		if k.ReplyTopic == "" {
-			k.ReplyTopic = "sagaflow.replies." + out.Schema
-		}
 		out.Kafka = &k
 	}
 	if out.Logger == nil {

@@ -511,7 +511,7 @@ func (b *batch) send(ctx context.Context, sg *store.Saga, def *compiled, idx int
 	if sg.BusinessKey != nil {
 		run.BusinessKey = *sg.BusinessKey
 	}
-	payload, err := def.send(ctx, run, idx, dir, sg.State)
+	payload, err := recovered(func() ([]byte, error) { return def.send(ctx, run, idx, dir, sg.State) })
 	if err != nil {
 		tr := e.failureTransition(sg, def, idx, dir, sg.Attempt+1, err, 0)
 		fenced, werr := b.write(ctx, sg, tr, sp, sp, last)
@@ -527,7 +527,7 @@ func (b *batch) send(ctx context.Context, sg *store.Saga, def *compiled, idx int
 		AggregateID: sg.ID.String(), Type: typ, Payload: payload, SagaID: &sg.ID, StepKey: &keyText,
 		Headers: map[string]string{
 			store.HeaderMessageID: id.String(), store.HeaderType: typ, store.HeaderSagaID: sg.ID.String(),
-			store.HeaderStepKey: keyText, store.HeaderReplyTo: e.cfg.Kafka.ReplyTopic, store.HeaderDirection: string(dir),
+			store.HeaderStepKey: keyText, store.HeaderReplyTo: e.replyTopic(sg.Name), store.HeaderDirection: string(dir),
 		},
 	}
 	tr := transitionFrom(sg)
@@ -585,21 +585,32 @@ func (b *batch) reply(ctx context.Context, c *store.Claimed, ls *store.LockedSag
 	}
 	run := &StepRun{Tx: stepTx{b.tx}, Key: key, SagaID: sg.ID, SagaName: sg.Name, Step: sg.StepName, Direction: dir,
 		Epoch: sg.Epoch, Attempt: attempt}
-	newState, herr := def.reply(ctx, run, idx, sg.State, r.Result)
+	newState, herr := recovered(func() ([]byte, error) { return def.reply(ctx, run, idx, sg.State, r.Result) })
 	if herr == nil {
 		herr = e.checkNewState(sg.StepName, newState)
 	}
-	var tr *store.Transition
-	if herr != nil {
-		tr = e.failureTransition(sg, def, idx, dir, attempt, steps.Permanent(herr), 0)
-	} else {
-		tr = e.successTransition(sg, def, idx, dir, newState, 0, key.String())
+	if herr == nil {
+		tr := e.successTransition(sg, def, idx, dir, newState, 0, key.String())
 		tr.History = append([]store.HistoryEntry{{SagaID: sg.ID, Event: EventReplyReceived, StepName: sg.StepName,
 			Direction: string(dir), Epoch: sg.Epoch, Attempt: attempt}}, tr.History...)
+		fenced, err := b.write(ctx, sg, tr, sp, "", last)
+		switch {
+		case err == nil:
+			if fenced {
+				e.stats.succeeded.Add(1)
+			}
+			return nil
+		case !isStatementError(err):
+			return err
+		}
+		// OnReply left the transaction unusable: undo it, record a failure.
+		herr = steps.WithCode(CodeTxAborted, fmt.Errorf("apply reply: %w", err))
 	}
-	fenced, err := b.write(ctx, sg, tr, sp, "", last)
-	if fenced && herr == nil {
-		e.stats.succeeded.Add(1)
+	// OnReply failed: its writes are rolled back with the savepoint.
+	tr := e.failureTransition(sg, def, idx, dir, attempt, steps.Permanent(herr), 0)
+	fenced, err := b.write(ctx, sg, tr, sp, sp, last)
+	if fenced {
+		e.stats.failed.Add(1)
 	}
 	return err
 }
@@ -681,6 +692,16 @@ func errorMessage(err error) string {
 func isStatementError(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr)
+}
+
+// recovered runs f, turning a panic into a *panicError with the stack.
+func recovered(f func() ([]byte, error)) (out []byte, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			out, err = nil, &panicError{value: v, stack: debug.Stack()}
+		}
+	}()
+	return f()
 }
 
 // stepTx is the transaction handed to a step: the step may use it, and nest

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -37,8 +38,19 @@ type KafkaConfig struct {
 	// "sagaflow-engine-" + Schema.
 	GroupID string
 	// ReplyTopic receives participants' replies to the commands of remote
-	// steps. Defaults to "sagaflow.replies." + Schema.
+	// steps, for every saga of the engine: then every engine in the group
+	// must register the same sagas. Defaults to one reply topic per saga
+	// type, its command topic + ".replies", so that engines registering
+	// different sagas can share a schema.
 	ReplyTopic string
+}
+
+// replyTopic is where participants reply to a saga type's remote steps.
+func (e *Engine) replyTopic(sagaName string) string {
+	if e.cfg.Kafka.ReplyTopic != "" {
+		return e.cfg.Kafka.ReplyTopic
+	}
+	return e.commandTopic(sagaName) + ".replies"
 }
 
 // commandReader is what a Kafka worker consumes from; *kafka.Reader
@@ -66,19 +78,17 @@ func (e *Engine) commandDelivery() string {
 }
 
 // CommandTopics returns the Kafka topics an engine in Kafka mode consumes:
-// its registered sagas' command topics and, when a saga has remote steps,
-// its reply topic. Create them before starting the engine.
+// its registered sagas' command topics and, for sagas with remote steps,
+// their reply topics. Create them before starting the engine.
 func (e *Engine) CommandTopics() []string {
-	var topics []string
-	remote := false
+	var topics, replies []string
 	for _, name := range e.registeredNameList() {
 		topics = append(topics, e.commandTopic(name))
-		remote = remote || e.lookupName(name).hasRemote()
+		if e.lookupName(name).hasRemote() && !slices.Contains(replies, e.replyTopic(name)) {
+			replies = append(replies, e.replyTopic(name))
+		}
 	}
-	if remote {
-		topics = append(topics, e.cfg.Kafka.ReplyTopic)
-	}
-	return topics
+	return append(topics, replies...)
 }
 
 func (e *Engine) newCommandReader() commandReader {
@@ -134,7 +144,7 @@ func (e *Engine) kafkaWork(fetch, work context.Context, r commandReader) {
 			}
 			// Stopping leaves the offset uncommitted: the command is
 			// redelivered to whichever engine takes the partition.
-			if !sleepCtx(fetch, min(backoffPause(attempt), deferDelay<<attempt)) {
+			if !sleepCtx(fetch, min(backoffPause(attempt), deferDelay<<min(attempt, 10))) {
 				return
 			}
 		}
@@ -245,7 +255,11 @@ func (e *Engine) runKafkaMessage(ctx context.Context, m kafka.Message) (again bo
 	if errors.Is(err, errAbandoned) {
 		hijacked = true
 		_ = conn.Hijack().PgConn().Conn().Close()
-		return false, e.recordAbandoned(context.WithoutCancel(ctx), b.abandoned)
+		// The attempt is recorded with its retry; this message is spent.
+		if err := e.recordAbandoned(context.WithoutCancel(ctx), b.abandoned); !errors.Is(err, errAbandoned) {
+			return false, err
+		}
+		return false, nil
 	}
 	if err != nil {
 		return false, err

@@ -99,6 +99,14 @@ func (e *Engine) rescuePass(ctx context.Context, names []string, res *RescueResu
 			case known && s.AwaitingReply:
 				// The participant did not reply in time: the step fails for
 				// good, and the compensation includes it (it may have run).
+				// A command the relay has not published yet never will be,
+				// so the compensation cannot overtake it.
+				if s.CommandID != nil {
+					if _, err := e.st.SupersedeMessage(ctx, tx, *s.CommandID,
+						"superseded: the step timed out waiting for its reply before this command was published"); err != nil {
+						return err
+					}
+				}
 				tr = e.failureTransition(&s.Saga, def, idx, steps.Direction(s.Direction), s.Attempt+1,
 					steps.Permanent(steps.WithCode(CodeReplyTimeout, fmt.Errorf("no reply to step %q within its timeout (%s)",
 						s.StepName, def.steps[idx].timeout))), 0)

@@ -34,11 +34,12 @@ type ParticipantConfig struct {
 // service's command topic, and run a relay on the service's schema to
 // publish the replies.
 type Participant struct {
-	in       *inbox.Inbox
-	steps    *inbox.Inbox // step-scoped keys
-	st       *store.Store
-	log      *slog.Logger
-	handlers map[string]inbox.HandlerFunc
+	in            *inbox.Inbox
+	steps         *inbox.Inbox // step-scoped keys
+	stepsConsumer string
+	st            *store.Store
+	log           *slog.Logger
+	handlers      map[string]inbox.HandlerFunc
 }
 
 // NewParticipant returns a participant on pool; the schema must have been
@@ -66,7 +67,8 @@ func NewParticipant(pool *pgxpool.Pool, cfg *ParticipantConfig) (*Participant, e
 	if err != nil {
 		return nil, fmt.Errorf("steps: participant: %w", err)
 	}
-	return &Participant{in: in, steps: keys, st: st, log: c.Logger, handlers: map[string]inbox.HandlerFunc{}}, nil
+	return &Participant{in: in, steps: keys, stepsConsumer: c.Consumer + "/steps", st: st, log: c.Logger,
+		handlers: map[string]inbox.HandlerFunc{}}, nil
 }
 
 // Inbox returns the participant's inbox, to build the consumer with:
@@ -95,8 +97,14 @@ type Call[C any] struct {
 // written to the participant's outbox in the same transaction. An error
 // marked [Permanent] is sent back as a refusal (the saga compensates); any
 // other error leaves the command to be retried. A refusal is not recorded
-// under the step key: after its cause is fixed, the saga may send the same
-// step again (saga.Engine.Resume) and it runs.
+// under the step key: a refused compensation, once its cause is fixed, runs
+// when the saga is resumed (saga.Engine.Resume). A step that ran before is
+// not run again; its reply is sent again instead.
+//
+// A compensation must tolerate a forward step that never ran (after a reply
+// timeout the saga compensates a step whose command may never have arrived):
+// the participant records the forward step as seen, so a forward command
+// arriving after its compensation does nothing.
 func Handle[C, R any](p *Participant, commandType string, fn func(ctx context.Context, tx pgx.Tx, call Call[C]) (R, error)) error {
 	if commandType == "" || fn == nil {
 		return errors.New("steps: handle: a command type and a function are required")
@@ -127,8 +135,26 @@ func Handle[C, R any](p *Participant, commandType string, fn func(ctx context.Co
 			if err := json.Unmarshal(msg.Value, &call.Command); err != nil {
 				return Permanent(WithCode("malformed_command", fmt.Errorf("decode command: %w", err)))
 			}
+			if key.Direction == Compensate {
+				// Record the forward step as seen: if its command arrives
+				// after this compensation (a relay retry reordered them), it
+				// is skipped instead of doing what was just undone.
+				forward := Key{SagaID: key.SagaID, Step: key.Step, Direction: Forward, Epoch: key.Epoch}
+				if _, err := p.st.InsertInboxKey(ctx, sptx, p.stepsConsumer, forward.String()); err != nil {
+					return err
+				}
+			}
 			var herr error
-			result, herr = fn(ctx, sptx, call)
+			func() {
+				defer func() {
+					if v := recover(); v != nil {
+						// A bug in the handler: refuse rather than crash the
+						// service (and crash again on every redelivery).
+						herr = Permanent(WithCode("panic", fmt.Errorf("handler for %q panicked: %v", commandType, v)))
+					}
+				}()
+				result, herr = fn(ctx, sptx, call)
+			}()
 			return herr
 		})
 		switch {
@@ -140,7 +166,15 @@ func Handle[C, R any](p *Participant, commandType string, fn func(ctx context.Co
 			}
 			return p.sendReply(ctx, tx, replyTo, key, Reply{Error: refusalText(err), Code: Code(err)})
 		case !fresh:
-			return sp.Commit(ctx) // this step ran before; its reply was sent then
+			// This step ran before. Send its reply again: the saga may have
+			// missed the first (it came too late, and the saga was resumed).
+			if err := sp.Commit(ctx); err != nil {
+				return err
+			}
+			if _, err := p.st.ResendLast(ctx, tx, key.String(), ReplyType, uuid.Must(uuid.NewV7())); err != nil {
+				return err
+			}
+			return p.st.Notify(ctx, tx, replyTo)
 		}
 		if err := sp.Commit(ctx); err != nil {
 			return err
