@@ -30,6 +30,8 @@ const (
 	TTLDefault = 24 * time.Hour
 	// TTLMin is the shortest TTL [New] accepts.
 	TTLMin = time.Second
+	// InFlightTimeoutDefault is how long an unfinished request keeps its key.
+	InFlightTimeoutDefault = time.Minute
 	// MaxKeyLengthDefault is the longest key accepted, in bytes.
 	MaxKeyLengthDefault = 255
 	// MaxBodyBytesDefault is the largest request body accepted.
@@ -56,11 +58,17 @@ type Config struct {
 	// Header is the request header that carries the key. Defaults to
 	// HeaderDefault ("Idempotency-Key").
 	Header string
-	// TTL is how long a key is kept: from its claim while its request is in
-	// flight, and from the moment its response was stored once it is done.
-	// An expired key counts as absent. Defaults to TTLDefault (24 hours); at
-	// least TTLMin.
+	// TTL is how long a key is kept from the moment its response was
+	// stored. An expired key counts as absent. Defaults to TTLDefault (24
+	// hours); at least TTLMin.
 	TTL time.Duration
+	// InFlightTimeout is how long a key stays claimed by a request that has
+	// not finished: after it, the key counts as absent, so a client is not
+	// locked out (409) for the whole TTL when the process handling its first
+	// request died. It must be longer than the handler can run (a request
+	// still running after it may run a second time). Defaults to
+	// InFlightTimeoutDefault (1 minute); at most TTL.
+	InFlightTimeout time.Duration
 	// Required rejects requests of unsafe methods that carry no key with
 	// 400 Bad Request. Defaults to false: such requests reach the handler
 	// unprotected.
@@ -98,6 +106,7 @@ type Middleware struct {
 	st            *store.Store
 	header        string
 	ttl           time.Duration
+	inFlight      time.Duration
 	required      bool
 	maxKeyLength  int
 	maxBodyBytes  int64
@@ -137,6 +146,12 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Middleware, error) {
 		return nil, fmt.Errorf("%w: TTL %v is shorter than %v", ErrInvalidConfig, c.TTL, TTLMin)
 	}
 	switch {
+	case c.InFlightTimeout == 0:
+		c.InFlightTimeout = min(InFlightTimeoutDefault, c.TTL)
+	case c.InFlightTimeout < TTLMin || c.InFlightTimeout > c.TTL:
+		return nil, fmt.Errorf("%w: InFlightTimeout %v must be between %v and TTL (%v)", ErrInvalidConfig, c.InFlightTimeout, TTLMin, c.TTL)
+	}
+	switch {
 	case c.MaxKeyLength == 0:
 		c.MaxKeyLength = MaxKeyLengthDefault
 	case c.MaxKeyLength < 0:
@@ -165,7 +180,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Middleware, error) {
 		c.Logger = slog.Default()
 	}
 	return &Middleware{
-		pool: pool, st: st, header: textproto.CanonicalMIMEHeaderKey(c.Header), ttl: c.TTL, required: c.Required,
+		pool: pool, st: st, header: textproto.CanonicalMIMEHeaderKey(c.Header), ttl: c.TTL, inFlight: c.InFlightTimeout, required: c.Required,
 		maxKeyLength: c.MaxKeyLength, maxBodyBytes: c.MaxBodyBytes, scope: c.Scope, replayHeaders: replay, log: c.Logger,
 	}, nil
 }
@@ -275,7 +290,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	ctx := r.Context()
 
 	for range claimAttempts {
-		claimedAt, claimed, err := m.st.ClaimIdempotencyKey(ctx, m.pool, scope, key, hash, m.ttl)
+		claimedAt, claimed, err := m.st.ClaimIdempotencyKey(ctx, m.pool, scope, key, hash, m.inFlight)
 		if err != nil {
 			m.unavailable(ctx, w, fmt.Errorf("idempotency: store key %q: %w", key, err))
 			return

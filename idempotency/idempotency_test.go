@@ -560,3 +560,40 @@ func TestCustomHeader(t *testing.T) {
 	require.False(t, b.post(t, "/orders", "", "{}", "X-Request-Key", "k-1").replayed())
 	require.True(t, b.post(t, "/orders", "", "{}", "X-Request-Key", "k-1").replayed())
 }
+
+// TestUnfinishedRequestHoldsItsKeyOnlyForTheInFlightTimeout: a request whose
+// process died leaves its key in flight; the key is held for
+// InFlightTimeout, not for the whole TTL, and kept for the TTL once done.
+func TestUnfinishedRequestHoldsItsKeyOnlyForTheInFlightTimeout(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	b := setup(t, &idempotency.Config{TTL: time.Hour, InFlightTimeout: 2 * time.Second}, func(b *bundle, w http.ResponseWriter, r *http.Request) {
+		<-release
+		b.created(w, r)
+	})
+	done := make(chan response, 1)
+	go func() {
+		resp, err := b.send(http.MethodPost, "/orders", "k-lease", `{"sku":"book"}`)
+		require.NoError(t, err)
+		done <- resp
+	}()
+	lease := func() time.Duration {
+		var d time.Duration
+		require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT expires_at - created_at FROM "+b.table()+" WHERE key = 'k-lease'").Scan(&d))
+		return d
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for b.count(t, "key = 'k-lease'") == 0 {
+		require.True(t, time.Now().Before(deadline), "the key was never claimed")
+		time.Sleep(5 * time.Millisecond)
+	}
+	require.Equal(t, 2*time.Second, lease(), "in flight: held for InFlightTimeout")
+	close(release)
+	<-done
+	var left time.Duration
+	require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT expires_at - now() FROM "+b.table()+" WHERE key = 'k-lease'").Scan(&left))
+	require.Greater(t, left, 59*time.Minute, "done: kept for the TTL")
+
+	_, err := idempotency.New(b.pool, &idempotency.Config{TTL: time.Minute, InFlightTimeout: time.Hour})
+	require.ErrorContains(t, err, "InFlightTimeout 1h0m0s must be between 1s and TTL (1m0s)")
+}

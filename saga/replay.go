@@ -238,7 +238,7 @@ type BulkReplayOpts struct {
 
 // BulkReplayResult reports a bulk replay.
 type BulkReplayResult struct {
-	Matched  []uuid.UUID // selected, newest first, at most Max
+	Matched  []uuid.UUID // selected and replayable, newest first (at most Max selected)
 	Replayed []uuid.UUID // replayed (empty on a dry run)
 	Errors   []BulkReplayError
 	DryRun   bool
@@ -274,6 +274,19 @@ func (e *Engine) ReplayBulk(ctx context.Context, opts BulkReplayOpts) (*BulkRepl
 	res := &BulkReplayResult{DryRun: opts.DryRun}
 	versions := make(map[uuid.UUID]int64, len(rows))
 	for _, r := range rows {
+		// Only what the replay can act on: a dry run lists what would
+		// really be replayed, and reports the rest with the reason.
+		st := Status(r.Status)
+		switch {
+		case opts.FromStep == "" && st != StatusFailed:
+			res.Errors = append(res.Errors, BulkReplayError{ID: r.ID,
+				Err: fmt.Errorf("saga: resume %s: status is %s, and only failed sagas resume: %w", r.ID, st, ErrNotReplayable)})
+			continue
+		case opts.FromStep != "" && !st.Terminal():
+			res.Errors = append(res.Errors, BulkReplayError{ID: r.ID,
+				Err: fmt.Errorf("saga: rerun %s: status is %s, and only ended sagas re-run: %w", r.ID, st, ErrNotReplayable)})
+			continue
+		}
 		res.Matched = append(res.Matched, r.ID)
 		versions[r.ID] = r.Version
 	}

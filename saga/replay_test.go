@@ -417,3 +417,21 @@ func TestRerunOfASagaThatFailedCompensating(t *testing.T) {
 	require.Equal(t, []string{"reserve/forward", "charge/forward", "charge/compensate",
 		"charge/forward", "charge/compensate"}, b.effects(t, st.ID))
 }
+
+func TestBulkReplayDryRunListsOnlyWhatItCanReplay(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	blocked := threeStepsBlocked(t, b)
+	defer blocked.release()
+	b.start(t)
+	ctx := context.Background()
+	st, err := saga.Start(ctx, b.engine, blocked.def, order{}, nil)
+	require.NoError(t, err)
+	<-blocked.entered
+	res, err := b.engine.ReplayBulk(ctx, saga.BulkReplayOpts{Statuses: []saga.Status{saga.StatusRunning}, DryRun: true})
+	require.NoError(t, err)
+	require.Empty(t, res.Matched, "a running saga cannot resume")
+	require.Len(t, res.Errors, 1)
+	require.Equal(t, st.ID, res.Errors[0].ID)
+	require.ErrorIs(t, res.Errors[0].Err, saga.ErrNotReplayable)
+}

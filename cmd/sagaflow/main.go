@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -126,7 +127,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		return c.fail(err)
 	}
 
-	ctx, cancel := context.WithTimeout(ctx, c.g.timeout)
+	timeout := c.g.timeout
+	if !flagSet(top, "timeout") && !flagSet(fs, "timeout") {
+		timeout = max(timeout, paceOf(fs))
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	defer c.close()
 	if err := runCmd(ctx, c, positional); err != nil {
@@ -183,4 +188,31 @@ func newFlagSet(name string) *flag.FlagSet {
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
 	return fs
+}
+
+// flagSet reports whether the flag named name was given on fs.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
+// paceOf is how long a rate-limited command (bulk and outbox replay) needs
+// for its --max items at its --rate, plus time to spare; 0 for commands
+// without those flags. Without an explicit --timeout, a command gets at
+// least this long.
+func paceOf(fs *flag.FlagSet) time.Duration {
+	mf, rf := fs.Lookup("max"), fs.Lookup("rate")
+	if mf == nil || rf == nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(mf.Value.String())
+	rate, _ := strconv.ParseFloat(rf.Value.String(), 64)
+	if n <= 0 {
+		n = saga.BulkReplayMaxDefault
+	}
+	if rate <= 0 {
+		rate = saga.ReplayRateDefault
+	}
+	return time.Duration(float64(n)/rate*float64(time.Second)) + timeoutDefault
 }

@@ -125,3 +125,18 @@ func TestFormat(t *testing.T) {
 	require.Equal(t, "2026-01-02T15:04:05.123Z",
 		formatTime(time.Date(2026, 1, 2, 16, 4, 5, 123456789, time.FixedZone("CET", 3600))))
 }
+
+func TestRateLimitedCommandsGetTimeForTheirPace(t *testing.T) {
+	t.Parallel()
+	fs := newFlagSet("x")
+	fs.Int("max", 0, "")
+	fs.Float64("rate", 0, "")
+	require.NoError(t, fs.Parse([]string{"--max", "350", "--rate", "10"}))
+	require.Equal(t, 35*time.Second+timeoutDefault, paceOf(fs), "350 replays at 10/s need 35s")
+	plain := newFlagSet("y")
+	require.Zero(t, paceOf(plain), "commands without --max and --rate keep the default")
+	defaults := newFlagSet("z")
+	defaults.Int("max", 0, "")
+	defaults.Float64("rate", 0, "")
+	require.Equal(t, 10*time.Second+timeoutDefault, paceOf(defaults), "100 at 10/s by default")
+}

@@ -104,8 +104,13 @@ func TestReplayBulk(t *testing.T) {
 			"--name", "ping", "--from-step", "pong", "--json"))
 		require.Equal(t, []uuid.UUID{s.ping}, doc.Matched)
 
+		// A compensated saga cannot resume; it can re-run.
 		doc = decode[bulkDoc](t, f.cli(t, "replay", "--bulk", "--dry-run", "--failed-step", "charge",
 			"--error-code", "card_declined", "--status", "compensated", "--json"))
+		require.Empty(t, doc.Matched)
+		require.Len(t, doc.Errors, 1)
+		doc = decode[bulkDoc](t, f.cli(t, "replay", "--bulk", "--dry-run", "--failed-step", "charge",
+			"--error-code", "card_declined", "--status", "compensated", "--from-step", "reserve", "--json"))
 		require.Equal(t, []uuid.UUID{s.compensated}, doc.Matched)
 
 		require.Equal(t, before, f.statuses(t), "a dry run changed statuses")
@@ -128,7 +133,7 @@ func TestReplayBulk(t *testing.T) {
 		r := f.cli(t, "replay", "--bulk", "--status", "completed", "--name", "ping")
 		require.Equal(t, exitFailed, r.code, r.stderr)
 		require.Empty(t, r.stderr)
-		require.Contains(t, r.stdout, "matched 1, replayed 0, errors 1")
+		require.Contains(t, r.stdout, "matched 0, replayed 0, errors 1", "reported, not counted as matched")
 		require.Contains(t, r.stdout, "error  "+s.ping.String())
 		require.Contains(t, r.stdout, "not replayable")
 		require.Equal(t, before, f.statuses(t))
