@@ -24,10 +24,13 @@ type Reader interface {
 	CommitMessages(ctx context.Context, msgs ...kafka.Message) error
 }
 
-// Retry backoff defaults of a [Consumer].
+// Retry defaults of a [Consumer].
 const (
 	RetryInitialDefault = 100 * time.Millisecond
 	RetryMaxDefault     = 30 * time.Second
+	// MaxAttemptsDefault bounds how often a failing message is tried
+	// before it is dead-lettered: about an hour at the default backoff.
+	MaxAttemptsDefault = 130
 )
 
 // ConsumerConfig configures a [Consumer].
@@ -44,6 +47,11 @@ type ConsumerConfig struct {
 	// with an error that is not permanent. Default to RetryInitialDefault and
 	// RetryMaxDefault.
 	RetryInitial, RetryMax time.Duration
+	// MaxAttempts bounds how often a message whose handler keeps failing is
+	// tried; then it is dead-lettered with the last error, so one bad
+	// message cannot hold its partition (and everything behind it) forever.
+	// Defaults to MaxAttemptsDefault.
+	MaxAttempts int
 }
 
 // Consumer is a Kafka consume loop built on [Inbox.Process].
@@ -65,8 +73,11 @@ func (in *Inbox) NewConsumer(r Reader, cfg *ConsumerConfig) (*Consumer, error) {
 	if len(c.Handlers) == 0 && c.Default == nil {
 		return nil, fmt.Errorf("%w: no Handlers and no Default: every message would be dead-lettered", ErrInvalidConfig)
 	}
-	if c.MaxMessageBytes < 0 || c.RetryInitial < 0 || c.RetryMax < 0 {
-		return nil, fmt.Errorf("%w: MaxMessageBytes, RetryInitial and RetryMax must not be negative", ErrInvalidConfig)
+	if c.MaxMessageBytes < 0 || c.RetryInitial < 0 || c.RetryMax < 0 || c.MaxAttempts < 0 {
+		return nil, fmt.Errorf("%w: MaxMessageBytes, RetryInitial, RetryMax and MaxAttempts must not be negative", ErrInvalidConfig)
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = MaxAttemptsDefault
 	}
 	if c.MaxMessageBytes == 0 {
 		c.MaxMessageBytes = MaxMessageBytesDefault
@@ -133,6 +144,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 func (c *Consumer) handle(ctx context.Context, msg Message) bool {
 	for attempt := 1; ; attempt++ {
 		reason, err := c.process(ctx, msg)
+		if err != nil && reason == "" && attempt >= c.cfg.MaxAttempts {
+			reason = fmt.Sprintf("gave up after %d attempts: %v", attempt, err)
+		}
 		if reason != "" {
 			err = c.deadLetter(ctx, msg, reason)
 		}

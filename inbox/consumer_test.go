@@ -196,3 +196,28 @@ func TestConsumerThatLeftWithoutCommittingIsDeduplicated(t *testing.T) {
 	require.Equal(t, int32(3), calls.Load(), "redelivered messages had no second effect")
 	require.Equal(t, 3, b.count(t, "SELECT count(*) FROM "+b.table("charges")))
 }
+
+func TestConsumerGivesUpOnAMessageThatKeepsFailing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r := &memReader{}
+	r.add("t", "m-1", []byte(`1`))
+	r.add("t", "m-2", []byte(`2`))
+	var calls atomic.Int32
+	c, err := b.in.NewConsumer(r, &inbox.ConsumerConfig{
+		RetryInitial: time.Millisecond, RetryMax: time.Millisecond, MaxAttempts: 4,
+		Handlers: map[string]inbox.HandlerFunc{"t": func(ctx context.Context, tx pgx.Tx, msg inbox.Message) error {
+			if msg.ID == "m-1" {
+				calls.Add(1)
+				return errors.New("a bug that never goes away")
+			}
+			return nil
+		}},
+	})
+	require.NoError(t, err)
+	runConsumer(t, c, func() bool { r.mu.Lock(); defer r.mu.Unlock(); return len(r.committed) == 2 })
+	require.Equal(t, int32(4), calls.Load())
+	var reason string
+	require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT reason FROM "+b.table("dead_letters")+" WHERE message_id = 'm-1'").Scan(&reason))
+	require.Equal(t, "gave up after 4 attempts: a bug that never goes away", reason)
+}

@@ -33,7 +33,9 @@
 // handler refuses for good (an error marked with steps.Permanent, or any error
 // with a Permanent() bool method, such as a payload that does not decode) is dead-lettered with the reason and its
 // original bytes, and the next message is processed. Other handler errors
-// are retried with backoff, in order.
+// are retried with backoff, in order, up to MaxAttempts (about an hour by
+// default); a message that still fails is dead-lettered with its last
+// error, so that it cannot hold its partition forever.
 //
 // Dead letters live in the dead_letters table; the message's id is recorded
 // in the inbox with them, so a redelivered poison message is not
