@@ -5,14 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
@@ -140,7 +138,7 @@ func (r *Relay) loop(fetchCtx, workCtx context.Context) {
 			failures++
 			r.log.ErrorContext(fetchCtx, "sagaflow relay cycle failed; its rows stay pending",
 				slog.Any("error", err), slog.Int("consecutive_failures", failures))
-			if !sleepCtx(fetchCtx, backoffPause(failures)) {
+			if !lifecycle.Sleep(fetchCtx, lifecycle.Backoff(failures)) {
 				return
 			}
 			continue
@@ -169,53 +167,7 @@ func (r *Relay) loop(fetchCtx, workCtx context.Context) {
 // schema's channel. If the listening connection fails, the loop keeps
 // polling until it is back.
 func (r *Relay) listen(ctx context.Context) {
-	for ctx.Err() == nil {
-		err := r.listenOnce(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		r.log.WarnContext(ctx, "sagaflow relay listener lost its connection; polling until it is back",
-			slog.String("channel", r.st.Channel()), slog.Any("error", err))
-		if !sleepCtx(ctx, time.Second+rand.N(time.Second)) {
-			return
-		}
-	}
-}
-
-func (r *Relay) listenOnce(ctx context.Context) error {
-	conn, err := r.pool.Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	// A listening connection must not go back to the pool: close it.
-	raw := conn.Hijack()
-	defer raw.Close(context.WithoutCancel(ctx))
-	if _, err := raw.Exec(ctx, "LISTEN "+pgx.Identifier{r.st.Channel()}.Sanitize()); err != nil {
-		return err
-	}
-	r.Wake() // rows may have arrived while no one listened
-	for {
-		if _, err := raw.WaitForNotification(ctx); err != nil {
-			return err
-		}
-		r.Wake()
-	}
-}
-
-func backoffPause(failures int) time.Duration {
-	d := 50 * time.Millisecond << min(failures, 6)
-	return min(d, 3*time.Second) + rand.N(50*time.Millisecond)
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
+	lifecycle.Listen(ctx, r.pool, r.st.Channel(), r.log, "relay", r.Wake)
 }
 
 // RunOnce runs one claim-publish-mark cycle, whether or not the relay is

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sort"
 	"strings"
 	"sync"
@@ -450,45 +449,14 @@ func (e *Engine) stop(ctx context.Context, hard bool) error {
 // listen wakes the workers when PostgreSQL announces new commands. If the
 // listening connection fails, workers keep polling until it is back.
 func (e *Engine) listen(ctx context.Context, wakes []chan struct{}) {
-	wakeAll := func() {
+	lifecycle.Listen(ctx, e.pool, e.st.Channel(), e.log, "engine", func() {
 		for _, w := range wakes {
 			select {
 			case w <- struct{}{}:
 			default:
 			}
 		}
-	}
-	for ctx.Err() == nil {
-		err := e.listenOnce(ctx, wakeAll)
-		if ctx.Err() != nil {
-			return
-		}
-		e.log.WarnContext(ctx, "sagaflow listener lost its connection; workers poll until it is back",
-			slog.String("channel", e.st.Channel()), slog.Any("error", err))
-		if !sleepCtx(ctx, time.Second+rand.N(time.Second)) {
-			return
-		}
-	}
-}
-
-func (e *Engine) listenOnce(ctx context.Context, wakeAll func()) error {
-	conn, err := e.pool.Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	// A listening connection must not go back to the pool: close it.
-	raw := conn.Hijack()
-	defer raw.Close(context.WithoutCancel(ctx))
-	if _, err := raw.Exec(ctx, "LISTEN "+pgx.Identifier{e.st.Channel()}.Sanitize()); err != nil {
-		return err
-	}
-	wakeAll() // commands may have arrived while no one listened
-	for {
-		if _, err := raw.WaitForNotification(ctx); err != nil {
-			return err
-		}
-		wakeAll()
-	}
+	})
 }
 
 // work is one executor goroutine: claim a batch, run it, wait for more.
@@ -503,7 +471,7 @@ func (e *Engine) work(fetchCtx, workCtx context.Context, wake chan struct{}) {
 			failures++
 			e.log.ErrorContext(workCtx, "sagaflow worker batch failed; its commands will run again",
 				slog.Any("error", err), slog.Int("consecutive_failures", failures))
-			if !sleepCtx(fetchCtx, backoffPause(failures)) {
+			if !lifecycle.Sleep(fetchCtx, lifecycle.Backoff(failures)) {
 				return
 			}
 			continue
@@ -525,22 +493,6 @@ func (e *Engine) work(fetchCtx, workCtx context.Context, wake chan struct{}) {
 		case <-timer.C:
 		}
 		timer.Stop()
-	}
-}
-
-func backoffPause(failures int) time.Duration {
-	d := 50 * time.Millisecond << min(failures, 6)
-	return min(d, 3*time.Second) + rand.N(50*time.Millisecond)
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/sagaflow/sagaflow/internal/lifecycle"
 	"github.com/sagaflow/sagaflow/steps"
 	"github.com/sagaflow/sagaflow/store"
 )
@@ -127,7 +128,7 @@ func (e *Engine) kafkaWork(fetch, work context.Context, r commandReader) {
 		if err != nil {
 			failures++
 			e.log.WarnContext(work, "sagaflow kafka: fetch failed", slog.Any("error", err))
-			if !sleepCtx(fetch, backoffPause(failures)) {
+			if !lifecycle.Sleep(fetch, lifecycle.Backoff(failures)) {
 				return
 			}
 			continue
@@ -144,7 +145,7 @@ func (e *Engine) kafkaWork(fetch, work context.Context, r commandReader) {
 			}
 			// Stopping leaves the offset uncommitted: the command is
 			// redelivered to whichever engine takes the partition.
-			if !sleepCtx(fetch, min(backoffPause(attempt), deferDelay<<min(attempt, 10))) {
+			if !lifecycle.Sleep(fetch, min(lifecycle.Backoff(attempt), deferDelay<<min(attempt, 10))) {
 				return
 			}
 		}

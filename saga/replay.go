@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/sagaflow/sagaflow/internal/lifecycle"
 	"github.com/sagaflow/sagaflow/steps"
 	"github.com/sagaflow/sagaflow/store"
 )
@@ -336,7 +337,7 @@ func rateLimited(ctx context.Context, n int, rate float64, f func(i int) error) 
 	next := time.Now()
 	for i := range n {
 		if wait := time.Until(next); wait > 0 {
-			if !sleepCtx(ctx, wait) {
+			if !lifecycle.Sleep(ctx, wait) {
 				return ctx.Err()
 			}
 		}

@@ -1,0 +1,69 @@
+package lifecycle
+
+import (
+	"context"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Sleep waits d, or until ctx ends; it reports whether the full d passed.
+func Sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// Backoff is the pause after the given number of consecutive failures of a
+// background loop: from 100ms, doubling, at most about 3s, with jitter.
+func Backoff(failures int) time.Duration {
+	d := 50 * time.Millisecond << min(failures, 6)
+	return min(d, 3*time.Second) + rand.N(50*time.Millisecond)
+}
+
+// Listen calls wake for every notification on channel, and once each time
+// it (re)connects (whatever was announced while no one listened), until ctx
+// ends. When the listening connection fails it logs, waits a second or two
+// and connects again; the caller keeps polling meanwhile. The connection is
+// taken from pool and never returned to it: a listening connection would
+// receive notifications meant for nobody.
+func Listen(ctx context.Context, pool *pgxpool.Pool, channel string, log *slog.Logger, what string, wake func()) {
+	for ctx.Err() == nil {
+		err := listenOnce(ctx, pool, channel, wake)
+		if ctx.Err() != nil {
+			return
+		}
+		log.WarnContext(ctx, "sagaflow "+what+" listener lost its connection; polling until it is back",
+			slog.String("channel", channel), slog.Any("error", err))
+		if !Sleep(ctx, time.Second+rand.N(time.Second)) {
+			return
+		}
+	}
+}
+
+func listenOnce(ctx context.Context, pool *pgxpool.Pool, channel string, wake func()) error {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	raw := conn.Hijack()
+	defer raw.Close(context.WithoutCancel(ctx))
+	if _, err := raw.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
+		return err
+	}
+	wake()
+	for {
+		if _, err := raw.WaitForNotification(ctx); err != nil {
+			return err
+		}
+		wake()
+	}
+}
