@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/sagaflow/sagaflow/steps"
@@ -149,28 +150,61 @@ func (e *Engine) beginQuery() string {
 		strconv.FormatInt(lease.Milliseconds(), 10) + "; SET LOCAL client_connection_check_interval = 1000"
 }
 
+// batchTx is a batch's transaction on a connection of its own, which can be
+// given up to a handler that will not let go of it.
+type batchTx struct {
+	conn      *pgxpool.Conn
+	tx        pgx.Tx
+	abandoned bool
+}
+
+// beginBatch acquires a connection (waiting at most as long as acquire
+// allows) and begins a batch transaction on it.
+func (e *Engine) beginBatch(acquire, ctx context.Context) (*batchTx, error) {
+	conn, err := e.pool.Acquire(acquire)
+	if err != nil {
+		return nil, fmt.Errorf("saga: acquire connection: %w", err)
+	}
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: e.beginQuery()})
+	if err != nil {
+		conn.Release()
+		return nil, fmt.Errorf("saga: begin batch: %w", err)
+	}
+	return &batchTx{conn: conn, tx: tx}, nil
+}
+
+// end rolls back what was not committed and releases the connection,
+// unless it was abandoned.
+func (t *batchTx) end(ctx context.Context) {
+	if t.abandoned {
+		return
+	}
+	_ = t.tx.Rollback(context.WithoutCancel(ctx))
+	t.conn.Release()
+}
+
+// abandon gives the connection up to a handler that ignored its cancelled
+// context: it is closed, which ends the transaction on the server, and never
+// touched again (the handler may still be using it). The abandoned attempt
+// is then recorded, with its retry, in a transaction of its own.
+func (e *Engine) abandon(ctx context.Context, t *batchTx, b *batch) error {
+	t.abandoned = true
+	_ = t.conn.Hijack().PgConn().Conn().Close()
+	if err := e.recordAbandoned(context.WithoutCancel(ctx), b.abandoned); !errors.Is(err, errAbandoned) {
+		return err
+	}
+	return nil
+}
+
 // runBatch claims up to BatchSize commands, runs their steps in one
 // transaction (each under its own savepoint) and commits once.
 func (e *Engine) runBatch(fetchCtx, ctx context.Context) (res batchResult, err error) {
-	conn, err := e.pool.Acquire(fetchCtx)
+	bt, err := e.beginBatch(fetchCtx, ctx)
 	if err != nil {
-		return res, fmt.Errorf("saga: acquire connection: %w", err)
+		return res, err
 	}
-	hijacked := false
-	defer func() {
-		if !hijacked {
-			conn.Release()
-		}
-	}()
-	tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: e.beginQuery()})
-	if err != nil {
-		return res, fmt.Errorf("saga: begin batch: %w", err)
-	}
-	defer func() {
-		if !hijacked {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
-		}
-	}()
+	defer bt.end(ctx)
+	tx := bt.tx
 	claimed, err := e.st.ClaimDirect(ctx, tx, e.cfg.CommandTopic, e.cfg.BatchSize, e.knownAggregates(), e.cfg.UnknownSagaGrace)
 	if err != nil {
 		return res, err
@@ -197,11 +231,7 @@ func (e *Engine) runBatch(fetchCtx, ctx context.Context) (res batchResult, err e
 	for i := range claimed {
 		err := b.handle(ctx, &claimed[i], cmds[i], derrs[i], sagas, i == len(claimed)-1)
 		if errors.Is(err, errAbandoned) {
-			// The handler may still use the connection: never touch it
-			// again. Closing it ends the transaction on the server.
-			hijacked = true
-			_ = conn.Hijack().PgConn().Conn().Close()
-			return res, e.recordAbandoned(context.WithoutCancel(ctx), b.abandoned)
+			return res, e.abandon(ctx, bt, b)
 		}
 		if err != nil {
 			return res, err

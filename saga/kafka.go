@@ -216,25 +216,12 @@ func claimedFromKafka(m kafka.Message) store.Claimed {
 // runKafkaMessage runs one command from Kafka in its own transaction. again
 // is true when the command must be tried again later (its saga is busy).
 func (e *Engine) runKafkaMessage(ctx context.Context, m kafka.Message) (again bool, err error) {
-	conn, err := e.pool.Acquire(ctx)
+	bt, err := e.beginBatch(ctx, ctx)
 	if err != nil {
-		return false, fmt.Errorf("saga: acquire connection: %w", err)
+		return false, err
 	}
-	hijacked := false
-	defer func() {
-		if !hijacked {
-			conn.Release()
-		}
-	}()
-	tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: e.beginQuery()})
-	if err != nil {
-		return false, fmt.Errorf("saga: begin: %w", err)
-	}
-	defer func() {
-		if !hijacked {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
-		}
-	}()
+	defer bt.end(ctx)
+	tx := bt.tx
 	c := claimedFromKafka(m)
 	if c.Type == steps.ReplyType {
 		return e.runReply(ctx, tx, m, &c)
@@ -254,13 +241,8 @@ func (e *Engine) runKafkaMessage(ctx context.Context, m kafka.Message) (again bo
 	b := &batch{e: e, tx: tx, msg: &m}
 	err = b.handle(ctx, &c, cmd, derr, sagas, true)
 	if errors.Is(err, errAbandoned) {
-		hijacked = true
-		_ = conn.Hijack().PgConn().Conn().Close()
 		// The attempt is recorded with its retry; this message is spent.
-		if err := e.recordAbandoned(context.WithoutCancel(ctx), b.abandoned); !errors.Is(err, errAbandoned) {
-			return false, err
-		}
-		return false, nil
+		return false, e.abandon(ctx, bt, b)
 	}
 	if err != nil {
 		return false, err
