@@ -109,7 +109,10 @@ type system struct {
 func newSystem(t *testing.T, paymentsRunning bool) *system {
 	t.Helper()
 	ctx := context.Background()
-	kc := kafkatest.New(t, kafkatest.SeedTopics(3, "sagaflow.commands.checkout", "orders.replies", "inventory.commands", "payments.commands"))
+	// The default reply topic, one per saga type (the checkout example sets
+	// its own, so both paths are exercised).
+	kc := kafkatest.New(t, kafkatest.SeedTopics(3, "sagaflow.commands.checkout", "sagaflow.commands.checkout.replies",
+		"inventory.commands", "payments.commands"))
 	s := &system{orders: newService(t, kc), inventory: newService(t, kc), payments: newService(t, kc)}
 
 	// Inventory: reserve, and release as its compensation.
@@ -175,10 +178,10 @@ func newSystem(t *testing.T, paymentsRunning bool) *system {
 		}},
 	)
 	s.engine, err = saga.New(s.orders.pool, &saga.Config{Schema: s.orders.schema, Workers: 2, Logger: quiet,
-		RescueInterval: time.Second, Kafka: &saga.KafkaConfig{Brokers: kc.Addrs(), ReplyTopic: "orders.replies"}})
+		RescueInterval: time.Second, Kafka: &saga.KafkaConfig{Brokers: kc.Addrs()}})
 	require.NoError(t, err)
 	require.NoError(t, s.engine.Register(s.def))
-	require.Equal(t, []string{"sagaflow.commands.checkout", "orders.replies"}, s.engine.CommandTopics())
+	require.Equal(t, []string{"sagaflow.commands.checkout", "sagaflow.commands.checkout.replies"}, s.engine.CommandTopics())
 	require.NoError(t, s.engine.Start(ctx))
 	t.Cleanup(func() { require.NoError(t, s.engine.Stop(context.Background())) })
 	return s
