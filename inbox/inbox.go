@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/sagaflow/sagaflow/internal/fault"
 	"github.com/sagaflow/sagaflow/store"
 )
 
@@ -97,11 +98,15 @@ func (in *Inbox) Process(ctx context.Context, msg Message, fn HandlerFunc) (proc
 	err = pgx.BeginTxFunc(ctx, in.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		var err error
 		processed, err = in.ProcessTx(ctx, tx, msg, fn)
+		if err == nil {
+			fault.Hit(fault.InboxBeforeCommit)
+		}
 		return err
 	})
 	if err != nil {
 		return false, err
 	}
+	fault.Hit(fault.InboxAfterCommit)
 	return processed, nil
 }
 

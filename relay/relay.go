@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/sagaflow/sagaflow/internal/fault"
 	"github.com/sagaflow/sagaflow/internal/lifecycle"
 	"github.com/sagaflow/sagaflow/store"
 )
@@ -203,6 +204,7 @@ func (r *Relay) cycle(ctx context.Context) (cycleResult, error) {
 	if len(rows) == 0 {
 		return res, nil
 	}
+	fault.Hit(fault.RelayAfterClaim)
 
 	msgs := make([]kafka.Message, 0, len(rows))
 	owners := make([]*store.RelayMessage, 0, len(rows))
@@ -226,6 +228,7 @@ func (r *Relay) cycle(ctx context.Context) (cycleResult, error) {
 		if err := ctx.Err(); err != nil {
 			return res, fmt.Errorf("relay: publish batch of %d: %w", len(msgs), err)
 		}
+		fault.Hit(fault.RelayAfterAck)
 		if r.hooks.afterPublish != nil {
 			if err := r.hooks.afterPublish(); err != nil {
 				return res, err

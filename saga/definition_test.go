@@ -58,6 +58,8 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{saga.Config{BatchSize: saga.BatchSizeMax + 1}, "BatchSize must be between 1 and 32"},
 		{saga.Config{PollInterval: -1}, "PollInterval"},
 		{saga.Config{MaxStateBytes: -1}, "MaxStateBytes"},
+		{saga.Config{Kafka: &saga.KafkaConfig{}}, "Kafka.Brokers is empty"},
+		{saga.Config{Kafka: &saga.KafkaConfig{Brokers: []string{"127.0.0.1:9"}, SessionTimeout: time.Millisecond}}, "Kafka.SessionTimeout 1ms"},
 	} {
 		_, err := saga.New(dummyPool(t), &tc.cfg)
 		require.ErrorIs(t, err, saga.ErrInvalidConfig)

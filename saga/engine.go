@@ -213,6 +213,9 @@ func (c *Config) withDefaults() (Config, error) {
 		if k.GroupID == "" {
 			k.GroupID = "sagaflow-engine-" + out.Schema
 		}
+		if k.SessionTimeout < 0 || (k.SessionTimeout > 0 && k.SessionTimeout < time.Second) {
+			return out, fmt.Errorf("%w: Kafka.SessionTimeout %s: want 0 (the default) or at least 1s", ErrInvalidConfig, k.SessionTimeout)
+		}
 		out.Kafka = &k
 	}
 	if out.Logger == nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/sagaflow/sagaflow/internal/fault"
 	"github.com/sagaflow/sagaflow/steps"
 	"github.com/sagaflow/sagaflow/store"
 )
@@ -228,6 +229,7 @@ func (e *Engine) runBatch(fetchCtx, ctx context.Context) (res batchResult, err e
 	if err != nil {
 		return res, err
 	}
+	fault.Hit(fault.EngineAfterClaim)
 	for i := range claimed {
 		err := b.handle(ctx, &claimed[i], cmds[i], derrs[i], sagas, i == len(claimed)-1)
 		if errors.Is(err, errAbandoned) {
@@ -269,9 +271,11 @@ func (e *Engine) finish(ctx context.Context, tx pgx.Tx, b *batch) error {
 			return err
 		}
 	}
+	fault.Hit(fault.EngineBeforeCommit)
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("saga: commit batch: %w", err)
 	}
+	fault.Hit(fault.EngineAfterCommit)
 	return nil
 }
 
@@ -495,6 +499,7 @@ func (b *batch) execute(ctx context.Context, sg *store.Saga, def *compiled, idx 
 	started := time.Now()
 	newState, herr := e.callHandler(ctx, def, run, idx, dir, sg.State, timeout)
 	elapsed := time.Since(started)
+	fault.Hit(fault.EngineAfterHandler)
 	if errors.Is(herr, errAbandoned) {
 		b.abandoned = &abandonedStep{saga: *sg, def: def, idx: idx, dir: dir, attempt: attempt, elapsed: elapsed,
 			err: steps.WithCode(CodeAbandonedRunOn, fmt.Errorf("step %q ignored its context for %s past its %s timeout; its worker abandoned it",

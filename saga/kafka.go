@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/sagaflow/sagaflow/internal/fault"
 	"github.com/sagaflow/sagaflow/internal/lifecycle"
 	"github.com/sagaflow/sagaflow/steps"
 	"github.com/sagaflow/sagaflow/store"
@@ -44,6 +45,12 @@ type KafkaConfig struct {
 	// type, its command topic + ".replies", so that engines registering
 	// different sagas can share a schema.
 	ReplyTopic string
+	// SessionTimeout is how long the group coordinator waits for a silent
+	// engine (killed, paused, cut off) before it gives the engine's
+	// partitions to the others; their commands wait that long. Heartbeats
+	// go every tenth of it. Zero keeps kafka-go's default (30 s); the broker
+	// bounds it (group.min.session.timeout.ms, 6 s by default).
+	SessionTimeout time.Duration
 }
 
 // replyTopic is where participants reply to a saga type's remote steps.
@@ -95,17 +102,19 @@ func (e *Engine) CommandTopics() []string {
 func (e *Engine) newCommandReader() commandReader {
 	k := e.cfg.Kafka
 	return kafka.NewReader(kafka.ReaderConfig{
-		Brokers:        k.Brokers,
-		Dialer:         k.Dialer,
-		GroupID:        k.GroupID,
-		GroupTopics:    e.CommandTopics(),
-		StartOffset:    kafka.FirstOffset,
-		MinBytes:       1,
-		MaxBytes:       10 << 20,
-		MaxWait:        250 * time.Millisecond,
-		CommitInterval: 0, // commit synchronously, after the step's transaction
-		Logger:         nil,
-		ErrorLogger:    kafka.LoggerFunc(func(msg string, args ...any) { e.log.Debug("sagaflow kafka: " + fmt.Sprintf(msg, args...)) }),
+		Brokers:           k.Brokers,
+		Dialer:            k.Dialer,
+		GroupID:           k.GroupID,
+		GroupTopics:       e.CommandTopics(),
+		StartOffset:       kafka.FirstOffset,
+		MinBytes:          1,
+		MaxBytes:          10 << 20,
+		MaxWait:           250 * time.Millisecond,
+		SessionTimeout:    k.SessionTimeout,
+		HeartbeatInterval: k.SessionTimeout / 10,
+		CommitInterval:    0, // commit synchronously, after the step's transaction
+		Logger:            nil,
+		ErrorLogger:       kafka.LoggerFunc(func(msg string, args ...any) { e.log.Debug("sagaflow kafka: " + fmt.Sprintf(msg, args...)) }),
 	})
 }
 
@@ -238,6 +247,7 @@ func (e *Engine) runKafkaMessage(ctx context.Context, m kafka.Message) (again bo
 	if err != nil {
 		return false, err
 	}
+	fault.Hit(fault.EngineAfterClaim)
 	b := &batch{e: e, tx: tx, msg: &m}
 	err = b.handle(ctx, &c, cmd, derr, sagas, true)
 	if errors.Is(err, errAbandoned) {

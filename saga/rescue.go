@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/sagaflow/sagaflow/internal/fault"
 	"github.com/sagaflow/sagaflow/steps"
 	"github.com/sagaflow/sagaflow/store"
 )
@@ -125,6 +126,9 @@ func (e *Engine) rescuePass(ctx context.Context, names []string, res *RescueResu
 			}
 			if h := e.hooks.beforeRescueUpdate; h != nil && tr != nil {
 				h(&s.Saga)
+			}
+			if tr != nil {
+				fault.Hit(fault.RescueAfterRead)
 			}
 			var fenced bool
 			var err error

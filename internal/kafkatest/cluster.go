@@ -40,6 +40,13 @@ func AllowAutoTopicCreation() Option {
 	return func(o *options) { o.kfake = append(o.kfake, kfake.AllowAutoTopicCreation()) }
 }
 
+// GroupMinSessionTimeout lowers the smallest session timeout the cluster
+// grants a consumer group member (6 s by default), so that tests of killed
+// consumers need not wait that long.
+func GroupMinSessionTimeout(d time.Duration) Option {
+	return func(o *options) { o.kfake = append(o.kfake, kfake.GroupMinSessionTimeout(d)) }
+}
+
 // DefaultNumPartitions sets the number of partitions of topics created
 // without an explicit count (auto-created ones, say).
 func DefaultNumPartitions(n int) Option {
