@@ -103,7 +103,9 @@ func (p *RetryPolicy) withDefaults() RetryPolicy {
 // package steps): instead of running an Action, the step sends a command to
 // the service's topic and the saga waits for its reply, which arrives over
 // Kafka. A successful reply completes the step; a failure reply, or no reply
-// within the step's Timeout, fails it for good and the saga compensates.
+// within the step's Timeout, fails it for good and the saga compensates. A
+// remote compensation with no reply in time is sent again, under the same
+// step key, until its CompensateRetry attempts are spent.
 // Remote steps need an engine in Kafka mode.
 type Remote[S any] struct {
 	// Topic receives the service's commands. Required.

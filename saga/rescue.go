@@ -108,10 +108,19 @@ func (e *Engine) rescuePass(ctx context.Context, names []string, res *RescueResu
 						return err
 					}
 				}
-				tr = e.failureTransition(&s.Saga, def, idx, steps.Direction(s.Direction), s.Attempt+1,
-					steps.Permanent(steps.WithCode(CodeReplyTimeout, fmt.Errorf("no reply to step %q within its timeout (%s)",
-						s.StepName, def.steps[idx].timeout))), 0)
-				failover = true
+				//
+				// A compensation is retried instead, like any other: the
+				// command goes again under the same step key (the
+				// participant runs it once, or sends its reply again), until
+				// the step's CompensateRetry attempts are spent.
+				timeout := steps.WithCode(CodeReplyTimeout, fmt.Errorf("no reply to step %q within its timeout (%s)",
+					s.StepName, def.steps[idx].timeout))
+				dir := steps.Direction(s.Direction)
+				if dir == steps.Forward {
+					timeout = steps.Permanent(timeout)
+				}
+				tr = e.failureTransition(&s.Saga, def, idx, dir, s.Attempt+1, timeout, 0)
+				failover = tr.Status == store.StatusFailed || dir == steps.Forward
 			case s.CommandStatus == store.OutboxPending || s.CommandStatus == "in_flight":
 				// Waiting in the queue (workers down or busy), or published
 				// lately to a consumer that may be behind: not lost.

@@ -96,6 +96,9 @@ type charged struct {
 	ChargeID string `json:"charge_id"`
 }
 
+// reserveTimeout is the reserve step's timeout (its reply's, too).
+const reserveTimeout = 3 * time.Second
+
 // system is an orchestrator with a checkout saga of two remote steps, and
 // the inventory and payment services it calls, each with its own schema,
 // outbox, inbox and relay, talking over Kafka only.
@@ -104,6 +107,7 @@ type system struct {
 	engine                      *saga.Engine
 	def                         *saga.Definition[checkout]
 	inventoryDown               atomic.Bool // refuse releases
+	releaseStalls               atomic.Int32 // releases still to answer only after the reserve step's timeout
 }
 
 func newSystem(t *testing.T, paymentsRunning bool) *system {
@@ -131,6 +135,9 @@ func newSystem(t *testing.T, paymentsRunning bool) *system {
 		if s.inventoryDown.Load() {
 			return struct{}{}, steps.Permanent(steps.WithCode("warehouse_closed", errors.New("the warehouse is closed")))
 		}
+		if s.releaseStalls.Add(-1) >= 0 {
+			time.Sleep(reserveTimeout + time.Second)
+		}
 		return move("release")(ctx, tx, c)
 	}))
 	serve(t, kc, inv, "inventory.commands", "inventory")
@@ -156,7 +163,7 @@ func newSystem(t *testing.T, paymentsRunning bool) *system {
 
 	// The orchestrator.
 	s.def = saga.Define("checkout",
-		saga.Step[checkout]{Name: "reserve", Remote: &saga.Remote[checkout]{
+		saga.Step[checkout]{Name: "reserve", Timeout: reserveTimeout, Remote: &saga.Remote[checkout]{
 			Topic: "inventory.commands", Type: "inventory.reserve", CompensateType: "inventory.release",
 			Command: func(_ context.Context, _ *saga.StepRun, c *checkout) (any, error) {
 				return reserveCmd{OrderID: c.OrderID}, nil
@@ -241,6 +248,24 @@ func TestReplyTimeoutCompensates(t *testing.T) {
 	require.Equal(t, saga.CodeReplyTimeout, in.LastError.Code)
 	require.Equal(t, "charge", in.LastError.Step)
 	require.Equal(t, 1, s.inventory.count(t, "SELECT count(*) FROM "+s.inventory.table("stock_moves")+" WHERE move = 'release'"))
+}
+
+// TestLateCompensationReplyIsRetried: a remote compensation whose reply
+// comes after the step's timeout is not given up on (the saga would be
+// failed, for an operator): its command is sent again under the same step
+// key, the participant answers the copy from what it recorded, and the saga
+// ends compensated with the release done once.
+func TestLateCompensationReplyIsRetried(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, true)
+	s.releaseStalls.Store(1)
+	in := s.run(t, checkout{OrderID: "o-5", Amount: 500}) // declined: compensates
+	require.Equal(t, saga.StatusCompensated, in.Status)
+	require.Equal(t, 1, s.inventory.count(t, "SELECT count(*) FROM "+s.inventory.table("stock_moves")+" WHERE move = 'release'"))
+	var resent int
+	require.NoError(t, s.orders.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+s.orders.table("saga_history")+
+		" WHERE saga_id = $1 AND event = 'command_sent' AND step_name = 'reserve' AND direction = 'compensate'", in.ID).Scan(&resent))
+	require.Equal(t, 2, resent, "the release command was sent again after the timeout")
 }
 
 // TestRefusalIsNotRecordedSoAResumeRunsTheStep: a participant refuses (its
