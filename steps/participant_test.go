@@ -106,7 +106,7 @@ type system struct {
 	orders, inventory, payments *service
 	engine                      *saga.Engine
 	def                         *saga.Definition[checkout]
-	inventoryDown               atomic.Bool // refuse releases
+	inventoryDown               atomic.Bool  // refuse releases
 	releaseStalls               atomic.Int32 // releases still to answer only after the reserve step's timeout
 }
 
