@@ -1,0 +1,45 @@
+// Command bench measures sagaflow side by side with its peers on one
+// machine: River's job chain and the raw SQL of a step on the same
+// PostgreSQL, Temporal's development server, and, for the relay, Watermill's
+// SQL forwarder and a raw kafka-go writer on the same broker.
+//
+//	bench compare [flags]   run every system × scenario, interleaved, each run in a child process
+//	bench run [flags]       one measured run (what compare spawns); prints one JSON sample
+//	bench plot -in F -out D draw the curves of a compare report as PNGs
+//
+// See docs/benchmarks.md for what is measured and how to read it.
+package main
+
+import (
+	"fmt"
+	"os"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		usage()
+	}
+	var err error
+	switch os.Args[1] {
+	case "compare":
+		err = compareMain(os.Args[2:])
+	case "run":
+		err = runMain(os.Args[2:])
+	case "plot":
+		err = plotMain(os.Args[2:])
+	default:
+		usage()
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func usage() {
+	fmt.Fprintln(os.Stderr, `usage:
+  bench compare [-quick] [-reps N] [-systems a,b] [-scenarios a,b] [-json] [-out results.json]
+  bench run -system S -scenario S [-conc N] ...   (one run; compare spawns these)
+  bench plot -in results.json -out DIR`)
+	os.Exit(2)
+}
