@@ -1,0 +1,81 @@
+//go:build sagaflow_faults
+
+package chaos_test
+
+import (
+	"context"
+	"flag"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/sagaflow/sagaflow/internal/chaos"
+	"github.com/sagaflow/sagaflow/internal/fault"
+)
+
+var (
+	seeds = flag.Int("chaos.seeds", 1, "seeds per cell of the crash-point matrix")
+	soak  = flag.Duration("chaos.soak", 45*time.Second, "how long the short soak attacks the system")
+)
+
+// nodeCmd runs this test binary again as a node (TestNode).
+func nodeCmd() *exec.Cmd { return exec.Command(os.Args[0], "-test.run=^TestNode$", "-test.count=1") }
+
+// TestNode is the body of a node process; it runs only as the child of the
+// other tests, which set its configuration.
+func TestNode(t *testing.T) {
+	if os.Getenv(chaos.NodeEnv) == "" {
+		t.Skip("runs only as a node process started by the chaos tests")
+	}
+	cfg, err := chaos.NodeConfigFromEnv()
+	require.NoError(t, err)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	require.NoError(t, chaos.RunNode(ctx, cfg))
+}
+
+// TestCrashMatrix runs every crash point under every fault, with
+// -chaos.seeds seeds each: no saga lost, no database effect doubled, every
+// saga terminal within the deadline after recovery.
+func TestCrashMatrix(t *testing.T) {
+	require.True(t, fault.Enabled)
+	for _, point := range fault.Points {
+		for _, f := range chaos.Faults {
+			for seed := range *seeds {
+				c := chaos.Cell{Point: point, Fault: f, Seed: uint64(seed + 1)}
+				t.Run(c.String(), func(t *testing.T) {
+					t.Parallel()
+					dir := t.TempDir()
+					res, err := chaos.RunCell(context.Background(), dir, nodeCmd, c)
+					require.NoError(t, err, chaos.LogTails(dir, 40))
+					t.Logf("%s hit=%d settled=%s in %s\n%s\n%s", c, res.Hit, res.Settle.Round(time.Millisecond), res.Duration.Round(time.Millisecond),
+						res.Report.Line(), res.Report.Detail())
+					require.True(t, res.Report.OK(), "invariants broken:\n%s\n%s\n%s\n%s", res.Report.Line(), res.Report.Detail(),
+						strings.Join(res.Report.Violations, "\n"), chaos.LogTails(dir, 40))
+				})
+			}
+		}
+	}
+}
+
+// TestSoakShort is the short chaos soak of `make test`: about a minute of
+// attacks on two engine and two participant nodes (`make chaos` runs the
+// long one). It ends with the report line, and every invariant must hold.
+func TestSoakShort(t *testing.T) {
+	dir := t.TempDir()
+	res, err := chaos.RunSoak(context.Background(), dir, nodeCmd, chaos.SoakConfig{
+		Duration: *soak, Rate: 12, Engines: 2, Participants: 2, Seed: 1, Deadline: 3 * time.Minute, Logf: t.Logf,
+	})
+	require.NoError(t, err, chaos.LogTails(dir, 40))
+	t.Logf("soak of %s\n%s\n%s\n%s", res.Duration.Round(time.Second), res.Report.Line(), res.Report.Detail(), res.ActionsLine())
+	require.True(t, res.Report.OK(), "invariants broken:\n%s\n%s\n%s\n%s", res.Report.Line(), res.Report.Detail(),
+		strings.Join(res.Report.Violations, "\n"), chaos.LogTails(dir, 40))
+	require.Positive(t, res.Actions["sigkill"]+res.Actions["pg_restart"]+res.Actions["broker_outage"]+res.Actions["sigstop"],
+		"the soak attacked nothing")
+}

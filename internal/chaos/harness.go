@@ -1,0 +1,349 @@
+package chaos
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/sagaflow/sagaflow/internal/kafkatest"
+	"github.com/sagaflow/sagaflow/internal/pgtest"
+	"github.com/sagaflow/sagaflow/saga"
+	"github.com/sagaflow/sagaflow/store"
+)
+
+// NodeCommand returns a command that runs one node: the caller's own binary
+// (a test binary, the chaos command) started again in node mode. The harness
+// adds the node's environment, output and fault pipes.
+type NodeCommand func() *exec.Cmd
+
+// Env is one system under attack: a throwaway PostgreSQL server (so that it
+// can be restarted), an in-process Kafka broker, the fake external service,
+// and node processes. The parent only starts sagas and checks; all the work
+// happens in the nodes.
+type Env struct {
+	PG      *pgtest.Server
+	Kafka   *kafkatest.Cluster
+	Service *Service
+	Pool    *pgxpool.Pool // the parent's own, for starting sagas and checking
+	Dir     string        // node logs
+
+	engine  *saga.Engine // never started: Start only inserts
+	def     *saga.Definition[Order]
+	slowDef *saga.Definition[Order]
+	nodeCmd NodeCommand
+
+	mu      sync.Mutex
+	nodes   []*Node
+	started map[string]Order // every order the parent tried to start, by key
+	poison  int              // malformed messages written to the topics
+}
+
+// NewEnv starts the servers and creates the schemas. dir receives the nodes'
+// logs. Close it when done.
+func NewEnv(ctx context.Context, dir string, nodeCmd NodeCommand) (env *Env, err error) {
+	e := &Env{Dir: dir, nodeCmd: nodeCmd, started: map[string]Order{}}
+	defer func() {
+		if err != nil {
+			e.Close()
+		}
+	}()
+	if e.PG, err = pgtest.StartServer(ctx); err != nil {
+		return nil, err
+	}
+	if e.Kafka, err = kafkatest.Start(kafkatest.SeedTopics(4, Topics()...), kafkatest.GroupMinSessionTimeout(time.Second)); err != nil {
+		return nil, err
+	}
+	if e.Service, err = StartService(); err != nil {
+		return nil, err
+	}
+	if e.Pool, err = NewPool(ctx, e.PG.ConnString(), 8); err != nil {
+		return nil, err
+	}
+	if err = Setup(ctx, e.Pool); err != nil {
+		return nil, err
+	}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if e.engine, err = saga.New(e.Pool, EngineConfig(e.Kafka.Addrs(), quiet)); err != nil {
+		return nil, err
+	}
+	e.def, e.slowDef = Definitions(External{}, 0)
+	if err = e.engine.Register(e.def, e.slowDef); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// Close kills every node and stops the servers.
+func (e *Env) Close() {
+	e.mu.Lock()
+	nodes := e.nodes
+	e.mu.Unlock()
+	for _, n := range nodes {
+		n.Kill()
+	}
+	if e.Pool != nil {
+		e.Pool.Close()
+	}
+	if e.Service != nil {
+		_ = e.Service.Close()
+	}
+	if e.Kafka != nil {
+		e.Kafka.Close()
+	}
+	if e.PG != nil {
+		_ = e.PG.Stop(context.Background())
+	}
+}
+
+// Node is one node process.
+type Node struct {
+	Name    string
+	cmd     *exec.Cmd
+	done    chan struct{}
+	report  *bufio.Reader // the fault point the node stopped at
+	release *os.File      // a line here lets it go on
+	logPath string
+}
+
+// StartNode starts a node process with roles; armed, when not empty, is a
+// fault spec (point@n) for a sagaflow_faults build.
+func (e *Env) StartNode(name string, roles []string, armed string) (*Node, error) {
+	cfg, err := json.Marshal(NodeConfig{DSN: e.PG.ConnString(), Brokers: e.Kafka.Addrs(), Service: e.Service.URL(), Roles: roles})
+	if err != nil {
+		return nil, err
+	}
+	cmd := e.nodeCmd()
+	cmd.Env = append(os.Environ(), NodeEnv+"="+string(cfg), "SAGAFLOW_FAULT="+armed)
+	logPath := filepath.Join(e.Dir, name+".log")
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	cmd.Stdout, cmd.Stderr = logf, logf
+	reportR, reportW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	releaseR, releaseW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	cmd.ExtraFiles = []*os.File{reportW, releaseR} // fds 3 and 4
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("chaos: start node %s: %w", name, err)
+	}
+	_ = reportW.Close()
+	_ = releaseR.Close()
+	n := &Node{Name: name, cmd: cmd, done: make(chan struct{}), report: bufio.NewReader(reportR), release: releaseW, logPath: logPath}
+	go func() {
+		_ = cmd.Wait()
+		_ = reportR.Close()
+		_ = releaseW.Close()
+		close(n.done)
+	}()
+	e.mu.Lock()
+	e.nodes = append(e.nodes, n)
+	e.mu.Unlock()
+	return n, nil
+}
+
+// WaitFault waits until the node stops at its armed point and returns the
+// point's name.
+func (n *Node) WaitFault(timeout time.Duration) (string, error) {
+	type res struct {
+		line string
+		err  error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		l, err := n.report.ReadString('\n')
+		ch <- res{l, err}
+	}()
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			return "", fmt.Errorf("chaos: node %s exited before its fault point (see %s): %w", n.Name, n.logPath, r.err)
+		}
+		return r.line[:len(r.line)-1], nil
+	case <-time.After(timeout):
+		return "", fmt.Errorf("chaos: node %s did not reach its fault point within %s", n.Name, timeout)
+	}
+}
+
+// Release lets a node stopped at its fault point go on.
+func (n *Node) Release() { _, _ = n.release.WriteString("go\n") }
+
+// Kill sends SIGKILL and waits for the process to be gone.
+func (n *Node) Kill() {
+	_ = n.cmd.Process.Signal(syscall.SIGKILL)
+	<-n.done
+}
+
+// Pause stops the process with SIGSTOP; Resume continues it.
+func (n *Node) Pause() error  { return n.cmd.Process.Signal(syscall.SIGSTOP) }
+func (n *Node) Resume() error { return n.cmd.Process.Signal(syscall.SIGCONT) }
+
+// Alive reports whether the process still runs.
+func (n *Node) Alive() bool {
+	select {
+	case <-n.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// Stop asks the node to stop (SIGTERM) and waits up to 15 s, then kills it.
+func (n *Node) Stop() {
+	_ = n.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-n.done:
+	case <-time.After(15 * time.Second):
+		n.Kill()
+	}
+}
+
+// NewOrder makes the order with key, failing and slow at the given rates.
+func NewOrder(key string, rng *rand.Rand, failRate, slowRate float64) Order {
+	return Order{Key: key, Fail: rng.Float64() < failRate, Slow: rng.Float64() < slowRate}
+}
+
+// Start starts the saga of o, retrying while the database is away (a
+// restart, say) until ctx ends. The business key makes the retries safe: a
+// start whose commit was lost in a crash is either there once or not at all.
+func (e *Env) Start(ctx context.Context, o Order) error {
+	e.mu.Lock()
+	e.started[o.Key] = o
+	e.mu.Unlock()
+	for {
+		def := e.def
+		if o.Slow {
+			def = e.slowDef
+		}
+		_, err := saga.Start(ctx, e.engine, def, o, &saga.StartOpts{BusinessKey: o.Key})
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("chaos: start %s: %w (last error: %v)", o.Key, ctx.Err(), err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// InjectPoison writes n malformed messages to the participant's and the
+// engine's topics, among the valid traffic: bad JSON, no headers at all, an
+// unknown type, and a command that names no saga. Each must be dead-lettered
+// with its reason; none may stop the messages behind it.
+func (e *Env) InjectPoison(ctx context.Context, n int, rng *rand.Rand) error {
+	w := &kafka.Writer{Addr: kafka.TCP(e.Kafka.Addrs()...), Balancer: &kafka.Hash{}, RequiredAcks: kafka.RequireAll,
+		BatchTimeout: time.Millisecond}
+	defer w.Close()
+	cmdTopic := Topics()[0]
+	var msgs []kafka.Message
+	for i := range n {
+		id := fmt.Sprintf("poison-%d-%d", rng.Int64(), i)
+		h := func(typ string) []kafka.Header {
+			return []kafka.Header{{Key: store.HeaderMessageID, Value: []byte(id)}, {Key: store.HeaderType, Value: []byte(typ)}}
+		}
+		var m kafka.Message
+		switch i % 4 {
+		case 0:
+			m = kafka.Message{Topic: PaymentsTopic, Key: []byte(id), Value: []byte(`{"key": `), Headers: h(ChargeType)}
+		case 1:
+			m = kafka.Message{Topic: PaymentsTopic, Key: []byte(id), Value: []byte("\x00\xff not json")}
+		case 2:
+			m = kafka.Message{Topic: PaymentsTopic, Key: []byte(id), Value: []byte(`{}`), Headers: h("payments.teleport")}
+		case 3:
+			m = kafka.Message{Topic: cmdTopic, Key: []byte(id), Value: []byte(`{"saga_id": 42}`), Headers: h("sagaflow.step")}
+		}
+		msgs = append(msgs, m)
+	}
+	for {
+		err := w.WriteMessages(ctx, msgs...)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("chaos: inject poison: %w", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	e.mu.Lock()
+	e.poison += n
+	e.mu.Unlock()
+	return nil
+}
+
+// WaitTerminal waits until every started saga is terminal, every injected
+// malformed message is dead-lettered and the outboxes are drained, or ctx ends.
+func (e *Env) WaitTerminal(ctx context.Context) error {
+	for {
+		var open int
+		err := e.Pool.QueryRow(ctx, "SELECT count(*) FROM "+OrdersSchema+".saga_instances WHERE status NOT IN ('completed', 'compensated', 'failed')").Scan(&open)
+		if err == nil && open == 0 {
+			var n, dead, pending int
+			err := e.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+OrdersSchema+`.saga_instances),
+			    (SELECT count(DISTINCT (topic, kafka_partition, kafka_offset)) FROM (
+			        SELECT topic, kafka_partition, kafka_offset FROM `+OrdersSchema+`.dead_letters
+			        UNION ALL SELECT topic, kafka_partition, kafka_offset FROM `+PaymentsSchema+`.dead_letters) d),
+			    (SELECT count(*) FROM `+OrdersSchema+`.outbox WHERE status = 'pending' AND delivery = 'relay')
+			        + (SELECT count(*) FROM `+PaymentsSchema+`.outbox WHERE status = 'pending')`).Scan(&n, &dead, &pending)
+			e.mu.Lock()
+			done := err == nil && n >= len(e.started) && dead >= e.poison && pending == 0
+			e.mu.Unlock()
+			if done {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return errors.New("chaos: not every saga ended in time")
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func (e *Env) startedCopy() map[string]Order {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make(map[string]Order, len(e.started))
+	for k, v := range e.started {
+		out[k] = v
+	}
+	return out
+}
+
+// LogTails returns the last lines of every node log in dir, for a failure
+// message.
+func LogTails(dir string, lines int) string {
+	paths, _ := filepath.Glob(filepath.Join(dir, "*.log"))
+	var b strings.Builder
+	for _, p := range paths {
+		raw, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		all := strings.Split(strings.TrimRight(string(raw), "\n"), "\n")
+		fmt.Fprintf(&b, "--- %s (last %d of %d lines)\n%s\n", filepath.Base(p), min(lines, len(all)), len(all),
+			strings.Join(all[max(0, len(all)-lines):], "\n"))
+	}
+	return b.String()
+}

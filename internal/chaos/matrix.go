@@ -1,0 +1,131 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"math/rand/v2"
+	"time"
+
+	"github.com/sagaflow/sagaflow/internal/fault"
+)
+
+// The attacks of the crash-point matrix.
+const (
+	FaultKill      = "sigkill"    // SIGKILL the node stopped at the point; start a new one
+	FaultPGRestart = "pg-restart" // restart PostgreSQL immediately (no checkpoint) while the node waits at the point
+	FaultBroker    = "broker"     // take the broker away for a few seconds from the point on
+)
+
+// Faults lists the attacks.
+var Faults = []string{FaultKill, FaultPGRestart, FaultBroker}
+
+// Cell is one cell of the crash-point matrix.
+type Cell struct {
+	Point string
+	Fault string
+	Seed  uint64
+}
+
+func (c Cell) String() string { return fmt.Sprintf("%s/%s/seed=%d", c.Point, c.Fault, c.Seed) }
+
+// CellResult is what a cell did and found.
+type CellResult struct {
+	Cell     Cell
+	Hit      int           // the hit of the point the node stopped at
+	Settle   time.Duration // from recovery until every saga had ended
+	Duration time.Duration
+	Report   *Report
+}
+
+// Deadline is how long the sagas of a cell have, after recovery, to end.
+const Deadline = 90 * time.Second
+
+// RunCell runs one cell: a node running the whole system, armed at the
+// cell's point, takes orders; when it stops there the cell's fault is done
+// to it; then the system recovers (a new node, the server back, the broker
+// back), more orders come, and every saga must end, with the checkers'
+// invariants holding.
+func RunCell(ctx context.Context, dir string, nodeCmd NodeCommand, c Cell) (*CellResult, error) {
+	began := time.Now()
+	if !fault.Enabled {
+		return nil, fmt.Errorf("chaos: the crash-point matrix needs a build with -tags sagaflow_faults")
+	}
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(c.Point + c.Fault))
+	rng := rand.New(rand.NewPCG(c.Seed, h.Sum64()))
+	env, err := NewEnv(ctx, dir, nodeCmd)
+	if err != nil {
+		return nil, err
+	}
+	defer env.Close()
+
+	hit := 1 + rng.IntN(4)
+	if c.Point == fault.RescueAfterRead {
+		hit = 1 // only the slow orders reach the rescuer
+	}
+	node, err := env.StartNode("node-1", AllRoles, fmt.Sprintf("%s@%d", c.Point, hit))
+	if err != nil {
+		return nil, err
+	}
+	order := 0
+	startSome := func(n int) error {
+		for range n {
+			o := NewOrder(fmt.Sprintf("%s-%03d", "o", order), rng, 0.25, 0)
+			o.Slow = order%8 == 3
+			order++
+			if err := env.Start(ctx, o); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := startSome(12); err != nil {
+		return nil, err
+	}
+	if err := env.InjectPoison(ctx, 4, rng); err != nil {
+		return nil, err
+	}
+	point, err := node.WaitFault(60 * time.Second)
+	if err != nil {
+		return nil, err
+	}
+	if point != c.Point {
+		return nil, fmt.Errorf("chaos: node stopped at %q, armed at %q", point, c.Point)
+	}
+	switch c.Fault {
+	case FaultKill:
+		node.Kill()
+		if _, err := env.StartNode("node-2", AllRoles, ""); err != nil {
+			return nil, err
+		}
+	case FaultPGRestart:
+		if err := env.PG.Kill(); err != nil {
+			return nil, err
+		}
+		if err := env.PG.Restart(ctx); err != nil {
+			return nil, err
+		}
+		node.Release()
+	case FaultBroker:
+		outage := env.Kafka.Unreachable()
+		node.Release()
+		time.Sleep(time.Duration(2000+rng.IntN(2000)) * time.Millisecond)
+		outage.Remove()
+	default:
+		return nil, fmt.Errorf("chaos: unknown fault %q", c.Fault)
+	}
+	recovered := time.Now()
+	if err := startSome(8); err != nil {
+		return nil, err
+	}
+	wctx, cancel := context.WithTimeout(ctx, Deadline)
+	defer cancel()
+	_ = env.WaitTerminal(wctx) // what did not end is counted as stuck
+	settle := time.Since(recovered)
+	rep, err := env.Check(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &CellResult{Cell: c, Hit: hit, Settle: settle, Duration: time.Since(began), Report: rep}, nil
+}

@@ -1,0 +1,166 @@
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/sagaflow/sagaflow/inbox"
+	"github.com/sagaflow/sagaflow/internal/fault"
+	"github.com/sagaflow/sagaflow/relay"
+	"github.com/sagaflow/sagaflow/saga"
+	"github.com/sagaflow/sagaflow/steps"
+)
+
+// Roles a node process can play.
+const (
+	RoleEngine        = "engine"         // the orders engine, in Kafka mode
+	RoleParticipant   = "participant"    // the payments participant's consumer
+	RoleRelayOrders   = "relay-orders"   // the relay of the orders outbox
+	RoleRelayPayments = "relay-payments" // the relay of the payments outbox
+)
+
+// AllRoles is every role, for a node that runs the whole system.
+var AllRoles = []string{RoleEngine, RoleParticipant, RoleRelayOrders, RoleRelayPayments}
+
+// SessionTimeout is the consumer groups' session timeout: how long a killed
+// or paused node keeps its partitions.
+const SessionTimeout = 2 * time.Second
+
+// NodeConfig says what a node process runs and where.
+type NodeConfig struct {
+	DSN     string   `json:"dsn"`
+	Brokers []string `json:"brokers"`
+	Service string   `json:"service"` // base URL of the external service
+	Roles   []string `json:"roles"`
+}
+
+// NodeEnv carries a node's NodeConfig, as JSON, to a node process.
+const NodeEnv = "SAGAFLOW_CHAOS_NODE"
+
+// NodeConfigFromEnv reads the NodeConfig a parent gave this process.
+func NodeConfigFromEnv() (NodeConfig, error) {
+	var c NodeConfig
+	raw := os.Getenv(NodeEnv)
+	if raw == "" {
+		return c, fmt.Errorf("chaos: %s is not set", NodeEnv)
+	}
+	if err := json.Unmarshal([]byte(raw), &c); err != nil {
+		return c, fmt.Errorf("chaos: %s: %w", NodeEnv, err)
+	}
+	return c, nil
+}
+
+// EngineConfig is the orders engine's configuration, the same in every node
+// and in the parent (which only starts sagas with it).
+func EngineConfig(brokers []string, log *slog.Logger) *saga.Config {
+	return &saga.Config{
+		Schema: OrdersSchema, Workers: 2, PollInterval: 200 * time.Millisecond,
+		RescueInterval: time.Second, RescueSlack: 500 * time.Millisecond, HandlerGrace: 2 * time.Second,
+		Logger: log,
+		Kafka:  &saga.KafkaConfig{Brokers: brokers, SessionTimeout: SessionTimeout},
+	}
+}
+
+// NewPool connects to dsn with settings that notice a restarted server soon.
+func NewPool(ctx context.Context, dsn string, size int32) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = size
+	cfg.HealthCheckPeriod = time.Second
+	cfg.ConnConfig.ConnectTimeout = 2 * time.Second
+	return pgxpool.NewWithConfig(ctx, cfg)
+}
+
+// RunNode runs the roles of cfg until ctx ends, then stops them.
+func RunNode(ctx context.Context, cfg NodeConfig) error {
+	if err := fault.Err(); err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	pool, err := NewPool(ctx, cfg.DSN, 12)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	pid := os.Getpid()
+	x := External{URL: cfg.Service, Client: &http.Client{Timeout: 5 * time.Second}}
+	var stops []func(context.Context) error
+
+	for _, schema := range []string{OrdersSchema, PaymentsSchema} {
+		role := RoleRelayOrders
+		if schema == PaymentsSchema {
+			role = RoleRelayPayments
+		}
+		if !slices.Contains(cfg.Roles, role) {
+			continue
+		}
+		w := relay.NewKafkaWriter(cfg.Brokers, nil)
+		r, err := relay.New(pool, w, &relay.Config{Schema: schema, PollInterval: 200 * time.Millisecond, Logger: log})
+		if err != nil {
+			return err
+		}
+		if err := r.Start(ctx); err != nil {
+			return err
+		}
+		stops = append(stops, r.Stop, func(context.Context) error { return w.Close() })
+	}
+	if slices.Contains(cfg.Roles, RoleEngine) {
+		e, err := saga.New(pool, EngineConfig(cfg.Brokers, log))
+		if err != nil {
+			return err
+		}
+		normal, slow := Definitions(x, pid)
+		if err := e.Register(normal, slow); err != nil {
+			return err
+		}
+		if err := e.Start(ctx); err != nil {
+			return err
+		}
+		stops = append(stops, e.Stop)
+	}
+	if slices.Contains(cfg.Roles, RoleParticipant) {
+		p, err := steps.NewParticipant(pool, &steps.ParticipantConfig{Consumer: "payments", Schema: PaymentsSchema, Logger: log})
+		if err != nil {
+			return err
+		}
+		if err := Participant(p, x, pid); err != nil {
+			return err
+		}
+		for _, topic := range []string{PaymentsTopic, SlowTopic} {
+			r := kafka.NewReader(kafka.ReaderConfig{Brokers: cfg.Brokers, GroupID: "payments-" + topic, Topic: topic,
+				MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 100 * time.Millisecond, StartOffset: kafka.FirstOffset,
+				SessionTimeout: SessionTimeout, HeartbeatInterval: SessionTimeout / 10, CommitInterval: 0})
+			c, err := p.Inbox().NewConsumer(r, &inbox.ConsumerConfig{Handlers: p.Handlers()})
+			if err != nil {
+				return err
+			}
+			cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+			done := make(chan error, 1)
+			go func() { done <- c.Run(cctx) }()
+			stops = append(stops, func(context.Context) error {
+				cancel()
+				return errors.Join(<-done, r.Close())
+			})
+		}
+	}
+	<-ctx.Done()
+	stop, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var errs []error
+	for i := len(stops) - 1; i >= 0; i-- {
+		errs = append(errs, stops[i](stop))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,223 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+)
+
+// SoakConfig sizes a chaos soak.
+type SoakConfig struct {
+	Duration     time.Duration // how long the attacks go on
+	Rate         float64       // sagas started per second meanwhile
+	Engines      int           // engine nodes (the orders engine and its relay)
+	Participants int           // participant nodes (payments and its relay)
+	Seed         uint64
+	Deadline     time.Duration // after the attacks, for every saga to end
+	Logf         func(format string, args ...any)
+}
+
+// SoakResult is a soak's report and what was done to the system.
+type SoakResult struct {
+	Report   *Report
+	Actions  map[string]int
+	Duration time.Duration
+}
+
+// ActionsLine lists the attacks made, by kind.
+func (r *SoakResult) ActionsLine() string {
+	kinds := make([]string, 0, len(r.Actions))
+	for k := range r.Actions {
+		kinds = append(kinds, k)
+	}
+	sort.Strings(kinds)
+	parts := make([]string, 0, len(kinds))
+	for _, k := range kinds {
+		parts = append(parts, fmt.Sprintf("%s=%d", k, r.Actions[k]))
+	}
+	return strings.Join(parts, " ")
+}
+
+// RunSoak attacks a running system for cfg.Duration while orders keep
+// coming: engine and participant nodes are killed with SIGKILL and started
+// again, paused with SIGSTOP for longer than their group session and
+// resumed, PostgreSQL is restarted without a checkpoint, the broker goes
+// away for seconds at a time, a transaction is held open for a long time, and
+// malformed messages are mixed into the topics. Then every saga must end
+// within cfg.Deadline, and the checkers run.
+func RunSoak(ctx context.Context, dir string, nodeCmd NodeCommand, cfg SoakConfig) (*SoakResult, error) {
+	began := time.Now()
+	if cfg.Logf == nil {
+		cfg.Logf = func(string, ...any) {}
+	}
+	rng := rand.New(rand.NewPCG(cfg.Seed, 0x5a6af10))
+	env, err := NewEnv(ctx, dir, nodeCmd)
+	if err != nil {
+		return nil, err
+	}
+	defer env.Close()
+
+	type slot struct {
+		name  string
+		roles []string
+		node  *Node
+	}
+	var slots []*slot
+	for i := range cfg.Engines {
+		slots = append(slots, &slot{name: fmt.Sprintf("engine-%d", i+1), roles: []string{RoleEngine, RoleRelayOrders}})
+	}
+	for i := range cfg.Participants {
+		slots = append(slots, &slot{name: fmt.Sprintf("participant-%d", i+1), roles: []string{RoleParticipant, RoleRelayPayments}})
+	}
+	for _, s := range slots {
+		if s.node, err = env.StartNode(s.name, s.roles, ""); err != nil {
+			return nil, err
+		}
+	}
+
+	res := &SoakResult{Actions: map[string]int{}}
+	attack, stopAttack := context.WithTimeout(ctx, cfg.Duration)
+	defer stopAttack()
+	var wg sync.WaitGroup
+	var startErr error
+	var errMu sync.Mutex
+
+	// Orders arrive at cfg.Rate; each start retries through restarts.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		sem := make(chan struct{}, 16)
+		tick := time.NewTicker(time.Duration(float64(time.Second) / cfg.Rate))
+		defer tick.Stop()
+		orderRng := rand.New(rand.NewPCG(cfg.Seed, 0x0dde5))
+		for i := 0; ; i++ {
+			select {
+			case <-attack.Done():
+				return
+			case <-tick.C:
+			}
+			o := NewOrder(fmt.Sprintf("s-%06d", i), orderRng, 0.2, 0.005)
+			sem <- struct{}{}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				sctx, cancel := context.WithTimeout(ctx, time.Minute)
+				defer cancel()
+				if err := env.Start(sctx, o); err != nil {
+					errMu.Lock()
+					startErr = err
+					errMu.Unlock()
+				}
+			}()
+		}
+	}()
+
+	sleep := func(d time.Duration) {
+		select {
+		case <-attack.Done():
+		case <-time.After(d):
+		}
+	}
+	ms := func(lo, hi int) time.Duration { return time.Duration(lo+rng.IntN(hi-lo+1)) * time.Millisecond }
+	lastPoison := time.Now()
+	for attack.Err() == nil {
+		sleep(ms(1500, 4000))
+		if attack.Err() != nil {
+			break
+		}
+		if time.Since(lastPoison) > 8*time.Second {
+			if err := env.InjectPoison(ctx, 4, rng); err != nil {
+				return nil, err
+			}
+			res.Actions["poison"] += 4
+			lastPoison = time.Now()
+		}
+		s := slots[rng.IntN(len(slots))]
+		switch p := rng.IntN(100); {
+		case p < 30:
+			cfg.Logf("chaos: SIGKILL %s", s.name)
+			s.node.Kill()
+			res.Actions["sigkill"]++
+			time.Sleep(ms(200, 2000))
+			if s.node, err = env.StartNode(s.name, s.roles, ""); err != nil {
+				return nil, err
+			}
+		case p < 45:
+			cfg.Logf("chaos: SIGSTOP %s past its session", s.name)
+			if err := s.node.Pause(); err != nil {
+				return nil, err
+			}
+			res.Actions["sigstop"]++
+			time.Sleep(2*SessionTimeout + ms(0, 1500))
+			if err := s.node.Resume(); err != nil {
+				return nil, err
+			}
+		case p < 60:
+			cfg.Logf("chaos: PostgreSQL immediate restart")
+			if err := env.PG.Kill(); err != nil {
+				return nil, err
+			}
+			time.Sleep(ms(0, 1000))
+			if err := env.PG.Restart(ctx); err != nil {
+				return nil, err
+			}
+			res.Actions["pg_restart"]++
+		case p < 80:
+			d := ms(1000, 5000)
+			cfg.Logf("chaos: broker unreachable for %s", d)
+			outage := env.Kafka.Unreachable()
+			time.Sleep(d)
+			outage.Remove()
+			res.Actions["broker_outage"]++
+		default:
+			d := ms(5000, 15000)
+			cfg.Logf("chaos: a transaction held open for %s", d)
+			res.Actions["long_tx"]++
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				holdTransaction(ctx, env, d)
+			}()
+		}
+	}
+	wg.Wait()
+	errMu.Lock()
+	err = startErr
+	errMu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	cfg.Logf("chaos: attacks over after %s; %d sagas started; waiting for every saga to end", time.Since(began).Round(time.Second), len(env.startedCopy()))
+	wctx, cancel := context.WithTimeout(ctx, cfg.Deadline)
+	defer cancel()
+	_ = env.WaitTerminal(wctx) // what did not end is counted as stuck
+	if res.Report, err = env.Check(ctx); err != nil {
+		return nil, err
+	}
+	res.Duration = time.Since(began)
+	return res, nil
+}
+
+// holdTransaction keeps a repeatable-read transaction open for d, holding
+// back the cleanup of every row changed meanwhile, as a forgotten report
+// query or a stuck migration does.
+func holdTransaction(ctx context.Context, env *Env, d time.Duration) {
+	tx, err := env.Pool.Begin(ctx)
+	if err != nil {
+		return // the server is restarting: nothing to hold
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"); err != nil {
+		return
+	}
+	var n int
+	if err := tx.QueryRow(ctx, "SELECT count(*) FROM "+OrdersSchema+".saga_instances").Scan(&n); err != nil {
+		return
+	}
+	time.Sleep(d)
+}

@@ -1,0 +1,219 @@
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sagaflow/sagaflow/saga"
+	"github.com/sagaflow/sagaflow/steps"
+	"github.com/sagaflow/sagaflow/store"
+)
+
+// The workload: an order saga in the orders schema whose middle step is a
+// remote call to a payments participant in its own schema, over Kafka.
+//
+//	reserve  local:  a ledger row; compensated by another ledger row
+//	charge   remote: the participant writes a payment and a ledger row and
+//	                 calls the bank; refunded by a remote compensation
+//	ship     local:  calls the carrier, then a ledger row; refuses orders
+//	                 marked Fail, so those sagas compensate
+//
+// Orders marked Slow run as a second saga type, the same steps with the
+// charge sent to a topic of their own, where the participant answers only
+// after the step's timeout: the rescuer fails the step over and the saga
+// compensates while the late reply is on its way. (The topic is their own
+// because a participant's consumer handles one message at a time: a slow
+// answer would hold up every order behind it.)
+const (
+	OrdersSchema   = "orders"
+	PaymentsSchema = "payments"
+	LedgerSchema   = "chaos"
+
+	SagaName      = "order"
+	SlowSagaName  = "order-slow"
+	PaymentsTopic = "payments.commands"
+	SlowTopic     = "payments.slow"
+	ChargeType    = "payments.charge"
+	RefundType    = "payments.refund"
+
+	// ChargeTimeout is the remote step's timeout: longer than a consumer
+	// group takes to hand a killed node's partitions on. A Slow order's
+	// reply comes SlowReply after its command.
+	ChargeTimeout = 5 * time.Second
+	SlowReply     = 6 * time.Second
+)
+
+// Order is the saga's state.
+type Order struct {
+	Key  string `json:"key"`
+	Fail bool   `json:"fail,omitempty"`
+	Slow bool   `json:"slow,omitempty"`
+	Paid bool   `json:"paid,omitempty"`
+}
+
+type chargeCmd struct {
+	Key  string `json:"key"`
+	Slow bool   `json:"slow,omitempty"`
+	// Sent is when the engine built the command. A slow charge answers
+	// SlowReply after it, however long it waited in the queue, so that slow
+	// orders queued together do not add up.
+	Sent time.Time `json:"sent"`
+}
+
+// Topics lists every topic the workload uses, to seed the broker with.
+func Topics() []string {
+	var out []string
+	for _, name := range []string{SagaName, SlowSagaName} {
+		out = append(out, saga.CommandTopicDefault+"."+name, saga.CommandTopicDefault+"."+name+".replies")
+	}
+	return append(out, PaymentsTopic, SlowTopic)
+}
+
+// Ledger is the effects ledger: every database effect a step body makes is
+// also a row here, in the same transaction. It has no unique key on
+// purpose, so a doubled effect shows as two rows.
+func Ledger() string { return pgx.Identifier{LedgerSchema, "ledger"}.Sanitize() }
+
+// Setup migrates the two sagaflow schemas and creates the ledger and the
+// participant's business table. It is safe to run again.
+func Setup(ctx context.Context, pool *pgxpool.Pool) error {
+	for _, s := range []string{OrdersSchema, PaymentsSchema} {
+		if _, err := store.Migrate(ctx, pool, s); err != nil {
+			return fmt.Errorf("chaos: migrate %s: %w", s, err)
+		}
+	}
+	_, err := pool.Exec(ctx, `
+CREATE SCHEMA IF NOT EXISTS `+LedgerSchema+`;
+CREATE TABLE IF NOT EXISTS `+Ledger()+` (
+    order_key text        NOT NULL,
+    step      text        NOT NULL,
+    direction text        NOT NULL,
+    pid       integer     NOT NULL,
+    at        timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE TABLE IF NOT EXISTS `+payments()+` (
+    order_key text PRIMARY KEY,
+    step_key  text NOT NULL
+);`)
+	if err != nil {
+		return fmt.Errorf("chaos: create the ledger: %w", err)
+	}
+	return nil
+}
+
+func payments() string { return pgx.Identifier{PaymentsSchema, "payments"}.Sanitize() }
+
+func record(ctx context.Context, tx pgx.Tx, pid int, order, step string, dir steps.Direction) error {
+	_, err := tx.Exec(ctx, "INSERT INTO "+Ledger()+" (order_key, step, direction, pid) VALUES ($1, $2, $3, $4)",
+		order, step, string(dir), pid)
+	return err
+}
+
+// External is a client of the fake external service (see [Service]).
+type External struct {
+	URL    string
+	Client *http.Client
+}
+
+// Call makes one call to the external service under an idempotency key.
+func (x External) Call(ctx context.Context, op, key string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, x.URL+"/"+op, strings.NewReader("{}"))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := x.Client.Do(req)
+	if err != nil {
+		return fmt.Errorf("external %s: %w", op, err)
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("external %s: status %d", op, resp.StatusCode)
+	}
+	return nil
+}
+
+// Definitions are the order saga and its slow twin; pid goes into the
+// ledger rows the process writes.
+func Definitions(x External, pid int) (normal, slow *saga.Definition[Order]) {
+	return definition(SagaName, PaymentsTopic, x, pid), definition(SlowSagaName, SlowTopic, x, pid)
+}
+
+func definition(name, topic string, x External, pid int) *saga.Definition[Order] {
+	local := func(step string, dir steps.Direction, call string) saga.StepFunc[Order] {
+		return func(ctx context.Context, run *saga.StepRun, o *Order) error {
+			if call != "" {
+				if err := x.Call(ctx, call, run.IdempotencyKey()); err != nil {
+					return err
+				}
+			}
+			return record(ctx, run.Tx, pid, o.Key, step, dir)
+		}
+	}
+	ship := local("ship", steps.Forward, "carrier")
+	return saga.Define(name,
+		saga.Step[Order]{Name: "reserve", Action: local("reserve", steps.Forward, ""), Compensate: local("reserve", steps.Compensate, "")},
+		saga.Step[Order]{Name: "charge", Timeout: ChargeTimeout, Remote: &saga.Remote[Order]{
+			Topic: topic, Type: ChargeType, CompensateType: RefundType,
+			Command: func(_ context.Context, _ *saga.StepRun, o *Order) (any, error) {
+				return chargeCmd{Key: o.Key, Slow: o.Slow, Sent: time.Now()}, nil
+			},
+			OnReply: func(_ context.Context, _ *saga.StepRun, o *Order, _ json.RawMessage) error {
+				o.Paid = true
+				return nil
+			},
+		}},
+		saga.Step[Order]{Name: "ship", Retry: &saga.RetryPolicy{MaxAttempts: 20, Backoff: saga.ExponentialBackoff(50*time.Millisecond, time.Second)},
+			Action: func(ctx context.Context, run *saga.StepRun, o *Order) error {
+				if o.Fail {
+					return steps.Permanent(steps.WithCode("undeliverable", errors.New("the carrier does not deliver there")))
+				}
+				return ship(ctx, run, o)
+			}},
+	)
+}
+
+// Participant registers the payments handlers on p.
+func Participant(p *steps.Participant, x External, pid int) error {
+	err := steps.Handle(p, ChargeType, func(ctx context.Context, tx pgx.Tx, c steps.Call[chargeCmd]) (struct{}, error) {
+		if c.Command.Slow {
+			select {
+			case <-time.After(time.Until(c.Command.Sent.Add(SlowReply))):
+			case <-ctx.Done():
+				return struct{}{}, ctx.Err()
+			}
+		}
+		if err := x.Call(ctx, "bank/charge", c.Key.String()); err != nil {
+			return struct{}{}, err
+		}
+		if _, err := tx.Exec(ctx, "INSERT INTO "+payments()+" (order_key, step_key) VALUES ($1, $2)", c.Command.Key, c.Key.String()); err != nil {
+			return struct{}{}, err
+		}
+		return struct{}{}, record(ctx, tx, pid, c.Command.Key, "charge", steps.Forward)
+	})
+	if err != nil {
+		return err
+	}
+	return steps.Handle(p, RefundType, func(ctx context.Context, tx pgx.Tx, c steps.Call[chargeCmd]) (struct{}, error) {
+		// Refund only what was charged: after a reply timeout the charge
+		// may never have happened.
+		tag, err := tx.Exec(ctx, "DELETE FROM "+payments()+" WHERE order_key = $1", c.Command.Key)
+		if err != nil || tag.RowsAffected() == 0 {
+			return struct{}{}, err
+		}
+		if err := x.Call(ctx, "bank/refund", c.Key.String()); err != nil {
+			return struct{}{}, err
+		}
+		return struct{}{}, record(ctx, tx, pid, c.Command.Key, "charge", steps.Compensate)
+	})
+}
