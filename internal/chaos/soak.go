@@ -125,6 +125,7 @@ func RunSoak(ctx context.Context, dir string, nodeCmd NodeCommand, cfg SoakConfi
 	}
 	ms := func(lo, hi int) time.Duration { return time.Duration(lo+rng.IntN(hi-lo+1)) * time.Millisecond }
 	lastPoison := time.Now()
+	var round []string
 	for attack.Err() == nil {
 		sleep(ms(1500, 4000))
 		if attack.Err() != nil {
@@ -137,9 +138,16 @@ func RunSoak(ctx context.Context, dir string, nodeCmd NodeCommand, cfg SoakConfi
 			res.Actions["poison"] += 4
 			lastPoison = time.Now()
 		}
+		// Every kind of attack once per round, in a random order.
+		if len(round) == 0 {
+			round = []string{"sigkill", "sigkill", "sigstop", "pg_restart", "broker_outage", "long_tx"}
+			rng.Shuffle(len(round), func(i, j int) { round[i], round[j] = round[j], round[i] })
+		}
+		kind := round[0]
+		round = round[1:]
 		s := slots[rng.IntN(len(slots))]
-		switch p := rng.IntN(100); {
-		case p < 30:
+		switch kind {
+		case "sigkill":
 			cfg.Logf("chaos: SIGKILL %s", s.name)
 			s.node.Kill()
 			res.Actions["sigkill"]++
@@ -147,7 +155,7 @@ func RunSoak(ctx context.Context, dir string, nodeCmd NodeCommand, cfg SoakConfi
 			if s.node, err = env.StartNode(s.name, s.roles, ""); err != nil {
 				return nil, err
 			}
-		case p < 45:
+		case "sigstop":
 			cfg.Logf("chaos: SIGSTOP %s past its session", s.name)
 			if err := s.node.Pause(); err != nil {
 				return nil, err
@@ -157,7 +165,7 @@ func RunSoak(ctx context.Context, dir string, nodeCmd NodeCommand, cfg SoakConfi
 			if err := s.node.Resume(); err != nil {
 				return nil, err
 			}
-		case p < 60:
+		case "pg_restart":
 			cfg.Logf("chaos: PostgreSQL immediate restart")
 			if err := env.PG.Kill(); err != nil {
 				return nil, err
@@ -167,14 +175,14 @@ func RunSoak(ctx context.Context, dir string, nodeCmd NodeCommand, cfg SoakConfi
 				return nil, err
 			}
 			res.Actions["pg_restart"]++
-		case p < 80:
+		case "broker_outage":
 			d := ms(1000, 5000)
 			cfg.Logf("chaos: broker unreachable for %s", d)
 			outage := env.Kafka.Unreachable()
 			time.Sleep(d)
 			outage.Remove()
 			res.Actions["broker_outage"]++
-		default:
+		case "long_tx":
 			d := ms(5000, 15000)
 			cfg.Logf("chaos: a transaction held open for %s", d)
 			res.Actions["long_tx"]++
