@@ -14,9 +14,26 @@ help: ## list the targets
 demo: ## run the checkout example: four services over Kafka, seven scenarios, a summary (exit 0 = all as expected)
 	$(GO) run ./examples/checkout
 
+# The crash-point matrix and the short chaos soak need a build whose fault
+# points can be armed (-tags sagaflow_faults); they run without the race
+# detector, in worker processes of their own.
+CHAOS_TAGS := -tags sagaflow_faults
+
 .PHONY: test
-test: ## run every test against a real PostgreSQL, with the race detector
+test: ## run every test against a real PostgreSQL, with the race detector; then the crash matrix and a short chaos soak
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
+	$(GO) test $(CHAOS_TAGS) -count=1 -timeout 15m -v -run 'TestCrashMatrix|TestSoakShort' ./internal/chaos/
+
+CHAOS_DURATION ?= 5m
+CHAOS_SEEDS    ?= 3
+
+.PHONY: chaos
+chaos: ## chaos soak: worker processes killed, paused, PostgreSQL restarted, broker outages (CHAOS_DURATION, default 5m)
+	$(GO) run $(CHAOS_TAGS) ./internal/chaos/cmd/chaos soak -duration $(CHAOS_DURATION)
+
+.PHONY: chaos/matrix
+chaos/matrix: ## every crash point x {SIGKILL, PostgreSQL restart, broker outage} x CHAOS_SEEDS seeds (default 3)
+	$(GO) run $(CHAOS_TAGS) ./internal/chaos/cmd/chaos matrix -seeds $(CHAOS_SEEDS)
 
 .PHONY: test/short
 test/short: ## run every test without the race detector (quicker)
@@ -41,7 +58,9 @@ fuzz: ## fuzz every decoder of untrusted bytes for FUZZTIME each (default 30s)
 lint: ## gofmt, go vet and staticcheck
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	$(GO) vet $(CHAOS_TAGS) ./internal/chaos/... ./internal/fault/
 	$(GO) run $(STATICCHECK) $(PKGS)
+	$(GO) run $(STATICCHECK) $(CHAOS_TAGS) ./internal/chaos/... ./internal/fault/
 
 .PHONY: bench
 bench: ## engine vs raw PostgreSQL, relay vs raw kafka-go: throughput and latency, same machine, same run

@@ -25,11 +25,11 @@ type Report struct {
 	// From the engine's history, for information: how often the faults made
 	// the system re-drive a step or drop a duplicate.
 	Rescued, Deduplicated int
-	Inconsistent                   int // a saga whose ledger or external calls do not match its end
-	PoisonInjected                 int
-	KafkaMissing                   int // outbox rows marked published that are not on the topics
-	KafkaPhantom                   int // messages on the topics that no outbox row and no injection explains
-	Violations                     []string
+	Inconsistent          int // a saga whose ledger or external calls do not match its end
+	PoisonInjected        int
+	KafkaMissing          int // outbox rows marked published that are not on the topics
+	KafkaPhantom          int // messages on the topics that no outbox row and no injection explains
+	Violations            []string
 }
 
 // OK reports whether every invariant held.
