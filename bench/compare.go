@@ -53,6 +53,8 @@ func compareMain(args []string) error {
 	fs.StringVar(&scenarios, "scenarios", strings.Join(allScenarios, ","), "scenarios to run")
 	fs.StringVar(&concs, "conc", "1,16,256,4096", "sagas in flight (steps scenario)")
 	fs.DurationVar(&o.warmup, "warmup", 2*time.Second, "load before each measured window")
+	fs.DurationVar(&o.run.WindowMax, "window-max", 20*time.Second, "longest window of a closed loop stretched to one turn-over of its slots")
+	fs.DurationVar(&o.run.WarmupMax, "warmup-max", 45*time.Second, "longest warm-up of a closed loop, which otherwise lasts until every in-flight slot has finished a saga")
 	fs.DurationVar(&o.window, "window", 5*time.Second, "measured window of each saga run")
 	fs.StringVar(&history, "history", "100000,1000000", "finished sagas pre-filled for the history scenario (0 is always measured)")
 	fs.IntVar(&o.historyConc, "history-conc", 256, "sagas in flight in the history scenario")
@@ -60,7 +62,7 @@ func compareMain(args []string) error {
 	fs.IntVar(&o.drainRows, "drain-rows", 1000000, "backlog of the drain scenario")
 	fs.IntVar(&o.drainReps, "drain-reps", 1, "repetitions of the drain scenario")
 	fs.DurationVar(&o.drainBox, "drain-timebox", 90*time.Second, "longest a drain may run; a system still draining then is reported at the rate it reached")
-	fs.IntVar(&o.temporalMax, "temporal-max-conc", 4096, "highest concurrency Temporal is run at")
+	fs.IntVar(&o.temporalMax, "temporal-max-conc", 256, "highest concurrency Temporal is run at (its dev server turns 4,096 in flight over in minutes, not seconds)")
 	fs.BoolVar(&o.jsonOut, "json", false, "print one JSON object per system and scenario on stdout (the table goes to stderr)")
 	fs.StringVar(&o.out, "out", "results.json", "write the whole report (machine, results, every run) here; empty for none")
 	fs.StringVar(&o.run.TemporalBin, "temporal-bin", defaultTemporalBin(), "the temporal CLI")
@@ -157,9 +159,6 @@ func compare(o *compareOpts, command string) error {
 					}
 					r := base
 					r.System, r.Scenario, r.Rep, r.Conc = sys, scenarioSteps, rep, conc
-					if conc >= 1024 {
-						r.Warmup = max(r.Warmup, 5*time.Second) // time to get thousands in flight
-					}
 					exec1(r)
 				}
 			}
@@ -182,7 +181,7 @@ func compare(o *compareOpts, command string) error {
 				r := base
 				r.System, r.Scenario, r.Rep = sys, scenarioHalfLoad, rep
 				r.Rate = peak.Rate.Median / 3 / 2
-				r.Conc = 0
+				r.Conc = peak.Conc // the peak's configuration (workers, pool)
 				exec1(r)
 			}
 		}
@@ -234,7 +233,9 @@ func compare(o *compareOpts, command string) error {
 			return err
 		}
 	}
+	report.Targets = computeTargets(report.Results)
 	printTable(table, report.Results)
+	printTargets(table, report.Targets)
 	if o.out != "" {
 		b, err := json.MarshalIndent(report, "", "  ")
 		if err != nil {
@@ -300,7 +301,7 @@ func spawn(ctx context.Context, r runOpts) Sample {
 		s.Error = err.Error()
 		return s
 	}
-	cctx, cancel := context.WithTimeout(ctx, r.Warmup+r.Window+r.TimeBox+10*time.Minute)
+	cctx, cancel := context.WithTimeout(ctx, r.Warmup+r.WarmupMax+r.Window+r.WindowMax+r.TimeBox+10*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(cctx, exe, append([]string{"run"}, r.args()...)...)
 	var stdout, stderr bytes.Buffer
@@ -409,10 +410,26 @@ func describeMachine(ctx context.Context, temporalBin string) Machine {
 		m.PGSettings = fmt.Sprintf("shared_buffers=%s synchronous_commit=%s max_connections=%s", sb, sc, mc)
 		pool.Close()
 	}
+	m.Library = describeLibrary(ctx)
 	if out, err := exec.CommandContext(ctx, temporalBin, "--version").Output(); err == nil {
 		m.Temporal = strings.TrimSpace(string(out)) + "; server start-dev with a SQLite file"
 	} else {
 		m.Temporal = "not available: " + err.Error()
 	}
 	return m
+}
+
+// describeLibrary names the sagaflow commit under ../ and says whether its
+// Go sources (outside bench/) differ from it.
+func describeLibrary(ctx context.Context) string {
+	out, err := exec.CommandContext(ctx, "git", "-C", "..", "log", "-1", "--format=%h %cs %s").Output()
+	if err != nil {
+		return "unknown: " + err.Error()
+	}
+	lib := strings.TrimSpace(string(out))
+	dirty, err := exec.CommandContext(ctx, "git", "-C", "..", "status", "--porcelain", "--", "*.go", "go.mod", ":!bench").Output()
+	if err == nil && len(bytes.TrimSpace(dirty)) > 0 {
+		lib += " (with uncommitted changes to its Go files)"
+	}
+	return lib
 }

@@ -299,4 +299,3 @@ func setupWatermill(ctx context.Context, pool *pgxpool.Pool, schema string, b *b
 
 // watermillKeyMetadata carries a message's Kafka key through Watermill.
 const watermillKeyMetadata = "key"
-

@@ -54,6 +54,7 @@ type Sample struct {
 	Note          string  `json:"note,omitempty"`
 	Error         string  `json:"error,omitempty"`
 	SetupSeconds  float64 `json:"setup_seconds,omitempty"`
+	WarmupSeconds float64 `json:"warmup_seconds,omitempty"`
 	StartedAtUnix int64   `json:"started_at_unix,omitempty"`
 }
 
@@ -104,6 +105,7 @@ type Report struct {
 	Command string   `json:"command"`
 	Notes   []string `json:"notes,omitempty"`
 	Results []Result `json:"results"`
+	Targets []Target `json:"targets"`
 }
 
 // Machine describes where the figures were measured.
@@ -117,6 +119,10 @@ type Machine struct {
 	PGSettings string `json:"pg_settings"`
 	Kafka      string `json:"kafka"`
 	Temporal   string `json:"temporal"`
+	// Library is the sagaflow commit measured (the module the replace
+	// directive points to), and whether its Go files had uncommitted
+	// changes.
+	Library string `json:"library"`
 }
 
 func unitOf(scenario string) string {

@@ -44,7 +44,12 @@ type runOpts struct {
 	Rep      int
 	Conc     int
 	Warmup   time.Duration
-	Window   time.Duration
+	// WarmupMax bounds a closed loop's warm-up, which lasts at least Warmup
+	// and until every one of the Conc slots has finished a saga.
+	WarmupMax time.Duration
+	Window    time.Duration
+	// WindowMax bounds a window stretched to one turn-over of the slots.
+	WindowMax time.Duration
 	// Rate is the offered load of an open-loop run, in sagas per second.
 	Rate float64
 	// Schema is an existing, migrated sagaflow schema to run in (the history
@@ -65,6 +70,8 @@ func (o *runOpts) flags(fs *flag.FlagSet) {
 	fs.IntVar(&o.Rep, "rep", 0, "repetition number (recorded only)")
 	fs.IntVar(&o.Conc, "conc", 16, "sagas in flight")
 	fs.DurationVar(&o.Warmup, "warmup", time.Second, "load before the measured window")
+	fs.DurationVar(&o.WarmupMax, "warmup-max", 45*time.Second, "longest closed-loop warm-up")
+	fs.DurationVar(&o.WindowMax, "window-max", 20*time.Second, "longest stretched window")
 	fs.DurationVar(&o.Window, "window", 5*time.Second, "measured window")
 	fs.Float64Var(&o.Rate, "rate", 0, "open-loop arrival rate, sagas/s (halfload)")
 	fs.StringVar(&o.Schema, "schema", "", "existing sagaflow schema to run in")
@@ -78,7 +85,7 @@ func (o *runOpts) flags(fs *flag.FlagSet) {
 func (o *runOpts) args() []string {
 	return []string{
 		"-system", o.System, "-scenario", o.Scenario, "-rep", fmt.Sprint(o.Rep), "-conc", fmt.Sprint(o.Conc),
-		"-warmup", o.Warmup.String(), "-window", o.Window.String(), "-rate", fmt.Sprint(o.Rate),
+		"-warmup", o.Warmup.String(), "-warmup-max", o.WarmupMax.String(), "-window-max", o.WindowMax.String(), "-window", o.Window.String(), "-rate", fmt.Sprint(o.Rate),
 		"-schema", o.Schema, "-history", fmt.Sprint(o.History), "-backlog", fmt.Sprint(o.Backlog),
 		"-timebox", o.TimeBox.String(), "-temporal-bin", o.TemporalBin,
 		"-river-fetch-cooldown", o.RiverCooldown.String(),
@@ -90,7 +97,7 @@ func runMain(args []string) error {
 	var o runOpts
 	o.flags(fs)
 	_ = fs.Parse(args)
-	ctx, cancel := context.WithTimeout(context.Background(), o.Warmup+o.Window+o.TimeBox+5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), o.Warmup+o.WarmupMax+o.Window+o.WindowMax+o.TimeBox+5*time.Minute)
 	defer cancel()
 	s := Sample{System: o.System, Scenario: o.Scenario, Rep: o.Rep, History: o.History, StartedAtUnix: time.Now().Unix()}
 	switch o.Scenario {
@@ -167,6 +174,8 @@ type recorder struct {
 	lat      []time.Duration
 	err      error
 	failed   atomic.Bool
+	// warmed counts the closed loop's slots that finished a saga.
+	warmed atomic.Int64
 }
 
 func (r *recorder) add(start, end time.Time) {
@@ -227,7 +236,7 @@ func closedLoop(ctx context.Context, o *runOpts, m *meter, run func(context.Cont
 	var wg sync.WaitGroup
 	for range o.Conc {
 		wg.Go(func() {
-			for loopCtx.Err() == nil {
+			for first := true; loopCtx.Err() == nil; first = false {
 				start := time.Now()
 				if err := run(loopCtx); err != nil {
 					if loopCtx.Err() == nil {
@@ -237,10 +246,16 @@ func closedLoop(ctx context.Context, o *runOpts, m *meter, run func(context.Cont
 					return
 				}
 				rec.add(start, time.Now())
+				if first {
+					rec.warmed.Add(1)
+				}
 			}
 		})
 	}
-	return measureWindow(ctx, o, m, &rec, stop, &wg, s)
+	// Warm up until every slot has turned over once: before that, the
+	// latencies are those of the first wave, all started at once.
+	warm := func() bool { return rec.warmed.Load() >= int64(o.Conc) }
+	return measureWindow(ctx, o, m, &rec, stop, &wg, s, warm)
 }
 
 // openLoop starts sagas at o.Rate per second, whatever the system's
@@ -288,20 +303,38 @@ func openLoop(ctx context.Context, o *runOpts, m *meter, run func(context.Contex
 			})
 		}
 	})
-	return measureWindow(ctx, o, m, &rec, stop, &wg, s)
+	return measureWindow(ctx, o, m, &rec, stop, &wg, s, nil)
 }
 
 const openLoopMaxInFlight = 20000
 
-func measureWindow(ctx context.Context, o *runOpts, m *meter, rec *recorder, stop func(), wg *sync.WaitGroup, s *Sample) error {
-	if !sleepCtx(ctx, o.Warmup) || rec.failed.Load() {
+// measureWindow warms up for o.Warmup and, when warm is set, until it
+// holds (at most o.WarmupMax), then measures o.Window.
+func measureWindow(ctx context.Context, o *runOpts, m *meter, rec *recorder, stop func(), wg *sync.WaitGroup, s *Sample, warm func() bool) error {
+	began := time.Now()
+	ok := sleepCtx(ctx, o.Warmup)
+	for ok && warm != nil && !warm() && !rec.failed.Load() {
+		if time.Since(began) > o.WarmupMax {
+			s.Note = joinNote(s.Note, fmt.Sprintf("warm-up cut at %s: %d of %d slots had finished a saga", o.WarmupMax, rec.warmed.Load(), o.Conc))
+			break
+		}
+		ok = sleepCtx(ctx, 50*time.Millisecond)
+	}
+	s.WarmupSeconds = time.Since(began).Seconds()
+	if !ok || rec.failed.Load() {
 		stop()
-		wg.Wait()
+		waitTimeout(wg, 30*time.Second)
 		return rec.finish(s)
+	}
+	// A closed loop whose slots took longer than the window to turn over
+	// moves in waves: measure one turn at least.
+	window := o.Window
+	if warm != nil {
+		window = max(window, min(time.Since(began), o.WindowMax))
 	}
 	m.start(ctx)
 	rec.open(m.started)
-	sleepCtx(ctx, o.Window)
+	sleepCtx(ctx, window)
 	end := time.Now()
 	rec.close(end)
 	m.stop(ctx, s)
