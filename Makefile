@@ -22,7 +22,7 @@ CHAOS_TAGS := -tags sagaflow_faults
 .PHONY: test
 test: ## run every test against a real PostgreSQL, with the race detector; then the crash matrix and a short chaos soak
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
-	$(GO) test $(CHAOS_TAGS) -count=1 -timeout 15m -v -run 'TestCrashMatrix|TestSoakShort' ./internal/chaos/
+	$(GO) test $(CHAOS_TAGS) -count=1 -timeout 15m -v -run 'TestCrashMatrix|TestSoakShort|TestCheckersCatch' ./internal/chaos/
 
 CHAOS_DURATION ?= 5m
 CHAOS_SEEDS    ?= 3

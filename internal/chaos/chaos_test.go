@@ -79,3 +79,17 @@ func TestSoakShort(t *testing.T) {
 	require.Positive(t, res.Actions["sigkill"]+res.Actions["pg_restart"]+res.Actions["broker_outage"]+res.Actions["sigstop"],
 		"the soak attacked nothing")
 }
+
+// TestCheckersCatchADualWrite is the negative control of the matrix: the
+// same cell with a workload that writes its effects outside the step's
+// transaction must be reported as doubling effects. A checker that cannot
+// fail would pass it.
+func TestCheckersCatchADualWrite(t *testing.T) {
+	c := chaos.Cell{Point: fault.EngineAfterHandler, Fault: chaos.FaultKill, Seed: 1, Sabotage: chaos.SabotageEffectsOutsideTx}
+	dir := t.TempDir()
+	res, err := chaos.RunCell(context.Background(), dir, nodeCmd, c)
+	require.NoError(t, err, chaos.LogTails(dir, 40))
+	t.Logf("%s\n%s\n%s", res.Report.Line(), res.Report.Detail(), strings.Join(res.Report.Violations, "\n"))
+	require.False(t, res.Report.OK())
+	require.Positive(t, res.Report.DBEffectsDoubled, "the step killed after its handler ran wrote its effect twice")
+}

@@ -41,6 +41,9 @@ type Env struct {
 	Service *Service
 	Pool    *pgxpool.Pool // the parent's own, for starting sagas and checking
 	Dir     string        // node logs
+	// Sabotage, when set, makes the nodes started from now on run a broken
+	// workload, to show that the checkers notice (see SabotageEffectsOutsideTx).
+	Sabotage string
 
 	engine  *saga.Engine // never started: Start only inserts
 	def     *saga.Definition[Order]
@@ -81,7 +84,7 @@ func NewEnv(ctx context.Context, dir string, nodeCmd NodeCommand) (env *Env, err
 	if e.engine, err = saga.New(e.Pool, EngineConfig(e.Kafka.Addrs(), quiet)); err != nil {
 		return nil, err
 	}
-	e.def, e.slowDef = Definitions(External{}, 0)
+	e.def, e.slowDef = Definitions(External{}, 0, nil)
 	if err = e.engine.Register(e.def, e.slowDef); err != nil {
 		return nil, err
 	}
@@ -123,7 +126,8 @@ type Node struct {
 // StartNode starts a node process with roles; armed, when not empty, is a
 // fault spec (point@n) for a sagaflow_faults build.
 func (e *Env) StartNode(name string, roles []string, armed string) (*Node, error) {
-	cfg, err := json.Marshal(NodeConfig{DSN: e.PG.ConnString(), Brokers: e.Kafka.Addrs(), Service: e.Service.URL(), Roles: roles})
+	cfg, err := json.Marshal(NodeConfig{DSN: e.PG.ConnString(), Brokers: e.Kafka.Addrs(), Service: e.Service.URL(), Roles: roles,
+		Sabotage: e.Sabotage})
 	if err != nil {
 		return nil, err
 	}

@@ -25,6 +25,8 @@ type Cell struct {
 	Point string
 	Fault string
 	Seed  uint64
+	// Sabotage runs a deliberately broken workload (a negative control).
+	Sabotage string
 }
 
 func (c Cell) String() string { return fmt.Sprintf("%s/%s/seed=%d", c.Point, c.Fault, c.Seed) }
@@ -59,6 +61,7 @@ func RunCell(ctx context.Context, dir string, nodeCmd NodeCommand, c Cell) (*Cel
 		return nil, err
 	}
 	defer env.Close()
+	env.Sabotage = c.Sabotage
 
 	hit := 1 + rng.IntN(4)
 	if c.Point == fault.RescueAfterRead {

@@ -42,7 +42,15 @@ type NodeConfig struct {
 	Brokers []string `json:"brokers"`
 	Service string   `json:"service"` // base URL of the external service
 	Roles   []string `json:"roles"`
+	// Sabotage breaks the workload on purpose; empty for the real one.
+	Sabotage string `json:"sabotage,omitempty"`
 }
+
+// SabotageEffectsOutsideTx makes the local steps write their ledger rows
+// outside the step's transaction, the classic dual write: a crash after the
+// write and before the step commits runs the step again and doubles the
+// effect. A negative control: the checkers must report it.
+const SabotageEffectsOutsideTx = "effects-outside-tx"
 
 // NodeEnv carries a node's NodeConfig, as JSON, to a node process.
 const NodeEnv = "SAGAFLOW_CHAOS_NODE"
@@ -121,7 +129,15 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 		if err != nil {
 			return err
 		}
-		normal, slow := Definitions(x, pid)
+		var broken *pgxpool.Pool
+		switch cfg.Sabotage {
+		case "":
+		case SabotageEffectsOutsideTx:
+			broken = pool
+		default:
+			return fmt.Errorf("chaos: unknown sabotage %q", cfg.Sabotage)
+		}
+		normal, slow := Definitions(x, pid, broken)
 		if err := e.Register(normal, slow); err != nil {
 			return err
 		}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sagaflow/sagaflow/saga"
@@ -112,7 +113,12 @@ CREATE TABLE IF NOT EXISTS `+payments()+` (
 
 func payments() string { return pgx.Identifier{PaymentsSchema, "payments"}.Sanitize() }
 
-func record(ctx context.Context, tx pgx.Tx, pid int, order, step string, dir steps.Direction) error {
+// execer is a transaction or, in the broken workload, a pool.
+type execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+func record(ctx context.Context, tx execer, pid int, order, step string, dir steps.Direction) error {
 	_, err := tx.Exec(ctx, "INSERT INTO "+Ledger()+" (order_key, step, direction, pid) VALUES ($1, $2, $3, $4)",
 		order, step, string(dir), pid)
 	return err
@@ -144,18 +150,23 @@ func (x External) Call(ctx context.Context, op, key string) error {
 }
 
 // Definitions are the order saga and its slow twin; pid goes into the
-// ledger rows the process writes.
-func Definitions(x External, pid int) (normal, slow *saga.Definition[Order]) {
-	return definition(SagaName, PaymentsTopic, x, pid), definition(SlowSagaName, SlowTopic, x, pid)
+// ledger rows the process writes. With broken set, the local steps write
+// their ledger rows through it, outside the step's transaction: the mistake
+// the checkers must catch (see [SabotageEffectsOutsideTx]).
+func Definitions(x External, pid int, broken *pgxpool.Pool) (normal, slow *saga.Definition[Order]) {
+	return definition(SagaName, PaymentsTopic, x, pid, broken), definition(SlowSagaName, SlowTopic, x, pid, broken)
 }
 
-func definition(name, topic string, x External, pid int) *saga.Definition[Order] {
+func definition(name, topic string, x External, pid int, broken *pgxpool.Pool) *saga.Definition[Order] {
 	local := func(step string, dir steps.Direction, call string) saga.StepFunc[Order] {
 		return func(ctx context.Context, run *saga.StepRun, o *Order) error {
 			if call != "" {
 				if err := x.Call(ctx, call, run.IdempotencyKey()); err != nil {
 					return err
 				}
+			}
+			if broken != nil {
+				return record(ctx, broken, pid, o.Key, step, dir)
 			}
 			return record(ctx, run.Tx, pid, o.Key, step, dir)
 		}
