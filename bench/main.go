@@ -6,6 +6,7 @@
 //	bench compare [flags]   run every system × scenario, interleaved, each run in a child process
 //	bench run [flags]       one measured run (what compare spawns); prints one JSON sample
 //	bench plot -in F -out D draw the curves of a compare report as PNGs
+//	bench markdown -in F    print a compare report's tables as Markdown
 //
 // See docs/benchmarks.md for what is measured and how to read it.
 package main
@@ -27,6 +28,8 @@ func main() {
 		err = runMain(os.Args[2:])
 	case "plot":
 		err = plotMain(os.Args[2:])
+	case "markdown":
+		err = markdownMain(os.Args[2:])
 	default:
 		usage()
 	}
@@ -40,6 +43,7 @@ func usage() {
 	fmt.Fprintln(os.Stderr, `usage:
   bench compare [-quick] [-reps N] [-systems a,b] [-scenarios a,b] [-json] [-out results.json]
   bench run -system S -scenario S [-conc N] ...   (one run; compare spawns these)
-  bench plot -in results.json -out DIR`)
+  bench plot -in results.json -out DIR
+  bench markdown -in results.json`)
 	os.Exit(2)
 }

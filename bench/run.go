@@ -59,9 +59,12 @@ type runOpts struct {
 	Backlog int
 	// TimeBox bounds a drain; a drain still running then is reported as
 	// partial, at the rate it reached.
-	TimeBox       time.Duration
-	TemporalBin   string
-	RiverCooldown time.Duration
+	TimeBox     time.Duration
+	TemporalBin string
+	// TemporalPragmas are SQLite pragmas for the dev server
+	// (--sqlite-pragma), comma-separated; "" for its defaults.
+	TemporalPragmas string
+	RiverCooldown   time.Duration
 }
 
 func (o *runOpts) flags(fs *flag.FlagSet) {
@@ -70,8 +73,8 @@ func (o *runOpts) flags(fs *flag.FlagSet) {
 	fs.IntVar(&o.Rep, "rep", 0, "repetition number (recorded only)")
 	fs.IntVar(&o.Conc, "conc", 16, "sagas in flight")
 	fs.DurationVar(&o.Warmup, "warmup", time.Second, "load before the measured window")
-	fs.DurationVar(&o.WarmupMax, "warmup-max", 45*time.Second, "longest closed-loop warm-up")
-	fs.DurationVar(&o.WindowMax, "window-max", 20*time.Second, "longest stretched window")
+	fs.DurationVar(&o.WarmupMax, "warmup-max", 30*time.Second, "longest closed-loop warm-up")
+	fs.DurationVar(&o.WindowMax, "window-max", 15*time.Second, "longest stretched window")
 	fs.DurationVar(&o.Window, "window", 5*time.Second, "measured window")
 	fs.Float64Var(&o.Rate, "rate", 0, "open-loop arrival rate, sagas/s (halfload)")
 	fs.StringVar(&o.Schema, "schema", "", "existing sagaflow schema to run in")
@@ -79,6 +82,7 @@ func (o *runOpts) flags(fs *flag.FlagSet) {
 	fs.IntVar(&o.Backlog, "backlog", 20000, "rows in the backlog (relay, drain)")
 	fs.DurationVar(&o.TimeBox, "timebox", 10*time.Minute, "longest a drain may run")
 	fs.StringVar(&o.TemporalBin, "temporal-bin", defaultTemporalBin(), "the temporal CLI")
+	fs.StringVar(&o.TemporalPragmas, "temporal-sqlite-pragmas", "", "SQLite pragmas for the dev server, comma-separated (journal_mode=wal,...)")
 	fs.DurationVar(&o.RiverCooldown, "river-fetch-cooldown", riverFetchCooldown, "River's FetchCooldown")
 }
 
@@ -87,7 +91,7 @@ func (o *runOpts) args() []string {
 		"-system", o.System, "-scenario", o.Scenario, "-rep", fmt.Sprint(o.Rep), "-conc", fmt.Sprint(o.Conc),
 		"-warmup", o.Warmup.String(), "-warmup-max", o.WarmupMax.String(), "-window-max", o.WindowMax.String(), "-window", o.Window.String(), "-rate", fmt.Sprint(o.Rate),
 		"-schema", o.Schema, "-history", fmt.Sprint(o.History), "-backlog", fmt.Sprint(o.Backlog),
-		"-timebox", o.TimeBox.String(), "-temporal-bin", o.TemporalBin,
+		"-timebox", o.TimeBox.String(), "-temporal-bin", o.TemporalBin, "-temporal-sqlite-pragmas", o.TemporalPragmas,
 		"-river-fetch-cooldown", o.RiverCooldown.String(),
 	}
 }

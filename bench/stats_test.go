@@ -67,3 +67,26 @@ func TestPercentile(t *testing.T) {
 		})
 	}
 }
+
+func TestNumAndRange(t *testing.T) {
+	for _, tc := range []struct {
+		v    float64
+		prec int
+		want string
+	}{
+		{0, 0, "0"}, {999, 0, "999"}, {1000, 0, "1,000"}, {1234567.891, 1, "1,234,567.9"}, {-4321, 0, "-4,321"},
+	} {
+		if got := num(tc.v, tc.prec); got != tc.want {
+			t.Errorf("num(%v, %d) = %q, want %q", tc.v, tc.prec, got, tc.want)
+		}
+	}
+	if got := rng(Stat{Median: 4012, Min: 3900, Max: 4100, N: 3}, 0); got != "4,012 (3,900–4,100)" {
+		t.Errorf("rng: %q", got)
+	}
+	if got := rng(Stat{Median: 7, Min: 7, Max: 7, N: 1}, 0); got != "7" {
+		t.Errorf("rng of one run: %q", got)
+	}
+	if got := rng(Stat{}, 0); got != "–" {
+		t.Errorf("rng of none: %q", got)
+	}
+}

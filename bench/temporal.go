@@ -62,7 +62,7 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-func startDevServer(ctx context.Context, bin string) (*devServer, error) {
+func startDevServer(ctx context.Context, bin, pragmas string) (*devServer, error) {
 	if _, err := os.Stat(bin); err != nil {
 		return nil, fmt.Errorf("temporal CLI not found at %s (build it with bench/install-temporal.sh): %w", bin, err)
 	}
@@ -77,7 +77,7 @@ func startDevServer(ctx context.Context, bin string) (*devServer, error) {
 		}
 	}
 	d := &devServer{dir: dir, addr: "127.0.0.1:" + strconv.Itoa(ports[0])}
-	d.cmd = exec.Command(bin, "server", "start-dev",
+	args := []string{"server", "start-dev",
 		"--headless",
 		"--ip", "127.0.0.1",
 		"--port", strconv.Itoa(ports[0]),
@@ -86,7 +86,11 @@ func startDevServer(ctx context.Context, bin string) (*devServer, error) {
 		"--ui-port", strconv.Itoa(ports[3]),
 		"--db-filename", filepath.Join(dir, "temporal.db"),
 		"--log-level", "error",
-	)
+	}
+	for _, p := range splitList(pragmas) {
+		args = append(args, "--sqlite-pragma", p)
+	}
+	d.cmd = exec.Command(bin, args...)
 	d.cmd.Stdout = &d.stderr
 	d.cmd.Stderr = &d.stderr
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -134,6 +138,8 @@ type temporalSystem struct {
 	client client.Client
 	worker worker.Worker
 	m      *meter
+	// pragmas given to the dev server's SQLite.
+	pragmas string
 }
 
 func newTemporal(ctx context.Context, o *runOpts) (*temporalSystem, error) {
@@ -142,12 +148,12 @@ func newTemporal(ctx context.Context, o *runOpts) (*temporalSystem, error) {
 	if err != nil {
 		return nil, err
 	}
-	srv, err := startDevServer(ctx, o.TemporalBin)
+	srv, err := startDevServer(ctx, o.TemporalBin, o.TemporalPragmas)
 	if err != nil {
 		pool.Close()
 		return nil, err
 	}
-	t := &temporalSystem{server: srv, m: &meter{pool: pool, app: app, serverPID: srv.pid()}}
+	t := &temporalSystem{server: srv, m: &meter{pool: pool, app: app, serverPID: srv.pid()}, pragmas: o.TemporalPragmas}
 	logger := log.NewStructuredLogger(discard)
 	deadline := time.Now().Add(90 * time.Second)
 	for {
@@ -205,7 +211,11 @@ func (t *temporalSystem) run(ctx context.Context) error {
 
 func (t *temporalSystem) meter() *meter { return t.m }
 func (t *temporalSystem) note() string {
-	return "temporal server start-dev " + temporalCLIVersion + " (SQLite file), SDK worker with default options"
+	n := "temporal server start-dev " + temporalCLIVersion + " (SQLite file), SDK worker with default options"
+	if t.pragmas != "" {
+		n += "; SQLite pragmas " + t.pragmas
+	}
+	return n
 }
 
 // serverPeakMB is the dev server's peak resident set.
