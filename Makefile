@@ -44,7 +44,7 @@ test/race: ## run the suite five times with the race detector, to shake out flak
 	$(GO) test -race -count=5 -timeout 30m $(PKGS)
 
 FUZZTIME ?= 30s
-FUZZ_TARGETS := FuzzDecodeCommand:./saga FuzzClaimedFromKafka:./saga FuzzFromKafka:./inbox \
+FUZZ_TARGETS := FuzzDecodeCommand:./saga FuzzClaimedFromKafka:./saga FuzzPersistedState:./saga FuzzFromKafka:./inbox \
 	FuzzBuildMessage:./relay FuzzDecodeCursor:./store FuzzParseKey:./steps
 
 .PHONY: fuzz
