@@ -35,6 +35,7 @@ type compareOpts struct {
 	temporalMax int
 	jsonOut     bool
 	out         string
+	library     string
 	run         runOpts // defaults passed to every child
 }
 
@@ -47,7 +48,7 @@ func compareMain(args []string) error {
 		quick                                       bool
 		systems, scenarios, concs, history, command string
 	)
-	fs.BoolVar(&quick, "quick", false, "a short run (~3 min): 1 repetition, 16 and 256 in flight, 3 s windows, 100,000 finished sagas, a 10,000-row relay backlog, no 1M drain")
+	fs.BoolVar(&quick, "quick", false, "a short run (~3 min): 1 repetition, 16 and 256 in flight (Temporal 16 only), 3 s windows, 100,000 finished sagas, a 10,000-row relay backlog, no 1M drain")
 	fs.IntVar(&o.reps, "reps", 3, "repetitions of each measurement")
 	fs.StringVar(&systems, "systems", strings.Join(append(slices.Clone(sagaSystems), relaySystems...), ","), "systems to measure")
 	fs.StringVar(&scenarios, "scenarios", strings.Join(allScenarios, ","), "scenarios to run")
@@ -63,6 +64,7 @@ func compareMain(args []string) error {
 	fs.IntVar(&o.drainReps, "drain-reps", 1, "repetitions of the drain scenario")
 	fs.DurationVar(&o.drainBox, "drain-timebox", 90*time.Second, "longest a drain may run; a system still draining then is reported at the rate it reached")
 	fs.IntVar(&o.temporalMax, "temporal-max-conc", 256, "highest concurrency Temporal is run at (its dev server turns 4,096 in flight over in minutes, not seconds)")
+	fs.StringVar(&o.library, "library", "", "describe the sagaflow build measured (default: the commit of ../ and whether its Go files differ)")
 	fs.BoolVar(&o.jsonOut, "json", false, "print one JSON object per system and scenario on stdout (the table goes to stderr)")
 	fs.StringVar(&o.out, "out", "results.json", "write the whole report (machine, results, every run) here; empty for none")
 	fs.StringVar(&o.run.TemporalBin, "temporal-bin", defaultTemporalBin(), "the temporal CLI")
@@ -84,6 +86,7 @@ func compareMain(args []string) error {
 		def("warmup", func() { o.warmup = time.Second })
 		def("history", func() { history = "100000" })
 		def("relay-rows", func() { o.relayRows = 10000 })
+		def("temporal-max-conc", func() { o.temporalMax = 16 })
 		def("scenarios", func() {
 			scenarios = strings.Join([]string{scenarioSteps, scenarioHalfLoad, scenarioHistory, scenarioRelay}, ",")
 		})
@@ -126,6 +129,9 @@ func compare(o *compareOpts, command string) error {
 	ctx := context.Background()
 	report := Report{Date: time.Now().UTC().Format(time.RFC3339), Command: command}
 	report.Machine = describeMachine(ctx, o.run.TemporalBin)
+	if o.library != "" {
+		report.Machine.Library = o.library
+	}
 	has := func(list []string, v string) bool { return slices.Contains(list, v) }
 	var saga, relays []string
 	for _, s := range o.systems {
