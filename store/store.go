@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // DBTX is what the statements run on: *pgxpool.Pool, *pgx.Conn and pgx.Tx
@@ -168,10 +169,10 @@ type Store struct {
 }
 
 type statements struct {
-	startSaga, sagaByKey, insertHistory, insertOutbox, notify, claimDirect, lockSagas, lockSaga, updateSaga string
-	insertInbox, recordInbox, deleteDelivered, deferMessages, markDead, nextDue, getSaga                    string
-	getSagaForUpdate, history, listBase                                                                     string
-	historyRows                                                                                             [maxHistoryRows + 1]string
+	startSaga, sagaByKey, insertHistory, insertOutbox, notify, claimDirect, claimAndLock, lockSagas, lockSaga, updateSaga string
+	insertInbox, recordInbox, deleteDelivered, deferMessages, markDead, nextDue, getSaga                                  string
+	getSagaForUpdate, history, listBase                                                                                   string
+	historyRows                                                                                                           [maxHistoryRows + 1]string
 }
 
 // maxHistoryRows is the most history entries one statement inserts.
@@ -250,6 +251,24 @@ func New(schema string) (*Store, error) {
 			ORDER BY available_at
 			LIMIT $2
 			FOR UPDATE SKIP LOCKED`,
+		// ClaimDirect and LockSagas in one statement: claim the commands,
+		// then, per claimed row, read its saga (by the row's saga_id), try
+		// its execution lock and probe the inbox for its current step's key.
+		// The lateral join keeps the claim's order and always probes the
+		// saga's primary key.
+		claimAndLock: `SELECT c.id, c.aggregatetype, c.type, c.payload, c.saga_id, c.attempts, EXTRACT(EPOCH FROM now() - c.created_at),
+				` + prefixColumns("s.") + `, pg_try_advisory_xact_lock(hashtextextended(s.id::text, $5)),
+				(SELECT true FROM ` + s + `.inbox i WHERE i.consumer = $6
+					AND i.key = s.id::text || '/' || s.step_name || '/' || s.direction || '/' || s.epoch LIMIT 1) IS NOT NULL
+			FROM (SELECT id, aggregatetype, type, payload, saga_id, attempts, created_at, available_at
+				FROM ` + s + `.outbox
+				WHERE topic = $1 AND delivery = 'direct' AND status = 'pending' AND available_at <= now()
+					AND (aggregatetype = ANY($3) OR created_at < now() - $4 * interval '1 microsecond')
+				ORDER BY available_at
+				LIMIT $2
+				FOR UPDATE SKIP LOCKED) c
+			LEFT JOIN LATERAL (SELECT * FROM ` + s + `.saga_instances WHERE id = c.saga_id) s ON true
+			ORDER BY c.available_at`,
 		// Read the claimed commands' sagas, take each saga's execution lock
 		// without waiting (an advisory transaction lock: no extra commit,
 		// gone with the transaction), and see whether the current step's key
@@ -335,9 +354,14 @@ func micros(d time.Duration) int64 { return d.Microseconds() }
 // notifies channel of topic, in one statement. It reports false, and writes
 // nothing, when a saga with the same name and business key, or the same id,
 // exists; the caller's transaction stays usable either way.
+//
+// The saga's deadline is checkAfter from now plus the room that
+// [Store.QueueTransition] adds when it moves a deadline, so that the first
+// step's transition finds the deadline far enough out, leaves it alone, and
+// PostgreSQL can update the row in place (HOT) without touching its indexes.
 func (s *Store) StartSaga(ctx context.Context, db DBTX, sg *Saga, checkAfter time.Duration, rows *Transition, topic string) (bool, error) {
-	args := []any{sg.ID, sg.Name, sg.BusinessKey, sg.Status, sg.StepIndex, sg.StepName, sg.Direction, sg.State,
-		micros(checkAfter), s.channel, topic}
+	args := []any{pgID(sg.ID), sg.Name, sg.BusinessKey, sg.Status, sg.StepIndex, sg.StepName, sg.Direction, sg.State,
+		micros(checkAfter + deadlineRoom), s.channel, topic}
 	args = append(args, historyArrays(rows.History)...)
 	args = append(args, messageArrays(rows.Messages)...)
 	tag, err := db.Exec(ctx, s.q.startSaga, args...)
@@ -370,7 +394,7 @@ func historyArrays(hs []HistoryEntry) []any {
 }
 
 func messageArrays(ms []Message) []any {
-	var ids []uuid.UUID
+	var ids [][16]byte
 	var topic, delivery, aggType, aggID, typ, headers []string
 	var stepKey []*string
 	var payload [][]byte
@@ -431,7 +455,7 @@ func (s *Store) historyArgs(h *HistoryEntry) []any {
 	if h.Detail != nil {
 		detail = h.Detail
 	}
-	return []any{h.SagaID, h.Event, nullStr(h.StepName), nullStr(h.Direction), h.Epoch, h.Attempt,
+	return []any{pgID(h.SagaID), h.Event, nullStr(h.StepName), nullStr(h.Direction), h.Epoch, h.Attempt,
 		nullStr(h.Error), nullStr(h.ErrorCode), detail}
 }
 
@@ -452,8 +476,8 @@ func (s *Store) outboxArgs(m *Message) []any {
 	if delivery == "" {
 		delivery = DeliveryRelay
 	}
-	return []any{m.ID, m.Topic, delivery, m.AggregateType, m.AggregateID, m.Type, m.Payload, headers,
-		m.SagaID, m.StepKey, micros(m.Delay)}
+	return []any{pgID(m.ID), m.Topic, delivery, m.AggregateType, m.AggregateID, m.Type, m.Payload, headers,
+		pgIDPtr(m.SagaID), m.StepKey, micros(m.Delay)}
 }
 
 // InsertMessage inserts an outbox row.
@@ -499,10 +523,81 @@ func (s *Store) ClaimDirect(ctx context.Context, tx pgx.Tx, topic string, limit 
 	return out, nil
 }
 
+// ClaimAndLock does what [Store.ClaimDirect] and then [Store.LockSagas] do,
+// in one statement: it claims up to limit due direct commands and reads the
+// saga each claimed row names in its saga_id column, trying the saga's
+// execution lock. Sagas that do not exist are absent from the map.
+func (s *Store) ClaimAndLock(ctx context.Context, tx pgx.Tx, topic string, limit int, known []string, grace time.Duration) ([]Claimed, map[uuid.UUID]*LockedSaga, error) {
+	rows, err := tx.Query(ctx, s.q.claimAndLock, topic, limit, known, micros(grace), s.lockNS, InboxConsumerEngine)
+	if err != nil {
+		return nil, nil, fmt.Errorf("store: claim commands on %s: %w", topic, err)
+	}
+	defer rows.Close()
+	var claimed []Claimed
+	sagas := make(map[uuid.UUID]*LockedSaga, limit)
+	var n nullSaga
+	dest := n.dest()
+	for rows.Next() {
+		var c Claimed
+		var age float64
+		var sagaID pgtype.UUID
+		var locked *bool
+		var processed bool
+		n = nullSaga{} // pgx fills the pointees it finds: never share them between rows
+		args := append([]any{(*[16]byte)(&c.ID), &c.AggregateType, &c.Type, &c.Payload, &sagaID, &c.Attempts, &age}, dest...)
+		if err := rows.Scan(append(args, &locked, &processed)...); err != nil {
+			return nil, nil, fmt.Errorf("store: claim commands on %s: %w", topic, err)
+		}
+		c.Age = time.Duration(age * float64(time.Second))
+		c.SagaID = fromPgID(sagaID)
+		claimed = append(claimed, c)
+		if n.ID.Valid && sagas[n.ID.Bytes] == nil {
+			ls := &LockedSaga{Saga: n.saga(), Locked: locked != nil && *locked, Processed: processed}
+			sagas[ls.ID] = ls
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, fmt.Errorf("store: claim commands on %s: %w", topic, err)
+	}
+	return claimed, sagas, nil
+}
+
+// nullSaga scans the columns of a saga that may be absent (an outer join).
+type nullSaga struct {
+	ID                                   pgtype.UUID
+	Name, Status, StepName, Direction    *string
+	StepIndex, Epoch, Attempt            *int
+	Version                              *int64
+	AwaitingReply                        *bool
+	BusinessKey                          *string
+	State                                []byte
+	NextCheckAt, EndedAt                 *time.Time
+	CreatedAt, UpdatedAt                 *time.Time
+	CommandID                            pgtype.UUID
+	LastError, LastErrorCode, FailedStep *string
+}
+
+func (n *nullSaga) dest() []any {
+	return []any{&n.ID, &n.Name, &n.BusinessKey, &n.Status, &n.StepIndex, &n.StepName, &n.Direction,
+		&n.Epoch, &n.Attempt, &n.State, &n.Version, &n.NextCheckAt, &n.CommandID, &n.AwaitingReply, &n.LastError, &n.LastErrorCode,
+		&n.FailedStep, &n.CreatedAt, &n.UpdatedAt, &n.EndedAt}
+}
+
+// saga returns the scanned saga; n.ID must be valid. The NOT NULL columns
+// are never nil when the id is not.
+func (n *nullSaga) saga() Saga {
+	sg := Saga{ID: n.ID.Bytes, Name: *n.Name, BusinessKey: n.BusinessKey, Status: *n.Status, StepIndex: *n.StepIndex,
+		StepName: *n.StepName, Direction: *n.Direction, Epoch: *n.Epoch, Attempt: *n.Attempt, Version: *n.Version,
+		NextCheckAt: n.NextCheckAt, CommandID: fromPgID(n.CommandID), AwaitingReply: *n.AwaitingReply, LastError: n.LastError,
+		LastErrorCode: n.LastErrorCode, FailedStep: n.FailedStep, CreatedAt: *n.CreatedAt, UpdatedAt: *n.UpdatedAt, EndedAt: n.EndedAt}
+	sg.State = append([]byte(nil), n.State...)
+	return sg
+}
+
 // LockSagas reads the given sagas as described on [LockedSaga]. It never
 // waits for a lock. Sagas that do not exist are absent from the result.
 func (s *Store) LockSagas(ctx context.Context, tx pgx.Tx, ids []uuid.UUID) (map[uuid.UUID]*LockedSaga, error) {
-	rows, err := tx.Query(ctx, s.q.lockSagas, ids, s.lockNS, InboxConsumerEngine)
+	rows, err := tx.Query(ctx, s.q.lockSagas, pgIDs(ids), s.lockNS, InboxConsumerEngine)
 	if err != nil {
 		return nil, fmt.Errorf("store: lock sagas: %w", err)
 	}
@@ -543,11 +638,11 @@ func (s *Store) QueueTransition(b *pgx.Batch, t *Transition) *pgx.QueuedQuery {
 	if t.State != nil {
 		state = t.State
 	}
-	var commandID *uuid.UUID
+	var commandID pgtype.UUID
 	if len(t.Messages) > 0 {
-		commandID = &t.Messages[len(t.Messages)-1].ID
+		commandID = pgIDPtr(&t.Messages[len(t.Messages)-1].ID)
 	}
-	q := b.Queue(s.q.updateSaga, t.ID, t.Version, t.Status, t.StepIndex, t.StepName, t.Direction, t.Epoch, t.Attempt,
+	q := b.Queue(s.q.updateSaga, pgID(t.ID), t.Version, t.Status, t.StepIndex, t.StepName, t.Direction, t.Epoch, t.Attempt,
 		state, micros(t.CheckAfter), micros(deadlineRoom), t.LastError, t.LastErrorCode, t.FailedStep, commandID, t.AwaitingReply,
 		t.ExactDeadline)
 	for rest := t.History; len(rest) > 0; {
@@ -606,13 +701,13 @@ func (s *Store) InsertInboxKey(ctx context.Context, db DBTX, consumer, key strin
 // b. A consumed command's record is the saga's history; deleting it leaves
 // no index entries behind.
 func (s *Store) QueueDeleteDelivered(b *pgx.Batch, ids []uuid.UUID) {
-	b.Queue(s.q.deleteDelivered, ids)
+	b.Queue(s.q.deleteDelivered, pgIDs(ids))
 }
 
 // QueueDefer queues [Store.DeferMessages] on b, recording reason (when not
 // empty) as the messages' last error.
 func (s *Store) QueueDefer(b *pgx.Batch, ids []uuid.UUID, delay, maxDelay time.Duration, reason string) {
-	b.Queue(s.q.deferMessages, ids, micros(delay), micros(maxDelay), nullStr(reason))
+	b.Queue(s.q.deferMessages, pgIDs(ids), micros(delay), micros(maxDelay), nullStr(reason))
 }
 
 // MarkDead parks an outbox row with the reason it cannot be processed.
@@ -787,4 +882,32 @@ func nullStr(s string) *string {
 		return nil
 	}
 	return &s
+}
+
+// pgID, pgIDPtr and pgIDs hand uuids to pgx as bytes: a uuid.UUID is a
+// driver.Valuer, which pgx turns into text and parses back for every
+// parameter, at a cost that shows in the engine's profile.
+func pgID(id uuid.UUID) [16]byte { return id }
+
+func pgIDPtr(id *uuid.UUID) pgtype.UUID {
+	if id == nil {
+		return pgtype.UUID{}
+	}
+	return pgtype.UUID{Bytes: *id, Valid: true}
+}
+
+func pgIDs(ids []uuid.UUID) [][16]byte {
+	out := make([][16]byte, len(ids))
+	for i, id := range ids {
+		out[i] = id
+	}
+	return out
+}
+
+func fromPgID(id pgtype.UUID) *uuid.UUID {
+	if !id.Valid {
+		return nil
+	}
+	u := uuid.UUID(id.Bytes)
+	return &u
 }
