@@ -116,11 +116,58 @@ type batch struct {
 	// next command, or is "" when there is none.
 	clean string
 	seq   int
+	// outer is the batch's first savepoint, which every later one is
+	// nested in, or "" when none was opened.
+	outer string
 	// abandoned is set when a handler overran; the transaction is lost.
 	abandoned *abandonedStep
 	// msg is the Kafka message being run, in Kafka mode; nil when commands
 	// come straight from the outbox.
 	msg *kafka.Message
+	// pending are the writes queued on tx but not sent yet: they go out in
+	// one round trip when something needs the transaction (a step's first
+	// statement) or when the batch ends. See [batch.flush].
+	pending []pendingOp
+	// broken is set when a flush failed where no error could be returned
+	// (a step took the bare connection); the batch is then lost.
+	broken error
+}
+
+// pendingOp is what a batch queued and has not sent: a savepoint to open,
+// or a command's outcome.
+type pendingOp struct {
+	open string        // a savepoint to open, or ""
+	w    *pendingWrite // a command's outcome, or nil
+}
+
+// pendingWrite is a command's fenced transition, queued. The savepoints of
+// the writes queued after the first one of a flush have nothing of their
+// handlers behind them: a handler that uses the transaction sends the
+// queue first.
+type pendingWrite struct {
+	sg *store.Saga
+	tr *store.Transition
+	// sp is the savepoint taken before the command's writes, its handler's
+	// included; rollback says to roll back to it before writing (the
+	// handler failed).
+	sp       string
+	rollback bool
+	// next is the savepoint opened after the writes for the next command,
+	// or "" after the batch's last command.
+	next string
+	// onFailure, for a step that succeeded, gives the failure to record
+	// instead when the writes fail inside the transaction (the handler left
+	// it aborted); nil when there is nothing to fall back to.
+	onFailure func(err error) (*store.Transition, func())
+	// done runs once the fence held.
+	done func()
+	// The saga's version and status before the write, which moved them.
+	version int64
+	status  string
+	// Filled while sending: how many statements, which one is the update,
+	// and whether it matched the saga.
+	n, update int
+	fenced    bool
 }
 
 type deferral struct {
@@ -206,7 +253,10 @@ func (e *Engine) runBatch(fetchCtx, ctx context.Context) (res batchResult, err e
 	}
 	defer bt.end(ctx)
 	tx := bt.tx
-	claimed, err := e.st.ClaimDirect(ctx, tx, e.cfg.CommandTopic, e.cfg.BatchSize, e.knownAggregates(), e.cfg.UnknownSagaGrace)
+	// Claim, read the sagas and try their locks in one statement: the
+	// sagas are found by the rows' saga_id, which handle checks against the
+	// payload before it uses them.
+	claimed, sagas, err := e.st.ClaimAndLock(ctx, tx, e.cfg.CommandTopic, e.cfg.BatchSize, e.knownAggregates(), e.cfg.UnknownSagaGrace)
 	if err != nil {
 		return res, err
 	}
@@ -218,16 +268,8 @@ func (e *Engine) runBatch(fetchCtx, ctx context.Context) (res batchResult, err e
 	b := &batch{e: e, tx: tx}
 	cmds := make([]command, len(claimed))
 	derrs := make([]error, len(claimed))
-	ids := make([]uuid.UUID, 0, len(claimed))
 	for i := range claimed {
 		cmds[i], derrs[i] = decodeCommand(&claimed[i])
-		if derrs[i] == nil {
-			ids = append(ids, cmds[i].SagaID)
-		}
-	}
-	sagas, err := e.st.LockSagas(ctx, tx, ids)
-	if err != nil {
-		return res, err
 	}
 	fault.Hit(fault.EngineAfterClaim)
 	for i := range claimed {
@@ -247,24 +289,37 @@ func (e *Engine) runBatch(fetchCtx, ctx context.Context) (res batchResult, err e
 	return res, nil
 }
 
-// finish ends a batch: it deletes the consumed direct commands, defers the
-// ones whose saga was busy, announces new commands, and commits.
+// finish ends a batch: it sends the queued outcomes; then, in one round
+// trip, it leaves the steps' savepoints, deletes the consumed direct
+// commands, defers the ones whose saga was busy and announces new commands;
+// and it commits.
+//
+// The commands are deleted outside every savepoint: a row locked by the
+// transaction (the claim) and deleted by one of its subtransactions gets a
+// MultiXact as its deleter, and index scans never mark such a row's entries
+// dead, so every claim would step over every consumed command until vacuum
+// removed it.
 func (e *Engine) finish(ctx context.Context, tx pgx.Tx, b *batch) error {
-	end := &pgx.Batch{}
-	if len(b.delivered) > 0 && b.msg == nil {
-		e.st.QueueDeleteDelivered(end, b.delivered)
+	if err := b.flush(ctx); err != nil {
+		return fmt.Errorf("saga: finish batch: %w", err)
 	}
-	for _, d := range b.deferred {
-		e.st.QueueDefer(end, []uuid.UUID{d.id}, deferDelay, deferDelayMax, d.reason)
-	}
-	if b.ready {
-		// Wakes direct workers, or the relay that publishes Kafka commands.
-		e.st.QueueNotify(end, e.cfg.CommandTopic)
-	}
-	if end.Len() > 0 {
-		if err := tx.SendBatch(ctx, end).Close(); err != nil {
-			return fmt.Errorf("saga: finish batch: %w", err)
+	tail := func(end *pgx.Batch) {
+		if b.outer != "" {
+			end.Queue("RELEASE SAVEPOINT " + b.outer)
 		}
+		if len(b.delivered) > 0 && b.msg == nil {
+			e.st.QueueDeleteDelivered(end, b.delivered)
+		}
+		for _, d := range b.deferred {
+			e.st.QueueDefer(end, []uuid.UUID{d.id}, deferDelay, deferDelayMax, d.reason)
+		}
+		if b.ready {
+			// Wakes direct workers, or the relay that publishes Kafka commands.
+			e.st.QueueNotify(end, e.cfg.CommandTopic)
+		}
+	}
+	if err := b.flushWith(ctx, tail); err != nil {
+		return fmt.Errorf("saga: finish batch: %w", err)
 	}
 	if h := e.hooks.beforeCommit; h != nil {
 		if err := h(ctx, tx); err != nil {
@@ -292,6 +347,12 @@ const (
 // in the saga's history. Nothing is dropped: the row stays for an operator.
 func (b *batch) park(ctx context.Context, c *store.Claimed, sagaID *uuid.UUID, code, reason string) error {
 	reason = sanitizeText(reason, 2000)
+	if err := b.flush(ctx); err != nil {
+		return err
+	}
+	// What follows is written after the clean savepoint, if there is one:
+	// the next command must not roll back to it.
+	b.clean = ""
 	b.e.stats.parked.Add(1)
 	b.e.log.WarnContext(ctx, "sagaflow parked a command", slog.String("message_id", c.ID.String()),
 		slog.String("code", code), slog.String("reason", reason))
@@ -388,8 +449,8 @@ func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, derr 
 		tr := failTransition(&ls.Saga, ls.StepName, CodeUnknownStep, reason)
 		tr.History = []store.HistoryEntry{{SagaID: ls.ID, Event: EventSagaFailed, StepName: ls.StepName,
 			Direction: ls.Direction, Epoch: ls.Epoch, Error: reason, ErrorCode: CodeUnknownStep}}
-		_, err = b.write(ctx, &ls.Saga, tr, sp, "", last)
-		return err
+		b.write(&ls.Saga, tr, sp, false, last, nil, nil)
+		return nil
 	}
 	b.delivered = append(b.delivered, c.ID)
 	ls.StepIndex = idx // a tool that re-ran the saga without its definition may have left -1
@@ -411,7 +472,7 @@ func (b *batch) cancel(ctx context.Context, c *store.Claimed, ls *store.LockedSa
 	if err != nil {
 		return err
 	}
-	err = b.e.CancelTx(ctx, stepTx{b.tx}, ls.ID, cmd.Reason)
+	err = b.e.CancelTx(ctx, b.stepTx(), ls.ID, cmd.Reason)
 	if err == nil {
 		b.delivered = append(b.delivered, c.ID)
 		ls.Version++ // CancelTx moved the saga on
@@ -421,6 +482,9 @@ func (b *batch) cancel(ctx context.Context, c *store.Claimed, ls *store.LockedSa
 	}
 	if !isStatementError(err) && !errors.Is(err, ErrNotRunning) && !errors.Is(err, ErrNotFound) && !errors.Is(err, errUnknownStep) {
 		return err // the connection, not the request
+	}
+	if rerr := b.flush(ctx); rerr != nil {
+		return rerr
 	}
 	if _, rerr := b.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+sp); rerr != nil {
 		return rerr
@@ -444,17 +508,18 @@ func (b *batch) cancel(ctx context.Context, c *store.Claimed, ls *store.LockedSa
 }
 
 // savepoint returns a savepoint with nothing written after it, opening one
-// if needed.
-func (b *batch) savepoint(ctx context.Context) (string, error) {
+// (queued, sent with the next flush) if needed.
+func (b *batch) savepoint(context.Context) (string, error) {
 	if b.clean != "" {
 		sp := b.clean
 		b.clean = ""
 		return sp, nil
 	}
 	sp := b.nextSavepoint()
-	if _, err := b.tx.Exec(ctx, "SAVEPOINT "+sp); err != nil {
-		return "", fmt.Errorf("saga: open step: %w", err)
+	if b.outer == "" {
+		b.outer = sp
 	}
+	b.pending = append(b.pending, pendingOp{open: sp})
 	return sp, nil
 }
 
@@ -478,11 +543,8 @@ func (b *batch) execute(ctx context.Context, sg *store.Saga, def *compiled, idx 
 		tr := e.successTransition(sg, def, idx, dir, nil, 0, "")
 		tr.History = append([]store.HistoryEntry{{SagaID: sg.ID, Event: EventStepDeduplicated, StepName: sg.StepName,
 			Direction: string(dir), Epoch: sg.Epoch, Attempt: sg.Attempt + 1}}, tr.History...)
-		fenced, err := b.write(ctx, sg, tr, sp, "", last)
-		if fenced {
-			e.stats.dedup.Add(1)
-		}
-		return err
+		b.write(sg, tr, sp, false, last, nil, func() { e.stats.dedup.Add(1) })
+		return nil
 	}
 	if topic, typ, ok := def.remote(idx, dir); ok {
 		return b.send(ctx, sg, def, idx, dir, key, sp, topic, typ, last)
@@ -490,7 +552,7 @@ func (b *batch) execute(ctx context.Context, sg *store.Saga, def *compiled, idx 
 	attempt := sg.Attempt + 1
 	timeout := def.steps[idx].timeout
 	run := &StepRun{
-		Tx: stepTx{b.tx}, Key: key, SagaID: sg.ID, SagaName: sg.Name, Step: sg.StepName, Direction: dir,
+		Tx: b.stepTx(), Key: key, SagaID: sg.ID, SagaName: sg.Name, Step: sg.StepName, Direction: dir,
 		Epoch: sg.Epoch, Attempt: attempt,
 	}
 	if sg.BusinessKey != nil {
@@ -509,31 +571,29 @@ func (b *batch) execute(ctx context.Context, sg *store.Saga, def *compiled, idx 
 	if herr == nil {
 		herr = e.checkNewState(sg.StepName, newState)
 	}
+	fail := func(herr error) (*store.Transition, func()) {
+		tr := e.failureTransition(sg, def, idx, dir, attempt, herr, elapsed)
+		retry := tr.StepName == sg.StepName && tr.Direction == string(dir) && len(tr.Messages) > 0
+		return tr, func() {
+			e.stats.failed.Add(1)
+			if retry {
+				e.stats.retries.Add(1)
+			}
+		}
+	}
 	if herr == nil {
 		tr := e.successTransition(sg, def, idx, dir, newState, elapsed, key.String())
-		fenced, err := b.write(ctx, sg, tr, sp, "", last)
-		switch {
-		case err == nil:
-			if fenced {
-				e.stats.succeeded.Add(1)
-			}
-			return nil
-		case !isStatementError(err):
-			return err
-		}
-		// The step's own writes or ours failed inside the transaction (the
-		// handler left it aborted, say): undo the step and record a failure.
-		herr = steps.WithCode(CodeTxAborted, fmt.Errorf("commit step: %w", err))
+		// If the step's own writes or ours fail inside the transaction (the
+		// handler left it aborted, say), the step is undone and a failure
+		// recorded instead.
+		b.write(sg, tr, sp, false, last, func(err error) (*store.Transition, func()) {
+			return fail(steps.WithCode(CodeTxAborted, fmt.Errorf("commit step: %w", err)))
+		}, func() { e.stats.succeeded.Add(1) })
+		return nil
 	}
-	tr := e.failureTransition(sg, def, idx, dir, attempt, herr, elapsed)
-	fenced, err := b.write(ctx, sg, tr, sp, sp, last)
-	if fenced {
-		e.stats.failed.Add(1)
-		if tr.StepName == sg.StepName && tr.Direction == string(dir) && len(tr.Messages) > 0 {
-			e.stats.retries.Add(1)
-		}
-	}
-	return err
+	tr, done := fail(herr)
+	b.write(sg, tr, sp, true, last, nil, done)
+	return nil
 }
 
 // send runs a remote step: it builds the command, writes it to the outbox
@@ -541,7 +601,7 @@ func (b *batch) execute(ctx context.Context, sg *store.Saga, def *compiled, idx 
 // deadline is the step's Timeout.
 func (b *batch) send(ctx context.Context, sg *store.Saga, def *compiled, idx int, dir steps.Direction, key steps.Key, sp, topic, typ string, last bool) error {
 	e := b.e
-	run := &StepRun{Tx: stepTx{b.tx}, Key: key, SagaID: sg.ID, SagaName: sg.Name, Step: sg.StepName, Direction: dir,
+	run := &StepRun{Tx: b.stepTx(), Key: key, SagaID: sg.ID, SagaName: sg.Name, Step: sg.StepName, Direction: dir,
 		Epoch: sg.Epoch, Attempt: sg.Attempt + 1}
 	if sg.BusinessKey != nil {
 		run.BusinessKey = *sg.BusinessKey
@@ -549,11 +609,8 @@ func (b *batch) send(ctx context.Context, sg *store.Saga, def *compiled, idx int
 	payload, err := recovered(func() ([]byte, error) { return def.send(ctx, run, idx, dir, sg.State) })
 	if err != nil {
 		tr := e.failureTransition(sg, def, idx, dir, sg.Attempt+1, err, 0)
-		fenced, werr := b.write(ctx, sg, tr, sp, sp, last)
-		if fenced {
-			e.stats.failed.Add(1)
-		}
-		return werr
+		b.write(sg, tr, sp, true, last, nil, func() { e.stats.failed.Add(1) })
+		return nil
 	}
 	id := uuid.Must(uuid.NewV7())
 	keyText := key.String()
@@ -572,11 +629,8 @@ func (b *batch) send(ctx context.Context, sg *store.Saga, def *compiled, idx int
 	detail, _ := json.Marshal(map[string]string{"topic": topic, "type": typ, "message_id": id.String()})
 	tr.History = []store.HistoryEntry{{SagaID: sg.ID, Event: EventCommandSent, StepName: sg.StepName,
 		Direction: string(dir), Epoch: sg.Epoch, Attempt: sg.Attempt + 1, Detail: detail}}
-	fenced, err := b.write(ctx, sg, tr, sp, "", last)
-	if fenced {
-		sg.AwaitingReply = true
-	}
-	return err
+	b.write(sg, tr, sp, false, last, nil, func() { sg.AwaitingReply = true })
+	return nil
 }
 
 // reply applies a participant's reply to the saga waiting for it: the step
@@ -612,42 +666,34 @@ func (b *batch) reply(ctx context.Context, c *store.Claimed, ls *store.LockedSag
 		}
 		sg.AwaitingReply = false // refused: the participant did nothing to undo
 		tr := e.failureTransition(sg, def, idx, dir, attempt, steps.Permanent(steps.WithCode(code, errors.New(r.Error))), 0)
-		fenced, err := b.write(ctx, sg, tr, sp, "", last)
-		if fenced {
-			e.stats.failed.Add(1)
-		}
-		return err
+		b.write(sg, tr, sp, false, last, nil, func() { e.stats.failed.Add(1) })
+		return nil
 	}
-	run := &StepRun{Tx: stepTx{b.tx}, Key: key, SagaID: sg.ID, SagaName: sg.Name, Step: sg.StepName, Direction: dir,
+	run := &StepRun{Tx: b.stepTx(), Key: key, SagaID: sg.ID, SagaName: sg.Name, Step: sg.StepName, Direction: dir,
 		Epoch: sg.Epoch, Attempt: attempt}
 	newState, herr := recovered(func() ([]byte, error) { return def.reply(ctx, run, idx, sg.State, r.Result) })
 	if herr == nil {
 		herr = e.checkNewState(sg.StepName, newState)
 	}
+	fail := func(herr error) (*store.Transition, func()) {
+		tr := e.failureTransition(sg, def, idx, dir, attempt, steps.Permanent(herr), 0)
+		return tr, func() { e.stats.failed.Add(1) }
+	}
 	if herr == nil {
 		tr := e.successTransition(sg, def, idx, dir, newState, 0, key.String())
 		tr.History = append([]store.HistoryEntry{{SagaID: sg.ID, Event: EventReplyReceived, StepName: sg.StepName,
 			Direction: string(dir), Epoch: sg.Epoch, Attempt: attempt}}, tr.History...)
-		fenced, err := b.write(ctx, sg, tr, sp, "", last)
-		switch {
-		case err == nil:
-			if fenced {
-				e.stats.succeeded.Add(1)
-			}
-			return nil
-		case !isStatementError(err):
-			return err
-		}
-		// OnReply left the transaction unusable: undo it, record a failure.
-		herr = steps.WithCode(CodeTxAborted, fmt.Errorf("apply reply: %w", err))
+		// If OnReply left the transaction unusable, it is undone and a
+		// failure recorded instead.
+		b.write(sg, tr, sp, false, last, func(err error) (*store.Transition, func()) {
+			return fail(steps.WithCode(CodeTxAborted, fmt.Errorf("apply reply: %w", err)))
+		}, func() { e.stats.succeeded.Add(1) })
+		return nil
 	}
 	// OnReply failed: its writes are rolled back with the savepoint.
-	tr := e.failureTransition(sg, def, idx, dir, attempt, steps.Permanent(herr), 0)
-	fenced, err := b.write(ctx, sg, tr, sp, sp, last)
-	if fenced {
-		e.stats.failed.Add(1)
-	}
-	return err
+	tr, done := fail(herr)
+	b.write(sg, tr, sp, true, last, nil, done)
+	return nil
 }
 
 // checkNewState refuses state a handler left that cannot be stored.
@@ -740,13 +786,89 @@ func recovered(f func() ([]byte, error)) (out []byte, err error) {
 }
 
 // stepTx is the transaction handed to a step: the step may use it, and nest
-// savepoints with Begin, but it must not end it.
-type stepTx struct{ pgx.Tx }
+// savepoints with Begin, but it must not end it. Before the step's first
+// statement it sends the writes its batch queued, so that they come first.
+type stepTx struct {
+	pgx.Tx
+	b *batch
+}
 
 var errStepTxEnd = errors.New("saga: a step must not commit or roll back its transaction; return an error to fail the step")
 
 func (stepTx) Commit(context.Context) error   { return errStepTxEnd }
 func (stepTx) Rollback(context.Context) error { return errStepTxEnd }
+
+func (t stepTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	if err := t.b.flush(ctx); err != nil {
+		return nil, err
+	}
+	return t.Tx.Begin(ctx)
+}
+
+func (t stepTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if err := t.b.flush(ctx); err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	return t.Tx.Exec(ctx, sql, args...)
+}
+
+// When the queue cannot be sent, the transaction is aborted or its
+// connection gone (and the batch lost): Query and SendBatch then hand over
+// the results of the step's statements on it, which carry their own errors.
+
+func (t stepTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if err := t.b.flush(ctx); err != nil {
+		rows, _ := t.Tx.Query(ctx, sql, args...)
+		rows.Close()
+		return rows, err
+	}
+	return t.Tx.Query(ctx, sql, args...)
+}
+
+func (t stepTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if err := t.b.flush(ctx); err != nil {
+		return errRow{err}
+	}
+	return t.Tx.QueryRow(ctx, sql, args...)
+}
+
+func (t stepTx) SendBatch(ctx context.Context, q *pgx.Batch) pgx.BatchResults {
+	_ = t.b.flush(ctx)
+	return t.Tx.SendBatch(ctx, q)
+}
+
+func (t stepTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	if err := t.b.flush(ctx); err != nil {
+		return 0, err
+	}
+	return t.Tx.CopyFrom(ctx, table, columns, src)
+}
+
+func (t stepTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if err := t.b.flush(ctx); err != nil {
+		return nil, err
+	}
+	return t.Tx.Prepare(ctx, name, sql)
+}
+
+// LargeObjects and Conn hand out what runs statements without this wrapper:
+// the queue is sent first; if that fails, the batch is lost.
+func (t stepTx) LargeObjects() pgx.LargeObjects {
+	t.b.flushBare()
+	return t.Tx.LargeObjects()
+}
+
+func (t stepTx) Conn() *pgx.Conn {
+	t.b.flushBare()
+	return t.Tx.Conn()
+}
+
+func (b *batch) flushBare() { _ = b.flush(context.Background()) }
+
+// errRow is the result of a query that was never sent.
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
 
 var errAbandoned = errors.New("saga: handler ignored its cancelled context past the grace period; its connection was closed")
 
@@ -808,51 +930,185 @@ func (e *Engine) callHandler(ctx context.Context, def *compiled, run *StepRun, i
 	return r.state, r.err
 }
 
-// write applies the fenced transition tr in one round trip, after rolling
-// back to savepoint rollback when it is set, and opens the next command's
-// savepoint in the same round trip unless this was the batch's last command.
-// sp is the savepoint taken before this command's writes: when the saga has
-// moved on (fenced is false), everything since sp is rolled back.
-func (b *batch) write(ctx context.Context, sg *store.Saga, tr *store.Transition, sp, rollback string, last bool) (fenced bool, err error) {
-	e := b.e
-	q := &pgx.Batch{}
-	if rollback != "" {
-		q.Queue("ROLLBACK TO SAVEPOINT " + rollback)
-	}
-	e.st.QueueTransition(q, tr).Exec(func(tag pgconn.CommandTag) error {
-		fenced = tag.RowsAffected() == 1
-		return nil
-	})
-	next := ""
+// write queues the fenced transition tr of a command whose savepoint is sp,
+// after rolling back to sp when rollback is set, and the next command's
+// savepoint unless this was the batch's last command. Nothing is sent: the
+// queue goes out in one round trip when a handler needs the transaction or
+// when the batch ends (see [batch.flush]). The saga's version and status
+// move at once, so that a later command of the same saga in this batch sees
+// them; if the saga had moved on (the fence did not hold), everything since
+// sp is rolled back when the queue is sent, and done does not run.
+func (b *batch) write(sg *store.Saga, tr *store.Transition, sp string, rollback, last bool,
+	onFailure func(error) (*store.Transition, func()), done func()) {
+	w := &pendingWrite{sg: sg, tr: tr, sp: sp, rollback: rollback, onFailure: onFailure, done: done,
+		version: sg.Version, status: sg.Status}
 	if !last {
-		next = b.nextSavepoint()
-		q.Queue("SAVEPOINT " + next)
+		w.next = b.nextSavepoint()
 	}
-	if err := b.tx.SendBatch(ctx, q).Close(); err != nil {
-		b.clean = ""
-		return false, fmt.Errorf("saga: write outcome of saga %s: %w", sg.ID, err)
-	}
-	b.clean = next
-	if !fenced {
-		// The saga moved on while the step ran: undo the step and ours.
-		if _, err := b.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+sp); err != nil {
-			return false, fmt.Errorf("saga: roll back fenced step of saga %s: %w", sg.ID, err)
-		}
-		b.clean = sp
-		e.stats.stale.Add(1)
-		e.log.InfoContext(ctx, "sagaflow refused a step commit: the saga moved on",
-			slog.String("saga_id", sg.ID.String()), slog.Int64("version", sg.Version))
-		return false, nil
-	}
-	sg.Version++
-	sg.Status = tr.Status
-	for _, m := range tr.Messages {
+	b.clean = w.next
+	b.pending = append(b.pending, pendingOp{w: w})
+	b.applied(w)
+}
+
+// applied moves the saga of w as its write will, once the write is sent.
+func (b *batch) applied(w *pendingWrite) {
+	w.sg.Version = w.version + 1
+	w.sg.Status = w.tr.Status
+	for _, m := range w.tr.Messages {
 		if m.Delay <= 0 {
 			b.ready = true
 		}
 	}
-	return true, nil
 }
+
+// flush sends the queued writes in one round trip. See [batch.flushWith].
+func (b *batch) flush(ctx context.Context) error {
+	if len(b.pending) == 0 {
+		return b.broken
+	}
+	return b.flushWith(ctx, nil)
+}
+
+// flushWith sends the queued writes, followed by what tail queues, in one
+// round trip, and deals with what went wrong, in order:
+//
+//   - a write whose fence did not hold (the saga moved on) is rolled back to
+//     its savepoint, with its handler's writes;
+//   - a write of a step that succeeded but failed inside the transaction is
+//     rolled back to its savepoint and replaced by the step's failure;
+//
+// and the writes after it, and tail, are sent again: rolling back to a
+// savepoint undoes everything after it. Only the first write of a round
+// trip can have its handler's statements behind it (a handler that uses the
+// transaction sends the queue first), so the writes sent again lose
+// nothing. Any other error is returned, and the batch is lost.
+func (b *batch) flushWith(ctx context.Context, tail func(*pgx.Batch)) error {
+	if b.broken != nil {
+		return b.broken
+	}
+	if err := b.sendQueued(ctx, tail); err != nil {
+		b.broken = err
+		return err
+	}
+	return nil
+}
+
+func (b *batch) sendQueued(ctx context.Context, tail func(*pgx.Batch)) error {
+	e := b.e
+	for {
+		q := &pgx.Batch{}
+		for _, op := range b.pending {
+			if op.open != "" {
+				q.Queue("SAVEPOINT " + op.open)
+				continue
+			}
+			w := op.w
+			start := q.Len()
+			if w.rollback {
+				q.Queue("ROLLBACK TO SAVEPOINT " + w.sp)
+			}
+			w.update = q.Len() - start
+			e.st.QueueTransition(q, w.tr)
+			if w.next != "" {
+				q.Queue("SAVEPOINT " + w.next)
+			}
+			w.n = q.Len() - start
+		}
+		tailFrom := q.Len()
+		if tail != nil {
+			tail(q)
+		}
+		if q.Len() == 0 {
+			return nil
+		}
+		br := b.tx.SendBatch(ctx, q)
+		failed, ferr := -1, error(nil)
+	read:
+		for i, op := range b.pending {
+			n := 1
+			if op.w != nil {
+				n = op.w.n
+			}
+			for j := range n {
+				tag, err := br.Exec()
+				if err != nil {
+					failed, ferr = i, err
+					break read
+				}
+				if op.w != nil && j == op.w.update {
+					op.w.fenced = tag.RowsAffected() == 1
+				}
+			}
+			if op.w != nil && !op.w.fenced {
+				failed = i
+				break
+			}
+		}
+		if failed < 0 {
+			for range q.Len() - tailFrom {
+				if _, err := br.Exec(); err != nil {
+					ferr = err
+					break
+				}
+			}
+		}
+		cerr := br.Close()
+		done := b.pending
+		if failed >= 0 {
+			done = b.pending[:failed]
+		}
+		for _, op := range done {
+			if op.w != nil && op.w.done != nil {
+				op.w.done()
+			}
+		}
+		switch {
+		case failed < 0 && ferr == nil && cerr == nil:
+			b.pending = nil
+			return nil
+		case failed < 0:
+			b.pending = nil
+			return errors.Join(ferr, cerr)
+		case ferr != nil && !isStatementError(ferr):
+			return ferr
+		}
+		// The op at failed: every op before it is done; roll back to its
+		// savepoint and send what follows again.
+		op := b.pending[failed]
+		rest := b.pending[failed+1:]
+		if op.w == nil {
+			return fmt.Errorf("saga: open savepoint %s: %w", op.open, ferr)
+		}
+		w := op.w
+		if _, err := b.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+w.sp); err != nil {
+			return fmt.Errorf("saga: roll back outcome of saga %s: %w", w.sg.ID, errors.Join(ferr, err))
+		}
+		w.sg.Version, w.sg.Status = w.version, w.status
+		var again []pendingOp
+		switch {
+		case ferr == nil:
+			// The saga moved on while the step ran: undo the step and ours.
+			e.stats.stale.Add(1)
+			e.log.InfoContext(ctx, "sagaflow refused a step commit: the saga moved on",
+				slog.String("saga_id", w.sg.ID.String()), slog.Int64("version", w.version))
+			if w.next != "" {
+				// The next command's savepoint went with the rollback.
+				again = append(again, pendingOp{open: w.next})
+			}
+		case w.onFailure != nil:
+			tr, done := w.onFailure(fmt.Errorf("saga: write outcome of saga %s: %w", w.sg.ID, ferr))
+			f := &pendingWrite{sg: w.sg, tr: tr, sp: w.sp, next: w.next, done: done, version: w.version, status: w.status}
+			b.applied(f)
+			again = append(again, pendingOp{w: f})
+		default:
+			return fmt.Errorf("saga: write outcome of saga %s: %w", w.sg.ID, ferr)
+		}
+		b.pending = append(again, rest...)
+	}
+}
+
+// stepTx returns the transaction handed to a step.
+func (b *batch) stepTx() stepTx { return stepTx{Tx: b.tx, b: b} }
 
 // compensateFrom is the first step to compensate when step idx of sg fails
 // for good or the saga is cancelled: the step before it, or the step itself

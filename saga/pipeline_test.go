@@ -1,0 +1,119 @@
+package saga_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sagaflow/sagaflow/saga"
+)
+
+// A batch sends its commands' outcomes together, after the handlers ran. These
+// tests put two sagas in one batch (one worker, both commands due before it
+// starts) and make the first one's outcome fail when it is sent, to show that
+// it is undone alone: the second saga's step, queued behind it, still commits.
+
+// TestRefusedOutcomeInABatchLeavesTheNextOne: saga A's step runs and writes
+// its effect; while saga B's step runs, A is cancelled, so A's outcome no
+// longer matches A's version. A's effect and outcome are rolled back; B's
+// step commits. B either leaves the transaction alone (its outcome is sent
+// with A's at the end of the batch) or uses it (A's outcome is sent before B's
+// first statement).
+func TestRefusedOutcomeInABatchLeavesTheNextOne(t *testing.T) {
+	t.Parallel()
+	for _, bUsesTx := range []bool{false, true} {
+		name := "b-leaves-the-transaction-alone"
+		if bUsesTx {
+			name = "b-uses-the-transaction"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, &saga.Config{Workers: 1})
+			var aID uuid.UUID
+			def := saga.Define("refused", saga.Step[order]{Name: "one",
+				Action: func(ctx context.Context, run *saga.StepRun, s *order) error {
+					switch s.OrderID {
+					case "a":
+						return recordEffect(ctx, run, b.schema)
+					case "b":
+						if err := b.engine.Cancel(ctx, aID, "moved on while the batch ran"); err != nil {
+							return err
+						}
+						if bUsesTx {
+							return recordEffect(ctx, run, b.schema)
+						}
+					}
+					return nil
+				},
+			})
+			require.NoError(t, b.engine.Register(def))
+			ctx := context.Background()
+			a, err := saga.Start(ctx, b.engine, def, order{OrderID: "a"}, nil)
+			require.NoError(t, err)
+			aID = a.ID
+			bs, err := saga.Start(ctx, b.engine, def, order{OrderID: "b"}, nil)
+			require.NoError(t, err)
+			b.start(t)
+
+			inB := b.waitTerminal(t, bs.ID)
+			require.Equal(t, saga.StatusCompleted, inB.Status)
+			require.Equal(t, []string{"saga_started", "step_completed:one", "saga_completed"}, eventTypes(inB))
+			inA := b.waitTerminal(t, a.ID)
+			require.Equal(t, saga.StatusCompensated, inA.Status)
+			require.Equal(t, []string{"saga_started", "saga_cancelled:one", "saga_compensated"}, eventTypes(inA))
+
+			require.Empty(t, b.effects(t, a.ID), "A's effect went with its refused outcome")
+			if bUsesTx {
+				require.Equal(t, []string{"one/forward"}, b.effects(t, bs.ID))
+			} else {
+				require.Empty(t, b.effects(t, bs.ID))
+			}
+			require.Equal(t, int64(1), b.engine.Stats().StaleDiscarded)
+			require.Equal(t, int64(1), b.engine.Stats().StepsSucceeded)
+			inbox := "SELECT count(*) FROM " + b.table("inbox") + " WHERE key = $1"
+			require.Equal(t, 0, b.count(t, inbox, a.ID.String()+"/one/forward/0"))
+			require.Equal(t, 1, b.count(t, inbox, bs.ID.String()+"/one/forward/0"))
+			require.Zero(t, b.count(t, "SELECT count(*) FROM "+b.table("outbox")))
+		})
+	}
+}
+
+// TestAbortedOutcomeInABatchLeavesTheNextOne: saga A's step leaves the
+// transaction aborted and returns no error; saga B's step, in the same batch,
+// succeeds. A's outcome cannot be written: its step is undone and recorded as
+// failed (tx_aborted), and retried; B's step commits with the batch.
+func TestAbortedOutcomeInABatchLeavesTheNextOne(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &saga.Config{Workers: 1})
+	def := saga.Define("aborted", saga.Step[order]{Name: "one", Retry: fastRetry,
+		Action: func(ctx context.Context, run *saga.StepRun, s *order) error {
+			if s.OrderID == "a" && run.Attempt == 1 {
+				if err := recordEffect(ctx, run, b.schema); err != nil {
+					return err
+				}
+				_, _ = run.Tx.Exec(ctx, "SELECT 1/0") // the error is swallowed
+			}
+			return nil
+		},
+	})
+	require.NoError(t, b.engine.Register(def))
+	ctx := context.Background()
+	a, err := saga.Start(ctx, b.engine, def, order{OrderID: "a"}, nil)
+	require.NoError(t, err)
+	bs, err := saga.Start(ctx, b.engine, def, order{OrderID: "b"}, nil)
+	require.NoError(t, err)
+	b.start(t)
+
+	inB := b.waitTerminal(t, bs.ID)
+	require.Equal(t, saga.StatusCompleted, inB.Status)
+	require.Equal(t, []string{"saga_started", "step_completed:one", "saga_completed"}, eventTypes(inB))
+	inA := b.waitTerminal(t, a.ID)
+	require.Equal(t, saga.StatusCompleted, inA.Status)
+	require.Equal(t, []string{"saga_started", "step_failed:one", "step_completed:one", "saga_completed"}, eventTypes(inA))
+	require.Equal(t, saga.CodeTxAborted, inA.History[1].ErrorCode)
+	require.Empty(t, b.effects(t, a.ID), "the aborted attempt's effect was rolled back")
+	require.Equal(t, int64(1), b.engine.Stats().AttemptsFailed)
+	require.Equal(t, int64(1), b.engine.Stats().Retries)
+}
