@@ -351,3 +351,76 @@ func LogTails(dir string, lines int) string {
 	}
 	return b.String()
 }
+
+// EngineMembers is how many members an engine node has in the engines'
+// consumer group: one per Kafka worker (EngineConfig's Workers).
+const EngineMembers = 2
+
+// WaitGroupsStable waits until the three consumer groups are stable with
+// exactly the members of the live nodes: EngineMembers per engine node, one
+// per participant node in each payments group.
+//
+// The harness attacks only a system whose groups have settled. The broker
+// of the tests (kfake) keeps, forever, a member whose connection died while
+// its JoinGroup request waited for the rebalance, unless that member led the
+// group: the join's reply cannot be delivered, so its session timer is never
+// started, and the leader's SyncGroup cancels the timer that would remove
+// members that never sync. Such a member holds its partitions until some
+// later rebalance. A Kafka broker starts every member's session timer when
+// the join completes. Killing nodes only once their groups are stable keeps
+// the matrix and the soak measuring sagaflow, not that difference.
+func (e *Env) WaitGroupsStable(ctx context.Context, engines, participants int) error {
+	c := &kafka.Client{Addr: kafka.TCP(e.Kafka.Addrs()...), Timeout: 5 * time.Second}
+	want := map[string]int{
+		"sagaflow-engine-" + OrdersSchema: engines * EngineMembers,
+		"payments-" + PaymentsTopic:       participants,
+		"payments-" + SlowTopic:           participants,
+	}
+	ids := make([]string, 0, len(want))
+	for id := range want {
+		ids = append(ids, id)
+	}
+	last := "no answer yet"
+	for {
+		resp, err := c.DescribeGroups(ctx, &kafka.DescribeGroupsRequest{GroupIDs: ids})
+		if err == nil {
+			settled := true
+			var b strings.Builder
+			for _, g := range resp.Groups {
+				fmt.Fprintf(&b, "%s: %s with %d of %d members; ", g.GroupID, g.GroupState, len(g.Members), want[g.GroupID])
+				settled = settled && g.GroupState == "Stable" && len(g.Members) == want[g.GroupID]
+			}
+			if settled && len(resp.Groups) == len(want) {
+				return nil
+			}
+			last = b.String()
+		} else {
+			last = err.Error()
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("chaos: consumer groups did not settle: %s", last)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// Groups describes the consumer groups on the broker: their state and
+// members, with the partitions each holds. For a failure message when
+// sagas are stuck.
+func (e *Env) Groups(ctx context.Context) string {
+	c := &kafka.Client{Addr: kafka.TCP(e.Kafka.Addrs()...), Timeout: 5 * time.Second}
+	ids := []string{"sagaflow-engine-" + OrdersSchema, "payments-" + PaymentsTopic, "payments-" + SlowTopic}
+	resp, err := c.DescribeGroups(ctx, &kafka.DescribeGroupsRequest{GroupIDs: ids})
+	if err != nil {
+		return "describe groups: " + err.Error()
+	}
+	var b strings.Builder
+	for _, g := range resp.Groups {
+		fmt.Fprintf(&b, "group %s: state %s, error %v, %d members\n", g.GroupID, g.GroupState, g.Error, len(g.Members))
+		for _, m := range g.Members {
+			fmt.Fprintf(&b, "  member %s (%s %s): %v\n", m.MemberID, m.ClientID, m.ClientHost, m.MemberAssignments.Topics)
+		}
+	}
+	return b.String()
+}

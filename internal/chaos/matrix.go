@@ -71,6 +71,13 @@ func RunCell(ctx context.Context, dir string, nodeCmd NodeCommand, c Cell) (*Cel
 	if err != nil {
 		return nil, err
 	}
+	// The hit counter runs from the node's start; orders come once its
+	// groups have settled (see WaitGroupsStable).
+	warm, cancelWarm := context.WithTimeout(ctx, time.Minute)
+	defer cancelWarm()
+	if err := env.WaitGroupsStable(warm, 1, 1); err != nil {
+		return nil, err
+	}
 	order := 0
 	startSome := func(n int) error {
 		for range n {
@@ -129,6 +136,9 @@ func RunCell(ctx context.Context, dir string, nodeCmd NodeCommand, c Cell) (*Cel
 	rep, err := env.Check(ctx)
 	if err != nil {
 		return nil, err
+	}
+	if rep.Stuck > 0 {
+		rep.Violations = append(rep.Violations, "consumer groups now:\n"+env.Groups(ctx))
 	}
 	return &CellResult{Cell: c, Hit: hit, Settle: settle, Duration: time.Since(began), Report: rep}, nil
 }

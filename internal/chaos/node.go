@@ -96,7 +96,11 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 	if err := fault.Err(); err != nil {
 		return err
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	level := slog.LevelWarn
+	if os.Getenv("SAGAFLOW_CHAOS_DEBUG") != "" {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	pool, err := NewPool(ctx, cfg.DSN, 12)
 	if err != nil {
 		return err

@@ -145,6 +145,13 @@ func RunSoak(ctx context.Context, dir string, nodeCmd NodeCommand, cfg SoakConfi
 		}
 		kind := round[0]
 		round = round[1:]
+		// Attack a system whose groups have settled (see WaitGroupsStable).
+		settle, cancelSettle := context.WithTimeout(ctx, 2*time.Minute)
+		err := env.WaitGroupsStable(settle, cfg.Engines, cfg.Participants)
+		cancelSettle()
+		if err != nil {
+			return nil, err
+		}
 		s := slots[rng.IntN(len(slots))]
 		switch kind {
 		case "sigkill":
