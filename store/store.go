@@ -169,10 +169,10 @@ type Store struct {
 }
 
 type statements struct {
-	startSaga, sagaByKey, insertHistory, insertOutbox, notify, claimDirect, claimAndLock, lockSagas, lockSaga, updateSaga string
-	insertInbox, recordInbox, deleteDelivered, deferMessages, markDead, nextDue, getSaga                                  string
-	getSagaForUpdate, history, listBase                                                                                   string
-	historyRows                                                                                                           [maxHistoryRows + 1]string
+	startSaga, startSagaOne, sagaByKey, insertHistory, insertOutbox, notify, claimDirect, claimAndLock, lockSagas, lockSaga, updateSaga string
+	insertInbox, recordInbox, deleteDelivered, deferMessages, markDead, nextDue, getSaga                                                string
+	getSagaForUpdate, history, listBase                                                                                                 string
+	historyRows                                                                                                                         [maxHistoryRows + 1]string
 }
 
 // maxHistoryRows is the most history entries one statement inserts.
@@ -228,6 +228,25 @@ func New(schema string) (*Store, error) {
 				RETURNING id
 			), h AS (` + insertHistoryFrom("s", 12) + `
 			), o AS (` + insertMessagesFrom("s", 20) + `
+			)
+			SELECT s.id, pg_notify($10, $11) FROM s`,
+		// startSaga for the usual start: one history entry and one message,
+		// as plain parameters rather than arrays to unnest (cheaper for the
+		// server to plan and run).
+		startSagaOne: `WITH s AS (
+				INSERT INTO ` + s + `.saga_instances
+				(id, saga_name, business_key, status, step_index, step_name, direction, epoch, attempt, state, next_check_at, command_id)
+				VALUES ($1, $2, $3, $4, $5, $6, $7, 0, 0, $8, clock_timestamp() + $9 * interval '1 microsecond', $20::uuid)
+				ON CONFLICT DO NOTHING
+				RETURNING id
+			), h AS (
+				INSERT INTO ` + s + `.saga_history (saga_id, event, step_name, direction, epoch, attempt, error, error_code, detail)
+				SELECT s.id, $12::text, $13::text, $14::text, $15::int, $16::int, $17::text, $18::text, $19::jsonb FROM s
+			), o AS (
+				INSERT INTO ` + s + `.outbox (id, topic, delivery, aggregatetype, aggregateid, type, payload, headers, saga_id, step_key, created_at, available_at)
+				SELECT $20::uuid, $21::text, $22::text, $23::text, $24::text, $25::text, $26::bytea, $27::jsonb, s.id, $28::text,
+					c.t, c.t + $29::int8 * interval '1 microsecond'
+				FROM s, (SELECT clock_timestamp() AS t) c
 			)
 			SELECT s.id, pg_notify($10, $11) FROM s`,
 		sagaByKey: `SELECT id FROM ` + s + `.saga_instances WHERE saga_name = $1 AND business_key = $2`,
@@ -362,9 +381,25 @@ func micros(d time.Duration) int64 { return d.Microseconds() }
 func (s *Store) StartSaga(ctx context.Context, db DBTX, sg *Saga, checkAfter time.Duration, rows *Transition, topic string) (bool, error) {
 	args := []any{pgID(sg.ID), sg.Name, sg.BusinessKey, sg.Status, sg.StepIndex, sg.StepName, sg.Direction, sg.State,
 		micros(checkAfter + deadlineRoom), s.channel, topic}
-	args = append(args, historyArrays(rows.History)...)
-	args = append(args, messageArrays(rows.Messages)...)
-	tag, err := db.Exec(ctx, s.q.startSaga, args...)
+	q := s.q.startSaga
+	if len(rows.History) == 1 && len(rows.Messages) == 1 {
+		q = s.q.startSagaOne
+		h, m := &rows.History[0], &rows.Messages[0]
+		var detail *string
+		if h.Detail != nil {
+			d := string(h.Detail)
+			detail = &d
+		}
+		a := s.outboxArgs(m)
+		headers, _ := json.Marshal(a[7]) // map[string]string always encodes
+		args = append(args, h.Event, nullStr(h.StepName), nullStr(h.Direction), int32(h.Epoch), int32(h.Attempt),
+			nullStr(h.Error), nullStr(h.ErrorCode), detail,
+			a[0], a[1], a[2], a[3], a[4], a[5], a[6], string(headers), a[9], a[10])
+	} else {
+		args = append(args, historyArrays(rows.History)...)
+		args = append(args, messageArrays(rows.Messages)...)
+	}
+	tag, err := db.Exec(ctx, q, args...)
 	if err != nil {
 		return false, fmt.Errorf("store: start saga %s %s: %w", sg.Name, sg.ID, err)
 	}
