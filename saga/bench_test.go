@@ -67,6 +67,117 @@ func BenchmarkStepLatency(b *testing.B) {
 	b.ReportMetric(float64(p99.Microseconds())/1000, "p99_ms")
 }
 
+// BenchmarkStepThroughputFilled runs the engine side of
+// BenchmarkStepThroughput (conc 8) on an empty schema and on one that holds
+// SAGAFLOW_BENCH_FILL finished sagas (default 1,000,000) with their history
+// (five entries each) and inbox keys (three each), as a month of retention
+// would leave them. Reported: engine_steps/s for both and their ratio.
+func BenchmarkStepThroughputFilled(b *testing.B) {
+	fill := 1_000_000
+	if v, err := strconv.Atoi(os.Getenv("SAGAFLOW_BENCH_FILL")); err == nil && v >= 0 {
+		fill = v
+	}
+	steps := max(b.N, 300)
+	var rates [2]float64
+	for i, n := range []int{0, fill} {
+		pool, schema := pgtest.NewSchema(b)
+		ctx := context.Background()
+		_, err := store.Migrate(ctx, pool, schema)
+		require.NoError(b, err)
+		s := pgx.Identifier{schema}.Sanitize()
+		if n > 0 {
+			_, err = pool.Exec(ctx, `INSERT INTO `+s+`.saga_instances (id, saga_name, status, step_index, step_name, direction, state,
+					version, created_at, updated_at, ended_at)
+				SELECT gen_random_uuid(), 'bench', 'completed', 2, 'c', 'forward', '{"order_id":"x","done":["a","b","c"]}', 4,
+					now() - interval '1 day' + g * interval '1 ms', now() - interval '1 day' + g * interval '1 ms',
+					now() - interval '1 day' + g * interval '1 ms'
+				FROM generate_series(1, $1) g`, n)
+			require.NoError(b, err)
+			_, err = pool.Exec(ctx, `INSERT INTO `+s+`.saga_history (saga_id, event, step_name, direction, epoch, attempt, at)
+				SELECT i.id, e.event, e.step, 'forward', 0, 1, i.created_at FROM `+s+`.saga_instances i,
+					(VALUES ('saga_started', 'a'), ('step_completed', 'a'), ('step_completed', 'b'), ('step_completed', 'c'),
+						('saga_completed', NULL)) e(event, step)`)
+			require.NoError(b, err)
+			_, err = pool.Exec(ctx, `INSERT INTO `+s+`.inbox (consumer, key, processed_at)
+				SELECT 'sagaflow.engine', i.id::text || '/' || st || '/forward/0', i.created_at
+				FROM `+s+`.saga_instances i, unnest(ARRAY['a', 'b', 'c']) st`)
+			require.NoError(b, err)
+			_, err = pool.Exec(ctx, `VACUUM ANALYZE `+s+`.saga_instances, `+s+`.saga_history, `+s+`.inbox`)
+			require.NoError(b, err)
+		}
+		rates[i], _, _ = engineRun(b, biggerPool(b, pool, 12), schema, 8, steps, saturatingLoad)
+	}
+	b.ReportMetric(rates[0], "empty_steps/s")
+	b.ReportMetric(rates[1], "filled_steps/s")
+	b.ReportMetric(rates[1]/rates[0], "ratio")
+}
+
+// BenchmarkSagaLatencyAtRate starts 3-step sagas at a fixed rate (an open
+// loop: starts do not wait for sagas to end) and measures each saga's
+// latency, from its start to its end in database time (created_at to
+// ended_at). Set the rate with SAGAFLOW_BENCH_RATE (sagas per second,
+// default 400: about half of the engine's peak on a 2-core machine) and the
+// workers with SAGAFLOW_BENCH_WORKERS (default 8). b.N counts sagas.
+func BenchmarkSagaLatencyAtRate(b *testing.B) {
+	rate := 400
+	if v, err := strconv.Atoi(os.Getenv("SAGAFLOW_BENCH_RATE")); err == nil && v > 0 {
+		rate = v
+	}
+	workers := 8
+	if v, err := strconv.Atoi(os.Getenv("SAGAFLOW_BENCH_WORKERS")); err == nil && v > 0 {
+		workers = v
+	}
+	sagas := max(b.N, 300)
+	pool, schema := pgtest.NewSchema(b)
+	ctx := context.Background()
+	_, err := store.Migrate(ctx, pool, schema)
+	require.NoError(b, err)
+	pool = biggerPool(b, pool, workers+16)
+	e, err := saga.New(pool, &saga.Config{Schema: schema, Workers: workers, PollInterval: 50 * time.Millisecond, Logger: discardLogger()})
+	require.NoError(b, err)
+	step := func(_ context.Context, run *saga.StepRun, s *order) error {
+		s.Done = append(s.Done, run.Step)
+		return nil
+	}
+	def := saga.Define("bench", saga.Step[order]{Name: "a", Action: step}, saga.Step[order]{Name: "b", Action: step},
+		saga.Step[order]{Name: "c", Action: step})
+	require.NoError(b, e.Register(def))
+	require.NoError(b, e.Start(ctx))
+	defer func() { require.NoError(b, e.Stop(ctx)) }()
+
+	b.ResetTimer()
+	start := time.Now()
+	var wg sync.WaitGroup
+	tick := time.NewTicker(time.Second / time.Duration(rate))
+	defer tick.Stop()
+	for range sagas {
+		<-tick.C
+		wg.Go(func() {
+			_, err := saga.Start(ctx, e, def, order{OrderID: "x"}, nil)
+			require.NoError(b, err)
+		})
+	}
+	wg.Wait()
+	offered := float64(sagas) / time.Since(start).Seconds()
+	s := pgx.Identifier{schema}.Sanitize()
+	waitForB(b, func() bool {
+		var n int
+		require.NoError(b, pool.QueryRow(ctx, "SELECT count(*) FROM "+s+".saga_instances WHERE status <> 'completed'").Scan(&n))
+		return n == 0
+	})
+	b.StopTimer()
+	rows, err := pool.Query(ctx, "SELECT extract(epoch FROM ended_at - created_at) FROM "+s+".saga_instances ORDER BY 1")
+	require.NoError(b, err)
+	secs, err := pgx.CollectRows(rows, pgx.RowTo[float64])
+	require.NoError(b, err)
+	pct := func(p float64) float64 { return secs[min(len(secs)-1, int(float64(len(secs))*p))] * 1000 }
+	b.ReportMetric(offered, "sagas/s")
+	b.ReportMetric(offered*3, "steps/s")
+	b.ReportMetric(pct(0.50), "saga_p50_ms")
+	b.ReportMetric(pct(0.99), "saga_p99_ms")
+	b.ReportMetric(float64(e.Stats().Deferred)/float64(sagas*3), "deferred/step")
+}
+
 // saturatingLoad is the number of sagas kept in flight by the throughput
 // benchmark: enough to keep every configuration busy.
 const saturatingLoad = 256
