@@ -150,7 +150,7 @@ func writeMarkdown(w io.Writer, r *Report) {
 				note := ""
 				for _, run := range p.Runs {
 					if run.Partial {
-						note = "time-boxed: " + run.Note[strings.Index(run.Note, "time-boxed"):]
+						note = run.Note[strings.Index(run.Note, "time-boxed"):]
 					}
 				}
 				fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %d | %s |\n", num(float64(p.Param), 0), rs.System, rng(p.Rate, 0), med(p.CPUPer1000, 3), med(p.PeakMemMB, 0), p.Rate.N, note)

@@ -211,6 +211,7 @@ func plotLatency(r *Report) (*plot.Plot, bool, error) {
 	p.Legend.Top = true
 	p.Legend.Left = true
 	p.NominalX(names...)
+	p.X.Min, p.X.Max = -0.5, float64(len(names))-0.5
 	return p, true, nil
 }
 
@@ -251,6 +252,7 @@ func plotHistory(r *Report) (*plot.Plot, bool, error) {
 	}
 	p.Add(bars)
 	p.NominalX(names...)
+	p.X.Min, p.X.Max = -0.5, float64(len(names))-0.5
 	p.Y.Min = 0
 	return p, true, nil
 }
@@ -263,6 +265,7 @@ func plotDrain(r *Report) (*plot.Plot, bool, error) {
 	}
 	// Columns: one per backlog size; bars: one per system.
 	var backlogs []int
+	var ymax float64
 	systems := []string{}
 	rate := map[string]map[int]float64{}
 	for _, rs := range res {
@@ -272,6 +275,7 @@ func plotDrain(r *Report) (*plot.Plot, bool, error) {
 		}
 		for _, pt := range rs.Points {
 			rate[rs.System][pt.Param] = pt.Rate.Median
+			ymax = max(ymax, pt.Rate.Median)
 			seen := false
 			for _, b := range backlogs {
 				seen = seen || b == pt.Param
@@ -284,7 +288,7 @@ func plotDrain(r *Report) (*plot.Plot, bool, error) {
 	p := plot.New()
 	p.Title.Text = "Outbox to Kafka: drain rate from a backlog"
 	p.Y.Label.Text = "msgs/s"
-	p.X.Label.Text = "rows in the backlog (" + caption(r) + "; Watermill time-boxed on the large backlog)"
+	p.X.Label.Text = "rows in the backlog (" + caption(r) + ")"
 	w := vg.Points(20)
 	for i, sys := range systems {
 		var v plotter.Values
@@ -305,8 +309,12 @@ func plotDrain(r *Report) (*plot.Plot, bool, error) {
 		names = append(names, humanCount(b))
 	}
 	p.NominalX(names...)
+	p.X.Min, p.X.Max = -0.5, float64(len(names))-0.5
 	p.Legend.Top = true
+	p.Legend.Left = true
+	p.Legend.XOffs = vg.Points(10)
 	p.Y.Min = 0
+	p.Y.Max = ymax * 1.3 // room for the legend
 	return p, true, nil
 }
 
