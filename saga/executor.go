@@ -107,8 +107,12 @@ type batchResult struct {
 
 // batch is the work of one transaction.
 type batch struct {
-	e         *Engine
-	tx        pgx.Tx
+	e  *Engine
+	tx pgx.Tx
+	// ctx is the batch's context: the queued writes are sent with it, also
+	// when a step's statement is what sends them. A step's own context ends
+	// with its timeout; the batch's writes must not.
+	ctx       context.Context
 	delivered []uuid.UUID
 	deferred  []deferral
 	ready     bool
@@ -265,7 +269,7 @@ func (e *Engine) runBatch(fetchCtx, ctx context.Context) (res batchResult, err e
 		return res, nil
 	}
 
-	b := &batch{e: e, tx: tx}
+	b := &batch{e: e, tx: tx, ctx: ctx}
 	cmds := make([]command, len(claimed))
 	derrs := make([]error, len(claimed))
 	for i := range claimed {
@@ -799,14 +803,14 @@ func (stepTx) Commit(context.Context) error   { return errStepTxEnd }
 func (stepTx) Rollback(context.Context) error { return errStepTxEnd }
 
 func (t stepTx) Begin(ctx context.Context) (pgx.Tx, error) {
-	if err := t.b.flush(ctx); err != nil {
+	if err := t.b.flush(t.b.ctx); err != nil {
 		return nil, err
 	}
 	return t.Tx.Begin(ctx)
 }
 
 func (t stepTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if err := t.b.flush(ctx); err != nil {
+	if err := t.b.flush(t.b.ctx); err != nil {
 		return pgconn.CommandTag{}, err
 	}
 	return t.Tx.Exec(ctx, sql, args...)
@@ -817,7 +821,7 @@ func (t stepTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Comma
 // the results of the step's statements on it, which carry their own errors.
 
 func (t stepTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if err := t.b.flush(ctx); err != nil {
+	if err := t.b.flush(t.b.ctx); err != nil {
 		rows, _ := t.Tx.Query(ctx, sql, args...)
 		rows.Close()
 		return rows, err
@@ -826,26 +830,26 @@ func (t stepTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, e
 }
 
 func (t stepTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if err := t.b.flush(ctx); err != nil {
+	if err := t.b.flush(t.b.ctx); err != nil {
 		return errRow{err}
 	}
 	return t.Tx.QueryRow(ctx, sql, args...)
 }
 
 func (t stepTx) SendBatch(ctx context.Context, q *pgx.Batch) pgx.BatchResults {
-	_ = t.b.flush(ctx)
+	_ = t.b.flush(t.b.ctx)
 	return t.Tx.SendBatch(ctx, q)
 }
 
 func (t stepTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
-	if err := t.b.flush(ctx); err != nil {
+	if err := t.b.flush(t.b.ctx); err != nil {
 		return 0, err
 	}
 	return t.Tx.CopyFrom(ctx, table, columns, src)
 }
 
 func (t stepTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
-	if err := t.b.flush(ctx); err != nil {
+	if err := t.b.flush(t.b.ctx); err != nil {
 		return nil, err
 	}
 	return t.Tx.Prepare(ctx, name, sql)
@@ -863,7 +867,7 @@ func (t stepTx) Conn() *pgx.Conn {
 	return t.Tx.Conn()
 }
 
-func (b *batch) flushBare() { _ = b.flush(context.Background()) }
+func (b *batch) flushBare() { _ = b.flush(b.ctx) }
 
 // errRow is the result of a query that was never sent.
 type errRow struct{ err error }
@@ -996,6 +1000,18 @@ func (b *batch) flushWith(ctx context.Context, tail func(*pgx.Batch)) error {
 func (b *batch) sendQueued(ctx context.Context, tail func(*pgx.Batch)) error {
 	e := b.e
 	for {
+		// A failed step whose handler left the transaction aborted is rolled
+		// back to its savepoint on its own, before the rest: pgx prepares a
+		// pipeline's new statements before any of them runs, and PostgreSQL
+		// refuses to prepare in an aborted transaction. Only the first write
+		// of a round trip can have its handler's statements behind it.
+		if len(b.pending) > 0 && b.pending[0].w != nil && b.pending[0].w.rollback {
+			w := b.pending[0].w
+			if _, err := b.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+w.sp); err != nil {
+				return fmt.Errorf("saga: roll back step of saga %s: %w", w.sg.ID, err)
+			}
+			w.rollback = false
+		}
 		q := &pgx.Batch{}
 		for _, op := range b.pending {
 			if op.open != "" {

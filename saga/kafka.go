@@ -167,7 +167,7 @@ func (e *Engine) kafkaWork(fetch, work context.Context, r commandReader) {
 
 // runReply applies a participant's reply in tx and commits.
 func (e *Engine) runReply(ctx context.Context, tx pgx.Tx, m kafka.Message, c *store.Claimed) (bool, error) {
-	b := &batch{e: e, tx: tx, msg: &m}
+	b := &batch{e: e, tx: tx, msg: &m, ctx: ctx}
 	var keyText string
 	for _, h := range m.Headers {
 		if h.Key == store.HeaderStepKey {
@@ -248,7 +248,7 @@ func (e *Engine) runKafkaMessage(ctx context.Context, m kafka.Message) (again bo
 		return false, err
 	}
 	fault.Hit(fault.EngineAfterClaim)
-	b := &batch{e: e, tx: tx, msg: &m}
+	b := &batch{e: e, tx: tx, msg: &m, ctx: ctx}
 	err = b.handle(ctx, &c, cmd, derr, sagas, true)
 	if errors.Is(err, errAbandoned) {
 		// The attempt is recorded with its retry; this message is spent.

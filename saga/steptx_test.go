@@ -1,0 +1,140 @@
+package saga_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/sagaflow/sagaflow/saga"
+)
+
+// TestTimedOutStepThatUsesItsTxFailsAlone: a step overruns its timeout (but
+// not HandlerGrace) and then uses its transaction with its own, expired,
+// context — to log the failure, say — and returns the error. The statement
+// fails on its own, the step fails with step_timeout, is retried, then
+// compensated, and the other saga in the batch commits. (The transaction a
+// step sees sends the batch's queued writes before the step's statement; it
+// sent them with the step's expired context once, which lost the whole
+// batch, every time.)
+func TestTimedOutStepThatUsesItsTxFailsAlone(t *testing.T) {
+	t.Parallel()
+	allowErrorLogs(t)
+	b := setup(t, &saga.Config{Workers: 1})
+	def := saga.Define("slowtx", saga.Step[order]{Name: "one", Timeout: 200 * time.Millisecond,
+		Retry: &saga.RetryPolicy{MaxAttempts: 2, Backoff: func(int) time.Duration { return 50 * time.Millisecond }},
+		Action: func(ctx context.Context, run *saga.StepRun, s *order) error {
+			if s.OrderID == "slow" {
+				time.Sleep(300 * time.Millisecond) // overruns Timeout, well within HandlerGrace
+				_, err := run.Tx.Exec(ctx, "SELECT 1")
+				return err
+			}
+			return recordEffect(ctx, run, b.schema)
+		},
+	})
+	require.NoError(t, b.engine.Register(def))
+	ctx := context.Background()
+	fast, err := saga.Start(ctx, b.engine, def, order{OrderID: "fast"}, nil)
+	require.NoError(t, err)
+	slow, err := saga.Start(ctx, b.engine, def, order{OrderID: "slow"}, nil)
+	require.NoError(t, err)
+	b.start(t)
+
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		f, err := b.engine.Get(ctx, fast.ID)
+		require.NoError(t, err)
+		s, err := b.engine.Get(ctx, slow.ID)
+		require.NoError(t, err)
+		if f.Status.Terminal() && s.Status.Terminal() {
+			require.Equal(t, saga.StatusCompleted, f.Status)
+			require.Equal(t, saga.StatusCompensated, s.Status)
+			require.Equal(t, saga.CodeTimeout, s.History[1].ErrorCode)
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	f, _ := b.engine.Get(ctx, fast.ID)
+	s, _ := b.engine.Get(ctx, slow.ID)
+	t.Fatalf("after 15s: fast saga %s %v, slow saga %s %v (a healthy saga is held hostage by the batch it shares)",
+		f.Status, eventTypes(f), s.Status, eventTypes(s))
+}
+
+// TestKafkaTimedOutStepThatUsesItsTxDoesNotStallThePartition: the same step
+// in Kafka mode, where a lost batch would run the message again forever and
+// its partition (one here) would never reach the next saga's command. The
+// step fails with step_timeout, is retried, and compensates; the other saga
+// completes.
+func TestKafkaTimedOutStepThatUsesItsTxDoesNotStallThePartition(t *testing.T) {
+	t.Parallel()
+	allowErrorLogs(t)
+	k := setupKafka(t, 1, "kslowtx")
+	def := saga.Define("kslowtx", saga.Step[order]{Name: "one", Timeout: 200 * time.Millisecond,
+		Retry: &saga.RetryPolicy{MaxAttempts: 2, Backoff: func(int) time.Duration { return 50 * time.Millisecond }},
+		Action: func(ctx context.Context, run *saga.StepRun, s *order) error {
+			if s.OrderID == "slow" {
+				time.Sleep(300 * time.Millisecond)
+				_, err := run.Tx.Exec(ctx, "SELECT 1")
+				return err
+			}
+			return recordEffect(ctx, run, k.schema)
+		},
+	})
+	require.NoError(t, k.engine.Register(def))
+	ctx := context.Background()
+	slow, err := saga.Start(ctx, k.engine, def, order{OrderID: "slow"}, nil)
+	require.NoError(t, err)
+	fast, err := saga.Start(ctx, k.engine, def, order{OrderID: "fast"}, nil)
+	require.NoError(t, err)
+	k.start(t)
+
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		f, err := k.engine.Get(ctx, fast.ID)
+		require.NoError(t, err)
+		s, err := k.engine.Get(ctx, slow.ID)
+		require.NoError(t, err)
+		if f.Status.Terminal() && s.Status.Terminal() {
+			require.Equal(t, saga.StatusCompleted, f.Status)
+			require.Equal(t, saga.StatusCompensated, s.Status)
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	f, _ := k.engine.Get(ctx, fast.ID)
+	s, _ := k.engine.Get(ctx, slow.ID)
+	t.Fatalf("after 20s: fast saga %s %v, slow saga %s %v", f.Status, eventTypes(f), s.Status, eventTypes(s))
+}
+
+// TestStepFailingWithADatabaseError: the commonest failure — a step's
+// statement fails (the transaction is aborted) and the step returns that
+// error. The engine rolls back to the step's savepoint and records the
+// failure. The rollback goes on its own: in one pipeline with the failure's
+// writes, pgx would first prepare their statements, which PostgreSQL refuses
+// in an aborted transaction, and the batch was lost on every retry.
+func TestStepFailingWithADatabaseError(t *testing.T) {
+	t.Parallel()
+	allowErrorLogs(t)
+	b := setup(t, &saga.Config{Workers: 1})
+	def := saga.Define("dberr", saga.Step[order]{Name: "one",
+		Retry: &saga.RetryPolicy{MaxAttempts: 2, Backoff: func(int) time.Duration { return 50 * time.Millisecond }},
+		Action: func(ctx context.Context, run *saga.StepRun, s *order) error {
+			if s.OrderID == "bad" {
+				_, err := run.Tx.Exec(ctx, "SELECT 1/0")
+				return err
+			}
+			return recordEffect(ctx, run, b.schema)
+		},
+	})
+	require.NoError(t, b.engine.Register(def))
+	ctx := context.Background()
+	good, err := saga.Start(ctx, b.engine, def, order{OrderID: "good"}, nil)
+	require.NoError(t, err)
+	bad, err := saga.Start(ctx, b.engine, def, order{OrderID: "bad"}, nil)
+	require.NoError(t, err)
+	b.start(t)
+	require.Equal(t, saga.StatusCompleted, b.waitTerminal(t, good.ID).Status)
+	in := b.waitTerminal(t, bad.ID)
+	require.Equal(t, saga.StatusCompensated, in.Status, "%v", eventTypes(in))
+}
