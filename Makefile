@@ -67,6 +67,20 @@ bench: ## engine vs raw PostgreSQL, relay vs raw kafka-go: throughput and latenc
 	$(GO) test -run '^$$' -bench 'StepThroughput|StepLatency' -benchtime=6000x -count=3 ./saga/
 	$(GO) test -run '^$$' -bench 'RelayThroughput|CommitToKafkaLatency' -benchtime=20000x -count=3 ./relay/
 
+.PHONY: bench/compare
+bench/compare: ## sagaflow beside River, Temporal's dev server, Watermill and raw pgx (~21 min): docs/bench/results.json and PNGs
+	cd bench && (./install-temporal.sh || echo "bench: Temporal CLI not built; its runs will report why")
+	cd bench && $(GO) run . compare -out ../docs/bench/results.json
+	cd bench && $(GO) run . plot -in ../docs/bench/results.json -out ../docs/bench
+
+.PHONY: bench/quick
+bench/quick: ## a short bench/compare (~4 min), report in bench/results-quick.json
+	cd bench && $(GO) run . compare -quick -out results-quick.json
+
+.PHONY: bench/test
+bench/test: ## tests and vet of the benchmark module
+	cd bench && $(GO) vet ./... && $(GO) test ./...
+
 .PHONY: db/sql
 db/sql: ## print the migrations' SQL for SCHEMA (default sagaflow), for your own migration tool
 	@$(GO) run ./internal/cmd/printsql -schema "$${SCHEMA:-sagaflow}"

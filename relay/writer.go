@@ -29,7 +29,7 @@ const (
 	// WriterBatchTimeoutDefault is how long the writer waits to fill a
 	// partition's batch. The relay hands it whole batches, so waiting
 	// longer only adds latency.
-	WriterBatchTimeoutDefault = 5 * time.Millisecond
+	WriterBatchTimeoutDefault = time.Millisecond
 	// WriterBatchSizeDefault is how many messages the writer sends to one
 	// partition per produce request; at least the relay's BatchSize, so that
 	// one relay batch goes to each partition in one request.
@@ -62,7 +62,7 @@ type WriterOpts struct {
 	// other producers write the same topics.
 	Balancer kafka.Balancer
 	// BatchTimeout is how long the writer waits to fill a partition's
-	// batch. Defaults to WriterBatchTimeoutDefault (5ms).
+	// batch. Defaults to WriterBatchTimeoutDefault (1ms).
 	BatchTimeout time.Duration
 	// BatchSize is the most messages per partition in one produce request.
 	// Defaults to WriterBatchSizeDefault.
