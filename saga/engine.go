@@ -250,6 +250,9 @@ type Engine struct {
 	frozen    bool       // set at the first Start: definitions no longer change
 
 	life lifecycle.Lifecycle
+	// wakeLocal wakes this engine's direct workers once it has started.
+	wakeLocal atomic.Pointer[func()]
+	notifier  notifier
 
 	stats statCounters
 	hooks testHooks
@@ -410,6 +413,15 @@ func (e *Engine) Start(ctx context.Context) error {
 		for i := range wakes {
 			wakes[i] = make(chan struct{}, 1)
 		}
+		wake := func() {
+			for _, w := range wakes {
+				select {
+				case w <- struct{}{}:
+				default:
+				}
+			}
+		}
+		e.wakeLocal.Store(&wake)
 		wg.Go(func() { e.listen(fetch, wakes) })
 		for i := range wakes {
 			wg.Go(func() { e.work(fetch, work, wakes[i]) })

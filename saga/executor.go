@@ -295,8 +295,8 @@ func (e *Engine) runBatch(fetchCtx, ctx context.Context) (res batchResult, err e
 
 // finish ends a batch: it sends the queued outcomes; then, in one round
 // trip, it leaves the steps' savepoints, deletes the consumed direct
-// commands, defers the ones whose saga was busy and announces new commands;
-// and it commits.
+// commands and defers the ones whose saga was busy; it commits; and it
+// announces new commands (see [Engine.announce]).
 //
 // The commands are deleted outside every savepoint: a row locked by the
 // transaction (the claim) and deleted by one of its subtransactions gets a
@@ -317,10 +317,6 @@ func (e *Engine) finish(ctx context.Context, tx pgx.Tx, b *batch) error {
 		for _, d := range b.deferred {
 			e.st.QueueDefer(end, []uuid.UUID{d.id}, deferDelay, deferDelayMax, d.reason)
 		}
-		if b.ready {
-			// Wakes direct workers, or the relay that publishes Kafka commands.
-			e.st.QueueNotify(end, e.cfg.CommandTopic)
-		}
 	}
 	if err := b.flushWith(ctx, tail); err != nil {
 		return fmt.Errorf("saga: finish batch: %w", err)
@@ -335,6 +331,10 @@ func (e *Engine) finish(ctx context.Context, tx pgx.Tx, b *batch) error {
 		return fmt.Errorf("saga: commit batch: %w", err)
 	}
 	fault.Hit(fault.EngineAfterCommit)
+	if b.ready {
+		// Wakes direct workers, or the relay that publishes Kafka commands.
+		e.announce()
+	}
 	return nil
 }
 

@@ -35,7 +35,7 @@ type Started struct {
 // statement, so it commits atomically on its own. See [StartTx] to start a
 // saga inside the caller's transaction.
 func Start[S any](ctx context.Context, e *Engine, d *Definition[S], state S, opts *StartOpts) (Started, error) {
-	return start(ctx, e, e.pool, d, state, opts)
+	return start(ctx, e, e.pool, true, d, state, opts)
 }
 
 // StartTx starts a saga inside the caller's transaction tx: the saga row, its
@@ -44,10 +44,14 @@ func Start[S any](ctx context.Context, e *Engine, d *Definition[S], state S, opt
 // returns the existing saga's id and Existing: true, and writes nothing (the
 // caller may then want to roll back its own writes).
 func StartTx[S any](ctx context.Context, e *Engine, tx pgx.Tx, d *Definition[S], state S, opts *StartOpts) (Started, error) {
-	return start(ctx, e, tx, d, state, opts)
+	return start(ctx, e, tx, false, d, state, opts)
 }
 
-func start[S any](ctx context.Context, e *Engine, db store.DBTX, d *Definition[S], state S, opts *StartOpts) (Started, error) {
+// start inserts the saga through db. own says db is the engine's pool, so
+// the statement commits on its own: the workers are then told after the
+// commit (see [Engine.announce]); in the caller's transaction, the
+// notification goes with that transaction's commit.
+func start[S any](ctx context.Context, e *Engine, db store.DBTX, own bool, d *Definition[S], state S, opts *StartOpts) (Started, error) {
 	if d == nil {
 		return Started{}, fmt.Errorf("%w: nil definition", ErrNotRegistered)
 	}
@@ -85,11 +89,14 @@ func start[S any](ctx context.Context, e *Engine, db store.DBTX, d *Definition[S
 			Direction: string(steps.Forward), Detail: detail}},
 		Messages: []store.Message{e.commandMessage(id, d.name, first.name, steps.Forward, 0, 1, 0)},
 	}
-	inserted, err := e.st.StartSaga(ctx, db, sg, first.timeout+e.cfg.RescueSlack, rows, e.cfg.CommandTopic)
+	inserted, err := e.st.StartSaga(ctx, db, sg, first.timeout+e.cfg.RescueSlack, rows, e.cfg.CommandTopic, !own)
 	if err != nil {
 		return Started{}, fmt.Errorf("saga: %w", err)
 	}
 	if inserted {
+		if own {
+			e.announce()
+		}
 		return Started{ID: id}, nil
 	}
 	existing, err := e.st.SagaIDByKey(ctx, db, d.name, o.BusinessKey)

@@ -229,7 +229,7 @@ func New(schema string) (*Store, error) {
 			), h AS (` + insertHistoryFrom("s", 12) + `
 			), o AS (` + insertMessagesFrom("s", 20) + `
 			)
-			SELECT s.id, pg_notify($10, $11) FROM s`,
+			SELECT s.id, CASE WHEN $10::text <> '' THEN pg_notify($10, $11) END FROM s`,
 		// startSaga for the usual start: one history entry and one message,
 		// as plain parameters rather than arrays to unnest (cheaper for the
 		// server to plan and run).
@@ -248,7 +248,7 @@ func New(schema string) (*Store, error) {
 					c.t, c.t + $29::int8 * interval '1 microsecond'
 				FROM s, (SELECT clock_timestamp() AS t) c
 			)
-			SELECT s.id, pg_notify($10, $11) FROM s`,
+			SELECT s.id, CASE WHEN $10::text <> '' THEN pg_notify($10, $11) END FROM s`,
 		sagaByKey: `SELECT id FROM ` + s + `.saga_instances WHERE saga_name = $1 AND business_key = $2`,
 		insertHistory: `INSERT INTO ` + s + `.saga_history
 			(saga_id, event, step_name, direction, epoch, attempt, error, error_code, detail)
@@ -369,8 +369,8 @@ func (s *Store) Channel() string { return s.channel }
 func micros(d time.Duration) int64 { return d.Microseconds() }
 
 // StartSaga inserts a saga row with its history and messages (the
-// Transition's History and Messages; its other fields are ignored) and
-// notifies channel of topic, in one statement. It reports false, and writes
+// Transition's History and Messages; its other fields are ignored) and, when
+// notify is set, notifies the schema's channel of topic, in one statement. It reports false, and writes
 // nothing, when a saga with the same name and business key, or the same id,
 // exists; the caller's transaction stays usable either way.
 //
@@ -378,9 +378,13 @@ func micros(d time.Duration) int64 { return d.Microseconds() }
 // [Store.QueueTransition] adds when it moves a deadline, so that the first
 // step's transition finds the deadline far enough out, leaves it alone, and
 // PostgreSQL can update the row in place (HOT) without touching its indexes.
-func (s *Store) StartSaga(ctx context.Context, db DBTX, sg *Saga, checkAfter time.Duration, rows *Transition, topic string) (bool, error) {
+func (s *Store) StartSaga(ctx context.Context, db DBTX, sg *Saga, checkAfter time.Duration, rows *Transition, topic string, notify bool) (bool, error) {
+	channel := ""
+	if notify {
+		channel = s.channel
+	}
 	args := []any{pgID(sg.ID), sg.Name, sg.BusinessKey, sg.Status, sg.StepIndex, sg.StepName, sg.Direction, sg.State,
-		micros(checkAfter + deadlineRoom), s.channel, topic}
+		micros(checkAfter + deadlineRoom), channel, topic}
 	q := s.q.startSaga
 	if len(rows.History) == 1 && len(rows.Messages) == 1 {
 		q = s.q.startSagaOne
@@ -530,11 +534,6 @@ func (s *Store) Notify(ctx context.Context, db DBTX, topic string) error {
 		return fmt.Errorf("store: notify %s: %w", s.channel, err)
 	}
 	return nil
-}
-
-// QueueNotify queues [Store.Notify] on b.
-func (s *Store) QueueNotify(b *pgx.Batch, topic string) {
-	b.Queue(s.q.notify, s.channel, topic)
 }
 
 // ClaimDirect locks up to limit due direct commands of topic for the

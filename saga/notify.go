@@ -1,0 +1,58 @@
+package saga
+
+import (
+	"context"
+	"log/slog"
+	"sync/atomic"
+	"time"
+)
+
+// notifyCoalesce is how long the notifier waits for more commits to announce
+// with one notification.
+const notifyCoalesce = time.Millisecond
+
+// notifyTimeout bounds one notification's round trip.
+const notifyTimeout = 5 * time.Second
+
+// announce tells the workers, of this engine and of every other process on
+// the schema, and the relays that publish Kafka-mode commands, that commands
+// are due. It is called after the transaction that wrote them committed:
+// this engine's idle workers are woken at once, and one NOTIFY, in a
+// transaction of its own, covers every commit of the last millisecond.
+//
+// The NOTIFY is not part of the committing transaction on purpose.
+// PostgreSQL serialises the commits of transactions that notify: each holds
+// a database-wide lock from before its commit record until that record is
+// on disk, so notifying commits cannot share a WAL flush. With a notification
+// in every start and every batch, that lock was the engine's main wait under
+// load. The price: a process that dies between its commit and the
+// notification leaves the other processes to find its commands at their next
+// poll (PollInterval); the committing worker itself goes on at once.
+func (e *Engine) announce() {
+	if w := e.wakeLocal.Load(); w != nil {
+		(*w)()
+	}
+	e.notifier.request(e)
+}
+
+// notifier coalesces notifications: at most one is being prepared at a
+// time, and a request made while one is sent schedules another, so every
+// commit is followed by a notification.
+type notifier struct {
+	pending atomic.Bool
+}
+
+func (n *notifier) request(e *Engine) {
+	if !n.pending.CompareAndSwap(false, true) {
+		return // the one being prepared will cover this commit
+	}
+	go func() {
+		time.Sleep(notifyCoalesce)
+		n.pending.Store(false)
+		ctx, cancel := context.WithTimeout(context.Background(), notifyTimeout)
+		defer cancel()
+		if err := e.st.Notify(ctx, e.pool, e.cfg.CommandTopic); err != nil {
+			e.log.DebugContext(ctx, "sagaflow could not notify; workers elsewhere will poll", slog.Any("error", err))
+		}
+	}()
+}

@@ -1,0 +1,54 @@
+package saga_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/sagaflow/sagaflow/saga"
+)
+
+// TestWakeUpsReachIdleEnginesElsewhere: the workers of an engine that polls
+// only once a minute are idle; another engine on the schema (a process that
+// only starts sagas, say) starts one with Start, whose statement commits on
+// its own and is announced after its commit, and then one with StartTx, whose
+// notification goes with the caller's commit. Both sagas run to the end in
+// seconds: the notifications reach the idle workers, and each step's batch
+// announces the next.
+func TestWakeUpsReachIdleEnginesElsewhere(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &saga.Config{Workers: 2, PollInterval: time.Minute})
+	def := threeSteps(b, "wakeups", nil)
+	require.NoError(t, b.engine.Register(def))
+	b.start(t)
+	client, err := saga.New(b.pool, &saga.Config{Schema: b.schema, PollInterval: time.Minute, Logger: testLogger(t)})
+	require.NoError(t, err)
+	require.NoError(t, client.Register(def))
+	ctx := context.Background()
+	time.Sleep(300 * time.Millisecond) // the workers have polled once and wait
+
+	started := time.Now()
+	st, err := saga.Start(ctx, client, def, order{OrderID: "o-wake-1"}, nil)
+	require.NoError(t, err)
+	waitFor(t, 10*time.Second, func() bool {
+		in, err := b.engine.Get(ctx, st.ID)
+		require.NoError(t, err)
+		return in.Status == saga.StatusCompleted
+	}, "the saga started with Start to complete without waiting for a poll")
+	t.Logf("Start: completed in %s", time.Since(started).Round(time.Millisecond))
+
+	started = time.Now()
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	st, err = saga.StartTx(ctx, client, tx, def, order{OrderID: "o-wake-2"}, nil)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	waitFor(t, 10*time.Second, func() bool {
+		in, err := b.engine.Get(ctx, st.ID)
+		require.NoError(t, err)
+		return in.Status == saga.StatusCompleted
+	}, "the saga started with StartTx to complete without waiting for a poll")
+	t.Logf("StartTx: completed in %s", time.Since(started).Round(time.Millisecond))
+}
