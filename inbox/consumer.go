@@ -14,6 +14,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/sagaflow/sagaflow/internal/lifecycle"
 	"github.com/sagaflow/sagaflow/store"
 )
 
@@ -210,14 +211,7 @@ func (c *Consumer) pause(ctx context.Context, attempt int) bool {
 	}
 	d = min(d, c.cfg.RetryMax)
 	d += time.Duration(rand.Int64N(int64(d)/5 + 1))
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
+	return lifecycle.Sleep(ctx, d)
 }
 
 // IsPermanent reports whether err, or an error it wraps, says it is
