@@ -250,7 +250,8 @@ type Engine struct {
 	frozen    bool       // set at the first Start: definitions no longer change
 
 	life lifecycle.Lifecycle
-	// wakeLocal wakes this engine's direct workers once it has started.
+	// wakeLocal wakes this engine's direct workers once it has started in
+	// Postgres-only mode; nil otherwise.
 	wakeLocal atomic.Pointer[func()]
 	notifier  notifier
 
@@ -421,7 +422,11 @@ func (e *Engine) Start(ctx context.Context) error {
 				}
 			}
 		}
-		e.wakeLocal.Store(&wake)
+		if e.cfg.Kafka == nil {
+			// In Kafka mode the commands a batch writes are relay rows: the
+			// direct worker has nothing to wake for.
+			e.wakeLocal.Store(&wake)
+		}
 		wg.Go(func() { e.listen(fetch, wakes) })
 		for i := range wakes {
 			wg.Go(func() { e.work(fetch, work, wakes[i]) })

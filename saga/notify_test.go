@@ -7,6 +7,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagaflow/sagaflow/internal/kafkatest"
+	"github.com/sagaflow/sagaflow/relay"
 	"github.com/sagaflow/sagaflow/saga"
 )
 
@@ -51,4 +53,34 @@ func TestWakeUpsReachIdleEnginesElsewhere(t *testing.T) {
 		return in.Status == saga.StatusCompleted
 	}, "the saga started with StartTx to complete without waiting for a poll")
 	t.Logf("StartTx: completed in %s", time.Since(started).Round(time.Millisecond))
+}
+
+// TestKafkaModeStepsWakeTheRelay: in Kafka mode a step's next command is a
+// relay row, and only the notification after the batch's commit tells a
+// relay that polls once a minute to publish it. A 3-step saga ends in
+// seconds.
+func TestKafkaModeStepsWakeTheRelay(t *testing.T) {
+	t.Parallel()
+	kc := kafkatest.New(t, kafkatest.SeedTopics(1, saga.CommandTopicDefault+".kwake"))
+	b := setup(t, &saga.Config{Workers: 1, PollInterval: time.Minute, Kafka: &saga.KafkaConfig{Brokers: kc.Addrs()}})
+	w := relay.NewKafkaWriter(kc.Addrs(), nil)
+	r, err := relay.New(b.pool, w, &relay.Config{Schema: b.schema, PollInterval: time.Minute, Logger: testLogger(t)})
+	require.NoError(t, err)
+	def := threeSteps(b, "kwake", nil)
+	require.NoError(t, b.engine.Register(def))
+	b.start(t)
+	ctx := context.Background()
+	require.NoError(t, r.Start(ctx))
+	t.Cleanup(func() {
+		require.NoError(t, r.Stop(context.Background()))
+		require.NoError(t, w.Close())
+	})
+	time.Sleep(300 * time.Millisecond) // the relay has polled once and waits
+	st, err := saga.Start(ctx, b.engine, def, order{OrderID: "k-wake"}, nil)
+	require.NoError(t, err)
+	waitFor(t, 20*time.Second, func() bool {
+		in, err := b.engine.Get(ctx, st.ID)
+		require.NoError(t, err)
+		return in.Status == saga.StatusCompleted
+	}, "every step's command to reach the relay through the notification after its commit")
 }
