@@ -56,6 +56,13 @@ func (r *Report) violate(format string, args ...any) {
 	}
 }
 
+// deadLettered counts the messages both consumers dead-lettered, by distinct
+// Kafka position: a message redelivered after a crash may be dead-lettered
+// twice.
+const deadLettered = `SELECT count(DISTINCT (topic, kafka_partition, kafka_offset)) FROM (
+    SELECT topic, kafka_partition, kafka_offset FROM ` + OrdersSchema + `.dead_letters
+    UNION ALL SELECT topic, kafka_partition, kafka_offset FROM ` + PaymentsSchema + `.dead_letters) d`
+
 // Check runs the checkers. It trusts the engine's tables only for each
 // saga's final status; the effects come from the ledger (written by the step
 // bodies, no unique key), the external service's own counts, and a reader of
@@ -165,9 +172,7 @@ func (e *Env) Check(ctx context.Context) (*Report, error) {
 	}
 
 	// Dead letters: distinct Kafka positions, over both consumers.
-	err = e.Pool.QueryRow(ctx, `SELECT count(DISTINCT (topic, kafka_partition, kafka_offset)) FROM (
-	    SELECT topic, kafka_partition, kafka_offset FROM `+OrdersSchema+`.dead_letters
-	    UNION ALL SELECT topic, kafka_partition, kafka_offset FROM `+PaymentsSchema+`.dead_letters) d`).Scan(&r.DeadLettered)
+	err = e.Pool.QueryRow(ctx, deadLettered).Scan(&r.DeadLettered)
 	if err != nil {
 		return nil, err
 	}

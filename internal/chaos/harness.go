@@ -305,9 +305,7 @@ func (e *Env) WaitTerminal(ctx context.Context) error {
 		if err == nil && open == 0 {
 			var n, dead, pending int
 			err := e.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+OrdersSchema+`.saga_instances),
-			    (SELECT count(DISTINCT (topic, kafka_partition, kafka_offset)) FROM (
-			        SELECT topic, kafka_partition, kafka_offset FROM `+OrdersSchema+`.dead_letters
-			        UNION ALL SELECT topic, kafka_partition, kafka_offset FROM `+PaymentsSchema+`.dead_letters) d),
+			    (`+deadLettered+`),
 			    (SELECT count(*) FROM `+OrdersSchema+`.outbox WHERE status = 'pending' AND delivery = 'relay')
 			        + (SELECT count(*) FROM `+PaymentsSchema+`.outbox WHERE status = 'pending')`).Scan(&n, &dead, &pending)
 			e.mu.Lock()
@@ -352,6 +350,14 @@ func LogTails(dir string, lines int) string {
 	return b.String()
 }
 
+// groupIDs are the consumer groups of the system: the engines' (the
+// engine's default group) and the payments participant's, one per topic.
+func groupIDs() []string {
+	return []string{"sagaflow-engine-" + OrdersSchema, participantGroup(PaymentsTopic), participantGroup(SlowTopic)}
+}
+
+func participantGroup(topic string) string { return "payments-" + topic }
+
 // EngineMembers is how many members an engine node has in the engines'
 // consumer group: one per Kafka worker (EngineConfig's Workers).
 const EngineMembers = 2
@@ -371,15 +377,8 @@ const EngineMembers = 2
 // the matrix and the soak measuring sagaflow, not that difference.
 func (e *Env) WaitGroupsStable(ctx context.Context, engines, participants int) error {
 	c := &kafka.Client{Addr: kafka.TCP(e.Kafka.Addrs()...), Timeout: 5 * time.Second}
-	want := map[string]int{
-		"sagaflow-engine-" + OrdersSchema: engines * EngineMembers,
-		"payments-" + PaymentsTopic:       participants,
-		"payments-" + SlowTopic:           participants,
-	}
-	ids := make([]string, 0, len(want))
-	for id := range want {
-		ids = append(ids, id)
-	}
+	ids := groupIDs()
+	want := map[string]int{ids[0]: engines * EngineMembers, ids[1]: participants, ids[2]: participants}
 	last := "no answer yet"
 	for {
 		resp, err := c.DescribeGroups(ctx, &kafka.DescribeGroupsRequest{GroupIDs: ids})
@@ -410,8 +409,7 @@ func (e *Env) WaitGroupsStable(ctx context.Context, engines, participants int) e
 // sagas are stuck.
 func (e *Env) Groups(ctx context.Context) string {
 	c := &kafka.Client{Addr: kafka.TCP(e.Kafka.Addrs()...), Timeout: 5 * time.Second}
-	ids := []string{"sagaflow-engine-" + OrdersSchema, "payments-" + PaymentsTopic, "payments-" + SlowTopic}
-	resp, err := c.DescribeGroups(ctx, &kafka.DescribeGroupsRequest{GroupIDs: ids})
+	resp, err := c.DescribeGroups(ctx, &kafka.DescribeGroupsRequest{GroupIDs: groupIDs()})
 	if err != nil {
 		return "describe groups: " + err.Error()
 	}

@@ -159,7 +159,7 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 			return err
 		}
 		for _, topic := range []string{PaymentsTopic, SlowTopic} {
-			r := kafka.NewReader(kafka.ReaderConfig{Brokers: cfg.Brokers, GroupID: "payments-" + topic, Topic: topic,
+			r := kafka.NewReader(kafka.ReaderConfig{Brokers: cfg.Brokers, GroupID: participantGroup(topic), Topic: topic,
 				MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 100 * time.Millisecond, StartOffset: kafka.FirstOffset,
 				SessionTimeout: SessionTimeout, HeartbeatInterval: SessionTimeout / 10, CommitInterval: 0})
 			c, err := p.Inbox().NewConsumer(r, &inbox.ConsumerConfig{Handlers: p.Handlers()})
