@@ -48,7 +48,7 @@ func compareMain(args []string) error {
 		quick                                       bool
 		systems, scenarios, concs, history, command string
 	)
-	fs.BoolVar(&quick, "quick", false, "a short run (~3 min): 1 repetition, 16 and 256 in flight (Temporal 16 only), 3 s windows, 100,000 finished sagas, a 10,000-row relay backlog, no 1M drain")
+	fs.BoolVar(&quick, "quick", false, "a short run (~4 min): 1 repetition, 16 and 256 in flight (Temporal 16 only), 3 s windows, 100,000 finished sagas, a 10,000-row relay backlog, no 1M drain")
 	fs.IntVar(&o.reps, "reps", 3, "repetitions of each measurement")
 	fs.StringVar(&systems, "systems", strings.Join(append(slices.Clone(sagaSystems), relaySystems...), ","), "systems to measure")
 	fs.StringVar(&scenarios, "scenarios", strings.Join(allScenarios, ","), "scenarios to run")

@@ -142,7 +142,9 @@
 // A successful reply completes the step; a refusal, or no reply within the
 // step's Timeout, fails it for good and the saga compensates (after a
 // timeout, the step's own compensation included: the service may have done
-// it). Remote steps need Kafka mode.
+// it). A remote compensation whose reply is late is sent again under the
+// same step key until its CompensateRetry attempts are spent; only then does
+// the saga end failed. Remote steps need Kafka mode.
 //
 // # The scheduler
 //
