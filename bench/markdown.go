@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -15,15 +14,11 @@ func markdownMain(args []string) error {
 	fs := flag.NewFlagSet("markdown", flag.ExitOnError)
 	in := fs.String("in", "results.json", "report written by bench compare")
 	_ = fs.Parse(args)
-	b, err := os.ReadFile(*in)
+	r, err := readReport(*in)
 	if err != nil {
 		return err
 	}
-	var r Report
-	if err := json.Unmarshal(b, &r); err != nil {
-		return fmt.Errorf("read %s: %w", *in, err)
-	}
-	writeMarkdown(os.Stdout, &r)
+	writeMarkdown(os.Stdout, r)
 	return nil
 }
 

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"flag"
 	"fmt"
 	"math"
@@ -20,18 +19,14 @@ func plotMain(args []string) error {
 	in := fs.String("in", "results.json", "report written by bench compare")
 	out := fs.String("out", ".", "directory for the PNGs")
 	_ = fs.Parse(args)
-	b, err := os.ReadFile(*in)
+	r, err := readReport(*in)
 	if err != nil {
 		return err
-	}
-	var r Report
-	if err := json.Unmarshal(b, &r); err != nil {
-		return fmt.Errorf("read %s: %w", *in, err)
 	}
 	if err := os.MkdirAll(*out, 0o755); err != nil {
 		return err
 	}
-	files, err := drawAll(&r, *out)
+	files, err := drawAll(r, *out)
 	for _, f := range files {
 		fmt.Fprintln(os.Stderr, "wrote", f)
 	}

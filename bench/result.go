@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"slices"
 )
 
@@ -217,4 +218,17 @@ func writeJSONLines(w io.Writer, results []Result) error {
 		}
 	}
 	return nil
+}
+
+// readReport reads a report that bench compare wrote.
+func readReport(path string) (*Report, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var r Report
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	return &r, nil
 }

@@ -230,6 +230,22 @@ func (r *recorder) finish(s *Sample) error {
 	return nil
 }
 
+// runOne runs one saga and records its latency. A failure, unless the loop
+// was ending anyway, is recorded and stops the loop; runOne then reports
+// false.
+func (r *recorder) runOne(ctx context.Context, run func(context.Context) error, stop func()) bool {
+	start := time.Now()
+	if err := run(ctx); err != nil {
+		if ctx.Err() == nil {
+			r.fail(err)
+			stop()
+		}
+		return false
+	}
+	r.add(start, time.Now())
+	return true
+}
+
 // closedLoop keeps o.Conc sagas in flight: each of o.Conc goroutines starts
 // a saga as soon as its previous one ended. After o.Warmup it measures
 // o.Window.
@@ -241,15 +257,9 @@ func closedLoop(ctx context.Context, o *runOpts, m *meter, run func(context.Cont
 	for range o.Conc {
 		wg.Go(func() {
 			for first := true; loopCtx.Err() == nil; first = false {
-				start := time.Now()
-				if err := run(loopCtx); err != nil {
-					if loopCtx.Err() == nil {
-						rec.fail(err)
-						stop()
-					}
+				if !rec.runOne(loopCtx, run, stop) {
 					return
 				}
-				rec.add(start, time.Now())
 				if first {
 					rec.warmed.Add(1)
 				}
@@ -295,15 +305,7 @@ func openLoop(ctx context.Context, o *runOpts, m *meter, run func(context.Contex
 			}
 			inner.Go(func() {
 				defer func() { <-sem }()
-				start := time.Now()
-				if err := run(loopCtx); err != nil {
-					if loopCtx.Err() == nil {
-						rec.fail(err)
-						stop()
-					}
-					return
-				}
-				rec.add(start, time.Now())
+				rec.runOne(loopCtx, run, stop)
 			})
 		}
 	})
