@@ -304,7 +304,7 @@ func (e *Engine) runBatch(fetchCtx, ctx context.Context) (res batchResult, err e
 // dead, so every claim would step over every consumed command until vacuum
 // removed it.
 func (e *Engine) finish(ctx context.Context, tx pgx.Tx, b *batch) error {
-	if err := b.flush(ctx); err != nil {
+	if err := b.flush(); err != nil {
 		return fmt.Errorf("saga: finish batch: %w", err)
 	}
 	tail := func(end *pgx.Batch) {
@@ -318,7 +318,7 @@ func (e *Engine) finish(ctx context.Context, tx pgx.Tx, b *batch) error {
 			e.st.QueueDefer(end, []uuid.UUID{d.id}, deferDelay, deferDelayMax, d.reason)
 		}
 	}
-	if err := b.flushWith(ctx, tail); err != nil {
+	if err := b.flushWith(tail); err != nil {
 		return fmt.Errorf("saga: finish batch: %w", err)
 	}
 	if h := e.hooks.beforeCommit; h != nil {
@@ -351,7 +351,7 @@ const (
 // in the saga's history. Nothing is dropped: the row stays for an operator.
 func (b *batch) park(ctx context.Context, c *store.Claimed, sagaID *uuid.UUID, code, reason string) error {
 	reason = sanitizeText(reason, 2000)
-	if err := b.flush(ctx); err != nil {
+	if err := b.flush(); err != nil {
 		return err
 	}
 	// What follows is written after the clean savepoint, if there is one:
@@ -487,7 +487,7 @@ func (b *batch) cancel(ctx context.Context, c *store.Claimed, ls *store.LockedSa
 	if !isStatementError(err) && !errors.Is(err, ErrNotRunning) && !errors.Is(err, ErrNotFound) && !errors.Is(err, errUnknownStep) {
 		return err // the connection, not the request
 	}
-	if rerr := b.flush(ctx); rerr != nil {
+	if rerr := b.flush(); rerr != nil {
 		return rerr
 	}
 	if _, rerr := b.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+sp); rerr != nil {
@@ -803,14 +803,14 @@ func (stepTx) Commit(context.Context) error   { return errStepTxEnd }
 func (stepTx) Rollback(context.Context) error { return errStepTxEnd }
 
 func (t stepTx) Begin(ctx context.Context) (pgx.Tx, error) {
-	if err := t.b.flush(t.b.ctx); err != nil {
+	if err := t.b.flush(); err != nil {
 		return nil, err
 	}
 	return t.Tx.Begin(ctx)
 }
 
 func (t stepTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if err := t.b.flush(t.b.ctx); err != nil {
+	if err := t.b.flush(); err != nil {
 		return pgconn.CommandTag{}, err
 	}
 	return t.Tx.Exec(ctx, sql, args...)
@@ -821,7 +821,7 @@ func (t stepTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Comma
 // the results of the step's statements on it, which carry their own errors.
 
 func (t stepTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if err := t.b.flush(t.b.ctx); err != nil {
+	if err := t.b.flush(); err != nil {
 		rows, _ := t.Tx.Query(ctx, sql, args...)
 		rows.Close()
 		return rows, err
@@ -830,26 +830,26 @@ func (t stepTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, e
 }
 
 func (t stepTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if err := t.b.flush(t.b.ctx); err != nil {
+	if err := t.b.flush(); err != nil {
 		return errRow{err}
 	}
 	return t.Tx.QueryRow(ctx, sql, args...)
 }
 
 func (t stepTx) SendBatch(ctx context.Context, q *pgx.Batch) pgx.BatchResults {
-	_ = t.b.flush(t.b.ctx)
+	_ = t.b.flush()
 	return t.Tx.SendBatch(ctx, q)
 }
 
 func (t stepTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
-	if err := t.b.flush(t.b.ctx); err != nil {
+	if err := t.b.flush(); err != nil {
 		return 0, err
 	}
 	return t.Tx.CopyFrom(ctx, table, columns, src)
 }
 
 func (t stepTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
-	if err := t.b.flush(t.b.ctx); err != nil {
+	if err := t.b.flush(); err != nil {
 		return nil, err
 	}
 	return t.Tx.Prepare(ctx, name, sql)
@@ -858,16 +858,14 @@ func (t stepTx) Prepare(ctx context.Context, name, sql string) (*pgconn.Statemen
 // LargeObjects and Conn hand out what runs statements without this wrapper:
 // the queue is sent first; if that fails, the batch is lost.
 func (t stepTx) LargeObjects() pgx.LargeObjects {
-	t.b.flushBare()
+	_ = t.b.flush()
 	return t.Tx.LargeObjects()
 }
 
 func (t stepTx) Conn() *pgx.Conn {
-	t.b.flushBare()
+	_ = t.b.flush()
 	return t.Tx.Conn()
 }
-
-func (b *batch) flushBare() { _ = b.flush(b.ctx) }
 
 // errRow is the result of a query that was never sent.
 type errRow struct{ err error }
@@ -966,11 +964,11 @@ func (b *batch) applied(w *pendingWrite) {
 }
 
 // flush sends the queued writes in one round trip. See [batch.flushWith].
-func (b *batch) flush(ctx context.Context) error {
+func (b *batch) flush() error {
 	if len(b.pending) == 0 {
 		return b.broken
 	}
-	return b.flushWith(ctx, nil)
+	return b.flushWith(nil)
 }
 
 // flushWith sends the queued writes, followed by what tail queues, in one
@@ -986,11 +984,11 @@ func (b *batch) flush(ctx context.Context) error {
 // trip can have its handler's statements behind it (a handler that uses the
 // transaction sends the queue first), so the writes sent again lose
 // nothing. Any other error is returned, and the batch is lost.
-func (b *batch) flushWith(ctx context.Context, tail func(*pgx.Batch)) error {
+func (b *batch) flushWith(tail func(*pgx.Batch)) error {
 	if b.broken != nil {
 		return b.broken
 	}
-	if err := b.sendQueued(ctx, tail); err != nil {
+	if err := b.sendQueued(b.ctx, tail); err != nil {
 		b.broken = err
 		return err
 	}
