@@ -9,11 +9,14 @@
 // The header [Header] carries "v1=" and the lowercase hex HMAC-SHA256 of the
 // canonical bytes of the message under the key. The canonical bytes are the
 // string "sagaflow-signature-v1", then, for each of the headers
-// sagaflow-message-id, sagaflow-type, sagaflow-saga-id, sagaflow-step-key,
-// sagaflow-direction and sagaflow-reply-to in that order, and then for the
-// message's value: its length in bytes as a decimal number, a colon, and
-// its bytes. An absent header counts as the empty string. Other headers
-// (trace context, say) are not signed: relays and brokers may add them.
+// sagaflow-type, sagaflow-saga-id, sagaflow-step-key, sagaflow-direction and
+// sagaflow-reply-to in that order, and then for the message's value: its
+// length in bytes as a decimal number, a colon, and its bytes. An absent
+// header counts as the empty string. Other headers (trace context, say) are
+// not signed: relays and brokers may add them. The message id is not
+// signed either: an engine that moves a command it cannot run yet back to
+// its outbox publishes it again under a new id, and a signature cannot stop
+// a replay of a whole message anyway (step keys and version fences do).
 package signing
 
 import (
@@ -30,8 +33,7 @@ const Header = "sagaflow-signature"
 
 // Signed lists the headers the signature covers, in order.
 var Signed = []string{
-	"sagaflow-message-id", "sagaflow-type", "sagaflow-saga-id",
-	"sagaflow-step-key", "sagaflow-direction", "sagaflow-reply-to",
+	"sagaflow-type", "sagaflow-saga-id", "sagaflow-step-key", "sagaflow-direction", "sagaflow-reply-to",
 }
 
 const version = "v1="

@@ -23,7 +23,8 @@ func TestSignAndVerify(t *testing.T) {
 	h["sagaflow-type"], h["sagaflow-saga-id"] = "", "t"
 	require.ErrorIs(t, k.Verify(get, []byte(`{"a":1}`)), ErrInvalid)
 	h["sagaflow-type"], h["sagaflow-saga-id"] = "t", ""
-	// An unsigned header may be added.
+	// Unsigned headers may be added or changed.
+	h["sagaflow-message-id"] = "m2"
 	h["traceparent"] = "00-abc"
 	require.NoError(t, k.Verify(get, []byte(`{"a":1}`)))
 
