@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sagaflow/sagaflow/internal/lifecycle"
+	"github.com/sagaflow/sagaflow/internal/signing"
 	"github.com/sagaflow/sagaflow/store"
 )
 
@@ -216,6 +217,9 @@ func (c *Config) withDefaults() (Config, error) {
 		if k.SessionTimeout < 0 || (k.SessionTimeout > 0 && k.SessionTimeout < time.Second) {
 			return out, fmt.Errorf("%w: Kafka.SessionTimeout %s: want 0 (the default) or at least 1s", ErrInvalidConfig, k.SessionTimeout)
 		}
+		if len(k.VerifyKeys) > 0 && len(k.SigningKey) == 0 {
+			return out, fmt.Errorf("%w: Kafka.VerifyKeys is set but Kafka.SigningKey is not: set the current key too", ErrInvalidConfig)
+		}
 		out.Kafka = &k
 	}
 	if out.Logger == nil {
@@ -257,6 +261,12 @@ type Engine struct {
 
 	stats statCounters
 	hooks testHooks
+	// running are the steps whose handlers run now, by saga, for cancel
+	// requests to interrupt.
+	running runningSteps
+	// signer signs the commands written for Kafka and verifies what is
+	// consumed; off unless Kafka.SigningKey is set.
+	signer signing.Keys
 }
 
 // testHooks let tests stop a batch at chosen points.
@@ -283,8 +293,12 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: Schema: %w", ErrInvalidConfig, err)
 	}
+	var signer signing.Keys
+	if c.Kafka != nil {
+		signer = signing.Keys{Current: c.Kafka.SigningKey, Previous: c.Kafka.VerifyKeys}
+	}
 	return &Engine{
-		pool: pool, cfg: c, st: st, log: c.Logger,
+		pool: pool, cfg: c, st: st, log: c.Logger, signer: signer,
 		defs: map[string]*compiled{}, byOwner: map[any]*compiled{},
 	}, nil
 }
@@ -428,6 +442,7 @@ func (e *Engine) Start(ctx context.Context) error {
 			e.wakeLocal.Store(&wake)
 		}
 		wg.Go(func() { e.listen(fetch, wakes) })
+		wg.Go(func() { e.watchCancels(fetch) })
 		for i := range wakes {
 			wg.Go(func() { e.work(fetch, work, wakes[i]) })
 		}
@@ -469,7 +484,13 @@ func (e *Engine) stop(ctx context.Context, hard bool) error {
 // listen wakes the workers when PostgreSQL announces new commands. If the
 // listening connection fails, workers keep polling until it is back.
 func (e *Engine) listen(ctx context.Context, wakes []chan struct{}) {
-	lifecycle.Listen(ctx, e.pool, e.st.Channel(), e.log, "engine", func() {
+	lifecycle.ListenPayload(ctx, e.pool, e.st.Channel(), e.log, "engine", func(payload string) {
+		if payload == "" {
+			// (Re)connected: requests made while no one listened.
+			go e.interrupt(ctx, e.running.ids())
+		} else {
+			e.notified(ctx, payload)
+		}
 		for _, w := range wakes {
 			select {
 			case w <- struct{}{}:
@@ -526,6 +547,7 @@ type Stats struct {
 	Deferred          int64 // commands put back because another worker held their saga
 	Parked            int64 // commands parked as dead, with their reason
 	HandlersAbandoned int64 // handlers abandoned after ignoring their timeout
+	CancelsApplied    int64 // cancel requests applied by this engine's workers
 	Rescued           int64 // stuck sagas re-driven by the rescuer
 	FailedOver        int64 // stuck sagas whose attempts were spent, moved to compensation or failed
 	CronStarted       int64 // sagas started by a schedule
@@ -534,7 +556,7 @@ type Stats struct {
 
 type statCounters struct {
 	succeeded, failed, retries, dedup, stale, deferred, parked, abandoned atomic.Int64
-	rescued, failedOver, cronStarted, cronDuplicates                      atomic.Int64
+	rescued, failedOver, cronStarted, cronDuplicates, cancelled           atomic.Int64
 }
 
 // Stats returns the engine's counters.
@@ -543,7 +565,7 @@ func (e *Engine) Stats() Stats {
 	return Stats{
 		StepsSucceeded: s.succeeded.Load(), AttemptsFailed: s.failed.Load(), Retries: s.retries.Load(),
 		Deduplicated: s.dedup.Load(), StaleDiscarded: s.stale.Load(), Deferred: s.deferred.Load(),
-		Parked: s.parked.Load(), HandlersAbandoned: s.abandoned.Load(),
+		Parked: s.parked.Load(), HandlersAbandoned: s.abandoned.Load(), CancelsApplied: s.cancelled.Load(),
 		Rescued: s.rescued.Load(), FailedOver: s.failedOver.Load(),
 		CronStarted: s.cronStarted.Load(), CronDuplicates: s.cronDuplicates.Load(),
 	}

@@ -225,6 +225,7 @@ func TestDuplicateCommandHasOneEffect(t *testing.T) {
 	b.start(t)
 	in := b.waitTerminal(t, st.ID)
 	require.Equal(t, saga.StatusCompleted, in.Status)
+	for _, h := range in.History { t.Logf("DBG %s %s %d %v", h.Type, h.Step, h.Attempt, h.Error) }
 	require.Equal(t, []string{"reserve/forward", "charge/forward", "ship/forward"}, b.effects(t, st.ID))
 	require.GreaterOrEqual(t, b.engine.Stats().StaleDiscarded, int64(2))
 	// Duplicates are consumed, not left behind and not parked.
@@ -303,9 +304,12 @@ func TestStaleWorkerCannotCommit(t *testing.T) {
 	b := setup(t, nil)
 	entered := make(chan struct{})
 	release := make(chan struct{})
+	var first atomic.Bool
+	first.Store(true)
 	def := threeSteps(b, "fenced", map[string]saga.StepFunc[order]{
 		"charge/forward": func(ctx context.Context, run *saga.StepRun, s *order) error {
-			if run.Attempt == 1 && run.Direction == steps.Forward {
+			// threeSteps has recorded the effect in the step's transaction.
+			if first.CompareAndSwap(true, false) {
 				close(entered)
 				<-release
 			}
@@ -319,24 +323,56 @@ func TestStaleWorkerCannotCommit(t *testing.T) {
 	require.NoError(t, err)
 
 	<-entered
-	// While the worker runs "charge", the saga moves on without it.
-	require.NoError(t, b.engine.Cancel(ctx, st.ID, "customer changed their mind"))
-	// The compensation command cannot run while the step holds the saga: it
-	// is deferred (not failed, not run concurrently) until the step is done.
-	waitFor(t, 10*time.Second, func() bool { return b.engine.Stats().Deferred >= 1 }, "the compensation to be deferred")
+	// While the worker runs "charge", another worker takes the saga over
+	// (as the rescuer would after a lost lease): the version moves on.
+	_, err = b.pool.Exec(ctx, "UPDATE "+b.table("saga_instances")+" SET version = version + 1, next_check_at = now() WHERE id = $1", st.ID)
+	require.NoError(t, err)
 	close(release)
+	// The stale worker's commit is refused.
+	waitFor(t, 10*time.Second, func() bool { return b.engine.Stats().StaleDiscarded >= 1 }, "the stale commit to be refused")
+	require.Equal(t, []string{"reserve/forward"}, b.effects(t, st.ID), "the stale worker's effect went with its refused commit")
+	require.Equal(t, 0, b.count(t, "SELECT count(*) FROM "+b.table("inbox")+" WHERE key = $1", st.ID.String()+"/charge/forward/0"))
+	// The saga, re-driven, runs charge once more under the same key.
+	_, err = b.engine.RescueNow(ctx)
+	require.NoError(t, err)
+	in := b.waitTerminal(t, st.ID)
+	require.Equal(t, saga.StatusCompleted, in.Status)
+	require.Equal(t, []string{"reserve/forward", "charge/forward", "ship/forward"}, b.effects(t, st.ID))
+	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM "+b.table("inbox")+" WHERE key = $1", st.ID.String()+"/charge/forward/0"))
+}
 
+func TestStaleWorkerCannotCommitAfterCancel(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	entered := make(chan struct{})
+	def := threeSteps(b, "fenced-cancel", map[string]saga.StepFunc[order]{
+		"charge/forward": func(ctx context.Context, run *saga.StepRun, s *order) error {
+			if run.Attempt == 1 && run.Direction == steps.Forward {
+				close(entered)
+				<-ctx.Done() // honours its context
+				return ctx.Err()
+			}
+			return nil
+		},
+	})
+	require.NoError(t, b.engine.Register(def))
+	b.start(t)
+	ctx := context.Background()
+	st, err := saga.Start(ctx, b.engine, def, order{OrderID: "o-8"}, nil)
+	require.NoError(t, err)
+
+	<-entered
+	require.NoError(t, b.engine.Cancel(ctx, st.ID, "customer changed their mind"))
 	in := b.waitTerminal(t, st.ID)
 	require.Equal(t, saga.StatusCompensated, in.Status)
-	// The stale worker's charge effect (written in its transaction) is gone,
+	// The interrupted charge's effect (written in its transaction) is gone,
 	// and no step_completed for charge was recorded.
 	require.Equal(t, []string{"reserve/forward", "reserve/compensate"}, b.effects(t, st.ID))
 	require.Equal(t, []string{
-		"saga_started", "step_completed:reserve", "saga_cancelled:charge", "compensation_started:reserve",
+		"saga_started", "step_completed:reserve", "cancel_requested:charge", "saga_cancelled:charge", "compensation_started:reserve",
 		"compensation_completed:reserve", "saga_compensated",
 	}, eventTypes(in))
 	require.Equal(t, saga.ErrorInfo{Code: saga.CodeCancelled, Message: "customer changed their mind"}, *in.LastError)
-	require.GreaterOrEqual(t, b.engine.Stats().StaleDiscarded, int64(1))
 	require.Equal(t, 0, b.count(t, "SELECT count(*) FROM "+b.table("inbox")+" WHERE key = $1", st.ID.String()+"/charge/forward/0"))
 
 	// Cancelling again is refused with a clear error.

@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -18,6 +20,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/sagaflow/sagaflow/internal/fault"
+	"github.com/sagaflow/sagaflow/internal/safetext"
 	"github.com/sagaflow/sagaflow/steps"
 	"github.com/sagaflow/sagaflow/store"
 )
@@ -66,19 +69,22 @@ func decodeCommand(c *store.Claimed) (command, error) {
 	return cmd, nil
 }
 
-// cancelMessage builds a cancel request for sg. It is not fenced on a
-// version: it applies to the saga as it is when an engine runs it.
-func (e *Engine) cancelMessage(sg *store.Saga, reason string) store.Message {
+// cancelMessage builds the command that makes an engine that knows sg look
+// at its pending cancel request. It carries no authority of its own: an
+// engine that finds no request in the database does nothing with it.
+func (e *Engine) cancelMessage(sg *store.Saga) store.Message {
 	cmd := command{SagaID: sg.ID, Saga: sg.Name, Step: sg.StepName, Direction: steps.Direction(sg.Direction),
-		Epoch: sg.Epoch, Version: sg.Version, Reason: reason}
+		Epoch: sg.Epoch, Version: sg.Version}
 	payload, _ := json.Marshal(cmd)
 	id := uuid.Must(uuid.NewV7())
-	return store.Message{
+	m := store.Message{
 		ID: id, Topic: e.commandTopic(sg.Name), Delivery: e.commandDelivery(),
 		AggregateType: aggregateType(sg.Name), AggregateID: sg.ID.String(), Type: cancelType, Payload: payload,
 		Headers: map[string]string{store.HeaderMessageID: id.String(), store.HeaderSagaID: sg.ID.String(), store.HeaderType: cancelType},
 		SagaID:  &sg.ID,
 	}
+	e.sign(&m)
+	return m
 }
 
 // commandMessage builds the outbox row of the command for a saga's step.
@@ -87,7 +93,7 @@ func (e *Engine) commandMessage(sagaID uuid.UUID, name, step string, dir steps.D
 	payload, _ := json.Marshal(cmd) // plain fields: cannot fail
 	key := steps.Key{SagaID: sagaID, Step: step, Direction: dir, Epoch: epoch}.String()
 	id := uuid.Must(uuid.NewV7())
-	return store.Message{
+	m := store.Message{
 		ID: id, Topic: e.commandTopic(name), Delivery: e.commandDelivery(),
 		AggregateType: aggregateType(name), AggregateID: sagaID.String(), Type: commandType, Payload: payload,
 		Headers: map[string]string{
@@ -98,6 +104,8 @@ func (e *Engine) commandMessage(sagaID uuid.UUID, name, step string, dir steps.D
 		},
 		SagaID: &sagaID, StepKey: &key, Delay: delay,
 	}
+	e.sign(&m)
+	return m
 }
 
 type batchResult struct {
@@ -135,6 +143,10 @@ type batch struct {
 	// broken is set when a flush failed where no error could be returned
 	// (a step took the bare connection); the batch is then lost.
 	broken error
+	// clock is the running step's clock, stopped while the step waits for
+	// the batch's earlier writes to be sent; nil between steps. Atomic: an
+	// abandoned handler may still use the transaction.
+	clock atomic.Pointer[stepClock]
 }
 
 // pendingOp is what a batch queued and has not sent: a savepoint to open,
@@ -424,14 +436,25 @@ func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, derr 
 	}
 	if !ls.Locked {
 		// Another transaction runs a step of this saga right now. A cancel
-		// request waits too: it then compensates that step if it completed,
-		// and never waits on a saga row another batch has written.
+		// command waits too: the engine running the step was told of the
+		// request, and applies it in the step's place.
 		e.stats.deferred.Add(1)
 		b.deferred = append(b.deferred, deferral{id: c.ID})
 		return nil
 	}
+	if ls.CancelRequest != nil {
+		// A pending cancel request goes ahead of whatever this command is.
+		handled, err := b.applyCancel(ctx, c, ls, def, last)
+		if err != nil || handled {
+			return err
+		}
+	}
 	if c.Type == cancelType {
-		return b.cancel(ctx, c, ls, cmd)
+		// Applied or refused already, or forged: the request in the
+		// database is what counts, and there is none.
+		e.stats.stale.Add(1)
+		b.delivered = append(b.delivered, c.ID)
+		return nil
 	}
 	if ls.Version != cmd.Version || Status(ls.Status).Terminal() {
 		e.stats.stale.Add(1)
@@ -456,59 +479,18 @@ func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, derr 
 		b.write(&ls.Saga, tr, sp, false, last, nil, nil)
 		return nil
 	}
+	if !cmd.current(c, ls) {
+		e.stats.stale.Add(1)
+		b.delivered = append(b.delivered, c.ID)
+		e.log.WarnContext(ctx, "sagaflow refused a command that is not the saga's current one",
+			slog.String("saga_id", ls.ID.String()), slog.String("step", safetext.Text(cmd.Step, 200)), slog.String("saga_step", ls.StepName))
+		return nil
+	}
 	b.delivered = append(b.delivered, c.ID)
 	ls.StepIndex = idx // a tool that re-ran the saga without its definition may have left -1
 	processed := ls.Processed
 	ls.Processed = false // only true for the state it was read in
 	return b.execute(ctx, &ls.Saga, def, idx, dir, processed, last)
-}
-
-// cancel carries out a cancel request recorded by an engine that did not
-// know the saga. Whatever goes wrong with one request, the batch goes on.
-func (b *batch) cancel(ctx context.Context, c *store.Claimed, ls *store.LockedSaga, cmd command) error {
-	if cmd.Epoch != ls.Epoch {
-		// Requested before the saga was re-run: it was about another run.
-		b.delivered = append(b.delivered, c.ID)
-		b.e.log.InfoContext(ctx, "sagaflow dropped a cancel request for an earlier epoch", slog.String("saga_id", ls.ID.String()))
-		return nil
-	}
-	sp, err := b.savepoint(ctx)
-	if err != nil {
-		return err
-	}
-	err = b.e.CancelTx(ctx, b.stepTx(), ls.ID, cmd.Reason)
-	if err == nil {
-		b.delivered = append(b.delivered, c.ID)
-		ls.Version++ // CancelTx moved the saga on
-		ls.Status = store.StatusCompensating
-		b.ready = true
-		return nil
-	}
-	if !isStatementError(err) && !errors.Is(err, ErrNotRunning) && !errors.Is(err, ErrNotFound) && !errors.Is(err, errUnknownStep) {
-		return err // the connection, not the request
-	}
-	if rerr := b.flush(); rerr != nil {
-		return rerr
-	}
-	if _, rerr := b.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+sp); rerr != nil {
-		return rerr
-	}
-	b.clean = sp
-	switch {
-	case errors.Is(err, ErrNotRunning), errors.Is(err, ErrNotFound):
-		// Nothing left to cancel: the saga ended or is compensating already.
-		b.delivered = append(b.delivered, c.ID)
-		b.e.log.InfoContext(ctx, "sagaflow dropped a cancel request", slog.String("saga_id", ls.ID.String()), slog.Any("reason", err))
-		return nil
-	case errors.Is(err, errUnknownStep):
-		_, err := b.unknown(ctx, c, &ls.ID, CodeUnknownStep, err.Error())
-		return err
-	case isLockError(err):
-		b.e.stats.deferred.Add(1)
-		b.deferred = append(b.deferred, deferral{id: c.ID, reason: err.Error()})
-		return nil
-	}
-	return b.park(ctx, c, &ls.ID, CodeMalformed, "cancel request failed: "+err.Error())
 }
 
 // savepoint returns a savepoint with nothing written after it, opening one
@@ -563,7 +545,7 @@ func (b *batch) execute(ctx context.Context, sg *store.Saga, def *compiled, idx 
 		run.BusinessKey = *sg.BusinessKey
 	}
 	started := time.Now()
-	newState, herr := e.callHandler(ctx, def, run, idx, dir, sg.State, timeout)
+	newState, herr := e.callHandler(ctx, b, def, run, idx, dir, sg.State, timeout)
 	elapsed := time.Since(started)
 	fault.Hit(fault.EngineAfterHandler)
 	if errors.Is(herr, errAbandoned) {
@@ -571,6 +553,14 @@ func (b *batch) execute(ctx context.Context, sg *store.Saga, def *compiled, idx 
 			err: steps.WithCode(CodeAbandonedRunOn, fmt.Errorf("step %q ignored its context for %s past its %s timeout; its worker abandoned it",
 				sg.StepName, e.cfg.HandlerGrace, timeout))}
 		return herr
+	}
+	var cr *cancelRequested
+	if errors.As(herr, &cr) {
+		// A cancel request interrupted the step: its writes are rolled back
+		// and the request applied in its place.
+		tr := e.cancelTransition(sg, def, idx, safetext.Text(cr.reason, maxReasonBytes))
+		b.write(sg, tr, sp, true, last, nil, func() { e.stats.cancelled.Add(1) })
+		return nil
 	}
 	if herr == nil {
 		herr = e.checkNewState(sg.StepName, newState)
@@ -803,14 +793,14 @@ func (stepTx) Commit(context.Context) error   { return errStepTxEnd }
 func (stepTx) Rollback(context.Context) error { return errStepTxEnd }
 
 func (t stepTx) Begin(ctx context.Context) (pgx.Tx, error) {
-	if err := t.b.flush(); err != nil {
+	if err := t.flush(); err != nil {
 		return nil, err
 	}
 	return t.Tx.Begin(ctx)
 }
 
 func (t stepTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if err := t.b.flush(); err != nil {
+	if err := t.flush(); err != nil {
 		return pgconn.CommandTag{}, err
 	}
 	return t.Tx.Exec(ctx, sql, args...)
@@ -821,7 +811,7 @@ func (t stepTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.Comma
 // the results of the step's statements on it, which carry their own errors.
 
 func (t stepTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if err := t.b.flush(); err != nil {
+	if err := t.flush(); err != nil {
 		rows, _ := t.Tx.Query(ctx, sql, args...)
 		rows.Close()
 		return rows, err
@@ -830,26 +820,26 @@ func (t stepTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, e
 }
 
 func (t stepTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if err := t.b.flush(); err != nil {
+	if err := t.flush(); err != nil {
 		return errRow{err}
 	}
 	return t.Tx.QueryRow(ctx, sql, args...)
 }
 
 func (t stepTx) SendBatch(ctx context.Context, q *pgx.Batch) pgx.BatchResults {
-	_ = t.b.flush()
+	_ = t.flush()
 	return t.Tx.SendBatch(ctx, q)
 }
 
 func (t stepTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
-	if err := t.b.flush(); err != nil {
+	if err := t.flush(); err != nil {
 		return 0, err
 	}
 	return t.Tx.CopyFrom(ctx, table, columns, src)
 }
 
 func (t stepTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
-	if err := t.b.flush(); err != nil {
+	if err := t.flush(); err != nil {
 		return nil, err
 	}
 	return t.Tx.Prepare(ctx, name, sql)
@@ -858,12 +848,12 @@ func (t stepTx) Prepare(ctx context.Context, name, sql string) (*pgconn.Statemen
 // LargeObjects and Conn hand out what runs statements without this wrapper:
 // the queue is sent first; if that fails, the batch is lost.
 func (t stepTx) LargeObjects() pgx.LargeObjects {
-	_ = t.b.flush()
+	_ = t.flush()
 	return t.Tx.LargeObjects()
 }
 
 func (t stepTx) Conn() *pgx.Conn {
-	_ = t.b.flush()
+	_ = t.flush()
 	return t.Tx.Conn()
 }
 
@@ -885,9 +875,21 @@ func (p *panicError) Error() string { return fmt.Sprintf("panic: %v", p.value) }
 // timeout. A handler that ignores its cancelled context for longer than
 // HandlerGrace is abandoned: callHandler returns errAbandoned and the caller
 // must not use the transaction again.
-func (e *Engine) callHandler(ctx context.Context, def *compiled, run *StepRun, idx int, dir steps.Direction, state []byte, timeout time.Duration) ([]byte, error) {
-	stepCtx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
+//
+// The step is charged only for its own time: while its first statement
+// waits for the batch to send the writes of earlier steps (which may wait on
+// row locks held elsewhere), its clock stops. A cancel request for the saga
+// cancels the handler's context with a [cancelRequested] cause.
+func (e *Engine) callHandler(ctx context.Context, b *batch, def *compiled, run *StepRun, idx int, dir steps.Direction, state []byte, timeout time.Duration) ([]byte, error) {
+	base, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	clock := newStepClock(timeout, func() { cancel(errStepTimedOut) })
+	defer clock.stop()
+	stepCtx := &stepContext{Context: base, clock: clock}
+	b.clock.Store(clock)
+	defer b.clock.Store(nil)
+	e.running.add(run.SagaID, cancel)
+	defer e.running.remove(run.SagaID)
 	type result struct {
 		state []byte
 		err   error
@@ -906,7 +908,7 @@ func (e *Engine) callHandler(ctx context.Context, def *compiled, run *StepRun, i
 	var r result
 	select {
 	case r = <-done:
-	case <-stepCtx.Done():
+	case <-base.Done():
 		grace := time.NewTimer(e.cfg.HandlerGrace)
 		defer grace.Stop()
 		select {
@@ -918,18 +920,126 @@ func (e *Engine) callHandler(ctx context.Context, def *compiled, run *StepRun, i
 			return nil, errAbandoned
 		}
 	}
-	if r.err != nil && stepCtx.Err() != nil && ctx.Err() == nil && errors.Is(stepCtx.Err(), context.DeadlineExceeded) {
+	cause := context.Cause(base)
+	timedOut := errors.Is(cause, errStepTimedOut) && ctx.Err() == nil
+	if r.err != nil && timedOut {
 		// The attempt ran out of time; whatever it returned, say so.
 		if steps.Code(r.err) == "" {
 			r.err = steps.WithCode(CodeTimeout, fmt.Errorf("step %q timed out after %s: %w", run.Step, timeout, r.err))
 		}
 	}
-	if r.err == nil && stepCtx.Err() != nil && ctx.Err() == nil {
-		// Finished after its deadline but without error: accept the result;
-		// its writes are still in the transaction and commit with it.
+	var cr *cancelRequested
+	if r.err != nil && errors.As(cause, &cr) && ctx.Err() == nil {
+		// Interrupted by a cancel request: the request takes the
+		// failure's place.
+		return r.state, cr
+	}
+	if r.err == nil && base.Err() != nil && ctx.Err() == nil {
+		// Finished after its deadline (or a cancel request) but without
+		// error: accept the result; its writes are still in the transaction
+		// and commit with it.
 		return r.state, nil
 	}
 	return r.state, r.err
+}
+
+// errStepTimedOut is the cause of a step context whose time ran out.
+var errStepTimedOut = errors.New("saga: step timed out")
+
+// stepContext is a step's context: its Err reports a timeout as
+// context.DeadlineExceeded, and its Deadline is the step clock's, which
+// moves while the clock is stopped.
+type stepContext struct {
+	context.Context
+	clock *stepClock
+}
+
+func (c *stepContext) Deadline() (time.Time, bool) { return c.clock.deadline() }
+
+func (c *stepContext) Err() error {
+	err := c.Context.Err()
+	if err != nil && errors.Is(context.Cause(c.Context), errStepTimedOut) {
+		return context.DeadlineExceeded
+	}
+	return err
+}
+
+// stepClock is a step's timeout that can be stopped while the engine, not
+// the step, holds the step up.
+type stepClock struct {
+	mu       sync.Mutex
+	end      time.Time // when the time runs out, while running
+	left     time.Duration
+	paused   int // nested pauses
+	timer    *time.Timer
+	expired  bool
+	onExpire func()
+}
+
+func newStepClock(timeout time.Duration, onExpire func()) *stepClock {
+	c := &stepClock{end: time.Now().Add(timeout), onExpire: onExpire}
+	c.timer = time.AfterFunc(timeout, c.fire)
+	return c
+}
+
+func (c *stepClock) fire() {
+	c.mu.Lock()
+	if c.paused > 0 || c.expired {
+		c.mu.Unlock()
+		return
+	}
+	if d := time.Until(c.end); d > 0 {
+		// Resumed after a pause: the deadline moved.
+		c.timer.Reset(d)
+		c.mu.Unlock()
+		return
+	}
+	c.expired = true
+	c.mu.Unlock()
+	c.onExpire()
+}
+
+// pause stops the clock until the matching resume.
+func (c *stepClock) pause() {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.paused == 0 && !c.expired {
+		c.left = time.Until(c.end)
+	}
+	c.paused++
+}
+
+func (c *stepClock) resume() {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.paused--
+	if c.paused > 0 || c.expired {
+		return
+	}
+	c.end = time.Now().Add(c.left)
+	c.timer.Reset(max(c.left, 0))
+}
+
+func (c *stepClock) deadline() (time.Time, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.paused > 0 {
+		return time.Now().Add(c.left), true
+	}
+	return c.end, true
+}
+
+func (c *stepClock) stop() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.expired = true
+	c.timer.Stop()
 }
 
 // write queues the fenced transition tr of a command whose savepoint is sp,
@@ -1121,6 +1231,18 @@ func (b *batch) sendQueued(ctx context.Context, tail func(*pgx.Batch)) error {
 	}
 }
 
+// flush sends the batch's queued writes before the step's own statement,
+// with the step's clock stopped: the step is not charged for them.
+func (t stepTx) flush() error {
+	if len(t.b.pending) == 0 {
+		return t.b.broken
+	}
+	clock := t.b.clock.Load()
+	clock.pause()
+	defer clock.resume()
+	return t.b.flush()
+}
+
 // stepTx returns the transaction handed to a step.
 func (b *batch) stepTx() stepTx { return stepTx{Tx: b.tx, b: b} }
 
@@ -1258,4 +1380,17 @@ func (e *Engine) failureTransition(sg *store.Saga, def *compiled, idx int, dir s
 	}
 	e.moveTo(tr, sg, def, prev, steps.Compensate, 0, store.StatusCompensated, EventSagaCompensated)
 	return tr
+}
+
+// current reports whether cmd, which carries the saga's version, is the
+// saga's current command in every other respect too: its step, direction
+// and epoch, and, when the saga records it, the outbox id of the command
+// written for this version. A command that passes the version fence but
+// names another step, or is not the one the saga wrote (a forgery, or a
+// copy sent early to skip a retry's backoff), is refused.
+func (cmd command) current(c *store.Claimed, ls *store.LockedSaga) bool {
+	if cmd.Step != ls.StepName || string(cmd.Direction) != ls.Direction || cmd.Epoch != ls.Epoch {
+		return false
+	}
+	return ls.CommandID == nil || c.ID == uuid.Nil || c.ID == *ls.CommandID
 }

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/sagaflow/sagaflow/steps"
 	"github.com/sagaflow/sagaflow/store"
@@ -221,96 +220,4 @@ func (e *Engine) List(ctx context.Context, opts *ListOpts) (*ListResult, error) 
 		res.Sagas = append(res.Sagas, instanceFrom(&rows[i]))
 	}
 	return res, nil
-}
-
-// Cancel stops a running saga: it compensates the steps that completed, in
-// reverse order, and ends compensated. A step running at that moment cannot
-// commit any more (its saga moved on). Cancel returns an error wrapping
-// [ErrNotRunning] for a saga that is compensating or has ended, and one
-// wrapping [ErrNotRegistered] when this engine does not know the saga's
-// definition: an operator tool uses [Engine.RequestCancel] instead.
-func (e *Engine) Cancel(ctx context.Context, id uuid.UUID, reason string) error {
-	return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error { return e.CancelTx(ctx, tx, id, reason) })
-}
-
-// RequestCancel asks for a running saga to be cancelled by an engine that
-// knows its definition, for tools that do not: it records a cancel request,
-// which such an engine carries out as [Engine.Cancel] would, at once and
-// whether a step is running or not. It returns an error wrapping
-// [ErrNotRunning] for a saga that is compensating or has ended.
-func (e *Engine) RequestCancel(ctx context.Context, id uuid.UUID, reason string) error {
-	return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error { return e.RequestCancelTx(ctx, tx, id, reason) })
-}
-
-// RequestCancelTx is [Engine.RequestCancel] inside the caller's transaction.
-func (e *Engine) RequestCancelTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, reason string) error {
-	sg, err := e.st.GetSaga(ctx, tx, id, false)
-	if errors.Is(err, store.ErrNotFound) {
-		return fmt.Errorf("saga: request cancel of %s: %w", id, ErrNotFound)
-	}
-	if err != nil {
-		return err
-	}
-	if Status(sg.Status) != StatusRunning {
-		return fmt.Errorf("saga: request cancel of %s: status is %s: %w", id, sg.Status, ErrNotRunning)
-	}
-	msg := e.cancelMessage(sg, sanitizeText(reason, 2000))
-	if err := e.st.InsertMessage(ctx, tx, &msg); err != nil {
-		return err
-	}
-	return e.st.Notify(ctx, tx, e.cfg.CommandTopic)
-}
-
-// CancelTx is [Engine.Cancel] inside the caller's transaction.
-func (e *Engine) CancelTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, reason string) error {
-	sg, err := e.st.GetSaga(ctx, tx, id, true)
-	if errors.Is(err, store.ErrNotFound) {
-		return fmt.Errorf("saga: cancel %s: %w", id, ErrNotFound)
-	}
-	if err != nil {
-		return err
-	}
-	if Status(sg.Status) != StatusRunning {
-		return fmt.Errorf("saga: cancel %s: status is %s: %w", id, sg.Status, ErrNotRunning)
-	}
-	def := e.lookupName(sg.Name)
-	if def == nil {
-		return fmt.Errorf("saga: cancel %s: %w: this engine does not know saga %q; use RequestCancel", id, ErrNotRegistered, sg.Name)
-	}
-	idx, ok := def.byName[sg.StepName]
-	if !ok {
-		return fmt.Errorf("saga: cancel %s: %w: saga %q has no step %q", id, errUnknownStep, sg.Name, sg.StepName)
-	}
-	reason = sanitizeText(reason, 2000)
-	if reason == "" {
-		reason = "cancelled"
-	}
-	code := CodeCancelled
-	tr := transitionFrom(sg)
-	tr.LastError, tr.LastErrorCode = &reason, &code
-	tr.History = append(tr.History, store.HistoryEntry{SagaID: id, Event: EventSagaCancelled, StepName: sg.StepName,
-		Direction: sg.Direction, Epoch: sg.Epoch, Error: reason, ErrorCode: code})
-	prev := compensateFrom(sg, def, idx)
-	if prev >= 0 {
-		tr.History = append(tr.History, store.HistoryEntry{SagaID: id, Event: EventCompensationStarted,
-			StepName: def.steps[prev].name, Direction: string(steps.Compensate), Epoch: sg.Epoch})
-	}
-	e.moveTo(tr, sg, def, prev, steps.Compensate, 0, store.StatusCompensated, EventSagaCompensated)
-	if _, err := tx.Exec(ctx, "SAVEPOINT sagaflow_cancel"); err != nil {
-		return fmt.Errorf("saga: cancel %s: %w", id, err)
-	}
-	ok, err = e.st.ApplyTransition(ctx, tx, tr, "sagaflow_cancel")
-	if err != nil {
-		return err
-	}
-	if !ok {
-		// Impossible while we hold the row lock; say so rather than guess.
-		return fmt.Errorf("saga: cancel %s: saga changed under a row lock", id)
-	}
-	if len(tr.Messages) > 0 {
-		if err := e.st.Notify(ctx, tx, e.cfg.CommandTopic); err != nil {
-			return fmt.Errorf("saga: cancel %s: %w", id, err)
-		}
-	}
-	return nil
 }

@@ -51,6 +51,25 @@ type KafkaConfig struct {
 	// go every tenth of it. Zero keeps kafka-go's default (30 s); the broker
 	// bounds it (group.min.session.timeout.ms, 6 s by default).
 	SessionTimeout time.Duration
+	// SigningKey, when set, signs every command, cancel request and remote
+	// command the engine writes for Kafka with HMAC-SHA256 (the
+	// sagaflow-signature header; see docs/security.md), and makes the
+	// engine refuse, before any effect, a command or reply consumed from
+	// Kafka without a valid signature: it is dead-lettered. Every service
+	// on the bus (participants too) must share the key. Defaults to no
+	// signing.
+	SigningKey []byte
+	// VerifyKeys are earlier keys still accepted while SigningKey is being
+	// rotated.
+	VerifyKeys [][]byte
+}
+
+// sign signs m's headers and payload when commands travel over Kafka
+// signed.
+func (e *Engine) sign(m *store.Message) {
+	if m.Delivery == store.DeliveryRelay {
+		e.signer.SignMap(m.Headers, m.Payload)
+	}
 }
 
 // replyTopic is where participants reply to a saga type's remote steps.

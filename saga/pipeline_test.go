@@ -38,7 +38,10 @@ func TestRefusedOutcomeInABatchLeavesTheNextOne(t *testing.T) {
 					case "a":
 						return recordEffect(ctx, run, b.schema)
 					case "b":
-						if err := b.engine.Cancel(ctx, aID, "moved on while the batch ran"); err != nil {
+						// Another process ends A while A's outcome waits in
+						// this batch's queue.
+						if _, err := b.pool.Exec(ctx, "UPDATE "+b.table("saga_instances")+
+							" SET version = version + 1, status = 'compensated', next_check_at = NULL, ended_at = now() WHERE id = $1", aID); err != nil {
 							return err
 						}
 						if bUsesTx {
@@ -62,7 +65,7 @@ func TestRefusedOutcomeInABatchLeavesTheNextOne(t *testing.T) {
 			require.Equal(t, []string{"saga_started", "step_completed:one", "saga_completed"}, eventTypes(inB))
 			inA := b.waitTerminal(t, a.ID)
 			require.Equal(t, saga.StatusCompensated, inA.Status)
-			require.Equal(t, []string{"saga_started", "saga_cancelled:one", "saga_compensated"}, eventTypes(inA))
+			require.Equal(t, []string{"saga_started"}, eventTypes(inA), "A's outcome was refused")
 
 			require.Empty(t, b.effects(t, a.ID), "A's effect went with its refused outcome")
 			if bUsesTx {

@@ -103,8 +103,14 @@ func (b *bundle) count(t *testing.T, query string, args ...any) int {
 // waitTerminal polls until the saga has ended and returns it.
 func (b *bundle) waitTerminal(t *testing.T, id uuid.UUID) *saga.Instance {
 	t.Helper()
+	return b.waitTerminalWithin(t, id, 30*time.Second)
+}
+
+// waitTerminalWithin waits at most timeout for saga id to end.
+func (b *bundle) waitTerminalWithin(t *testing.T, id uuid.UUID, timeout time.Duration) *saga.Instance {
+	t.Helper()
 	var in *saga.Instance
-	waitFor(t, 30*time.Second, func() bool {
+	waitFor(t, timeout, func() bool {
 		var err error
 		in, err = b.engine.Get(context.Background(), id)
 		require.NoError(t, err)

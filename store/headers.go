@@ -21,3 +21,8 @@ const (
 	// HeaderDirection is "forward" or "compensate".
 	HeaderDirection = "sagaflow-direction"
 )
+
+// HeaderHeldSince is set on a Kafka command that an engine could not run
+// yet and moved back to the outbox (see [Store.HoldMessage]): when it was
+// first held, in the database's time (RFC 3339, UTC).
+const HeaderHeldSince = "sagaflow-held-since"

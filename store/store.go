@@ -124,6 +124,22 @@ type LockedSaga struct {
 	// Processed is true when the inbox already holds the key of the saga's
 	// current step.
 	Processed bool
+	// CancelRequest is the saga's pending cancel request, or nil.
+	CancelRequest *CancelRequest
+}
+
+// CancelRequest is a durable request to cancel a saga, recorded by
+// [Store.RequestCancel] and deleted by the transition that applies it.
+type CancelRequest struct {
+	Epoch  int
+	Reason string
+}
+
+func cancelRequest(epoch *int, reason *string) *CancelRequest {
+	if epoch == nil || reason == nil {
+		return nil
+	}
+	return &CancelRequest{Epoch: *epoch, Reason: *reason}
 }
 
 // Transition is a fenced update of a saga row with the rows that go with it:
@@ -157,6 +173,9 @@ type Transition struct {
 	// InboxConsumer and InboxKey, when InboxKey is set, record a processed
 	// key with the transition.
 	InboxConsumer, InboxKey string
+	// ClearCancel deletes the saga's cancel request with the transition:
+	// the transition applies it, or refuses it.
+	ClearCancel bool
 }
 
 // Store holds sagaflow's statements for one schema.
@@ -172,6 +191,7 @@ type statements struct {
 	startSaga, startSagaOne, sagaByKey, insertHistory, insertOutbox, notify, claimDirect, claimAndLock, lockSagas, lockSaga, updateSaga string
 	insertInbox, recordInbox, deleteDelivered, deferMessages, markDead, nextDue, getSaga                                                string
 	getSagaForUpdate, history, listBase                                                                                                 string
+	insertCancel, deleteCancel, cancelRequests, holdMessage, refuseCancel                                                               string
 	historyRows                                                                                                                         [maxHistoryRows + 1]string
 }
 
@@ -278,7 +298,8 @@ func New(schema string) (*Store, error) {
 		claimAndLock: `SELECT c.id, c.aggregatetype, c.type, c.payload, c.saga_id, c.attempts, EXTRACT(EPOCH FROM now() - c.created_at),
 				` + prefixColumns("s.") + `, pg_try_advisory_xact_lock(hashtextextended(s.id::text, $5)),
 				(SELECT true FROM ` + s + `.inbox i WHERE i.consumer = $6
-					AND i.key = s.id::text || '/' || s.step_name || '/' || s.direction || '/' || s.epoch LIMIT 1) IS NOT NULL
+					AND i.key = s.id::text || '/' || s.step_name || '/' || s.direction || '/' || s.epoch LIMIT 1) IS NOT NULL,
+				r.epoch, r.reason
 			FROM (SELECT id, aggregatetype, type, payload, saga_id, attempts, created_at, available_at
 				FROM ` + s + `.outbox
 				WHERE topic = $1 AND delivery = 'direct' AND status = 'pending' AND available_at <= now()
@@ -287,6 +308,7 @@ func New(schema string) (*Store, error) {
 				LIMIT $2
 				FOR UPDATE SKIP LOCKED) c
 			LEFT JOIN LATERAL (SELECT * FROM ` + s + `.saga_instances WHERE id = c.saga_id) s ON true
+			LEFT JOIN ` + s + `.saga_cancel_requests r ON r.saga_id = s.id
 			ORDER BY c.available_at`,
 		// Read the claimed commands' sagas, take each saga's execution lock
 		// without waiting (an advisory transaction lock: no extra commit,
@@ -297,8 +319,11 @@ func New(schema string) (*Store, error) {
 		// a hash of every key of the consumer when statistics are stale.
 		lockSagas: `SELECT ` + prefixColumns("s.") + `, pg_try_advisory_xact_lock(hashtextextended(s.id::text, $2)),
 				(SELECT true FROM ` + s + `.inbox i WHERE i.consumer = $3
-					AND i.key = s.id::text || '/' || s.step_name || '/' || s.direction || '/' || s.epoch LIMIT 1) IS NOT NULL
-			FROM ` + s + `.saga_instances s WHERE s.id = ANY($1) ORDER BY s.id`,
+					AND i.key = s.id::text || '/' || s.step_name || '/' || s.direction || '/' || s.epoch LIMIT 1) IS NOT NULL,
+				r.epoch, r.reason
+			FROM ` + s + `.saga_instances s
+			LEFT JOIN ` + s + `.saga_cancel_requests r ON r.saga_id = s.id
+			WHERE s.id = ANY($1) ORDER BY s.id`,
 		// The fenced update. Times use clock_timestamp(), not the batch
 		// transaction's start. next_check_at only moves when the stored
 		// deadline would come too early, and then with room to spare: quick
@@ -338,6 +363,32 @@ func New(schema string) (*Store, error) {
 		history: `SELECT id, saga_id, event, step_name, direction, epoch, attempt, error, error_code, detail, at
 			FROM ` + s + `.saga_history WHERE saga_id = $1 ORDER BY id`,
 		listBase: `SELECT ` + sagaColumns + ` FROM ` + s + `.saga_instances`,
+		// A second request for the same saga keeps the first one's reason
+		// and time; one for a later epoch replaces one left from an earlier
+		// run. Reports whether this request is the one now recorded.
+		insertCancel: `INSERT INTO ` + s + `.saga_cancel_requests (saga_id, epoch, reason) VALUES ($1, $2, $3)
+			ON CONFLICT (saga_id) DO UPDATE SET epoch = EXCLUDED.epoch, reason = EXCLUDED.reason, requested_at = now()
+				WHERE saga_cancel_requests.epoch < EXCLUDED.epoch
+			RETURNING true`,
+		deleteCancel:   `DELETE FROM ` + s + `.saga_cancel_requests WHERE saga_id = $1`,
+		// Refusing a request deletes it and says why in the saga's history,
+		// in one statement.
+		refuseCancel: `WITH d AS (DELETE FROM ` + s + `.saga_cancel_requests WHERE saga_id = $1 RETURNING saga_id, epoch, reason)
+			INSERT INTO ` + s + `.saga_history (saga_id, event, epoch, error, error_code, detail)
+			SELECT d.saga_id, $2, d.epoch, d.reason, $3, jsonb_build_object('refused', $4::text) FROM d`,
+		cancelRequests: `SELECT saga_id, epoch, reason FROM ` + s + `.saga_cancel_requests WHERE saga_id = ANY($1)`,
+		// A Kafka command that cannot run yet leaves its partition for the
+		// outbox, to be published again after a delay: held since $9 (the
+		// first hold, in database time), or now. Nothing is written when it
+		// has been held longer than $11: then it is parked instead.
+		holdMessage: `INSERT INTO ` + s + `.outbox
+			(id, topic, delivery, aggregatetype, aggregateid, type, payload, headers, saga_id, step_key, created_at, available_at, last_error)
+			SELECT $1, $2, 'relay', $3, $4, $5, $6,
+				$7::jsonb || jsonb_build_object('` + HeaderHeldSince + `', to_char(coalesce($9, c.t) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')),
+				$8, NULL, c.t, c.t + $10 * interval '1 microsecond', $12
+			FROM (SELECT clock_timestamp() AS t) c
+			WHERE coalesce($9, c.t) >= c.t - $11 * interval '1 microsecond'
+			RETURNING true`,
 	}
 	for n := 1; n <= maxHistoryRows; n++ {
 		var vals []string
@@ -577,16 +628,19 @@ func (s *Store) ClaimAndLock(ctx context.Context, tx pgx.Tx, topic string, limit
 		var sagaID pgtype.UUID
 		var locked *bool
 		var processed bool
+		var cancelEpoch *int
+		var cancelReason *string
 		n = nullSaga{} // pgx fills the pointees it finds: never share them between rows
 		args := append([]any{(*[16]byte)(&c.ID), &c.AggregateType, &c.Type, &c.Payload, &sagaID, &c.Attempts, &age}, dest...)
-		if err := rows.Scan(append(args, &locked, &processed)...); err != nil {
+		if err := rows.Scan(append(args, &locked, &processed, &cancelEpoch, &cancelReason)...); err != nil {
 			return nil, nil, fmt.Errorf("store: claim commands on %s: %w", topic, err)
 		}
 		c.Age = time.Duration(age * float64(time.Second))
 		c.SagaID = fromPgID(sagaID)
 		claimed = append(claimed, c)
 		if n.ID.Valid && sagas[n.ID.Bytes] == nil {
-			ls := &LockedSaga{Saga: n.saga(), Locked: locked != nil && *locked, Processed: processed}
+			ls := &LockedSaga{Saga: n.saga(), Locked: locked != nil && *locked, Processed: processed,
+				CancelRequest: cancelRequest(cancelEpoch, cancelReason)}
 			sagas[ls.ID] = ls
 		}
 	}
@@ -639,9 +693,12 @@ func (s *Store) LockSagas(ctx context.Context, tx pgx.Tx, ids []uuid.UUID) (map[
 	out := make(map[uuid.UUID]*LockedSaga, len(ids))
 	for rows.Next() {
 		ls := &LockedSaga{}
-		if err := rows.Scan(append(sagaDest(&ls.Saga), &ls.Locked, &ls.Processed)...); err != nil {
+		var cancelEpoch *int
+		var cancelReason *string
+		if err := rows.Scan(append(sagaDest(&ls.Saga), &ls.Locked, &ls.Processed, &cancelEpoch, &cancelReason)...); err != nil {
 			return nil, fmt.Errorf("store: lock sagas: %w", err)
 		}
+		ls.CancelRequest = cancelRequest(cancelEpoch, cancelReason)
 		out[ls.ID] = ls
 	}
 	if err := rows.Err(); err != nil {
@@ -690,6 +747,9 @@ func (s *Store) QueueTransition(b *pgx.Batch, t *Transition) *pgx.QueuedQuery {
 	}
 	if t.InboxKey != "" {
 		b.Queue(s.q.insertInbox, t.InboxConsumer, t.InboxKey)
+	}
+	if t.ClearCancel {
+		b.Queue(s.q.deleteCancel, pgID(t.ID))
 	}
 	for i := range t.Messages {
 		b.Queue(s.q.insertOutbox, s.outboxArgs(&t.Messages[i])...)
@@ -944,4 +1004,106 @@ func fromPgID(id pgtype.UUID) *uuid.UUID {
 	}
 	u := uuid.UUID(id.Bytes)
 	return &u
+}
+
+// RequestCancel records a durable request to cancel saga id in its epoch,
+// in db's transaction. It reports false when a request for the saga was
+// already pending (the first one is kept).
+func (s *Store) RequestCancel(ctx context.Context, db DBTX, id uuid.UUID, epoch int, reason string) (bool, error) {
+	var recorded bool
+	err := db.QueryRow(ctx, s.q.insertCancel, pgID(id), epoch, reason).Scan(&recorded)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("store: request cancel of saga %s: %w", id, err)
+	}
+	return recorded, nil
+}
+
+// CancelRequests returns the pending cancel requests of the given sagas.
+func (s *Store) CancelRequests(ctx context.Context, db DBTX, ids []uuid.UUID) (map[uuid.UUID]CancelRequest, error) {
+	rows, err := db.Query(ctx, s.q.cancelRequests, pgIDs(ids))
+	if err != nil {
+		return nil, fmt.Errorf("store: read cancel requests: %w", err)
+	}
+	out := map[uuid.UUID]CancelRequest{}
+	var id uuid.UUID
+	var r CancelRequest
+	_, err = pgx.ForEachRow(rows, []any{(*[16]byte)(&id), &r.Epoch, &r.Reason}, func() error {
+		out[id] = r
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: read cancel requests: %w", err)
+	}
+	return out, nil
+}
+
+// Held is a Kafka command to move back into the outbox: see
+// [Store.HoldMessage].
+type Held struct {
+	ID            uuid.UUID
+	Topic         string
+	AggregateType string
+	AggregateID   string
+	Type          string
+	Payload       []byte
+	Headers       map[string]string
+	SagaID        *uuid.UUID
+	// HeldSince is when it was first held, from its held-since header; nil
+	// for the first hold.
+	HeldSince *time.Time
+	Delay     time.Duration
+	Reason    string
+}
+
+// HoldMessage writes h to the outbox as a relay row due after h.Delay, so
+// that its Kafka partition can move on. It reports false, writing nothing,
+// when h has been held for longer than grace (in the database's time).
+func (s *Store) HoldMessage(ctx context.Context, db DBTX, h *Held, grace time.Duration) (bool, error) {
+	headers := h.Headers
+	if headers == nil {
+		headers = map[string]string{}
+	}
+	var held bool
+	err := db.QueryRow(ctx, s.q.holdMessage, pgID(h.ID), h.Topic, h.AggregateType, h.AggregateID, h.Type, h.Payload, headers,
+		pgIDPtr(h.SagaID), h.HeldSince, micros(h.Delay), micros(grace), nullStr(h.Reason)).Scan(&held)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("store: hold message on %s: %w", h.Topic, err)
+	}
+	return held, nil
+}
+
+// RefuseCancel deletes the pending cancel request of saga id, recording in
+// its history an entry of the given event and code that says why.
+func (s *Store) RefuseCancel(ctx context.Context, db DBTX, id uuid.UUID, event, code, why string) error {
+	if _, err := db.Exec(ctx, s.q.refuseCancel, pgID(id), event, code, why); err != nil {
+		return fmt.Errorf("store: refuse cancel of saga %s: %w", id, err)
+	}
+	return nil
+}
+
+// CancelPayload starts the payload of a notification that asks the engine
+// running a step of a saga to cancel the step's context; the saga id
+// follows.
+const CancelPayload = "sagaflow.cancel:"
+
+// NotifyCancel tells every engine on the schema, when db's transaction
+// commits, that saga id has a cancel request.
+func (s *Store) NotifyCancel(ctx context.Context, db DBTX, id uuid.UUID) error {
+	return s.Notify(ctx, db, CancelPayload+id.String())
+}
+
+// TryLockSaga takes saga id's execution lock for db's transaction if no one
+// holds it, and reports whether it did.
+func (s *Store) TryLockSaga(ctx context.Context, db DBTX, id uuid.UUID) (bool, error) {
+	var ok bool
+	if err := db.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(hashtextextended($1::text, $2))`, id, s.lockNS).Scan(&ok); err != nil {
+		return false, fmt.Errorf("store: lock saga %s: %w", id, err)
+	}
+	return ok, nil
 }

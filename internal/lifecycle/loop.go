@@ -36,6 +36,12 @@ func Backoff(failures int) time.Duration {
 // taken from pool and never returned to it: a listening connection would
 // receive notifications meant for nobody.
 func Listen(ctx context.Context, pool *pgxpool.Pool, channel string, log *slog.Logger, what string, wake func()) {
+	ListenPayload(ctx, pool, channel, log, what, func(string) { wake() })
+}
+
+// ListenPayload is [Listen], handing on each notification's payload; the
+// call made on (re)connecting has the empty payload.
+func ListenPayload(ctx context.Context, pool *pgxpool.Pool, channel string, log *slog.Logger, what string, wake func(payload string)) {
 	for ctx.Err() == nil {
 		err := listenOnce(ctx, pool, channel, wake)
 		if ctx.Err() != nil {
@@ -49,7 +55,7 @@ func Listen(ctx context.Context, pool *pgxpool.Pool, channel string, log *slog.L
 	}
 }
 
-func listenOnce(ctx context.Context, pool *pgxpool.Pool, channel string, wake func()) error {
+func listenOnce(ctx context.Context, pool *pgxpool.Pool, channel string, wake func(string)) error {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return err
@@ -59,11 +65,12 @@ func listenOnce(ctx context.Context, pool *pgxpool.Pool, channel string, wake fu
 	if _, err := raw.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
 		return err
 	}
-	wake()
+	wake("")
 	for {
-		if _, err := raw.WaitForNotification(ctx); err != nil {
+		n, err := raw.WaitForNotification(ctx)
+		if err != nil {
 			return err
 		}
-		wake()
+		wake(n.Payload)
 	}
 }

@@ -1,0 +1,355 @@
+package saga
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sagaflow/sagaflow/internal/safetext"
+	"github.com/sagaflow/sagaflow/steps"
+	"github.com/sagaflow/sagaflow/store"
+)
+
+// History events of a cancel request.
+const (
+	// EventCancelRequested: a cancel request was recorded; its reason is
+	// the entry's error. EventSagaCancelled follows when it is applied.
+	EventCancelRequested = "cancel_requested"
+	// EventCancelRefused: a pending cancel request was dropped because the
+	// saga was no longer running when an engine came to apply it (it had
+	// ended, or was compensating already); the entry's detail says why.
+	EventCancelRefused = "cancel_refused"
+)
+
+// CodeCancelRefused is the error code of an [EventCancelRefused] entry.
+const CodeCancelRefused = "cancel_refused"
+
+// maxReasonBytes bounds a stored cancel or replay reason.
+const maxReasonBytes = 2000
+
+// Cancel stops a running saga: the steps that completed are compensated in
+// reverse order, and the saga ends compensated. The request is durable once
+// Cancel returns nil:
+//
+//   - when no step of the saga runs, it is applied at once, in Cancel's own
+//     transaction;
+//   - when a step runs, the engine running it (in this process or another)
+//     cancels the step's context, and the request is applied in that step's
+//     transaction instead of its outcome: the step is rolled back, unless it
+//     returned success anyway, and then it is compensated too. No later step
+//     runs.
+//
+// Both are recorded in the saga's history: [EventCancelRequested] when the
+// request is recorded, [EventSagaCancelled] when it is applied.
+//
+// Cancel returns an error wrapping [ErrNotFound] for a saga that does not
+// exist and [ErrNotRunning] for one that is compensating or has ended.
+func (e *Engine) Cancel(ctx context.Context, id uuid.UUID, reason string) error {
+	if e == nil {
+		return errNilEngine
+	}
+	return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error { return e.CancelTx(ctx, tx, id, reason) })
+}
+
+// CancelTx is [Engine.Cancel] inside the caller's transaction: the request
+// is recorded, and applied when possible, when tx commits. While tx is
+// open, no step of the saga starts.
+func (e *Engine) CancelTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, reason string) error {
+	return e.cancel(ctx, tx, id, reason, true)
+}
+
+// RequestCancel records a durable request to cancel a running saga, for
+// tools that do not know the saga's definition (the operator CLI). An
+// engine that knows the definition applies it as [Engine.Cancel] describes:
+// at once when no step runs, else in place of the running step's outcome.
+// It returns an error wrapping [ErrNotFound] or [ErrNotRunning] as Cancel
+// does.
+func (e *Engine) RequestCancel(ctx context.Context, id uuid.UUID, reason string) error {
+	if e == nil {
+		return errNilEngine
+	}
+	return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error { return e.RequestCancelTx(ctx, tx, id, reason) })
+}
+
+// RequestCancelTx is [Engine.RequestCancel] inside the caller's
+// transaction.
+func (e *Engine) RequestCancelTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, reason string) error {
+	return e.cancel(ctx, tx, id, reason, false)
+}
+
+var errNilEngine = errors.New("saga: engine is nil")
+
+func (e *Engine) cancel(ctx context.Context, tx pgx.Tx, id uuid.UUID, reason string, apply bool) error {
+	switch {
+	case e == nil:
+		return errNilEngine
+	case tx == nil:
+		return fmt.Errorf("saga: cancel %s: transaction is nil", id)
+	}
+	reason = safetext.Text(strings.TrimSpace(reason), maxReasonBytes)
+	if reason == "" {
+		reason = "cancelled"
+	}
+	sg, err := e.st.GetSaga(ctx, tx, id, false)
+	if errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("saga: cancel %s: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return fmt.Errorf("saga: cancel %s: %w", id, err)
+	}
+	if Status(sg.Status) != StatusRunning {
+		return fmt.Errorf("saga: cancel %s: status is %s: %w", id, sg.Status, ErrNotRunning)
+	}
+	if apply && e.lookupName(sg.Name) == nil {
+		return fmt.Errorf("saga: cancel %s: %w: this engine does not know saga %q; use RequestCancel", id, ErrNotRegistered, sg.Name)
+	}
+	recorded, err := e.st.RequestCancel(ctx, tx, id, sg.Epoch, reason)
+	if err != nil {
+		return fmt.Errorf("saga: cancel %s: %w", id, err)
+	}
+	if recorded {
+		if err := e.st.InsertHistory(ctx, tx, &store.HistoryEntry{SagaID: id, Event: EventCancelRequested,
+			StepName: sg.StepName, Direction: sg.Direction, Epoch: sg.Epoch, Error: reason, ErrorCode: CodeCancelled}); err != nil {
+			return fmt.Errorf("saga: cancel %s: %w", id, err)
+		}
+	}
+	if apply {
+		applied, err := e.applyCancelNow(ctx, tx, id)
+		if err != nil || applied {
+			return err
+		}
+	}
+	// A step runs, or this engine does not know the saga: wake the engine
+	// running the step (it cancels the step's context) and one that knows
+	// the saga (the cancel command makes it look at the saga now, rather
+	// than at its next command).
+	msg := e.cancelMessage(sg)
+	if err := e.st.InsertMessage(ctx, tx, &msg); err != nil {
+		return fmt.Errorf("saga: cancel %s: %w", id, err)
+	}
+	if err := e.st.Notify(ctx, tx, e.cfg.CommandTopic); err != nil {
+		return fmt.Errorf("saga: cancel %s: %w", id, err)
+	}
+	if err := e.st.NotifyCancel(ctx, tx, id); err != nil {
+		return fmt.Errorf("saga: cancel %s: %w", id, err)
+	}
+	return nil
+}
+
+// applyCancelNow applies saga id's pending cancel request in tx when this
+// engine knows the saga and no step of it runs (its execution lock is free;
+// tx then holds it). It reports whether it did.
+func (e *Engine) applyCancelNow(ctx context.Context, tx pgx.Tx, id uuid.UUID) (bool, error) {
+	if _, err := tx.Exec(ctx, "SAVEPOINT sagaflow_cancel"); err != nil {
+		return false, fmt.Errorf("saga: cancel %s: %w", id, err)
+	}
+	locked, err := e.st.TryLockSaga(ctx, tx, id)
+	if err != nil || !locked {
+		return false, err
+	}
+	sagas, err := e.st.LockSagas(ctx, tx, []uuid.UUID{id})
+	if err != nil {
+		return false, fmt.Errorf("saga: cancel %s: %w", id, err)
+	}
+	ls := sagas[id]
+	if ls == nil || ls.CancelRequest == nil || Status(ls.Status) != StatusRunning {
+		return false, nil
+	}
+	def := e.lookupName(ls.Name)
+	if def == nil {
+		return false, nil
+	}
+	idx, ok := def.byName[ls.StepName]
+	if !ok {
+		return false, nil
+	}
+	tr := e.cancelTransition(&ls.Saga, def, idx, ls.CancelRequest.Reason)
+	fenced, err := e.st.ApplyTransition(ctx, tx, tr, "sagaflow_cancel")
+	if err != nil {
+		return false, fmt.Errorf("saga: cancel %s: %w", id, err)
+	}
+	if !fenced {
+		return false, fmt.Errorf("saga: cancel %s: the saga changed while its execution lock was held", id)
+	}
+	if len(tr.Messages) > 0 {
+		if err := e.st.Notify(ctx, tx, e.cfg.CommandTopic); err != nil {
+			return false, fmt.Errorf("saga: cancel %s: %w", id, err)
+		}
+	}
+	return true, nil
+}
+
+// cancelTransition is the transition that applies a cancel request to a
+// running saga at step idx: compensate the steps that completed, from the
+// one before idx (or idx itself, for a remote step whose command went out),
+// and delete the request.
+func (e *Engine) cancelTransition(sg *store.Saga, def *compiled, idx int, reason string) *store.Transition {
+	code := CodeCancelled
+	tr := transitionFrom(sg)
+	tr.LastError, tr.LastErrorCode = &reason, &code
+	tr.AwaitingReply = false
+	tr.ClearCancel = true
+	tr.History = append(tr.History, store.HistoryEntry{SagaID: sg.ID, Event: EventSagaCancelled, StepName: sg.StepName,
+		Direction: sg.Direction, Epoch: sg.Epoch, Error: reason, ErrorCode: code})
+	prev := compensateFrom(sg, def, idx)
+	if prev >= 0 {
+		tr.History = append(tr.History, store.HistoryEntry{SagaID: sg.ID, Event: EventCompensationStarted,
+			StepName: def.steps[prev].name, Direction: string(steps.Compensate), Epoch: sg.Epoch})
+	}
+	e.moveTo(tr, sg, def, prev, steps.Compensate, 0, store.StatusCompensated, EventSagaCompensated)
+	return tr
+}
+
+// applyCancel deals with the pending cancel request of a saga whose lock
+// the batch holds, before its command runs. It reports handled when the
+// command is consumed by it (the request was applied); a refused request
+// (the saga is no longer running, or the request is from an earlier run)
+// is deleted and recorded, and the command goes on as usual.
+func (b *batch) applyCancel(ctx context.Context, c *store.Claimed, ls *store.LockedSaga, def *compiled, last bool) (handled bool, err error) {
+	r := ls.CancelRequest
+	ls.CancelRequest = nil // once per batch
+	var why string
+	switch {
+	case Status(ls.Status).Terminal():
+		why = "the saga had ended: " + ls.Status
+	case Status(ls.Status) == StatusCompensating:
+		why = "the saga was compensating already"
+	case r.Epoch != ls.Epoch:
+		why = fmt.Sprintf("requested for run %d; the saga is in run %d", r.Epoch, ls.Epoch)
+	}
+	if why != "" {
+		if err := b.flush(); err != nil {
+			return false, err
+		}
+		b.clean = ""
+		b.e.log.InfoContext(ctx, "sagaflow refused a cancel request", slog.String("saga_id", ls.ID.String()), slog.String("why", why))
+		return false, b.e.st.RefuseCancel(ctx, b.tx, ls.ID, EventCancelRefused, CodeCancelRefused, why)
+	}
+	idx, known := def.byName[ls.StepName]
+	if !known {
+		return false, nil // the command's own handling parks or defers it
+	}
+	sp, err := b.savepoint(ctx)
+	if err != nil {
+		return false, err
+	}
+	if c.ID != uuid.Nil {
+		b.delivered = append(b.delivered, c.ID)
+	}
+	tr := b.e.cancelTransition(&ls.Saga, def, idx, r.Reason)
+	b.write(&ls.Saga, tr, sp, false, last, nil, func() { b.e.stats.cancelled.Add(1) })
+	return true, nil
+}
+
+// runningSteps knows the steps this engine's handlers are running, by saga,
+// so that a cancel request can cancel the handler's context.
+type runningSteps struct {
+	mu sync.Mutex
+	m  map[uuid.UUID]context.CancelCauseFunc
+}
+
+// cancelRequested is the cause of a step context cancelled by a cancel
+// request.
+type cancelRequested struct{ reason string }
+
+func (c *cancelRequested) Error() string { return "saga: cancel requested: " + c.reason }
+
+func (r *runningSteps) add(id uuid.UUID, cancel context.CancelCauseFunc) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.m == nil {
+		r.m = map[uuid.UUID]context.CancelCauseFunc{}
+	}
+	r.m[id] = cancel
+}
+
+func (r *runningSteps) remove(id uuid.UUID) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.m, id)
+}
+
+func (r *runningSteps) ids() []uuid.UUID {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]uuid.UUID, 0, len(r.m))
+	for id := range r.m {
+		out = append(out, id)
+	}
+	return out
+}
+
+func (r *runningSteps) has(id uuid.UUID) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.m[id]
+	return ok
+}
+
+func (r *runningSteps) cancel(id uuid.UUID, reason string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c, ok := r.m[id]
+	if ok {
+		c(&cancelRequested{reason: reason})
+	}
+	return ok
+}
+
+// interrupt cancels the handlers running steps of the given sagas that have
+// a pending cancel request.
+func (e *Engine) interrupt(ctx context.Context, ids []uuid.UUID) {
+	if len(ids) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, notifyTimeout)
+	defer cancel()
+	reqs, err := e.st.CancelRequests(ctx, e.pool, ids)
+	if err != nil {
+		if ctx.Err() == nil {
+			e.log.WarnContext(ctx, "sagaflow could not read cancel requests; it tries again at its next poll", slog.Any("error", err))
+		}
+		return
+	}
+	for id, r := range reqs {
+		if e.running.cancel(id, r.Reason) {
+			e.log.InfoContext(ctx, "sagaflow cancelled a running step: its saga has a cancel request", slog.String("saga_id", id.String()))
+		}
+	}
+}
+
+// watchCancels is the fallback for lost notifications: every PollInterval
+// it looks for cancel requests of the sagas whose steps run here.
+func (e *Engine) watchCancels(ctx context.Context) {
+	t := time.NewTicker(e.cfg.PollInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			e.interrupt(ctx, e.running.ids())
+		}
+	}
+}
+
+// notified handles a notification on the engine's channel: a cancel
+// request for a saga whose step runs here interrupts it.
+func (e *Engine) notified(ctx context.Context, payload string) {
+	rest, ok := strings.CutPrefix(payload, store.CancelPayload)
+	if !ok {
+		return
+	}
+	id, err := uuid.Parse(rest)
+	if err != nil || !e.running.has(id) {
+		return
+	}
+	go e.interrupt(ctx, []uuid.UUID{id})
+}

@@ -1,0 +1,201 @@
+package saga_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sagaflow/sagaflow/saga"
+	"github.com/sagaflow/sagaflow/steps"
+)
+
+// eightSteps defines a saga of eight steps, each recording its effect in its
+// transaction; step s2 blocks until release is closed, ignoring its context
+// (the worst case: it completes after the request).
+func eightSteps(b *bundle, name string, entered chan<- struct{}, release <-chan struct{}, honour bool) *saga.Definition[order] {
+	var ss []saga.Step[order]
+	for i := 1; i <= 8; i++ {
+		step := fmt.Sprintf("s%d", i)
+		fn := func(ctx context.Context, run *saga.StepRun, s *order) error {
+			if err := recordEffect(ctx, run, b.schema); err != nil {
+				return err
+			}
+			if step == "s2" && run.Direction == steps.Forward && run.Attempt == 1 {
+				entered <- struct{}{}
+				if honour {
+					select {
+					case <-ctx.Done():
+						return ctx.Err()
+					case <-release:
+					}
+				} else {
+					<-release
+				}
+			}
+			return nil
+		}
+		ss = append(ss, saga.Step[order]{Name: step, Action: fn, Compensate: fn, Retry: fastRetry, Timeout: 30 * time.Second})
+	}
+	return saga.Define(name, ss...)
+}
+
+// An operator's cancel (what `sagaflow cancel` calls: RequestCancel from a
+// tool that knows no definition) of an 8-step saga while step 2 runs: the
+// request is recorded, step 2 is told, and no step after it runs. Step 2
+// here ignores its context and completes, so it is compensated too.
+func TestOperatorCancelAtStep2RunsNoLaterStep(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	entered := make(chan struct{}, 1)
+	release := make(chan struct{})
+	def := eightSteps(b, "eight", entered, release, false)
+	require.NoError(t, b.engine.Register(def))
+	b.start(t)
+	ctx := context.Background()
+	st, err := saga.Start(ctx, b.engine, def, order{}, nil)
+	require.NoError(t, err)
+	<-entered
+
+	tool, err := saga.New(b.pool, &saga.Config{Schema: b.schema, Logger: testLogger(t)})
+	require.NoError(t, err)
+	require.NoError(t, tool.RequestCancel(ctx, st.ID, "customer asked"))
+	close(release)
+
+	in := b.waitTerminal(t, st.ID)
+	require.Equal(t, saga.StatusCompensated, in.Status)
+	require.Equal(t, []string{"s1/forward", "s2/forward", "s2/compensate", "s1/compensate"}, b.effects(t, st.ID))
+	require.Equal(t, []string{
+		"saga_started", "step_completed:s1", "cancel_requested:s2", "step_completed:s2", "saga_cancelled:s3",
+		"compensation_started:s2", "compensation_completed:s2", "compensation_completed:s1", "saga_compensated",
+	}, eventTypes(in))
+	require.Equal(t, saga.ErrorInfo{Code: saga.CodeCancelled, Message: "customer asked"}, *in.LastError)
+	require.Zero(t, b.count(t, "SELECT count(*) FROM "+b.table("saga_cancel_requests")), "the applied request is gone")
+	require.Equal(t, int64(1), b.engine.Stats().CancelsApplied)
+}
+
+// Cancel from another engine (another process) interrupts a 30 s step that
+// honours its context within a second, through the notification.
+func TestCancelInterruptsARunningStepInAnotherEngine(t *testing.T) {
+	t.Parallel()
+	// A slow poll: only the notification can be this quick.
+	b := setup(t, &saga.Config{PollInterval: time.Minute})
+	entered := make(chan struct{}, 1)
+	release := make(chan struct{})
+	defer close(release)
+	def := eightSteps(b, "interrupted", entered, release, true)
+	require.NoError(t, b.engine.Register(def))
+	b.start(t)
+	ctx := context.Background()
+	st, err := saga.Start(ctx, b.engine, def, order{}, nil)
+	require.NoError(t, err)
+	<-entered
+
+	other, err := saga.New(b.pool, &saga.Config{Schema: b.schema, Logger: testLogger(t)})
+	require.NoError(t, err)
+	require.NoError(t, other.Register(def))
+	asked := time.Now()
+	require.NoError(t, other.Cancel(ctx, st.ID, "stop"))
+	// The request is applied (the saga leaves running) once the step is
+	// interrupted; uninterrupted, that would take the step's 30 s.
+	waitFor(t, 5*time.Second, func() bool {
+		in, err := b.engine.Get(ctx, st.ID)
+		require.NoError(t, err)
+		return in.Status != saga.StatusRunning
+	}, "the cancel to be applied")
+	require.Less(t, time.Since(asked), time.Second, "the running step was interrupted")
+	in := b.waitTerminalWithin(t, st.ID, 5*time.Second)
+	require.Equal(t, saga.StatusCompensated, in.Status)
+	// s2 was rolled back, not completed: only s1 is compensated.
+	require.Equal(t, []string{"s1/forward", "s1/compensate"}, b.effects(t, st.ID))
+	require.NotContains(t, eventTypes(in), "step_failed:s2", "an interrupted step is not charged an attempt")
+}
+
+// A request whose notification never arrived (recorded straight in the
+// table here) still interrupts the running step, at the engine's next poll.
+func TestCancelRequestWithoutNotificationIsFoundByPolling(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &saga.Config{PollInterval: 200 * time.Millisecond})
+	entered := make(chan struct{}, 1)
+	release := make(chan struct{})
+	defer close(release)
+	def := eightSteps(b, "polled", entered, release, true)
+	require.NoError(t, b.engine.Register(def))
+	b.start(t)
+	ctx := context.Background()
+	st, err := saga.Start(ctx, b.engine, def, order{}, nil)
+	require.NoError(t, err)
+	<-entered
+	_, err = b.pool.Exec(ctx, "INSERT INTO "+b.table("saga_cancel_requests")+" (saga_id, epoch, reason) VALUES ($1, 0, 'silent')", st.ID)
+	require.NoError(t, err)
+	in := b.waitTerminalWithin(t, st.ID, 5*time.Second)
+	require.Equal(t, saga.StatusCompensated, in.Status)
+	require.Equal(t, saga.ErrorInfo{Code: saga.CodeCancelled, Message: "silent"}, *in.LastError)
+}
+
+// A cancel of a saga waiting on a retry's backoff (no step running) is
+// applied at once, in Cancel's transaction; a second cancel is refused.
+func TestCancelBetweenStepsAppliesAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	var calls atomic.Int32
+	def := threeSteps(b, "backoff", map[string]saga.StepFunc[order]{
+		"charge/forward": func(context.Context, *saga.StepRun, *order) error {
+			calls.Add(1)
+			return steps.RetryAfter(time.Hour, fmt.Errorf("provider busy"))
+		},
+	})
+	require.NoError(t, b.engine.Register(def))
+	b.start(t)
+	ctx := context.Background()
+	st, err := saga.Start(ctx, b.engine, def, order{}, nil)
+	require.NoError(t, err)
+	waitFor(t, 10*time.Second, func() bool { return calls.Load() == 1 }, "charge to fail once")
+	waitFor(t, 10*time.Second, func() bool {
+		return b.count(t, "SELECT count(*) FROM "+b.table("saga_instances")+" WHERE id = $1 AND attempt = 1", st.ID) == 1
+	}, "the retry to be scheduled")
+
+	require.NoError(t, b.engine.Cancel(ctx, st.ID, "too slow"))
+	in, err := b.engine.Get(ctx, st.ID)
+	require.NoError(t, err)
+	require.Equal(t, saga.StatusCompensating, in.Status, "applied in Cancel's own transaction")
+	require.Equal(t, saga.StatusCompensated, b.waitTerminal(t, st.ID).Status)
+	require.ErrorIs(t, b.engine.Cancel(ctx, st.ID, "again"), saga.ErrNotRunning)
+	require.ErrorIs(t, b.engine.Cancel(ctx, uuid.New(), "nobody"), saga.ErrNotFound)
+}
+
+// A request left for a saga that ended before any engine applied it is
+// refused and recorded, not silently dropped.
+func TestCancelRequestForAnEndedSagaIsRecordedAsRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	def := threeSteps(b, "late", nil)
+	require.NoError(t, b.engine.Register(def))
+	ctx := context.Background()
+	st, err := saga.Start(ctx, b.engine, def, order{}, nil)
+	require.NoError(t, err)
+	// The saga is made to look compensating, as if it failed meanwhile,
+	// and the request is left pending.
+	tool, err := saga.New(b.pool, &saga.Config{Schema: b.schema, Logger: testLogger(t)})
+	require.NoError(t, err)
+	require.NoError(t, tool.RequestCancel(ctx, st.ID, "too late"))
+	_, err = b.pool.Exec(ctx, "UPDATE "+b.table("saga_instances")+" SET status = 'compensating', direction = 'compensate' WHERE id = $1", st.ID)
+	require.NoError(t, err)
+	b.start(t)
+	waitFor(t, 10*time.Second, func() bool {
+		return b.count(t, "SELECT count(*) FROM "+b.table("saga_cancel_requests")) == 0
+	}, "the request to be dealt with")
+	in, err := b.engine.Get(ctx, st.ID)
+	require.NoError(t, err)
+	require.Contains(t, eventTypes(in), "cancel_refused")
+	for _, ev := range in.History {
+		if ev.Type == saga.EventCancelRefused {
+			require.Equal(t, saga.CodeCancelRefused, ev.ErrorCode)
+			require.Contains(t, string(ev.Detail), "compensating already")
+		}
+	}
+}
