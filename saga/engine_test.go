@@ -225,7 +225,9 @@ func TestDuplicateCommandHasOneEffect(t *testing.T) {
 	b.start(t)
 	in := b.waitTerminal(t, st.ID)
 	require.Equal(t, saga.StatusCompleted, in.Status)
-	for _, h := range in.History { t.Logf("DBG %s %s %d %v", h.Type, h.Step, h.Attempt, h.Error) }
+	for _, h := range in.History {
+		t.Logf("DBG %s %s %d %v", h.Type, h.Step, h.Attempt, h.Error)
+	}
 	require.Equal(t, []string{"reserve/forward", "charge/forward", "ship/forward"}, b.effects(t, st.ID))
 	require.GreaterOrEqual(t, b.engine.Stats().StaleDiscarded, int64(2))
 	// Duplicates are consumed, not left behind and not parked.

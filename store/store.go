@@ -370,7 +370,7 @@ func New(schema string) (*Store, error) {
 			ON CONFLICT (saga_id) DO UPDATE SET epoch = EXCLUDED.epoch, reason = EXCLUDED.reason, requested_at = now()
 				WHERE saga_cancel_requests.epoch < EXCLUDED.epoch
 			RETURNING true`,
-		deleteCancel:   `DELETE FROM ` + s + `.saga_cancel_requests WHERE saga_id = $1`,
+		deleteCancel: `DELETE FROM ` + s + `.saga_cancel_requests WHERE saga_id = $1`,
 		// Refusing a request deletes it and says why in the saga's history,
 		// in one statement.
 		refuseCancel: `WITH d AS (DELETE FROM ` + s + `.saga_cancel_requests WHERE saga_id = $1 RETURNING saga_id, epoch, reason)
