@@ -3,6 +3,7 @@ package saga_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
@@ -119,4 +120,53 @@ func TestAbortedOutcomeInABatchLeavesTheNextOne(t *testing.T) {
 	require.Empty(t, b.effects(t, a.ID), "the aborted attempt's effect was rolled back")
 	require.Equal(t, int64(1), b.engine.Stats().AttemptsFailed)
 	require.Equal(t, int64(1), b.engine.Stats().Retries)
+}
+
+// Issue #11, point 8: a step whose first statement has to wait for the
+// writes of an earlier step in its batch, which wait on a row lock held
+// elsewhere, is not charged for that wait: it is not abandoned, it is not
+// failed, and no attempt is spent.
+func TestStepIsNotChargedForEarlierWritesWaitingOnALock(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &saga.Config{Workers: 1, BatchSize: 2, HandlerGrace: 300 * time.Millisecond})
+	def := saga.Define("honest", saga.Step[order]{Name: "one", Timeout: 500 * time.Millisecond,
+		Retry: &saga.RetryPolicy{MaxAttempts: 1},
+		Action: func(ctx context.Context, run *saga.StepRun, s *order) error {
+			if s.OrderID == "b" {
+				// The batch's queued outcome of saga a is sent first.
+				_, err := run.Tx.Exec(ctx, "SELECT 1")
+				return err
+			}
+			return nil
+		},
+	})
+	require.NoError(t, b.engine.Register(def))
+	ctx := context.Background()
+	a, err := saga.Start(ctx, b.engine, def, order{OrderID: "a"}, nil)
+	require.NoError(t, err)
+	bs, err := saga.Start(ctx, b.engine, def, order{OrderID: "b"}, nil)
+	require.NoError(t, err)
+
+	// Someone else holds saga a's row for longer than b's timeout and grace
+	// together.
+	holder, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(ctx) }()
+	_, err = holder.Exec(ctx, "SELECT 1 FROM "+b.table("saga_instances")+" WHERE id = $1 FOR UPDATE", a.ID)
+	require.NoError(t, err)
+	b.start(t)
+	waitFor(t, 10*time.Second, func() bool {
+		return b.count(t, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE %saga_instances%'") > 0
+	}, "the batch's write to wait on the lock")
+	time.Sleep(1500 * time.Millisecond) // hold it well past b's timeout + grace: the point of the test
+	require.NoError(t, holder.Rollback(ctx))
+
+	for _, id := range []uuid.UUID{a.ID, bs.ID} {
+		in := b.waitTerminal(t, id)
+		require.Equal(t, saga.StatusCompleted, in.Status, "saga %s", id)
+		require.Equal(t, []string{"saga_started", "step_completed:one", "saga_completed"}, eventTypes(in))
+		require.Equal(t, 1, in.History[1].Attempt)
+	}
+	require.Zero(t, b.engine.Stats().HandlersAbandoned)
+	require.Zero(t, b.engine.Stats().AttemptsFailed)
 }
