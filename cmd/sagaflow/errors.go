@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/sagaflow/sagaflow/internal/safetext"
 	"github.com/sagaflow/sagaflow/saga"
 	"github.com/sagaflow/sagaflow/store"
 )
@@ -77,13 +78,18 @@ func (c *cli) fail(err error) int {
 	if !errors.As(err, &ce) {
 		ce = &cliError{code: exitFailed, msg: err.Error()}
 	}
-	if c.g.json {
-		if werr := writeJSON(c.stdout, jsonError{Error: ce.msg, Code: ce.code}); werr != nil {
-			fmt.Fprintf(c.stderr, "sagaflow: %s\n", ce.msg)
-		}
-		return ce.code
+	// A message can quote anything: a password that pgx failed to mask, an
+	// argument, stored data inside a library error.
+	msg := c.secrets.redact(ce.msg)
+	if msg == "" {
+		msg = fmt.Sprintf("failed with exit code %d and no message", ce.code)
 	}
-	fmt.Fprintf(c.stderr, "sagaflow: %s\n", ce.msg)
+	if c.g.json {
+		if werr := writeJSON(c.stdout, jsonError{Error: msg, Code: ce.code}); werr == nil {
+			return ce.code
+		}
+	}
+	fmt.Fprintf(c.stderr, "sagaflow: %s\n", safetext.Escape(msg))
 	if ce.usage != "" {
 		io.WriteString(c.stderr, "\n"+ce.usage)
 	}
