@@ -50,12 +50,15 @@ func (c *cli) connect(ctx context.Context) (*saga.Engine, error) {
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
 		msg := fmt.Sprintf("database %s is unreachable: %s", target(cfg), connectCause(err))
-		if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) {
+		switch pgErr := (*pgconn.PgError)(nil); {
+		case errors.As(err, &pgErr):
 			// It answered: a wrong password, role or database.
 			msg = fmt.Sprintf("database %s refused the connection: %s", target(cfg), connectCause(err))
-		}
-		if errors.Is(err, context.DeadlineExceeded) {
+		case errors.Is(err, context.DeadlineExceeded):
 			msg += fmt.Sprintf(" (no answer within --timeout %s)", c.g.timeout)
+		case errors.Is(err, context.Canceled):
+			// Not the database's fault: the operator pressed Ctrl-C.
+			return nil, &cliError{code: exitFailed, msg: fmt.Sprintf("interrupted while connecting to database %s", target(cfg))}
 		}
 		return nil, &cliError{code: exitUnreachable, msg: msg}
 	}

@@ -48,6 +48,8 @@ func (c *cli) opError(err error, format string, args ...any) error {
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
 		msg += fmt.Sprintf(" (the command ran past --timeout %s)", c.g.timeout)
+	case errors.Is(err, context.Canceled):
+		msg += " (interrupted)"
 	case errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000"):
 		// undefined_table, invalid_schema_name
 		msg += fmt.Sprintf(" (is schema %q migrated? run 'sagaflow migrate')", c.g.schema)
