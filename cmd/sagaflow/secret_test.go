@@ -63,9 +63,7 @@ func (form dsnForm) forbidden() []string {
 		out = append(out, form.written)
 	}
 	for _, s := range []string{form.password, form.written} {
-		for _, piece := range regexp.MustCompile(`[A-Za-z0-9]{3,}`).FindAllString(s, -1) {
-			out = append(out, piece)
-		}
+		out = append(out, regexp.MustCompile(`[A-Za-z0-9]{3,}`).FindAllString(s, -1)...)
 	}
 	return out
 }
@@ -193,6 +191,8 @@ func TestSecretsRedact(t *testing.T) {
 		{"postgres://u:pw1234@h/db", "lookup pw1234 failed", "lookup xxxxx failed"},
 		{"postgres://u:S3c@retPW@h/db", "lookup retPW@h: no such host", "lookup xxxxx@h: no such host"},
 		{"postgres://u:S3c@retPW@h/db", `"S3c@retPW"`, `"xxxxx"`},
+		// An unencoded '/' ends the host: pgx reads the rest as the database.
+		{"postgres://u:pass/word1@h/db", `database "word1@h/db" does not exist`, `database "xxxxx@h/db" does not exist`},
 		{"postgres://u:a%40b%2Fcdef@h/db", "a@b/cdef and a%40b%2Fcdef and cdef", "xxxxx and xxxxx and xxxxx"},
 		{"host=h password = S3cretPW user=u", "password = S3cretPW user=u", "password = xxxxx user=u"},
 		{"host=h password= 'S3c ret' user=u", "'S3c ret' S3c ret", "'xxxxx' xxxxx"},
