@@ -46,7 +46,10 @@ func commands() []command {
 				"An engine that knows the saga runs it: the CLI only records the replay.\n\n" +
 				"With --bulk, replay every saga that matches the filters (failed ones unless --status says\n" +
 				"otherwise), at most --max, at most --rate per second, and print each result. --dry-run\n" +
-				"lists what would be replayed and changes nothing. A bulk replay with errors exits with 1."},
+				"lists what would be replayed and changes nothing. Without --from-step only failed sagas\n" +
+				"resume; with it only ended ones re-run; other --status values are refused (exit code 2).\n" +
+				"Exit code 0 when every matched saga was replayed, when none matched, and for a dry run;\n" +
+				"1 when some saga could not be replayed (each is listed) or the run stopped early."},
 		{name: "cancel", args: "<id> [--reason R]", setup: setupCancel,
 			summary: "cancel a running saga",
 			about: "Cancel a running saga: its completed steps are compensated in reverse order. The CLI knows\n" +
@@ -95,11 +98,11 @@ const globalFlagsUsage = `Global flags (before or after the command):
 `
 
 const exitCodesUsage = `Exit codes:
-  0  success
-  1  the operation failed (not replayable, not running, bulk replay errors, a database error)
-  2  bad usage (unknown command or flag, malformed id or time, invalid schema, no database URL)
+  0  success, also when nothing matched (a listing, a replay or a dry run with nothing to do)
+  1  the operation failed (not replayable, not running, bulk replay errors, interrupted, a database error)
+  2  bad usage (unknown command or flag, malformed id or time, invalid schema, no or malformed database URL)
   3  not found (no saga with that id)
-  4  the database is unreachable (connect or ping failed)
+  4  the database is unreachable or refused the connection
 `
 
 // mainUsage is the CLI's help.

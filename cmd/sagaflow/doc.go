@@ -36,15 +36,41 @@
 //
 // # Exit codes
 //
-//	0  success
+//	0  success, including a command that found nothing to do (a listing,
+//	   a bulk or outbox replay or a dry run that matches nothing)
 //	1  the operation failed: the saga is not replayable or not running, a
-//	   bulk replay had errors, or the database returned an error
+//	   bulk replay could not replay some saga or stopped early, the
+//	   command was interrupted, or the database returned an error
 //	2  bad usage: unknown command or flag, a missing or malformed argument
 //	   (a saga id that is not a UUID, a time that is not RFC 3339), an
-//	   invalid schema name, no database URL
+//	   invalid schema name, no database URL or one that does not parse, a
+//	   bulk replay of statuses that never replay (--status completed
+//	   without --from-step)
 //	3  not found: no saga with that id
-//	4  the database is unreachable: connecting or pinging failed
+//	4  the database is unreachable or refused the connection (a wrong
+//	   password, role or database)
 //
 // Errors go to stderr as "sagaflow: <what>: <why>"; with --json they go to
 // stdout as {"error": "<what>: <why>", "code": N}, with the same exit code.
+// A dry run that ran exits with 0, whatever it found: only a database
+// error, --timeout or an interruption make it exit with 1.
+//
+// # What is printed
+//
+// The connection string is never printed, in any output. An error about it
+// says where it came from (--database-url or $DATABASE_URL) and what is
+// wrong; an error from connecting names the user, host, port and database
+// and the cause. Every error message is also masked for each password the
+// CLI can find in its arguments and environment, since a driver's message
+// can quote one: a password with an unencoded '@' in a URL, for one, is
+// partly read as the host name.
+//
+// Stored text (saga and step names, business keys, errors and their codes,
+// history details, state) comes from handlers and messages. The human
+// output writes its control characters, bidirectional overrides, line
+// separators and invalid UTF-8 as Go escapes (\u001b, \u202e, \xff), so
+// that it cannot move the cursor, rewrite the screen or reorder what an
+// operator reads; error texts are first folded onto one line. The --json
+// output escapes the same characters as JSON \u escapes and decodes to the
+// stored text.
 package main

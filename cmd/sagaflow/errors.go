@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/sagaflow/sagaflow/internal/safetext"
 	"github.com/sagaflow/sagaflow/saga"
 	"github.com/sagaflow/sagaflow/store"
 )
@@ -47,6 +48,8 @@ func (c *cli) opError(err error, format string, args ...any) error {
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
 		msg += fmt.Sprintf(" (the command ran past --timeout %s)", c.g.timeout)
+	case errors.Is(err, context.Canceled):
+		msg += " (interrupted)"
 	case errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000"):
 		// undefined_table, invalid_schema_name
 		msg += fmt.Sprintf(" (is schema %q migrated? run 'sagaflow migrate')", c.g.schema)
@@ -77,13 +80,18 @@ func (c *cli) fail(err error) int {
 	if !errors.As(err, &ce) {
 		ce = &cliError{code: exitFailed, msg: err.Error()}
 	}
-	if c.g.json {
-		if werr := writeJSON(c.stdout, jsonError{Error: ce.msg, Code: ce.code}); werr != nil {
-			fmt.Fprintf(c.stderr, "sagaflow: %s\n", ce.msg)
-		}
-		return ce.code
+	// A message can quote anything: a password that pgx failed to mask, an
+	// argument, stored data inside a library error.
+	msg := c.secrets.redact(ce.msg)
+	if msg == "" {
+		msg = fmt.Sprintf("failed with exit code %d and no message", ce.code)
 	}
-	fmt.Fprintf(c.stderr, "sagaflow: %s\n", ce.msg)
+	if c.g.json {
+		if werr := writeJSON(c.stdout, jsonError{Error: msg, Code: ce.code}); werr == nil {
+			return ce.code
+		}
+	}
+	fmt.Fprintf(c.stderr, "sagaflow: %s\n", safetext.Escape(msg))
 	if ce.usage != "" {
 		io.WriteString(c.stderr, "\n"+ce.usage)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/sagaflow/sagaflow/internal/safetext"
 	"github.com/sagaflow/sagaflow/saga"
 )
 
@@ -70,11 +71,11 @@ func printSagaTable(c *cli, res *saga.ListResult) {
 		if in.LastError != nil {
 			code = in.LastError.Code
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", in.ID, in.Name, in.Status, in.Step, in.Direction,
-			strconv.Itoa(in.Attempt), formatTime(in.CreatedAt), orDash(code))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", in.ID, cell(in.Name), cell(in.Status), cell(in.Step),
+			cell(in.Direction), strconv.Itoa(in.Attempt), formatTime(in.CreatedAt), cell(code))
 	}
 	tw.Flush()
 	if res.NextCursor != "" {
-		fmt.Fprintf(c.stdout, "\nnext page: --cursor %s\n", res.NextCursor)
+		fmt.Fprintf(c.stdout, "\nnext page: --cursor %s\n", safetext.Escape(res.NextCursor))
 	}
 }

@@ -40,6 +40,7 @@ func main() {
 // globals are the flags every command accepts.
 type globals struct {
 	databaseURL string
+	urlFromEnv  bool // databaseURL is $DATABASE_URL
 	schema      string
 	json        bool
 	timeout     time.Duration
@@ -59,6 +60,7 @@ func (g *globals) register(fs *flag.FlagSet) {
 func (g *globals) resolve(getenv func(string) string) error {
 	if g.databaseURL == "" {
 		g.databaseURL = getenv("DATABASE_URL")
+		g.urlFromEnv = g.databaseURL != ""
 	}
 	if g.schema == "" {
 		g.schema = getenv("SAGAFLOW_SCHEMA")
@@ -81,8 +83,10 @@ type cli struct {
 	stdout, stderr io.Writer
 	getenv         func(string) string
 	g              globals
-	pool           *pgxpool.Pool
-	engine         *saga.Engine
+	// secrets are masked in every error message (see [secrets]).
+	secrets secrets
+	pool    *pgxpool.Pool
+	engine  *saga.Engine
 }
 
 // run runs the command line args (without the program name) and returns the
@@ -90,6 +94,14 @@ type cli struct {
 // call it in-process.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
 	c := &cli{stdout: stdout, stderr: stderr, getenv: getenv, g: globals{timeout: timeoutDefault}}
+	// Any argument may hold a connection string, in its place or not (a
+	// value given to the wrong flag is echoed by the flag's error).
+	for _, a := range args {
+		c.secrets.addDSN(a)
+	}
+	c.secrets.addDSN(getenv("DATABASE_URL"))
+	c.secrets.add(getenv("PGPASSWORD"))
+	c.secrets.add(os.Getenv("PGPASSWORD")) // pgx reads the process's environment
 	top := newFlagSet("sagaflow")
 	c.g.register(top)
 	if err := top.Parse(args); err != nil {

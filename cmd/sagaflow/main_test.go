@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"strings"
 	"testing"
@@ -139,4 +140,17 @@ func TestRateLimitedCommandsGetTimeForTheirPace(t *testing.T) {
 	defaults.Int("max", 0, "")
 	defaults.Float64("rate", 0, "")
 	require.Equal(t, 10*time.Second+timeoutDefault, paceOf(defaults), "100 at 10/s by default")
+}
+
+func TestInterrupted(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // as by Ctrl-C, before the command connects
+	var out, errOut strings.Builder
+	code := run(ctx, []string{"--database-url", f.url, "--schema", f.schema, "list"}, &out, &errOut,
+		func(string) string { return "" })
+	require.Equal(t, exitFailed, code, errOut.String())
+	require.Contains(t, errOut.String(), "sagaflow: interrupted while connecting to database ")
+	require.NotContains(t, errOut.String(), "unreachable")
 }

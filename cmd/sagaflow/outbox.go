@@ -77,9 +77,14 @@ func setupOutboxReplay(fs *flag.FlagSet) runFunc {
 				DryRun      bool        `json:"dry_run"`
 			}{nonNil(res.Matched), res.Republished, res.DryRun})
 		}
-		if res.DryRun {
+		switch {
+		case len(res.Matched) == 0 && res.DryRun:
+			fmt.Fprintln(c.stdout, "dry run: no published messages match; nothing would be republished")
+		case len(res.Matched) == 0:
+			fmt.Fprintln(c.stdout, "no published messages match; nothing was republished")
+		case res.DryRun:
 			fmt.Fprintf(c.stdout, "dry run: %d published messages match; nothing was changed\n", len(res.Matched))
-		} else {
+		default:
 			fmt.Fprintf(c.stdout, "republished %d of %d matched messages\n", res.Republished, len(res.Matched))
 		}
 		for _, id := range res.Matched {

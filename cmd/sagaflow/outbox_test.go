@@ -74,6 +74,13 @@ func TestOutbox(t *testing.T) {
 		require.Equal(t, outboxReplayDoc{Matched: []uuid.UUID{published[1]}, DryRun: true}, doc)
 		require.Equal(t, int64(2), countStatus("published"))
 		require.Equal(t, int64(1), countStatus("pending"))
+
+		// Nothing to do is not an error, and is said in full.
+		out = f.cli(t, "outbox", "replay", "--dry-run", "--topic", "no-such-topic").ok(t)
+		require.Equal(t, "dry run: no published messages match; nothing would be republished\n", out)
+		out = f.cli(t, "outbox", "replay", "--topic", "no-such-topic").ok(t)
+		require.Equal(t, "no published messages match; nothing was republished\n", out)
+		require.Equal(t, int64(2), countStatus("published"))
 	})
 
 	t.Run("bad usage", func(t *testing.T) {

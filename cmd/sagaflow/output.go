@@ -8,13 +8,58 @@ import (
 	"text/tabwriter"
 	"time"
 	"unicode/utf8"
+
+	"github.com/sagaflow/sagaflow/internal/safetext"
 )
 
-// writeJSON writes v as one indented JSON document.
+// writeJSON writes v as one indented JSON document, safe for a terminal
+// (see [terminalSafeJSON]).
 func writeJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
 	enc.SetIndent("", "  ")
-	return enc.Encode(v)
+	if err := enc.Encode(v); err != nil {
+		return err
+	}
+	_, err := w.Write(terminalSafeJSON(b.Bytes()))
+	return err
+}
+
+// terminalSafeJSON writes as \u escapes the characters of a JSON document
+// that encoding/json (and PostgreSQL's jsonb output) leave as they are but
+// a terminal acts on: DEL, the C1 controls (U+009B is a CSI on some
+// terminals), bidirectional overrides and line separators; and invalid
+// UTF-8, which json.RawMessage passes through, as U+FFFD. Outside strings
+// a JSON document is ASCII, so each of these is inside a string, where the
+// escape decodes to the same text.
+func terminalSafeJSON(doc []byte) []byte {
+	var out bytes.Buffer
+	start := 0
+	for i := 0; i < len(doc); {
+		r, size := utf8.DecodeRune(doc[i:])
+		esc := ""
+		switch {
+		case r == utf8.RuneError && size == 1:
+			esc = `\ufffd`
+		case r >= 0x7f:
+			// Below DEL, encoding/json has escaped what needs it, and a
+			// newline outside a string is the document's own layout.
+			if e := safetext.Escape(string(r)); e != string(r) {
+				esc = e
+			}
+		}
+		if esc != "" {
+			out.Write(doc[start:i])
+			out.WriteString(esc)
+			start = i + size
+		}
+		i += size
+	}
+	if start == 0 {
+		return doc
+	}
+	out.Write(doc[start:])
+	return out.Bytes()
 }
 
 // table aligns tab-separated columns and writes them, without trailing
@@ -92,10 +137,11 @@ func formatAge(d time.Duration) string {
 	return d.Round(time.Millisecond).String()
 }
 
-// oneLine folds s onto one line (tabs and newlines would break the columns)
-// and cuts it after limit runes.
+// oneLine folds s onto one line (tabs and newlines would break the
+// columns), escapes what a terminal would act on, and cuts it after limit
+// runes.
 func oneLine(s string, limit int) string {
-	s = strings.Join(strings.Fields(s), " ")
+	s = safetext.Escape(strings.Join(strings.Fields(s), " "))
 	if utf8.RuneCountInString(s) <= limit {
 		return s
 	}
@@ -103,9 +149,17 @@ func oneLine(s string, limit int) string {
 	return string(r[:limit-1]) + "…"
 }
 
+// cell prints a stored string in a table column or after a label: escaped,
+// so that it can neither act on the terminal nor break the columns, and
+// "-" when it is empty.
+func cell[S ~string](s S) string {
+	return orDash(safetext.Escape(string(s)))
+}
+
 // withCode prints an error message with its code: "card declined (card_declined)".
+// Both are folded and escaped (see [oneLine]).
 func withCode(msg, code string, limit int) string {
-	msg = oneLine(msg, limit)
+	msg, code = oneLine(msg, limit), oneLine(code, limit)
 	switch {
 	case code == "":
 		return msg
@@ -123,12 +177,22 @@ func orDash(s string) string {
 	return s
 }
 
-// indentJSON indents a JSON document for reading; it returns raw unchanged
-// when it is not valid JSON.
+// indentJSON indents a JSON document for reading, safe for a terminal; it
+// returns raw escaped when it is not valid JSON.
 func indentJSON(raw []byte) string {
 	var b bytes.Buffer
 	if err := json.Indent(&b, raw, "", "  "); err != nil {
-		return string(raw)
+		return safetext.Escape(string(raw))
 	}
-	return b.String()
+	return string(terminalSafeJSON(b.Bytes()))
+}
+
+// compactJSON prints a JSON document on one line, safe for a terminal; it
+// returns raw escaped when it is not valid JSON.
+func compactJSON(raw []byte) string {
+	var b bytes.Buffer
+	if err := json.Compact(&b, raw); err != nil {
+		return safetext.Escape(string(raw))
+	}
+	return string(terminalSafeJSON(b.Bytes()))
 }

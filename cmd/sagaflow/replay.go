@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/sagaflow/sagaflow/internal/safetext"
 	"github.com/sagaflow/sagaflow/saga"
 )
 
@@ -43,6 +44,9 @@ func setupReplay(fs *flag.FlagSet) runFunc {
 				return err
 			}
 			if err := checkLimits("replay --bulk", o.Max, o.RatePerSecond); err != nil {
+				return err
+			}
+			if err := checkBulkStatuses(o.Statuses, o.FromStep); err != nil {
 				return err
 			}
 			return replayBulk(ctx, c, o)
@@ -91,11 +95,34 @@ func replayOne(ctx context.Context, c *cli, id uuid.UUID, from, reason string) e
 		}{id, action, from, reason})
 	}
 	if from != "" {
-		fmt.Fprintf(c.stdout, "saga %s re-runs from step %s under a new epoch; an engine that knows the saga runs it\n", id, from)
+		fmt.Fprintf(c.stdout, "saga %s re-runs from step %s under a new epoch; an engine that knows the saga runs it\n",
+			id, safetext.Escape(from))
 	} else {
 		fmt.Fprintf(c.stdout, "saga %s resumes where it failed; an engine that knows the saga runs it\n", id)
 	}
 	return nil
+}
+
+// checkBulkStatuses refuses a bulk replay that could replay nothing:
+// without a step to re-run from, only failed sagas resume; with one, only
+// ended sagas re-run. The engine would report each such saga as an error.
+func checkBulkStatuses(statuses []saga.Status, from string) error {
+	var wrong []string
+	for _, st := range statuses {
+		if from == "" && st != saga.StatusFailed || from != "" && !st.Terminal() {
+			wrong = append(wrong, string(st))
+		}
+	}
+	switch {
+	case len(wrong) == 0:
+		return nil
+	case from == "":
+		return usageErrorf("replay --bulk: --status %s: only failed sagas resume; to re-run ended sagas from a step, pass --from-step",
+			strings.Join(wrong, ","))
+	default:
+		return usageErrorf("replay --bulk: --status %s: only ended sagas (completed, compensated, failed) re-run from a step",
+			strings.Join(wrong, ","))
+	}
 }
 
 type bulkErrorJSON struct {
@@ -103,6 +130,10 @@ type bulkErrorJSON struct {
 	Error string    `json:"error"`
 }
 
+// replayBulk runs a bulk replay. Its exit code: 0 when every matched saga
+// was replayed, when none matched, and for every dry run that ran; 1 when
+// a matched saga could not be replayed or the run stopped early (each
+// outcome is printed, what was done included); 2 for bad usage.
 func replayBulk(ctx context.Context, c *cli, o saga.BulkReplayOpts) error {
 	engine, err := c.connect(ctx)
 	if err != nil {
@@ -110,9 +141,15 @@ func replayBulk(ctx context.Context, c *cli, o saga.BulkReplayOpts) error {
 	}
 	res, err := engine.ReplayBulk(ctx, o)
 	if err != nil {
-		if res != nil {
-			err = fmt.Errorf("%w (stopped after replaying %d of %d matched sagas)", err, len(res.Replayed), len(res.Matched))
+		if res == nil {
+			return c.opError(err, "replay --bulk")
 		}
+		// Stopped early (a database error, --timeout): say what was done
+		// before saying why it stopped.
+		if !c.g.json {
+			printBulk(c, res, o.FromStep)
+		}
+		err = fmt.Errorf("%w (stopped after replaying %d of %d matched sagas)", err, len(res.Replayed), len(res.Matched))
 		return c.opError(err, "replay --bulk")
 	}
 	if c.g.json {
@@ -131,34 +168,49 @@ func replayBulk(ctx context.Context, c *cli, o saga.BulkReplayOpts) error {
 	} else {
 		printBulk(c, res, o.FromStep)
 	}
-	if len(res.Errors) > 0 {
+	if len(res.Errors) > 0 && !res.DryRun {
 		// The results are printed; the exit code says not all went well.
 		return &silentError{code: exitFailed}
 	}
 	return nil
 }
 
+// printBulk prints a bulk replay's outcome: a summary line that always
+// says what happened, then one line per saga.
 func printBulk(c *cli, res *saga.BulkReplayResult, from string) {
 	verb := "resume"
 	if from != "" {
-		verb = "re-run from " + from
+		verb = "re-run from " + safetext.Escape(from)
 	}
-	if res.DryRun {
-		fmt.Fprintf(c.stdout, "dry run: %d sagas match; nothing was changed\n", len(res.Matched))
-		tw := newTable(c.stdout)
+	reason := func(e saga.BulkReplayError) string {
+		return oneLine(trimRepeat(e.Err.Error(), "replay "+e.ID.String()), 300)
+	}
+	tw := newTable(c.stdout)
+	switch {
+	case res.DryRun && len(res.Matched) == 0 && len(res.Errors) == 0:
+		fmt.Fprintln(c.stdout, "dry run: no sagas match; nothing would be replayed")
+	case res.DryRun:
+		skipped := ""
+		if len(res.Errors) > 0 {
+			skipped = fmt.Sprintf(", %d would be skipped", len(res.Errors))
+		}
+		fmt.Fprintf(c.stdout, "dry run: %d sagas match%s; nothing was changed\n", len(res.Matched), skipped)
 		for _, id := range res.Matched {
 			fmt.Fprintf(tw, "would %s\t%s\n", verb, id)
 		}
-		tw.Flush()
-		return
-	}
-	fmt.Fprintf(c.stdout, "matched %d, replayed %d, errors %d\n", len(res.Matched), len(res.Replayed), len(res.Errors))
-	tw := newTable(c.stdout)
-	for _, id := range res.Replayed {
-		fmt.Fprintf(tw, "replayed\t%s\t%s\n", id, verb)
-	}
-	for _, e := range res.Errors {
-		fmt.Fprintf(tw, "error\t%s\t%s\n", e.ID, oneLine(trimRepeat(e.Err.Error(), "replay "+e.ID.String()), 300))
+		for _, e := range res.Errors {
+			fmt.Fprintf(tw, "would skip\t%s\t%s\n", e.ID, reason(e))
+		}
+	case len(res.Matched) == 0 && len(res.Errors) == 0:
+		fmt.Fprintln(c.stdout, "no sagas match; nothing was replayed")
+	default:
+		fmt.Fprintf(c.stdout, "matched %d, replayed %d, errors %d\n", len(res.Matched), len(res.Replayed), len(res.Errors))
+		for _, id := range res.Replayed {
+			fmt.Fprintf(tw, "replayed\t%s\t%s\n", id, verb)
+		}
+		for _, e := range res.Errors {
+			fmt.Fprintf(tw, "error\t%s\t%s\n", e.ID, reason(e))
+		}
 	}
 	tw.Flush()
 }

@@ -104,11 +104,8 @@ func TestReplayBulk(t *testing.T) {
 			"--name", "ping", "--from-step", "pong", "--json"))
 		require.Equal(t, []uuid.UUID{s.ping}, doc.Matched)
 
-		// A compensated saga cannot resume; it can re-run.
-		doc = decode[bulkDoc](t, f.cli(t, "replay", "--bulk", "--dry-run", "--failed-step", "charge",
-			"--error-code", "card_declined", "--status", "compensated", "--json"))
-		require.Empty(t, doc.Matched)
-		require.Len(t, doc.Errors, 1)
+		// A compensated saga cannot resume (see "statuses that never
+		// replay are bad usage"); it can re-run.
 		doc = decode[bulkDoc](t, f.cli(t, "replay", "--bulk", "--dry-run", "--failed-step", "charge",
 			"--error-code", "card_declined", "--status", "compensated", "--from-step", "reserve", "--json"))
 		require.Equal(t, []uuid.UUID{s.compensated}, doc.Matched)
@@ -128,15 +125,47 @@ func TestReplayBulk(t *testing.T) {
 		require.Equal(t, before, f.statuses(t))
 	})
 
+	t.Run("nothing to do exits 0", func(t *testing.T) {
+		out := f.cli(t, "replay", "--bulk", "--dry-run", "--name", "no-such-saga").ok(t)
+		require.Equal(t, "dry run: no sagas match; nothing would be replayed\n", out)
+		doc := decode[bulkDoc](t, f.cli(t, "replay", "--bulk", "--dry-run", "--name", "no-such-saga", "--json"))
+		require.True(t, doc.DryRun)
+		require.Empty(t, doc.Matched)
+		require.Empty(t, doc.Errors)
+
+		out = f.cli(t, "replay", "--bulk", "--name", "no-such-saga").ok(t)
+		require.Equal(t, "no sagas match; nothing was replayed\n", out)
+		require.Equal(t, before, f.statuses(t))
+	})
+
+	t.Run("statuses that never replay are bad usage", func(t *testing.T) {
+		// Reported as issue #11: this dry run printed only "0 sagas
+		// match" and exited 1, without saying why.
+		for _, dry := range [][]string{{"--dry-run"}, nil} {
+			args := append([]string{"replay", "--bulk", "--status", "compensated"}, dry...)
+			msg := f.cli(t, args...).failed(t, exitUsage)
+			require.Contains(t, msg, "--status compensated: only failed sagas resume")
+			require.Contains(t, msg, "pass --from-step")
+		}
+		msg := f.cli(t, "replay", "--bulk", "--dry-run", "--status", "failed,running", "--from-step", "charge").failed(t, exitUsage)
+		require.Contains(t, msg, "--status running: only ended sagas")
+		require.Equal(t, before, f.statuses(t))
+	})
+
 	t.Run("errors exit 1", func(t *testing.T) {
-		// Completed sagas do not resume: each is reported, and the exit code says so.
-		r := f.cli(t, "replay", "--bulk", "--status", "completed", "--name", "ping")
+		// The ping saga has no step "refund": the error is reported, and
+		// the exit code says so.
+		r := f.cli(t, "replay", "--bulk", "--status", "completed", "--name", "ping", "--from-step", "refund")
 		require.Equal(t, exitFailed, r.code, r.stderr)
 		require.Empty(t, r.stderr)
-		require.Contains(t, r.stdout, "matched 0, replayed 0, errors 1", "reported, not counted as matched")
+		require.Contains(t, r.stdout, "matched 1, replayed 0, errors 1")
 		require.Contains(t, r.stdout, "error  "+s.ping.String())
-		require.Contains(t, r.stdout, "not replayable")
+		require.Contains(t, r.stdout, `step "refund"`)
 		require.Equal(t, before, f.statuses(t))
+
+		// Its dry run changes nothing and fails nothing: exit 0.
+		out := f.cli(t, "replay", "--bulk", "--dry-run", "--status", "completed", "--name", "ping", "--from-step", "refund").ok(t)
+		require.Contains(t, out, "dry run: 1 sagas match; nothing was changed")
 	})
 
 	t.Run("replay", func(t *testing.T) {
@@ -147,4 +176,31 @@ func TestReplayBulk(t *testing.T) {
 		require.Equal(t, saga.StatusCompensating, f.status(t, s.failed1))
 		require.Equal(t, saga.StatusCompensating, f.status(t, s.failed2))
 	})
+}
+
+func TestCheckBulkStatuses(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		statuses []saga.Status
+		from     string
+		problem  string
+	}{
+		{nil, "", ""},
+		{nil, "charge", ""},
+		{[]saga.Status{saga.StatusFailed}, "", ""},
+		{[]saga.Status{saga.StatusFailed, saga.StatusCompleted}, "", "--status completed: only failed sagas resume"},
+		{[]saga.Status{saga.StatusRunning, saga.StatusCompensating}, "", "--status running,compensating: only failed"},
+		{[]saga.Status{saga.StatusCompleted, saga.StatusCompensated, saga.StatusFailed}, "charge", ""},
+		{[]saga.Status{saga.StatusCompleted, saga.StatusCompensating}, "charge", "--status compensating: only ended sagas"},
+	} {
+		err := checkBulkStatuses(tc.statuses, tc.from)
+		if tc.problem == "" {
+			require.NoError(t, err, tc)
+			continue
+		}
+		var ce *cliError
+		require.ErrorAs(t, err, &ce, tc)
+		require.Equal(t, exitUsage, ce.code)
+		require.Contains(t, ce.msg, tc.problem)
+	}
 }

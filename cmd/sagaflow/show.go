@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/sagaflow/sagaflow/internal/safetext"
 	"github.com/sagaflow/sagaflow/saga"
 )
 
@@ -36,15 +37,16 @@ func setupShow(*flag.FlagSet) runFunc {
 	}
 }
 
-// printSaga prints a saga for a reader: header, timeline, state.
+// printSaga prints a saga for a reader: header, timeline, state. Every
+// stored string is escaped (see [cell] and [oneLine]).
 func printSaga(w io.Writer, in *saga.Instance) {
 	tw := newTable(w)
 	row := func(k, v string) { fmt.Fprintf(tw, "%s:\t%s\n", k, v) }
 	row("id", in.ID.String())
-	row("name", in.Name)
-	row("business key", orDash(in.BusinessKey))
-	row("status", string(in.Status))
-	row("step", fmt.Sprintf("%s (%s, epoch %d, attempt %d)", in.Step, in.Direction, in.Epoch, in.Attempt))
+	row("name", cell(in.Name))
+	row("business key", cell(in.BusinessKey))
+	row("status", cell(in.Status))
+	row("step", fmt.Sprintf("%s (%s, epoch %d, attempt %d)", cell(in.Step), cell(in.Direction), in.Epoch, in.Attempt))
 	row("version", strconv.FormatInt(in.Version, 10))
 	row("created", formatTime(in.CreatedAt))
 	row("updated", formatTime(in.UpdatedAt))
@@ -53,7 +55,7 @@ func printSaga(w io.Writer, in *saga.Instance) {
 	if e := in.LastError; e != nil {
 		msg := withCode(e.Message, e.Code, 1000)
 		if e.Step != "" {
-			msg += " at step " + e.Step
+			msg += " at step " + cell(e.Step)
 		}
 		row("last error", msg)
 	} else {
@@ -72,8 +74,15 @@ func printSaga(w io.Writer, in *saga.Instance) {
 		if ev.Attempt > 0 {
 			attempt = "attempt " + strconv.Itoa(ev.Attempt)
 		}
-		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\n", formatTime(ev.At), formatOffset(ev.At.Sub(origin)), ev.Type,
-			ev.Step, ev.Direction, attempt, withCode(ev.Error, ev.ErrorCode, errorWidth))
+		// The detail holds what the error does not: a replay's or a
+		// cancel's reason, a step's duration.
+		detail := ""
+		if len(ev.Detail) > 0 && string(ev.Detail) != "null" && string(ev.Detail) != "{}" {
+			detail = oneLine(compactJSON(ev.Detail), errorWidth)
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", formatTime(ev.At), formatOffset(ev.At.Sub(origin)),
+			safetext.Escape(ev.Type), safetext.Escape(ev.Step), safetext.Escape(string(ev.Direction)), attempt,
+			withCode(ev.Error, ev.ErrorCode, errorWidth), detail)
 	}
 	tw.Flush()
 
