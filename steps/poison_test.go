@@ -61,7 +61,6 @@ type bench struct {
 	*service
 	kc    *kafkatest.Cluster
 	codes sync.Map // order id -> the code its reserve is refused with
-	sent  int64    // records produced to benchTopic so far
 }
 
 func newBench(t *testing.T, cfg steps.ParticipantConfig) *bench {
