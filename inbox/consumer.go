@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -15,6 +14,8 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/sagaflow/sagaflow/internal/lifecycle"
+	"github.com/sagaflow/sagaflow/internal/pgerr"
+	"github.com/sagaflow/sagaflow/internal/safetext"
 	"github.com/sagaflow/sagaflow/store"
 )
 
@@ -92,12 +93,15 @@ func (in *Inbox) NewConsumer(r Reader, cfg *ConsumerConfig) (*Consumer, error) {
 	return &Consumer{in: in, r: r, cfg: c}, nil
 }
 
-// FromKafka converts a kafka-go message.
+// FromKafka converts a kafka-go message. Its bytes are kept as they are:
+// Headers maps each name to its last value, and RawHeaders keeps every
+// header in order.
 func FromKafka(m kafka.Message) Message {
 	msg := Message{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: m.Key, Value: m.Value,
-		Headers: make(map[string]string, len(m.Headers))}
+		Headers: make(map[string]string, len(m.Headers)), RawHeaders: make([]store.RawHeader, 0, len(m.Headers))}
 	for _, h := range m.Headers {
 		msg.Headers[h.Key] = string(h.Value)
+		msg.RawHeaders = append(msg.RawHeaders, store.RawHeader{Key: []byte(h.Key), Value: h.Value})
 	}
 	msg.ID = msg.Headers[store.HeaderMessageID]
 	if msg.ID == "" {
@@ -135,7 +139,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		// commit is lost, the redelivery is a duplicate the inbox skips.
 		if err := c.r.CommitMessages(ctx, m); err != nil && ctx.Err() == nil {
 			c.in.log.WarnContext(ctx, "sagaflow inbox: commit offset failed; the message will be redelivered and skipped",
-				slog.String("consumer", c.in.consumer), slog.String("message_id", msg.ID), slog.Any("error", err))
+				slog.String("consumer", c.in.consumer), slog.String("message_id", logText(msg.ID)), slog.Any("error", err))
 		}
 	}
 }
@@ -158,7 +162,7 @@ func (c *Consumer) handle(ctx context.Context, msg Message) bool {
 			return false
 		}
 		c.in.log.WarnContext(ctx, "sagaflow inbox: processing failed; retrying", slog.String("consumer", c.in.consumer),
-			slog.String("message_id", msg.ID), slog.Int("attempt", attempt), slog.Any("error", err))
+			slog.String("message_id", logText(msg.ID)), slog.Int("attempt", attempt), slog.Any("error", err))
 		if !c.pause(ctx, attempt) {
 			return false
 		}
@@ -171,6 +175,9 @@ func (c *Consumer) process(ctx context.Context, msg Message) (deadReason string,
 	if len(msg.Value) > c.cfg.MaxMessageBytes {
 		return fmt.Sprintf("oversized: %d bytes, more than MaxMessageBytes (%d)", len(msg.Value), c.cfg.MaxMessageBytes), nil
 	}
+	if name := repeatedOwnHeader(msg.RawHeaders); name != "" {
+		return fmt.Sprintf("ambiguous: header %q appears more than once", logText(name)), nil
+	}
 	h := c.cfg.Handlers[msg.Type]
 	if h == nil {
 		h = c.cfg.Default
@@ -179,21 +186,49 @@ func (c *Consumer) process(ctx context.Context, msg Message) (deadReason string,
 		if msg.Type == "" {
 			return "no " + store.HeaderType + " header, and no Default handler", nil
 		}
-		return fmt.Sprintf("unknown message type %q (handled: %s)", msg.Type, c.handled()), nil
+		return fmt.Sprintf("unknown message type %q (handled: %s)", logText(msg.Type), c.handled()), nil
 	}
 	_, err = c.in.Process(ctx, msg, h)
-	if err != nil && IsPermanent(err) {
+	switch {
+	case err == nil:
+		return "", nil
+	case IsPermanent(err):
 		return "refused by its handler: " + err.Error(), nil
+	case pgerr.Content(err):
+		// The same bytes would be refused on every retry.
+		return "PostgreSQL refused the message's content: " + err.Error(), nil
 	}
 	return "", err
 }
 
+// repeatedOwnHeader returns the name of a sagaflow header (sagaflow-…) that
+// appears more than once, or "". A consumer that reads the first copy and
+// one that reads the last would see two different messages, so such a
+// message is refused rather than read either way.
+func repeatedOwnHeader(hs []store.RawHeader) string {
+	for i, h := range hs {
+		if !strings.HasPrefix(string(h.Key), "sagaflow-") {
+			continue
+		}
+		for _, o := range hs[i+1:] {
+			if string(o.Key) == string(h.Key) {
+				return string(h.Key)
+			}
+		}
+	}
+	return ""
+}
+
+// deadLetter stores msg as poison, without recording its id (see
+// Inbox.deadLetterAt): storing it cannot fail on its content.
 func (c *Consumer) deadLetter(ctx context.Context, msg Message, reason string) error {
 	c.in.log.WarnContext(ctx, "sagaflow inbox: dead-lettered a message", slog.String("consumer", c.in.consumer),
-		slog.String("message_id", msg.ID), slog.String("topic", msg.Topic), slog.String("reason", reason))
-	_, err := c.in.DeadLetter(ctx, msg, reason)
-	return err
+		slog.String("message_id", logText(msg.ID)), slog.String("topic", msg.Topic), slog.String("reason", logText(reason)))
+	return c.in.deadLetterAt(ctx, msg, reason)
 }
+
+// logText bounds a string from the wire for a log line.
+func logText(s string) string { return safetext.Text(s, 256) }
 
 func (c *Consumer) handled() string {
 	types := make([]string, 0, len(c.cfg.Handlers))

@@ -28,16 +28,39 @@
 // [Consumer] is a Kafka consume loop built on Process, for a kafka-go Reader
 // in a consumer group: it routes messages by type (the sagaflow-type
 // header) to handlers, commits a message's offset only after its
-// transaction committed, and keeps the partition moving past poison: a
-// message that is oversized, has no handler for its type, or that its
-// handler refuses for good (an error marked with steps.Permanent, or any error
-// with a Permanent() bool method, such as a payload that does not decode) is dead-lettered with the reason and its
-// original bytes, and the next message is processed. Other handler errors
-// are retried with backoff, in order, up to MaxAttempts (about an hour by
-// default); a message that still fails is dead-lettered with its last
-// error, so that it cannot hold its partition forever.
+// transaction committed, and keeps the partition moving past poison. A
+// message is dead-lettered with the reason and its original bytes, and the
+// next message is processed, when:
 //
-// Dead letters live in the dead_letters table; the message's id is recorded
-// in the inbox with them, so a redelivered poison message is not
-// dead-lettered twice.
+//   - it is oversized, or has no handler for its type;
+//   - it carries one of sagaflow's own headers (sagaflow-…) more than once,
+//     so that it could be read two ways;
+//   - its handler refuses it for good (an error marked with
+//     steps.Permanent, or any error with a Permanent() bool method, such as
+//     a payload that does not decode);
+//   - PostgreSQL refuses its content (a data exception or a program limit:
+//     a NUL byte or invalid UTF-8 written to text, a value past the index
+//     size limit), which would fail the same way on every retry.
+//
+// Other handler errors are retried with backoff, in order, up to
+// MaxAttempts (about an hour by default); a message that still fails is
+// dead-lettered with its last error, so that it cannot hold its partition
+// forever.
+//
+// # Untrusted bytes
+//
+// A [Message] holds what came off the wire, untouched; [Message.RawHeaders]
+// keeps every header in order. Any message id can be recorded: one that is
+// not valid UTF-8, holds a NUL byte or is longer than 512 bytes is recorded
+// as its SHA-256. A handler that writes a message's strings to text
+// columns must make them safe itself, or PostgreSQL refuses them and the
+// message is dead-lettered.
+//
+// Dead letters live in the dead_letters table with the raw bytes of the
+// message's key, value and headers. A Consumer stores a dead letter once
+// per Kafka position, so a redelivered poison message is not dead-lettered
+// twice; it does not record a dead letter's id in the inbox, so a poison
+// message that copied a genuine message's id cannot make the genuine one
+// look like a duplicate. [Inbox.DeadLetter], for callers outside a
+// Consumer, does record the id.
 package inbox

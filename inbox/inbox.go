@@ -7,12 +7,12 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sagaflow/sagaflow/internal/fault"
+	"github.com/sagaflow/sagaflow/internal/safetext"
 	"github.com/sagaflow/sagaflow/store"
 )
 
@@ -54,6 +54,9 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Inbox, error) {
 	if strings.TrimSpace(c.Consumer) == "" {
 		return nil, fmt.Errorf("%w: Consumer is required (it names this consumer in the inbox)", ErrInvalidConfig)
 	}
+	if err := safetext.Check("Consumer", c.Consumer, safetext.MaxKeyBytes); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
 	if c.Schema == "" {
 		c.Schema = store.SchemaDefault
 	}
@@ -67,10 +70,14 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Inbox, error) {
 	return &Inbox{pool: pool, st: st, consumer: c.Consumer, log: c.Logger}, nil
 }
 
-// Message is a received message.
+// Message is a received message. Every field holds what came off the wire,
+// untouched: a handler that writes one to a text column must make it safe
+// first (PostgreSQL refuses NUL bytes and invalid UTF-8).
 type Message struct {
 	// ID is the deduplication key: the sagaflow-message-id header, else
-	// topic/partition/offset.
+	// topic/partition/offset. It is recorded in the inbox as it is when it
+	// is valid UTF-8 without NUL bytes and at most 512 bytes long, else as
+	// "sha256:" and the hex SHA-256 of its bytes, so any id deduplicates.
 	ID        string
 	Type      string // the sagaflow-type header, "" when absent
 	Topic     string
@@ -78,7 +85,13 @@ type Message struct {
 	Offset    int64
 	Key       []byte
 	Value     []byte
-	Headers   map[string]string
+	// Headers maps each header name to its value. When a name appears
+	// more than once, the last value wins (a [Consumer] dead-letters a
+	// message that repeats one of sagaflow's own headers instead).
+	Headers map[string]string
+	// RawHeaders are the headers as received, in order, duplicates
+	// included. A dead letter keeps them byte for byte.
+	RawHeaders []store.RawHeader
 }
 
 // idFromPosition identifies a message without an id header by where it is
@@ -117,7 +130,7 @@ func (in *Inbox) ProcessTx(ctx context.Context, tx pgx.Tx, msg Message, fn Handl
 	if msg.ID == "" {
 		return false, errors.New("inbox: message has no id")
 	}
-	fresh, err := in.st.InsertInboxKey(ctx, tx, in.consumer, msg.ID)
+	fresh, err := in.st.InsertInboxKey(ctx, tx, in.consumer, safetext.Key(msg.ID))
 	if err != nil {
 		return false, fmt.Errorf("inbox: %s: %w", in.consumer, err)
 	}
@@ -143,30 +156,30 @@ func callHandler(ctx context.Context, tx pgx.Tx, msg Message, fn HandlerFunc) (e
 
 // DeadLetter stores msg with the reason it cannot be processed, and records
 // its id, so a redelivery is skipped rather than dead-lettered again. It
-// reports false when the id had been recorded before.
+// reports false when the id had been recorded before. It cannot fail on the
+// message's content: the dead letter keeps the raw bytes of the key, the
+// value and the headers, and a storable rendering of the text.
 func (in *Inbox) DeadLetter(ctx context.Context, msg Message, reason string) (bool, error) {
 	return in.Process(ctx, msg, func(ctx context.Context, tx pgx.Tx, msg Message) error {
-		p, o := msg.Partition, msg.Offset
-		d := &store.DeadLetter{
-			Consumer: in.consumer, MessageID: validText(msg.ID), Topic: validText(msg.Topic), Partition: &p, Offset: &o,
-			Key: msg.Key, Value: msg.Value, Headers: validHeaders(msg.Headers), Reason: validText(reason),
-		}
-		return in.st.InsertDeadLetter(ctx, tx, d)
+		return in.st.InsertDeadLetter(ctx, tx, in.deadLetter(msg, reason))
 	})
 }
 
-// validText makes s storable in a PostgreSQL text or jsonb value.
-func validText(s string) string {
-	if utf8.ValidString(s) && !strings.ContainsRune(s, 0) {
-		return s
-	}
-	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", `\0`)
+// deadLetterAt stores msg with the reason it cannot be processed, without
+// recording its id: what a [Consumer] does with poison. The dead letter is
+// stored once per Kafka position, so a redelivery adds no second row; and a
+// message that may be forged (its id copied from a genuine message still to
+// come) cannot make the genuine one look like a duplicate.
+func (in *Inbox) deadLetterAt(ctx context.Context, msg Message, reason string) error {
+	return pgx.BeginTxFunc(ctx, in.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		return in.st.InsertDeadLetter(ctx, tx, in.deadLetter(msg, reason))
+	})
 }
 
-func validHeaders(h map[string]string) map[string]string {
-	out := make(map[string]string, len(h))
-	for k, v := range h {
-		out[validText(k)] = validText(v)
+func (in *Inbox) deadLetter(msg Message, reason string) *store.DeadLetter {
+	p, o := msg.Partition, msg.Offset
+	return &store.DeadLetter{
+		Consumer: in.consumer, MessageID: msg.ID, Topic: msg.Topic, Partition: &p, Offset: &o,
+		Key: msg.Key, Value: msg.Value, Headers: msg.Headers, RawHeaders: msg.RawHeaders, Reason: reason,
 	}
-	return out
 }

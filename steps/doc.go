@@ -50,5 +50,36 @@
 // goes back to the saga as a [Reply] written to the service's outbox in the
 // same transaction (run a relay on the service's schema to publish it). A
 // permanent error is sent back as a refusal, and the handler's writes are
-// undone; any other error leaves the command to be retried.
+// undone; any other error leaves the command to be retried (an error of
+// PostgreSQL refusing a value, a NUL byte in text say, fails the same way
+// every time: the command is dead-lettered at once).
+//
+// # Trust
+//
+// Anyone who can write to the command topic can send a participant a
+// command. Before a command has any effect, the participant checks it, and
+// dead-letters it, with no reply and nothing recorded, when:
+//
+//   - signing is on (ParticipantConfig.SigningKey) and its
+//     sagaflow-signature header is missing or matches no accepted key
+//     ([CodeUnverified]);
+//   - its sagaflow-reply-to names a topic outside
+//     ParticipantConfig.ReplyTopics, by default the reply topics of engines
+//     with the default names, sagaflow.commands.<saga name>.replies
+//     ([CodeReplyTopicRefused]);
+//   - its step key is missing, malformed, not storable, or disagrees with
+//     its saga id or direction header ([CodeNotASagaCommand]).
+//
+// With signing on, the replies are signed with the same key, so the saga's
+// engine can refuse forged replies in turn:
+//
+//	p, err := steps.NewParticipant(pool, &steps.ParticipantConfig{
+//		Consumer:    "payments",
+//		ReplyTopics: []string{"orders.replies"}, // the engine's KafkaConfig.ReplyTopic
+//		SigningKey:  key,                        // shared by every engine and participant
+//	})
+//
+// A compensation that arrives before its forward step's command (a relay
+// retry reordered them, or the saga timed out waiting) closes the step: the
+// forward is refused with [CodeCompensatedBeforeRun] and never runs.
 package steps

@@ -13,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sagaflow/sagaflow/inbox"
+	"github.com/sagaflow/sagaflow/internal/safetext"
+	"github.com/sagaflow/sagaflow/internal/signing"
 	"github.com/sagaflow/sagaflow/store"
 )
 
@@ -25,7 +27,38 @@ type ParticipantConfig struct {
 	Schema string
 	// Logger receives logs. Defaults to slog.Default().
 	Logger *slog.Logger
+	// ReplyTopics lists the only topics the participant replies to. A
+	// command whose sagaflow-reply-to header names another topic is
+	// dead-lettered with [CodeReplyTopicRefused], and not run: whoever can
+	// write to the command topic must not be able to make the participant
+	// write to any topic its relay reaches. Defaults to the reply topics of
+	// engines that keep the default names, sagaflow.commands.<saga
+	// name>.replies (see [IsDefaultReplyTopic]). An engine with its own
+	// KafkaConfig.ReplyTopic, or its own CommandTopic, replies elsewhere:
+	// list its reply topics here.
+	ReplyTopics []string
+	// SigningKey turns on signing when set: a command must carry a valid
+	// sagaflow-signature header (HMAC-SHA256 under this key or one of
+	// VerifyKeys, over the sagaflow headers and the payload), or it is
+	// dead-lettered with [CodeUnverified] before any effect: its id is not
+	// recorded and its handler does not run. The participant signs its
+	// replies with this key. Every engine and participant on the bus must
+	// share it. Defaults to none: nothing is signed or verified.
+	SigningKey []byte
+	// VerifyKeys are former signing keys whose signatures are still
+	// accepted, so that the key can be changed without stopping the bus:
+	// first add the new key to every service's VerifyKeys, then make it
+	// the SigningKey everywhere, then drop the old one. Requires
+	// SigningKey.
+	VerifyKeys [][]byte
 }
+
+// Bounds of a refusal's text and code, so that they are storable wherever
+// the saga keeps them.
+const (
+	maxReplyErrorBytes = 2000
+	maxReplyCodeBytes  = 200
+)
 
 // Participant serves the commands that sagas in other services send to this
 // service's topic, and replies through this service's own outbox.
@@ -34,12 +67,14 @@ type ParticipantConfig struct {
 // service's command topic, and run a relay on the service's schema to
 // publish the replies.
 type Participant struct {
-	in            *inbox.Inbox
-	steps         *inbox.Inbox // step-scoped keys
-	stepsConsumer string
-	st            *store.Store
-	log           *slog.Logger
-	handlers      map[string]inbox.HandlerFunc
+	in          *inbox.Inbox
+	steps       *inbox.Inbox // step-scoped keys
+	st          *store.Store
+	outbox      string // the quoted outbox table
+	log         *slog.Logger
+	keys        signing.Keys
+	replyTopics map[string]bool // nil: IsDefaultReplyTopic
+	handlers    map[string]inbox.HandlerFunc
 }
 
 // NewParticipant returns a participant on pool; the schema must have been
@@ -55,6 +90,9 @@ func NewParticipant(pool *pgxpool.Pool, cfg *ParticipantConfig) (*Participant, e
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
 	in, err := inbox.New(pool, &inbox.Config{Consumer: c.Consumer, Schema: c.Schema, Logger: c.Logger})
 	if err != nil {
 		return nil, fmt.Errorf("steps: participant: %w", err)
@@ -67,8 +105,66 @@ func NewParticipant(pool *pgxpool.Pool, cfg *ParticipantConfig) (*Participant, e
 	if err != nil {
 		return nil, fmt.Errorf("steps: participant: %w", err)
 	}
-	return &Participant{in: in, steps: keys, stepsConsumer: c.Consumer + "/steps", st: st, log: c.Logger,
-		handlers: map[string]inbox.HandlerFunc{}}, nil
+	p := &Participant{in: in, steps: keys, st: st, outbox: pgx.Identifier{c.Schema, "outbox"}.Sanitize(), log: c.Logger,
+		keys:     signing.Keys{Current: c.SigningKey, Previous: c.VerifyKeys},
+		handlers: map[string]inbox.HandlerFunc{}}
+	if c.ReplyTopics != nil {
+		p.replyTopics = make(map[string]bool, len(c.ReplyTopics))
+		for _, t := range c.ReplyTopics {
+			p.replyTopics[t] = true
+		}
+	}
+	return p, nil
+}
+
+func (c *ParticipantConfig) validate() error {
+	for i, t := range c.ReplyTopics {
+		if !legalTopic(t) {
+			return fmt.Errorf("%w: ReplyTopics[%d] %q is not a legal Kafka topic name (1 to 249 of a-z, A-Z, 0-9, '.', '_', '-')",
+				ErrInvalidConfig, i, safetext.Text(t, 256))
+		}
+	}
+	if len(c.VerifyKeys) > 0 && len(c.SigningKey) == 0 {
+		return fmt.Errorf("%w: VerifyKeys needs SigningKey: without it nothing is verified", ErrInvalidConfig)
+	}
+	for i, k := range c.VerifyKeys {
+		if len(k) == 0 {
+			return fmt.Errorf("%w: VerifyKeys[%d] is empty", ErrInvalidConfig, i)
+		}
+	}
+	return nil
+}
+
+// defaultCommandTopic is saga.CommandTopicDefault, which this package
+// cannot import (package saga imports it); a test keeps them equal.
+const defaultCommandTopic = "sagaflow.commands"
+
+// IsDefaultReplyTopic reports whether topic is named as an engine with the
+// default names (no KafkaConfig.ReplyTopic, the default CommandTopic)
+// names its reply topics: sagaflow.commands.<saga name>.replies. It is the
+// rule a [Participant] replies by when ParticipantConfig.ReplyTopics is not
+// set.
+func IsDefaultReplyTopic(topic string) bool {
+	name, ok := strings.CutPrefix(topic, defaultCommandTopic+".")
+	if !ok {
+		return false
+	}
+	name, ok = strings.CutSuffix(name, ".replies")
+	return ok && name != "" && legalTopic(topic)
+}
+
+// legalTopic reports whether t is a legal Kafka topic name.
+func legalTopic(t string) bool {
+	if t == "" || len(t) > 249 || t == "." || t == ".." {
+		return false
+	}
+	for i := 0; i < len(t); i++ {
+		c := t[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
 }
 
 // Inbox returns the participant's inbox, to build the consumer with:
@@ -96,15 +192,24 @@ type Call[C any] struct {
 // whatever the duplicates; its result is sent back to the saga as the reply,
 // written to the participant's outbox in the same transaction. An error
 // marked [Permanent] is sent back as a refusal (the saga compensates); any
-// other error leaves the command to be retried. A refusal is not recorded
-// under the step key: a refused compensation, once its cause is fixed, runs
-// when the saga is resumed (saga.Engine.Resume). A step that ran before is
-// not run again; its reply is sent again instead.
+// other error leaves the command to be retried, except an error of
+// PostgreSQL refusing a value (a NUL byte in text, say), which the consumer
+// dead-letters at once. A refusal is not recorded under the step key: a
+// refused compensation, once its cause is fixed, runs when the saga is
+// resumed (saga.Engine.Resume). A step that ran before is not run again;
+// its reply is sent again instead.
+//
+// A command is checked before anything else, and dead-lettered without a
+// reply or any effect when it fails a check: its signature when signing is
+// on, its step key (present, well formed, storable, and agreeing with its
+// saga id and direction headers), and its reply topic (see
+// ParticipantConfig.ReplyTopics).
 //
 // A compensation must tolerate a forward step that never ran (after a reply
-// timeout the saga compensates a step whose command may never have arrived):
-// the participant records the forward step as seen, so a forward command
-// arriving after its compensation does nothing.
+// timeout the saga compensates a step whose command may never have arrived).
+// Then the participant records the forward step as done and refuses it with
+// [CodeCompensatedBeforeRun]: the refusal is sent at once, and again when
+// the forward command arrives, which does nothing else.
 func Handle[C, R any](p *Participant, commandType string, fn func(ctx context.Context, tx pgx.Tx, call Call[C]) (R, error)) error {
 	if commandType == "" || fn == nil {
 		return errors.New("steps: handle: a command type and a function are required")
@@ -113,11 +218,9 @@ func Handle[C, R any](p *Participant, commandType string, fn func(ctx context.Co
 		return fmt.Errorf("steps: handle: a handler for %q is already registered", commandType)
 	}
 	p.handlers[commandType] = func(ctx context.Context, tx pgx.Tx, msg inbox.Message) error {
-		replyTo := msg.Headers[store.HeaderReplyTo]
-		key, err := ParseKey(msg.Headers[store.HeaderStepKey])
-		if err != nil || replyTo == "" {
-			return Permanent(fmt.Errorf("command %s is not a saga command: it needs the %s and %s headers (%v)",
-				msg.ID, store.HeaderStepKey, store.HeaderReplyTo, err))
+		key, replyTo, err := p.admit(msg)
+		if err != nil {
+			return err // dead-lettered by the consumer
 		}
 		call := Call[C]{Key: key, SagaID: key.SagaID, Direction: key.Direction, Type: msg.Type}
 		// A savepoint around the step key and the handler's writes: a
@@ -133,14 +236,10 @@ func Handle[C, R any](p *Participant, commandType string, fn func(ctx context.Co
 		// message.
 		fresh, err := p.steps.ProcessTx(ctx, sp, inbox.Message{ID: key.String()}, func(ctx context.Context, sptx pgx.Tx, _ inbox.Message) error {
 			if err := json.Unmarshal(msg.Value, &call.Command); err != nil {
-				return Permanent(WithCode("malformed_command", fmt.Errorf("decode command: %w", err)))
+				return Permanent(WithCode(CodeMalformedCommand, fmt.Errorf("decode command: %w", err)))
 			}
 			if key.Direction == Compensate {
-				// Record the forward step as seen: if its command arrives
-				// after this compensation (a relay retry reordered them), it
-				// is skipped instead of doing what was just undone.
-				forward := Key{SagaID: key.SagaID, Step: key.Step, Direction: Forward, Epoch: key.Epoch}
-				if _, err := p.st.InsertInboxKey(ctx, sptx, p.stepsConsumer, forward.String()); err != nil {
+				if err := p.closeForward(ctx, sptx, replyTo, key); err != nil {
 					return err
 				}
 			}
@@ -150,7 +249,7 @@ func Handle[C, R any](p *Participant, commandType string, fn func(ctx context.Co
 					if v := recover(); v != nil {
 						// A bug in the handler: refuse rather than crash the
 						// service (and crash again on every redelivery).
-						herr = Permanent(WithCode("panic", fmt.Errorf("handler for %q panicked: %v", commandType, v)))
+						herr = Permanent(WithCode(CodePanic, fmt.Errorf("handler for %q panicked: %v", commandType, v)))
 					}
 				}()
 				result, herr = fn(ctx, sptx, call)
@@ -166,15 +265,14 @@ func Handle[C, R any](p *Participant, commandType string, fn func(ctx context.Co
 			}
 			return p.sendReply(ctx, tx, replyTo, key, Reply{Error: refusalText(err), Code: Code(err)})
 		case !fresh:
-			// This step ran before. Send its reply again: the saga may have
-			// missed the first (it came too late, and the saga was resumed).
+			// This step ran before (or, forward, was closed by its
+			// compensation). Send its reply again: the saga may have
+			// missed the first (it came too late, and the saga was
+			// resumed).
 			if err := sp.Commit(ctx); err != nil {
 				return err
 			}
-			if _, err := p.st.ResendLast(ctx, tx, key.String(), ReplyType, uuid.Must(uuid.NewV7())); err != nil {
-				return err
-			}
-			return p.st.Notify(ctx, tx, replyTo)
+			return p.resendLast(ctx, tx, replyTo, key)
 		}
 		if err := sp.Commit(ctx); err != nil {
 			return err
@@ -186,6 +284,64 @@ func Handle[C, R any](p *Participant, commandType string, fn func(ctx context.Co
 		return p.sendReply(ctx, tx, replyTo, key, Reply{OK: true, Result: out})
 	}
 	return nil
+}
+
+// admit checks a command before it has any effect, and returns its step
+// key and reply topic. Its errors are permanent: the consumer dead-letters
+// the command, without recording its id, and nothing is replied.
+func (p *Participant) admit(msg inbox.Message) (Key, string, error) {
+	refuse := func(code, format string, args ...any) (Key, string, error) {
+		return Key{}, "", Permanent(WithCode(code, fmt.Errorf("command %q: "+format, append([]any{safetext.Text(msg.ID, 128)}, args...)...)))
+	}
+	if err := p.keys.Verify(func(name string) string { return msg.Headers[name] }, msg.Value); err != nil {
+		return refuse(CodeUnverified, "%w", err)
+	}
+	keyText, replyTo := msg.Headers[store.HeaderStepKey], msg.Headers[store.HeaderReplyTo]
+	if keyText == "" || replyTo == "" {
+		return refuse(CodeNotASagaCommand, "a saga command has the %s and %s headers", store.HeaderStepKey, store.HeaderReplyTo)
+	}
+	if err := safetext.Check(store.HeaderStepKey, keyText, safetext.MaxKeyBytes); err != nil {
+		return refuse(CodeNotASagaCommand, "%w", err)
+	}
+	key, err := ParseKey(keyText)
+	if err != nil {
+		return refuse(CodeNotASagaCommand, "%w", err)
+	}
+	if v, ok := msg.Headers[store.HeaderSagaID]; ok && v != key.SagaID.String() {
+		return refuse(CodeNotASagaCommand, "%s %q is not the saga of step key %s", store.HeaderSagaID, safetext.Text(v, 128), keyText)
+	}
+	if v, ok := msg.Headers[store.HeaderDirection]; ok && v != string(key.Direction) {
+		return refuse(CodeNotASagaCommand, "%s %q is not the direction of step key %s", store.HeaderDirection, safetext.Text(v, 128), keyText)
+	}
+	if !p.repliesTo(replyTo) {
+		return refuse(CodeReplyTopicRefused, "this participant does not reply to topic %q (ParticipantConfig.ReplyTopics)",
+			safetext.Text(replyTo, 256))
+	}
+	return key, replyTo, nil
+}
+
+func (p *Participant) repliesTo(topic string) bool {
+	if p.replyTopics == nil {
+		return IsDefaultReplyTopic(topic)
+	}
+	return p.replyTopics[topic]
+}
+
+// closeForward records the forward step of a compensation as done, in the
+// compensation's transaction. If the forward had not run, it never will:
+// its command, should it still arrive (a relay retry reordered them, or the
+// compensation was sent after a reply timeout), finds its key and is
+// answered with the refusal written here, instead of doing what was just
+// undone.
+func (p *Participant) closeForward(ctx context.Context, tx pgx.Tx, replyTo string, key Key) error {
+	forward := Key{SagaID: key.SagaID, Step: key.Step, Direction: Forward, Epoch: key.Epoch}
+	notRun, err := p.steps.ProcessTx(ctx, tx, inbox.Message{ID: forward.String()},
+		func(context.Context, pgx.Tx, inbox.Message) error { return nil })
+	if err != nil || !notRun {
+		return err
+	}
+	return p.sendReply(ctx, tx, replyTo, forward, Reply{Code: CodeCompensatedBeforeRun,
+		Error: "the step's compensation ran before its command arrived; the step was not run"})
 }
 
 func refusalText(err error) string {
@@ -200,21 +356,51 @@ func refusalText(err error) string {
 	return strings.TrimSpace(err.Error())
 }
 
+// resendLast sends the latest reply recorded for key's step again, under a
+// new message id (and so a new signature).
+func (p *Participant) resendLast(ctx context.Context, tx pgx.Tx, replyTo string, key Key) error {
+	var payload []byte
+	err := tx.QueryRow(ctx, "SELECT payload FROM "+p.outbox+" WHERE step_key = $1 AND type = $2 ORDER BY created_at DESC LIMIT 1",
+		key.String(), ReplyType).Scan(&payload)
+	if errors.Is(err, pgx.ErrNoRows) {
+		// Retention has deleted it.
+		p.log.WarnContext(ctx, "sagaflow participant: a step ran before, but its reply is gone; nothing to send again",
+			slog.String("step_key", key.String()))
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("steps: read the last reply for %s: %w", key, err)
+	}
+	return p.writeReply(ctx, tx, replyTo, key, payload)
+}
+
+// sendReply writes r to the outbox, for the relay to publish to topic. The
+// text of a refusal is made storable first: it comes from a handler.
 func (p *Participant) sendReply(ctx context.Context, tx pgx.Tx, topic string, key Key, r Reply) error {
+	r.Error = safetext.Text(r.Error, maxReplyErrorBytes)
+	r.Code = safetext.Text(r.Code, maxReplyCodeBytes)
 	payload, err := json.Marshal(r)
 	if err != nil {
 		return fmt.Errorf("steps: encode reply to %s: %w", key, err)
 	}
+	return p.writeReply(ctx, tx, topic, key, payload)
+}
+
+// writeReply writes a reply's row, signed when signing is on. The relay
+// sets the message id, type, saga id and step key headers from the row's
+// columns, to the values signed here, and copies the signature header.
+func (p *Participant) writeReply(ctx context.Context, tx pgx.Tx, topic string, key Key, payload []byte) error {
 	id := uuid.Must(uuid.NewV7())
 	keyText := key.String()
+	headers := map[string]string{store.HeaderMessageID: id.String(), store.HeaderType: ReplyType,
+		store.HeaderSagaID: key.SagaID.String(), store.HeaderStepKey: keyText}
+	p.keys.SignMap(headers, payload)
 	// Wake the service's relay when the transaction commits.
 	if err := p.st.Notify(ctx, tx, topic); err != nil {
 		return err
 	}
 	return p.st.InsertMessage(ctx, tx, &store.Message{
 		ID: id, Topic: topic, Delivery: store.DeliveryRelay, AggregateType: "saga.reply", AggregateID: key.SagaID.String(),
-		Type: ReplyType, Payload: payload, SagaID: &key.SagaID, StepKey: &keyText,
-		Headers: map[string]string{store.HeaderMessageID: id.String(), store.HeaderType: ReplyType,
-			store.HeaderSagaID: key.SagaID.String(), store.HeaderStepKey: keyText},
+		Type: ReplyType, Payload: payload, SagaID: &key.SagaID, StepKey: &keyText, Headers: headers,
 	})
 }

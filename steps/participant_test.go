@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
@@ -103,6 +104,7 @@ const reserveTimeout = 3 * time.Second
 // the inventory and payment services it calls, each with its own schema,
 // outbox, inbox and relay, talking over Kafka only.
 type system struct {
+	kc                          *kafkatest.Cluster
 	orders, inventory, payments *service
 	engine                      *saga.Engine
 	def                         *saga.Definition[checkout]
@@ -117,7 +119,7 @@ func newSystem(t *testing.T, paymentsRunning bool) *system {
 	// its own, so both paths are exercised).
 	kc := kafkatest.New(t, kafkatest.SeedTopics(3, "sagaflow.commands.checkout", "sagaflow.commands.checkout.replies",
 		"inventory.commands", "payments.commands"))
-	s := &system{orders: newService(t, kc), inventory: newService(t, kc), payments: newService(t, kc)}
+	s := &system{kc: kc, orders: newService(t, kc), inventory: newService(t, kc), payments: newService(t, kc)}
 
 	// Inventory: reserve, and release as its compensation.
 	_, err := s.inventory.pool.Exec(ctx, "CREATE TABLE "+s.inventory.table("stock_moves")+" (order_id text, move text, step_key text)")
@@ -199,14 +201,21 @@ func (s *system) run(t *testing.T, c checkout) *saga.Instance {
 	ctx := context.Background()
 	st, err := saga.Start(ctx, s.engine, s.def, c, nil)
 	require.NoError(t, err)
+	return s.wait(t, st.ID)
+}
+
+// wait polls until the saga id has ended, for at most 30 s.
+func (s *system) wait(t *testing.T, id uuid.UUID) *saga.Instance {
+	t.Helper()
+	ctx := context.Background()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		in, err := s.engine.Get(ctx, st.ID)
+		in, err := s.engine.Get(ctx, id)
 		require.NoError(t, err)
 		if in.Status.Terminal() {
 			return in
 		}
-		require.True(t, time.Now().Before(deadline), "saga %s did not end: %+v", st.ID, in)
+		require.True(t, time.Now().Before(deadline), "saga %s did not end: %+v", id, in)
 		time.Sleep(20 * time.Millisecond)
 	}
 }

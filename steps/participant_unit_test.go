@@ -30,7 +30,8 @@ func newParticipantOnly(t *testing.T) *participantOnly {
 	s := &service{pool: pool, schema: schema}
 	_, err = pool.Exec(ctx, "CREATE TABLE "+s.table("moves")+" (move text)")
 	require.NoError(t, err)
-	p, err := steps.NewParticipant(pool, &steps.ParticipantConfig{Consumer: "inventory", Schema: schema, Logger: quiet})
+	p, err := steps.NewParticipant(pool, &steps.ParticipantConfig{Consumer: "inventory", Schema: schema, Logger: quiet,
+		ReplyTopics: []string{"orders.replies"}})
 	require.NoError(t, err)
 	move := func(kind string) func(ctx context.Context, tx pgx.Tx, c steps.Call[reserveCmd]) (struct{}, error) {
 		return func(ctx context.Context, tx pgx.Tx, c steps.Call[reserveCmd]) (struct{}, error) {
@@ -66,7 +67,12 @@ func (po *participantOnly) replies(t *testing.T, key steps.Key) []string {
 	return out
 }
 
-func TestCompensationBeforeItsForwardMakesTheForwardANoOp(t *testing.T) {
+// TestCompensationBeforeItsForwardRefusesTheForward: the forward step's
+// effect never runs after its compensation, and the forward is answered
+// with a refusal (so a saga waiting on it compensates at once rather than
+// at its timeout), when the compensation runs and again when the forward
+// command arrives.
+func TestCompensationBeforeItsForwardRefusesTheForward(t *testing.T) {
 	t.Parallel()
 	po := newParticipantOnly(t)
 	id := uuid.New()
@@ -75,11 +81,35 @@ func TestCompensationBeforeItsForwardMakesTheForwardANoOp(t *testing.T) {
 	// The saga timed out and compensated; the relay delivered the
 	// compensation before the (retried) forward command.
 	po.deliver(t, "release", comp, "o-1")
+	refusal := `{"ok":false,"code":"compensated_before_run","error":"the step's compensation ran before its command arrived; the step was not run"}`
+	replies := po.replies(t, fwd)
+	require.Len(t, replies, 1, "the forward is refused as soon as the compensation ran")
+	require.JSONEq(t, refusal, replies[0])
 	po.deliver(t, "reserve", fwd, "o-1")
 	require.Equal(t, 1, po.count(t, "SELECT count(*) FROM "+po.table("moves")+" WHERE move = 'release'"))
 	require.Equal(t, 0, po.count(t, "SELECT count(*) FROM "+po.table("moves")+" WHERE move = 'reserve'"),
 		"the late forward did not reserve what was already released")
-	require.Empty(t, po.replies(t, fwd))
+	replies = po.replies(t, fwd)
+	require.Len(t, replies, 2, "the late forward got the refusal again")
+	require.JSONEq(t, refusal, replies[1])
+	require.Len(t, po.replies(t, comp), 1)
+	require.JSONEq(t, `{"ok":true,"result":{}}`, po.replies(t, comp)[0])
+}
+
+// TestCompensationAfterItsForwardRefusesNothing: a forward that ran is
+// compensated with no refusal of it.
+func TestCompensationAfterItsForwardRefusesNothing(t *testing.T) {
+	t.Parallel()
+	po := newParticipantOnly(t)
+	id := uuid.New()
+	fwd := steps.Key{SagaID: id, Step: "reserve", Direction: steps.Forward}
+	comp := steps.Key{SagaID: id, Step: "reserve", Direction: steps.Compensate}
+	po.deliver(t, "reserve", fwd, "o-1")
+	po.deliver(t, "release", comp, "o-1")
+	require.Equal(t, 2, po.count(t, "SELECT count(*) FROM "+po.table("moves")))
+	replies := po.replies(t, fwd)
+	require.Len(t, replies, 1)
+	require.JSONEq(t, `{"ok":true,"result":{}}`, replies[0])
 }
 
 func TestDuplicateStepSendsItsReplyAgain(t *testing.T) {
