@@ -236,7 +236,8 @@ func (r *crashingReader) CommitMessages(ctx context.Context, msgs ...kafka.Messa
 }
 
 func (s *System) participant(d DB, name string) (*steps.Participant, error) {
-	return steps.NewParticipant(d.Pool, &steps.ParticipantConfig{Consumer: name, Schema: d.Schema, Logger: s.env.Logger})
+	return steps.NewParticipant(d.Pool, &steps.ParticipantConfig{Consumer: name, Schema: d.Schema, Logger: s.env.Logger,
+		ReplyTopics: []string{TopicReplies}})
 }
 
 // startInventory: reserve stock, and release it as the compensation.
