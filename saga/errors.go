@@ -55,4 +55,6 @@ const (
 	CodeRescueExhausted = "rescue_exhausted"  // the rescuer found the saga stuck with its attempts spent
 	CodeReplyTimeout    = "reply_timeout"     // a participant did not reply within the step's Timeout
 	CodeRefused         = "refused"           // a participant refused the command and named no code
+	CodeUnverified      = "unverified"        // signing is on and a consumed message's signature is missing or wrong
+	CodeInvalidOutcome  = "invalid_outcome"   // a step's outcome could not be stored; its saga is parked
 )

@@ -370,14 +370,11 @@ func (b *batch) park(ctx context.Context, c *store.Claimed, sagaID *uuid.UUID, c
 	// the next command must not roll back to it.
 	b.clean = ""
 	b.e.stats.parked.Add(1)
-	b.e.log.WarnContext(ctx, "sagaflow parked a command", slog.String("message_id", c.ID.String()),
+	b.e.log.WarnContext(ctx, "sagaflow parked a command", slog.String("message_id", safetext.Text(c.IDText(), 200)),
 		slog.String("code", code), slog.String("reason", reason))
 	if b.msg != nil {
 		// From Kafka: the command's bytes go to the dead letters.
-		p, o := b.msg.Partition, b.msg.Offset
-		d := &store.DeadLetter{Consumer: store.InboxConsumerEngine, MessageID: c.ID.String(), Topic: b.msg.Topic,
-			Partition: &p, Offset: &o, Key: b.msg.Key, Value: b.msg.Value, Headers: kafkaHeaders(b.msg), Reason: reason}
-		if err := b.e.st.InsertDeadLetter(ctx, b.tx, d); err != nil {
+		if err := b.e.st.InsertDeadLetter(ctx, b.tx, kafkaDeadLetter(b.msg, c.IDText(), code+": "+reason)); err != nil {
 			return err
 		}
 	} else if err := b.e.st.MarkDead(ctx, b.tx, c.ID, reason); err != nil {
@@ -386,19 +383,12 @@ func (b *batch) park(ctx context.Context, c *store.Claimed, sagaID *uuid.UUID, c
 	if sagaID == nil {
 		return nil
 	}
-	detail, _ := json.Marshal(map[string]string{"message_id": c.ID.String()})
+	detail, _ := json.Marshal(map[string]string{"message_id": safetext.Text(c.IDText(), 200)})
 	return b.e.st.InsertHistory(ctx, b.tx, &store.HistoryEntry{
 		SagaID: *sagaID, Event: EventCommandParked, Error: reason, ErrorCode: code, Detail: detail,
 	})
 }
 
-func kafkaHeaders(m *kafka.Message) map[string]string {
-	h := make(map[string]string, len(m.Headers))
-	for _, kv := range m.Headers {
-		h[kv.Key] = sanitizeText(string(kv.Value), 2000)
-	}
-	return h
-}
 
 // unknown defers a command that this engine cannot run (another engine,
 // newer or older, may know its saga or step), and parks it once it is older
@@ -616,6 +606,7 @@ func (b *batch) send(ctx context.Context, sg *store.Saga, def *compiled, idx int
 			store.HeaderStepKey: keyText, store.HeaderReplyTo: e.replyTopic(sg.Name), store.HeaderDirection: string(dir),
 		},
 	}
+	e.sign(&msg)
 	tr := transitionFrom(sg)
 	tr.AwaitingReply = true
 	tr.CheckAfter, tr.ExactDeadline = def.steps[idx].timeout, true
@@ -1289,6 +1280,9 @@ func (e *Engine) moveTo(tr *store.Transition, sg *store.Saga, def *compiled, i i
 	tr.Messages = append(tr.Messages, e.commandMessage(sg.ID, sg.Name, def.steps[i].name, dir, sg.Epoch, sg.Version+1, delay))
 }
 
+// maxCodeBytes bounds a stored error code.
+const maxCodeBytes = 200
+
 func durationDetail(d time.Duration, extra map[string]any) []byte {
 	m := map[string]any{"duration_ms": float64(d.Microseconds()) / 1000}
 	for k, v := range extra {
@@ -1320,7 +1314,9 @@ func (e *Engine) successTransition(sg *store.Saga, def *compiled, idx int, dir s
 }
 
 func (e *Engine) failureTransition(sg *store.Saga, def *compiled, idx int, dir steps.Direction, attempt int, herr error, elapsed time.Duration) *store.Transition {
-	code := steps.Code(herr)
+	// A handler's code, or a participant's, is stored and indexed: it must
+	// be storable, whatever the handler returned.
+	code := safetext.Text(steps.Code(herr), maxCodeBytes)
 	var pe *panicError
 	var de *stateDecodeError
 	switch {

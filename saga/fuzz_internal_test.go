@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -42,8 +43,13 @@ func FuzzClaimedFromKafka(f *testing.F) {
 	f.Add([]byte{0xff, 0x00}, store.HeaderType, []byte(commandType), store.HeaderStepKey, []byte("a/b/c/d"))
 	f.Fuzz(func(t *testing.T, value []byte, k1 string, v1 []byte, k2 string, v2 []byte) {
 		m := kafka.Message{Value: value, Time: time.Now(), Headers: []kafka.Header{{Key: k1, Value: v1}, {Key: k2, Value: v2}}}
-		c := claimedFromKafka(m)
+		c, ambiguous := claimedFromKafka(m)
+		if k1 == k2 && strings.HasPrefix(k1, "sagaflow-") && ambiguous == nil {
+			t.Fatalf("header %q repeated but not reported ambiguous", k1)
+		}
 		_, _ = decodeCommand(&c)
+		// A dead letter of any message can be described.
+		_ = kafkaDeadLetter(&m, c.IDText(), "fuzz")
 		_, _ = steps.ParseKey(string(v1))
 	})
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -14,6 +15,8 @@ import (
 
 	"github.com/sagaflow/sagaflow/internal/fault"
 	"github.com/sagaflow/sagaflow/internal/lifecycle"
+	"github.com/sagaflow/sagaflow/internal/pgerr"
+	"github.com/sagaflow/sagaflow/internal/safetext"
 	"github.com/sagaflow/sagaflow/steps"
 	"github.com/sagaflow/sagaflow/store"
 )
@@ -139,8 +142,10 @@ func (e *Engine) newCommandReader() commandReader {
 
 // kafkaWork is one Kafka executor: it runs each message's command in a
 // transaction and commits the message's offset only after that transaction
-// committed. A message whose command cannot run yet (its saga is busy) or
-// whose transaction failed is tried again, in order: its partition waits.
+// committed. Nothing waits in its partition for long: a command that cannot
+// run yet (its saga is busy, or this engine does not know its saga or step)
+// is moved back to the outbox after a few quick tries and published again
+// later, and a message whose content PostgreSQL refuses is dead-lettered.
 func (e *Engine) kafkaWork(fetch, work context.Context, r commandReader) {
 	defer func() {
 		if err := r.Close(); err != nil {
@@ -162,20 +167,10 @@ func (e *Engine) kafkaWork(fetch, work context.Context, r commandReader) {
 			continue
 		}
 		failures = 0
-		for attempt := 1; ; attempt++ {
-			again, err := e.runKafkaMessage(work, m)
-			if err == nil && !again {
-				break
-			}
-			if err != nil && work.Err() == nil {
-				e.log.ErrorContext(work, "sagaflow kafka: command failed; it runs again", slog.String("topic", m.Topic),
-					slog.Int("partition", m.Partition), slog.Int64("offset", m.Offset), slog.Any("error", err))
-			}
+		if !e.consumeKafka(fetch, work, m) {
 			// Stopping leaves the offset uncommitted: the command is
 			// redelivered to whichever engine takes the partition.
-			if !lifecycle.Sleep(fetch, min(lifecycle.Backoff(attempt), deferDelay<<min(attempt, 10))) {
-				return
-			}
+			return
 		}
 		if err := r.CommitMessages(work, m); err != nil && work.Err() == nil {
 			e.log.WarnContext(work, "sagaflow kafka: commit offset failed; the redelivered command will be stale",
@@ -184,52 +179,212 @@ func (e *Engine) kafkaWork(fetch, work context.Context, r commandReader) {
 	}
 }
 
-// runReply applies a participant's reply in tx and commits.
-func (e *Engine) runReply(ctx context.Context, tx pgx.Tx, m kafka.Message, c *store.Claimed) (bool, error) {
-	b := &batch{e: e, tx: tx, msg: &m, ctx: ctx}
-	var keyText string
-	for _, h := range m.Headers {
-		if h.Key == store.HeaderStepKey {
-			keyText = string(h.Value)
+// kafkaHoldAfter is how many times a command that cannot run yet is tried
+// in place, a few milliseconds apart, before it leaves its partition: the
+// usual holder of a saga is a transaction that is just committing.
+const kafkaHoldAfter = 3
+
+// Delays of a command moved back to the outbox before it is published
+// again: a busy saga is free again soon; an unknown saga or step waits for
+// an engine that knows it (a rolling deploy).
+const (
+	holdDelayBusy    = 20 * time.Millisecond
+	holdDelayUnknown = 2 * time.Second
+)
+
+// waitKind says why a command could not run yet.
+type waitKind int
+
+const (
+	runDone     waitKind = iota // ran, parked or dropped: done with it
+	waitBusy                    // another transaction holds its saga
+	waitUnknown                 // this engine does not know its saga or step
+)
+
+// consumeKafka deals with m until it is done with (run, parked, dropped,
+// dead-lettered or moved back to the outbox); false when work ended first.
+func (e *Engine) consumeKafka(fetch, work context.Context, m kafka.Message) bool {
+	expired := false
+	for attempt := 1; ; attempt++ {
+		wait, err := e.runKafkaMessage(work, m, expired)
+		switch {
+		case err == nil && wait == runDone:
+			return true
+		case err != nil && pgerr.Content(err):
+			// The same bytes fail the same way every time.
+			err = e.deadLetterKafka(work, m, CodeMalformed, "PostgreSQL refuses the message's content: "+err.Error())
+			if err == nil {
+				return true
+			}
+		case err == nil && attempt >= kafkaHoldAfter:
+			var held bool
+			held, err = e.holdKafkaMessage(work, m, wait)
+			if err == nil && held {
+				return true
+			}
+			if err == nil {
+				// Past UnknownSagaGrace: run it once more, to park it.
+				expired = true
+				continue
+			}
+		}
+		if err != nil && work.Err() == nil {
+			e.log.ErrorContext(work, "sagaflow kafka: command failed; it runs again", slog.String("topic", m.Topic),
+				slog.Int("partition", m.Partition), slog.Int64("offset", m.Offset), slog.Any("error", err))
+		}
+		if !lifecycle.Sleep(fetch, min(lifecycle.Backoff(attempt), deferDelay<<min(attempt, 10))) {
+			return false
 		}
 	}
-	key, kerr := steps.ParseKey(keyText)
-	if kerr != nil || c.ID == uuid.Nil {
-		if kerr == nil {
-			kerr = errors.New("no valid " + store.HeaderMessageID + " header")
+}
+
+// holdKafkaMessage moves m back to the outbox, to be published again after a
+// delay, and reports true; or reports false, writing nothing, when a command
+// for an unknown saga or step has been held for longer than
+// UnknownSagaGrace, in the database's time.
+func (e *Engine) holdKafkaMessage(ctx context.Context, m kafka.Message, wait waitKind) (bool, error) {
+	h := &store.Held{ID: uuid.Must(uuid.NewV7()), Topic: m.Topic, AggregateType: "sagaflow.held", AggregateID: string(m.Key),
+		Payload: m.Value, Headers: map[string]string{}, Delay: holdDelayBusy, Reason: "held: its saga was busy"}
+	grace := time.Duration(0)
+	if wait == waitUnknown {
+		h.Delay, grace = holdDelayUnknown, e.cfg.UnknownSagaGrace
+		h.Reason = "held: no engine that knows its saga or step has run it yet"
+	}
+	if safetext.Problem(h.AggregateID, safetext.MaxKeyBytes) != "" || safetext.Problem(m.Topic, 249) != "" {
+		return false, e.deadLetterKafka(ctx, m, CodeMalformed, "the message's key or topic cannot be stored to hold it")
+	}
+	var original string
+	for _, kv := range m.Headers {
+		name, value := kv.Key, string(kv.Value)
+		if safetext.Problem(name, 256) != "" || safetext.Problem(value, 8192) != "" {
+			continue // only headers that are safe travel on; the protocol's were checked
 		}
+		switch name {
+		case store.HeaderHeldSince:
+			if t, err := time.Parse(time.RFC3339Nano, value); err == nil {
+				h.HeldSince = &t
+			}
+			continue
+		case store.HeaderMessageID:
+			original = value
+		case store.HeaderType:
+			h.Type = value
+		case store.HeaderSagaID:
+			if id, err := uuid.Parse(value); err == nil {
+				h.SagaID = &id
+			}
+		}
+		h.Headers[name] = value
+	}
+	if _, ok := h.Headers[store.HeaderHeldID]; !ok && original != "" {
+		h.Headers[store.HeaderHeldID] = original
+	}
+	held := false
+	err := pgx.BeginTxFunc(ctx, e.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		var err error
+		held, err = e.st.HoldMessage(ctx, tx, h, grace)
+		return err
+	})
+	if err != nil {
+		return false, fmt.Errorf("saga: hold command: %w", err)
+	}
+	if held {
+		e.stats.deferred.Add(1)
+	}
+	return held, nil
+}
+
+// deadLetterKafka stores m in dead_letters with the reason, in a
+// transaction of its own; it cannot fail on m's content.
+func (e *Engine) deadLetterKafka(ctx context.Context, m kafka.Message, code, reason string) error {
+	reason = safetext.Text(code+": "+reason, 4000)
+	e.stats.parked.Add(1)
+	e.log.WarnContext(ctx, "sagaflow dead-lettered a Kafka message", slog.String("topic", m.Topic),
+		slog.Int("partition", m.Partition), slog.Int64("offset", m.Offset), slog.String("reason", safetext.Text(reason, 500)))
+	return pgx.BeginTxFunc(ctx, e.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		return e.st.InsertDeadLetter(ctx, tx, kafkaDeadLetter(&m, headerValue(&m, store.HeaderMessageID), reason))
+	})
+}
+
+// kafkaDeadLetter describes m as a dead letter, with its raw bytes.
+func kafkaDeadLetter(m *kafka.Message, id, reason string) *store.DeadLetter {
+	p, o := m.Partition, m.Offset
+	d := &store.DeadLetter{Consumer: store.InboxConsumerEngine, MessageID: id, Topic: m.Topic, Partition: &p, Offset: &o,
+		Key: m.Key, Value: m.Value, Headers: map[string]string{}, RawHeaders: make([]store.RawHeader, len(m.Headers)), Reason: reason}
+	for i, kv := range m.Headers {
+		d.Headers[kv.Key] = string(kv.Value)
+		d.RawHeaders[i] = store.RawHeader{Key: []byte(kv.Key), Value: kv.Value}
+	}
+	return d
+}
+
+func headerValue(m *kafka.Message, name string) string {
+	for _, h := range m.Headers {
+		if h.Key == name {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+// runReply applies a participant's reply in tx and commits.
+func (e *Engine) runReply(ctx context.Context, tx pgx.Tx, m kafka.Message, c *store.Claimed) (waitKind, error) {
+	b := &batch{e: e, tx: tx, msg: &m, ctx: ctx}
+	key, kerr := steps.ParseKey(headerValue(&m, store.HeaderStepKey))
+	if kerr == nil && c.MessageID == "" {
+		kerr = errors.New("no " + store.HeaderMessageID + " header")
+	}
+	if kerr == nil {
+		kerr = safetext.Check(store.HeaderMessageID, c.MessageID, safetext.MaxKeyBytes)
+	}
+	if kerr != nil {
 		if err := b.park(ctx, c, nil, CodeMalformed, "malformed reply: "+kerr.Error()); err != nil {
-			return false, err
+			return runDone, err
 		}
-		return false, e.finish(ctx, tx, b)
+		return runDone, e.finish(ctx, tx, b)
 	}
 	sagas, err := e.st.LockSagas(ctx, tx, []uuid.UUID{key.SagaID})
 	if err != nil {
-		return false, err
+		return runDone, err
 	}
 	ls := sagas[key.SagaID]
 	switch {
 	case ls == nil:
 		if err := b.park(ctx, c, nil, CodeUnknownSaga, fmt.Sprintf("reply for saga %s, which does not exist", key.SagaID)); err != nil {
-			return false, err
+			return runDone, err
 		}
 	case !ls.Locked:
-		return true, nil // a step of the saga runs right now: try again
+		return waitBusy, nil // a step of the saga runs right now: try again
 	default:
 		if err := b.reply(ctx, c, ls, key, true); err != nil {
-			return false, err
+			return runDone, err
 		}
 	}
-	return false, e.finish(ctx, tx, b)
+	return runDone, e.finish(ctx, tx, b)
 }
 
-// claimedFromKafka describes a Kafka message as the executor's input.
-func claimedFromKafka(m kafka.Message) store.Claimed {
-	c := store.Claimed{Payload: m.Value, Age: time.Since(m.Time)}
+// claimedFromKafka describes a Kafka message as the executor's input. A
+// command that an engine held (moved back to its outbox) is known by the id
+// it was first consumed under. Repeated sagaflow headers make the message
+// ambiguous: two readers could take it two ways.
+func claimedFromKafka(m kafka.Message) (store.Claimed, error) {
+	c := store.Claimed{Payload: m.Value}
+	var heldID string
+	seen := map[string]bool{}
+	var ambiguous error
 	for _, h := range m.Headers {
+		if strings.HasPrefix(h.Key, "sagaflow-") {
+			if seen[h.Key] && ambiguous == nil {
+				ambiguous = fmt.Errorf("header %q appears more than once", safetext.Text(h.Key, 100))
+			}
+			seen[h.Key] = true
+		}
 		switch h.Key {
 		case store.HeaderMessageID:
-			c.ID, _ = uuid.Parse(string(h.Value))
+			c.MessageID = string(h.Value)
+			c.ID, _ = uuid.Parse(c.MessageID)
+		case store.HeaderHeldID:
+			heldID = string(h.Value)
 		case store.HeaderType:
 			c.Type = string(h.Value)
 		case store.HeaderSagaID:
@@ -238,19 +393,39 @@ func claimedFromKafka(m kafka.Message) store.Claimed {
 			}
 		}
 	}
-	return c
+	if id, err := uuid.Parse(heldID); err == nil {
+		c.ID = id
+	}
+	return c, ambiguous
 }
 
-// runKafkaMessage runs one command from Kafka in its own transaction. again
-// is true when the command must be tried again later (its saga is busy).
-func (e *Engine) runKafkaMessage(ctx context.Context, m kafka.Message) (again bool, err error) {
+// runKafkaMessage runs one command from Kafka in its own transaction. It
+// returns what the command waits for when it cannot run yet. expired says
+// that a command for an unknown saga or step has waited past
+// UnknownSagaGrace: it is parked.
+func (e *Engine) runKafkaMessage(ctx context.Context, m kafka.Message, expired bool) (waitKind, error) {
 	bt, err := e.beginBatch(ctx, ctx)
 	if err != nil {
-		return false, err
+		return runDone, err
 	}
 	defer bt.end(ctx)
 	tx := bt.tx
-	c := claimedFromKafka(m)
+	c, aerr := claimedFromKafka(m)
+	if expired {
+		c.Age = e.cfg.UnknownSagaGrace
+	}
+	verr := e.signer.Verify(func(n string) string { return headerValue(&m, n) }, m.Value)
+	if aerr != nil || verr != nil {
+		b := &batch{e: e, tx: tx, msg: &m, ctx: ctx}
+		code, why := CodeMalformed, "ambiguous: "+errString(aerr)
+		if verr != nil {
+			code, why = CodeUnverified, "refused before any effect: "+verr.Error()
+		}
+		if err := b.park(ctx, &c, nil, code, why); err != nil {
+			return runDone, err
+		}
+		return runDone, e.finish(ctx, tx, b)
+	}
 	if c.Type == steps.ReplyType {
 		return e.runReply(ctx, tx, m, &c)
 	}
@@ -264,23 +439,33 @@ func (e *Engine) runKafkaMessage(ctx context.Context, m kafka.Message) (again bo
 	}
 	sagas, err := e.st.LockSagas(ctx, tx, ids)
 	if err != nil {
-		return false, err
+		return runDone, err
 	}
 	fault.Hit(fault.EngineAfterClaim)
 	b := &batch{e: e, tx: tx, msg: &m, ctx: ctx}
 	err = b.handle(ctx, &c, cmd, derr, sagas, true)
 	if errors.Is(err, errAbandoned) {
 		// The attempt is recorded with its retry; this message is spent.
-		return false, e.abandon(ctx, bt, b)
+		return runDone, e.abandon(ctx, bt, b)
 	}
 	if err != nil {
-		return false, err
+		return runDone, err
 	}
 	if len(b.deferred) > 0 {
-		return true, nil
+		if b.deferred[0].reason != "" {
+			return waitUnknown, nil
+		}
+		return waitBusy, nil
 	}
 	if err := e.finish(ctx, tx, b); err != nil {
-		return false, err
+		return runDone, err
 	}
-	return false, nil
+	return runDone, nil
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
 }

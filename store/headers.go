@@ -26,3 +26,7 @@ const (
 // yet and moved back to the outbox (see [Store.HoldMessage]): when it was
 // first held, in the database's time (RFC 3339, UTC).
 const HeaderHeldSince = "sagaflow-held-since"
+
+// HeaderHeldID is the message id a held command had when it was first
+// consumed: the id its saga recorded for it.
+const HeaderHeldID = "sagaflow-held-id"

@@ -114,6 +114,18 @@ type Claimed struct {
 	SagaID        *uuid.UUID // the row's saga_id column
 	Attempts      int
 	Age           time.Duration // since the row was written, by the database's clock
+	// MessageID is the message id as received, for a message from Kafka,
+	// which may carry any string there.
+	MessageID string
+}
+
+// IDText is c's message id as text: as received from Kafka, else the
+// outbox row's id.
+func (c *Claimed) IDText() string {
+	if c.MessageID != "" {
+		return c.MessageID
+	}
+	return c.ID.String()
 }
 
 // LockedSaga is a saga read by [Store.LockSagas].
@@ -387,7 +399,7 @@ func New(schema string) (*Store, error) {
 				$7::jsonb || jsonb_build_object('` + HeaderHeldSince + `', to_char(coalesce($9, c.t) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')),
 				$8, NULL, c.t, c.t + $10 * interval '1 microsecond', $12
 			FROM (SELECT clock_timestamp() AS t) c
-			WHERE coalesce($9, c.t) >= c.t - $11 * interval '1 microsecond'
+			WHERE $11 <= 0 OR coalesce($9, c.t) >= c.t - $11 * interval '1 microsecond'
 			RETURNING true`,
 	}
 	for n := 1; n <= maxHistoryRows; n++ {
@@ -1060,7 +1072,8 @@ type Held struct {
 
 // HoldMessage writes h to the outbox as a relay row due after h.Delay, so
 // that its Kafka partition can move on. It reports false, writing nothing,
-// when h has been held for longer than grace (in the database's time).
+// when h has been held for longer than grace (in the database's time); a
+// grace of 0 holds it however long.
 func (s *Store) HoldMessage(ctx context.Context, db DBTX, h *Held, grace time.Duration) (bool, error) {
 	headers := h.Headers
 	if headers == nil {
