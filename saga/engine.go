@@ -2,6 +2,7 @@ package saga
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sort"
@@ -391,7 +392,16 @@ func (e *Engine) Store() *store.Store { return e.st }
 // scheduler, and returns at once. Calling it on a running engine does
 // nothing; calling it while Stop is in progress returns an error. Cancelling
 // ctx stops the engine hard, as [Engine.StopAndCancel] does.
+//
+// Start first checks that the schema has every migration this version needs
+// (see store.CheckSchema), and returns an error wrapping
+// store.ErrSchemaNotMigrated when it has not. When the database cannot be
+// asked, it logs a warning and starts: its workers wait for the database as
+// they do whenever it is away.
 func (e *Engine) Start(ctx context.Context) error {
+	if err := e.checkSchema(ctx); err != nil {
+		return err
+	}
 	e.mu.Lock()
 	e.frozen = true
 	schedules := e.schedules
@@ -439,6 +449,26 @@ func (e *Engine) Start(ctx context.Context) error {
 		e.log.InfoContext(ctx, "sagaflow engine started", slog.String("schema", e.cfg.Schema),
 			slog.Int("workers", e.cfg.Workers), slog.Int("batch_size", e.cfg.BatchSize))
 	}
+	return nil
+}
+
+// schemaCheckTimeout bounds Start's check of the schema's migrations.
+const schemaCheckTimeout = 5 * time.Second
+
+// checkSchema refuses a schema that lacks migrations. A check that cannot
+// reach the database is only logged: the workers wait for it anyway.
+func (e *Engine) checkSchema(ctx context.Context) error {
+	checkCtx, cancel := context.WithTimeout(ctx, schemaCheckTimeout)
+	defer cancel()
+	err := store.CheckSchema(checkCtx, e.pool, e.cfg.Schema)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, store.ErrSchemaNotMigrated):
+		return fmt.Errorf("saga: engine: %w", err)
+	}
+	e.log.WarnContext(ctx, "sagaflow could not check the schema's migrations; starting anyway",
+		slog.String("schema", e.cfg.Schema), slog.Any("error", err))
 	return nil
 }
 
