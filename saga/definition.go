@@ -161,8 +161,13 @@ func Define[S any](name string, steps ...Step[S]) *Definition[S] {
 	return &Definition[S]{name: name, steps: steps}
 }
 
-// Name returns the saga's name.
-func (d *Definition[S]) Name() string { return d.name }
+// Name returns the saga's name; "" for a nil definition.
+func (d *Definition[S]) Name() string {
+	if d == nil {
+		return ""
+	}
+	return d.name
+}
 
 // AnyDefinition is a [Definition] of any state type, as the engine holds it.
 type AnyDefinition interface {
@@ -258,6 +263,9 @@ func validName(s string) bool {
 }
 
 func (d *Definition[S]) compile() (*compiled, error) {
+	if d == nil {
+		return nil, fmt.Errorf("%w: nil definition", ErrInvalidDefinition)
+	}
 	if !validName(d.name) {
 		return nil, fmt.Errorf("%w: saga name %q must be 1-64 letters, digits, '.', '-' or '_'", ErrInvalidDefinition, d.name)
 	}

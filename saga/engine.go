@@ -294,6 +294,9 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 // name that is already registered, and fails once the engine has been
 // started.
 func (e *Engine) Register(defs ...AnyDefinition) error {
+	if err := e.ready("Engine.Register"); err != nil {
+		return err
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.frozen {
@@ -323,6 +326,15 @@ func (e *Engine) Register(defs ...AnyDefinition) error {
 		e.byOwner[c.owner] = c
 		e.known = append(e.known, aggregateType(c.name))
 		e.names = append(e.names, c.name)
+	}
+	return nil
+}
+
+// ready returns an error wrapping [ErrNilEngine] when e is nil or was not
+// made by [New]; every entry point checks it before it uses e.
+func (e *Engine) ready(op string) error {
+	if e == nil || e.st == nil {
+		return fmt.Errorf("%w: %s needs an engine made by saga.New", ErrNilEngine, op)
 	}
 	return nil
 }
@@ -385,8 +397,14 @@ func (e *Engine) maxStepTimeout() time.Duration {
 	return m
 }
 
-// Store returns the engine's statements, for tools built on the engine.
-func (e *Engine) Store() *store.Store { return e.st }
+// Store returns the engine's statements, for tools built on the engine; nil
+// for a nil engine.
+func (e *Engine) Store() *store.Store {
+	if e == nil {
+		return nil
+	}
+	return e.st
+}
 
 // Start launches the engine's workers, its notification listener and its
 // scheduler, and returns at once. Calling it on a running engine does
@@ -399,6 +417,9 @@ func (e *Engine) Store() *store.Store { return e.st }
 // asked, it logs a warning and starts: its workers wait for the database as
 // they do whenever it is away.
 func (e *Engine) Start(ctx context.Context) error {
+	if err := e.ready("Engine.Start"); err != nil {
+		return err
+	}
 	if err := e.checkSchema(ctx); err != nil {
 		return err
 	}
@@ -489,6 +510,9 @@ func (e *Engine) StopAndCancel(ctx context.Context) error {
 }
 
 func (e *Engine) stop(ctx context.Context, hard bool) error {
+	if err := e.ready("Engine.Stop"); err != nil {
+		return err
+	}
 	stopped, err := e.life.Stop(ctx, hard)
 	if stopped && err == nil {
 		e.log.InfoContext(ctx, "sagaflow engine stopped", slog.String("schema", e.cfg.Schema))
@@ -567,8 +591,11 @@ type statCounters struct {
 	rescued, failedOver, cronStarted, cronDuplicates                      atomic.Int64
 }
 
-// Stats returns the engine's counters.
+// Stats returns the engine's counters; zero for a nil engine.
 func (e *Engine) Stats() Stats {
+	if e == nil {
+		return Stats{}
+	}
 	s := &e.stats
 	return Stats{
 		StepsSucceeded: s.succeeded.Load(), AttemptsFailed: s.failed.Load(), Retries: s.retries.Load(),

@@ -15,6 +15,10 @@ var (
 	// ErrNotFound is returned for a saga id that does not exist.
 	ErrNotFound = errors.New("saga: not found")
 
+	// ErrNilEngine is returned by the functions and methods that are given a
+	// nil *Engine, or one not made by [New].
+	ErrNilEngine = errors.New("saga: nil engine")
+
 	// ErrPayloadTooLarge is returned when a saga's encoded state exceeds
 	// [Config.MaxStateBytes].
 	ErrPayloadTooLarge = errors.New("saga: state too large")

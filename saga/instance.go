@@ -141,6 +141,9 @@ func deref[T any](p *T) T {
 // Get returns a saga with its timeline. It returns an error wrapping
 // [ErrNotFound] for an unknown id.
 func (e *Engine) Get(ctx context.Context, id uuid.UUID) (*Instance, error) {
+	if err := e.ready("Engine.Get"); err != nil {
+		return nil, err
+	}
 	sg, err := e.st.GetSaga(ctx, e.pool, id, false)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, fmt.Errorf("saga: get %s: %w", id, ErrNotFound)
@@ -196,6 +199,9 @@ type ListResult struct {
 
 // List returns sagas matching opts, newest first, one page at a time.
 func (e *Engine) List(ctx context.Context, opts *ListOpts) (*ListResult, error) {
+	if err := e.ready("Engine.List"); err != nil {
+		return nil, err
+	}
 	o := ListOpts{}
 	if opts != nil {
 		o = *opts

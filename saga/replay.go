@@ -114,6 +114,9 @@ func statusFor(dir steps.Direction) string {
 // row lock. A non-zero expect refuses a saga whose version changed since
 // the caller selected it.
 func (e *Engine) replay(ctx context.Context, id uuid.UUID, what string, expect int64, plan func(pgx.Tx, *store.Saga) (*store.Transition, error)) error {
+	if err := e.ready(what); err != nil {
+		return err
+	}
 	err := pgx.BeginTxFunc(ctx, e.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		sg, err := e.st.GetSaga(ctx, tx, id, true)
 		if errors.Is(err, store.ErrNotFound) {
@@ -256,6 +259,9 @@ type BulkReplayError struct {
 // Errors and the others go on. With DryRun it only reports what it would
 // replay.
 func (e *Engine) ReplayBulk(ctx context.Context, opts BulkReplayOpts) (*BulkReplayResult, error) {
+	if err := e.ready("Engine.ReplayBulk"); err != nil {
+		return nil, err
+	}
 	if err := normaliseReplayLimits(&opts.Max, &opts.RatePerSecond); err != nil {
 		return nil, err
 	}
@@ -375,6 +381,9 @@ type OutboxReplayResult struct {
 // oldest first, capped and rate limited. Only messages still within
 // OutboxRetention can be replayed.
 func (e *Engine) ReplayOutbox(ctx context.Context, opts OutboxReplayOpts) (*OutboxReplayResult, error) {
+	if err := e.ready("Engine.ReplayOutbox"); err != nil {
+		return nil, err
+	}
 	if err := normaliseReplayLimits(&opts.Max, &opts.RatePerSecond); err != nil {
 		return nil, err
 	}
@@ -400,5 +409,8 @@ func (e *Engine) ReplayOutbox(ctx context.Context, opts OutboxReplayOpts) (*Outb
 // OutboxStatus reports the outbox: pending messages, the age of the oldest,
 // dead and published ones.
 func (e *Engine) OutboxStatus(ctx context.Context) (store.OutboxStatus, error) {
+	if err := e.ready("Engine.OutboxStatus"); err != nil {
+		return store.OutboxStatus{}, err
+	}
 	return e.st.OutboxStatus(ctx, e.pool)
 }

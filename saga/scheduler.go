@@ -44,6 +44,9 @@ type schedule struct {
 // seconds first, or are descriptors (@hourly, @every 10m; @every slots are
 // aligned to multiples of the interval). Call it before [Engine.Start].
 func Schedule[S any](e *Engine, spec string, d *Definition[S], state S, opts *ScheduleOpts) error {
+	if err := e.ready("Schedule"); err != nil {
+		return err
+	}
 	sched, err := cronParser.Parse(spec)
 	if err != nil {
 		return fmt.Errorf("saga: schedule %q: %w", spec, err)

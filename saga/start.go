@@ -35,6 +35,9 @@ type Started struct {
 // statement, so it commits atomically on its own. See [StartTx] to start a
 // saga inside the caller's transaction.
 func Start[S any](ctx context.Context, e *Engine, d *Definition[S], state S, opts *StartOpts) (Started, error) {
+	if err := e.ready("Start"); err != nil {
+		return Started{}, err
+	}
 	return start(ctx, e, e.pool, true, d, state, opts)
 }
 
@@ -44,6 +47,9 @@ func Start[S any](ctx context.Context, e *Engine, d *Definition[S], state S, opt
 // returns the existing saga's id and Existing: true, and writes nothing (the
 // caller may then want to roll back its own writes).
 func StartTx[S any](ctx context.Context, e *Engine, tx pgx.Tx, d *Definition[S], state S, opts *StartOpts) (Started, error) {
+	if err := e.ready("StartTx"); err != nil {
+		return Started{}, err
+	}
 	return start(ctx, e, tx, false, d, state, opts)
 }
 
@@ -54,6 +60,9 @@ func StartTx[S any](ctx context.Context, e *Engine, tx pgx.Tx, d *Definition[S],
 func start[S any](ctx context.Context, e *Engine, db store.DBTX, own bool, d *Definition[S], state S, opts *StartOpts) (Started, error) {
 	if d == nil {
 		return Started{}, fmt.Errorf("%w: nil definition", ErrNotRegistered)
+	}
+	if db == nil {
+		return Started{}, fmt.Errorf("saga: start %s: tx is nil", d.name)
 	}
 	def, err := e.lookupOwner(d, d.name)
 	if err != nil {
