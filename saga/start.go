@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"github.com/google/uuid"
@@ -19,7 +20,11 @@ type StartOpts struct {
 	// with the same key starts nothing and returns the first saga's id with
 	// Existing set. Typically an order id.
 	BusinessKey string
-	// ID sets the saga's id. Defaults to a new UUIDv7.
+	// ID sets the saga's id. Defaults to a new UUIDv7. Starting again with
+	// an id in use returns that saga with Existing set when it is a saga of
+	// the same definition and business key (a retried start), and an error
+	// wrapping [ErrSagaIDTaken] when it is not. A business key in use
+	// decides first: the saga that has it is returned, whatever its id.
 	ID uuid.UUID
 }
 
@@ -108,11 +113,44 @@ func start[S any](ctx context.Context, e *Engine, db store.DBTX, own bool, d *De
 		}
 		return Started{ID: id}, nil
 	}
-	existing, err := e.st.SagaIDByKey(ctx, db, d.name, o.BusinessKey)
+	existing, err := e.existingStart(ctx, db, d.name, id, o.BusinessKey)
 	if err != nil {
-		return Started{}, fmt.Errorf("saga: start %s with business key %q: %w", d.name, o.BusinessKey, err)
+		return Started{}, err
 	}
 	return Started{ID: existing, Existing: true}, nil
+}
+
+// existingStart finds the saga that a start which wrote nothing collided
+// with: the saga with the same name and business key, or else the saga that
+// holds the id. A saga holding the id counts only if it has the same name
+// and business key (a retried start); otherwise the id is taken.
+func (e *Engine) existingStart(ctx context.Context, db store.DBTX, name string, id uuid.UUID, key string) (uuid.UUID, error) {
+	if key != "" {
+		found, err := e.st.SagaIDByKey(ctx, db, name, key)
+		if err == nil {
+			return found, nil
+		}
+		if !errors.Is(err, store.ErrNotFound) {
+			return uuid.Nil, fmt.Errorf("saga: start %s with business key %q: %w", name, key, err)
+		}
+	}
+	sg, err := e.st.GetSaga(ctx, db, id, false)
+	if errors.Is(err, store.ErrNotFound) {
+		// Deleted between the insert and this read (retention, or an
+		// operator): nothing holds the id or the key any more.
+		return uuid.Nil, fmt.Errorf("saga: start %s with id %s: the saga it collided with was deleted meanwhile; start again", name, id)
+	}
+	if err != nil {
+		return uuid.Nil, fmt.Errorf("saga: start %s with id %s: %w", name, id, err)
+	}
+	if sg.Name == name && deref(sg.BusinessKey) == key {
+		return id, nil
+	}
+	held := fmt.Sprintf("a %q saga", sg.Name)
+	if sg.BusinessKey != nil {
+		held += fmt.Sprintf(" with business key %q", *sg.BusinessKey)
+	}
+	return uuid.Nil, fmt.Errorf("saga: start %s with id %s: %w: it belongs to %s", name, id, ErrSagaIDTaken, held)
 }
 
 // checkState refuses state that is too large or that PostgreSQL cannot store.
