@@ -89,7 +89,11 @@ type Config struct {
 	// CommandTopicDefault.
 	CommandTopic string
 	// RescueSlack is added to each step's timeout to give a saga's deadline
-	// (next_check_at). Defaults to RescueSlackDefault.
+	// (next_check_at), past which the rescuer looks at it. A new saga's
+	// first deadline has it twice, the second time as room: a quick first
+	// step then leaves the deadline where it is, and a lost first command is
+	// found after the first step's Timeout plus twice RescueSlack. Defaults
+	// to RescueSlackDefault.
 	RescueSlack time.Duration
 	// HandlerGrace is how long a handler that ignores its cancelled context
 	// may keep its worker before the worker abandons it and closes the

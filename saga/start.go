@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -103,7 +104,7 @@ func start[S any](ctx context.Context, e *Engine, db store.DBTX, own bool, d *De
 			Direction: string(steps.Forward), Detail: detail}},
 		Messages: []store.Message{e.commandMessage(id, d.name, first.name, steps.Forward, 0, 1, 0)},
 	}
-	inserted, err := e.st.StartSaga(ctx, db, sg, first.timeout+e.cfg.RescueSlack, rows, e.cfg.CommandTopic, !own)
+	inserted, err := e.st.StartSaga(ctx, db, sg, e.firstDeadline(first.timeout), rows, e.cfg.CommandTopic, !own)
 	if err != nil {
 		return Started{}, fmt.Errorf("saga: %w", err)
 	}
@@ -118,6 +119,16 @@ func start[S any](ctx context.Context, e *Engine, db store.DBTX, own bool, d *De
 		return Started{}, err
 	}
 	return Started{ID: existing, Existing: true}, nil
+}
+
+// firstDeadline is how long after its start a saga counts as stuck: its
+// first step's timeout and RescueSlack, as for every step, and RescueSlack
+// once more as room. With the room, the first step's transition usually
+// finds the deadline far enough out for the second step and leaves it alone,
+// so PostgreSQL can update the row in place without touching the deadline's
+// index; short rescue settings still rescue a lost first command soon.
+func (e *Engine) firstDeadline(timeout time.Duration) time.Duration {
+	return timeout + 2*e.cfg.RescueSlack
 }
 
 // existingStart finds the saga that a start which wrote nothing collided

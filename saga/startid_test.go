@@ -3,6 +3,7 @@ package saga_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
@@ -67,4 +68,27 @@ func TestStartWithAnExplicitID(t *testing.T) {
 	require.Equal(t, 2, b.count(t, "SELECT count(*) FROM "+b.table("saga_instances")))
 	require.Equal(t, 2, b.count(t, "SELECT count(*) FROM "+b.table("saga_history")))
 	require.Equal(t, 2, b.count(t, "SELECT count(*) FROM "+b.table("outbox")))
+}
+
+func TestShortRescueSettingsRescueALostFirstCommandSoon(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &saga.Config{RescueSlack: 200 * time.Millisecond})
+	def := saga.Define("quick-rescue", saga.Step[order]{Name: "a", Action: noop, Timeout: 300 * time.Millisecond})
+	require.NoError(t, b.engine.Register(def))
+	ctx := context.Background()
+	st, err := saga.Start(ctx, b.engine, def, order{}, nil)
+	require.NoError(t, err)
+	in, err := b.engine.Get(ctx, st.ID)
+	require.NoError(t, err)
+	// The step's timeout and twice the slack: no hidden minute.
+	require.WithinDuration(t, in.CreatedAt.Add(700*time.Millisecond), *in.NextCheckAt, 100*time.Millisecond)
+
+	b.deleteCommands(t, st.ID) // the first command is lost
+	waitFor(t, 5*time.Second, func() bool {
+		res, err := b.engine.RescueNow(ctx)
+		require.NoError(t, err)
+		return res.Redriven == 1
+	}, "the lost first command to be re-driven")
+	b.start(t)
+	require.Equal(t, saga.StatusCompleted, b.waitTerminal(t, st.ID).Status)
 }
