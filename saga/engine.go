@@ -577,13 +577,13 @@ func (e *Engine) work(fetchCtx, workCtx context.Context, wake chan struct{}) {
 // Stats are counters of what the engine's workers did since it was created.
 type Stats struct {
 	StepsSucceeded    int64 // step attempts (actions and compensations) that committed
-	AttemptsFailed    int64 // attempts that failed, retried or not
+	AttemptsFailed    int64 // attempts that failed, retried or not, abandoned ones included
 	Retries           int64 // retries scheduled
 	Deduplicated      int64 // steps skipped because their key was in the inbox
 	StaleDiscarded    int64 // commands or commits refused because the saga had moved on
 	Deferred          int64 // commands put back because another worker held their saga
 	Parked            int64 // commands parked as dead, with their reason
-	HandlersAbandoned int64 // handlers abandoned after ignoring their timeout
+	HandlersAbandoned int64 // attempts abandoned because their handler ignored its timeout (also in AttemptsFailed)
 	Rescued           int64 // stuck sagas re-driven by the rescuer
 	FailedOver        int64 // stuck sagas whose attempts were spent, moved to compensation or failed
 	CronStarted       int64 // sagas started by a schedule
@@ -602,7 +602,9 @@ func (e *Engine) Stats() Stats {
 	}
 	s := &e.stats
 	return Stats{
-		StepsSucceeded: s.succeeded.Load(), AttemptsFailed: s.failed.Load(), Retries: s.retries.Load(),
+		// An abandoned handler's attempt failed too; it is recorded apart
+		// from the batch it was in.
+		StepsSucceeded: s.succeeded.Load(), AttemptsFailed: s.failed.Load() + s.abandoned.Load(), Retries: s.retries.Load(),
 		Deduplicated: s.dedup.Load(), StaleDiscarded: s.stale.Load(), Deferred: s.deferred.Load(),
 		Parked: s.parked.Load(), HandlersAbandoned: s.abandoned.Load(),
 		Rescued: s.rescued.Load(), FailedOver: s.failedOver.Load(),
