@@ -79,7 +79,8 @@ var DefaultBackoff = ExponentialBackoff(BackoffInitialDefault, BackoffMaxDefault
 // RetryPolicy says how often, and how far apart, a step is attempted.
 type RetryPolicy struct {
 	// MaxAttempts counts every attempt, the first included; 1 means never
-	// retry. Defaults to MaxAttemptsDefault.
+	// retry. Defaults to MaxAttemptsDefault; a negative value is refused by
+	// [Engine.Register].
 	MaxAttempts int
 	// Backoff spaces the attempts. Defaults to DefaultBackoff.
 	Backoff BackoffFunc
@@ -90,7 +91,7 @@ func (p *RetryPolicy) withDefaults() RetryPolicy {
 	if p != nil {
 		out = *p
 	}
-	if out.MaxAttempts <= 0 {
+	if out.MaxAttempts == 0 {
 		out.MaxAttempts = MaxAttemptsDefault
 	}
 	if out.Backoff == nil {
@@ -292,6 +293,15 @@ func (d *Definition[S]) compile() (*compiled, error) {
 		}
 		if s.Timeout < 0 {
 			return nil, fmt.Errorf("%w: saga %q step %q has a negative Timeout", ErrInvalidDefinition, d.name, s.Name)
+		}
+		for _, p := range []struct {
+			field  string
+			policy *RetryPolicy
+		}{{"Retry", s.Retry}, {"CompensateRetry", s.CompensateRetry}} {
+			if p.policy != nil && p.policy.MaxAttempts < 0 {
+				return nil, fmt.Errorf("%w: saga %q step %q: %s.MaxAttempts is %d; it counts attempts, the first included "+
+					"(0 for the default, %d; 1 for no retry)", ErrInvalidDefinition, d.name, s.Name, p.field, p.policy.MaxAttempts, MaxAttemptsDefault)
+			}
 		}
 		c.byName[s.Name] = i
 		retry := s.Retry.withDefaults()

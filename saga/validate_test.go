@@ -30,3 +30,22 @@ func TestScheduleRefusesSpecsCronCannotKeep(t *testing.T) {
 		require.NoError(t, saga.Schedule(e, spec, def, order{}, &saga.ScheduleOpts{Name: spec}), spec)
 	}
 }
+
+func TestNegativeRetryLimitsAreRefused(t *testing.T) {
+	t.Parallel()
+	e, err := saga.New(dummyPool(t), nil)
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		step saga.Step[order]
+		want string
+	}{
+		{saga.Step[order]{Name: "a", Action: noop, Retry: &saga.RetryPolicy{MaxAttempts: -1}},
+			`saga "retries" step "a": Retry.MaxAttempts is -1`},
+		{saga.Step[order]{Name: "a", Action: noop, Compensate: noop, CompensateRetry: &saga.RetryPolicy{MaxAttempts: -3}},
+			`saga "retries" step "a": CompensateRetry.MaxAttempts is -3`},
+	} {
+		err := e.Register(saga.Define("retries", tc.step))
+		require.ErrorIs(t, err, saga.ErrInvalidDefinition)
+		require.ErrorContains(t, err, tc.want)
+	}
+}
