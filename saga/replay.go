@@ -268,6 +268,9 @@ func (e *Engine) ReplayBulk(ctx context.Context, opts BulkReplayOpts) (*BulkRepl
 	if len(opts.Statuses) == 0 {
 		opts.Statuses = []Status{StatusFailed}
 	}
+	if err := checkStatuses(opts.Statuses); err != nil {
+		return nil, fmt.Errorf("saga: bulk replay: %w", err)
+	}
 	f := store.ListFilter{Name: opts.Name, CreatedAfter: opts.CreatedAfter, CreatedBefore: opts.CreatedBefore,
 		EndedAfter: opts.EndedAfter, EndedBefore: opts.EndedBefore, FailedStep: opts.FailedStep,
 		ErrorCode: opts.ErrorCode, Limit: opts.Max}

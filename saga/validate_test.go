@@ -1,6 +1,7 @@
 package saga_test
 
 import (
+	"context"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -48,4 +49,26 @@ func TestNegativeRetryLimitsAreRefused(t *testing.T) {
 		require.ErrorIs(t, err, saga.ErrInvalidDefinition)
 		require.ErrorContains(t, err, tc.want)
 	}
+}
+
+func TestListRefusesUnknownStatuses(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	def := threeSteps(b, "filtered", nil)
+	require.NoError(t, b.engine.Register(def))
+	ctx := context.Background()
+	_, err := saga.Start(ctx, b.engine, def, order{}, nil)
+	require.NoError(t, err)
+
+	const valid = "running, compensating, completed, compensated, failed"
+	_, err = b.engine.List(ctx, &saga.ListOpts{Statuses: []saga.Status{saga.StatusRunning, "runing"}})
+	require.ErrorContains(t, err, `saga: list: unknown status "runing" (want one of `+valid+`)`)
+	_, err = b.engine.ReplayBulk(ctx, saga.BulkReplayOpts{Statuses: []saga.Status{"FAILED"}, DryRun: true})
+	require.ErrorContains(t, err, `saga: bulk replay: unknown status "FAILED" (want one of `+valid+`)`)
+
+	res, err := b.engine.List(ctx, &saga.ListOpts{Statuses: []saga.Status{saga.StatusRunning}})
+	require.NoError(t, err)
+	require.Len(t, res.Sagas, 1)
+	require.True(t, saga.StatusFailed.Valid())
+	require.False(t, saga.Status("").Valid())
 }
