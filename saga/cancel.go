@@ -52,8 +52,8 @@ const maxReasonBytes = 2000
 // Cancel returns an error wrapping [ErrNotFound] for a saga that does not
 // exist and [ErrNotRunning] for one that is compensating or has ended.
 func (e *Engine) Cancel(ctx context.Context, id uuid.UUID, reason string) error {
-	if e == nil {
-		return errNilEngine
+	if err := e.ready("Engine.Cancel"); err != nil {
+		return err
 	}
 	return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error { return e.CancelTx(ctx, tx, id, reason) })
 }
@@ -72,8 +72,8 @@ func (e *Engine) CancelTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, reason s
 // It returns an error wrapping [ErrNotFound] or [ErrNotRunning] as Cancel
 // does.
 func (e *Engine) RequestCancel(ctx context.Context, id uuid.UUID, reason string) error {
-	if e == nil {
-		return errNilEngine
+	if err := e.ready("Engine.RequestCancel"); err != nil {
+		return err
 	}
 	return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error { return e.RequestCancelTx(ctx, tx, id, reason) })
 }
@@ -84,14 +84,12 @@ func (e *Engine) RequestCancelTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, r
 	return e.cancel(ctx, tx, id, reason, false)
 }
 
-var errNilEngine = errors.New("saga: engine is nil")
-
 func (e *Engine) cancel(ctx context.Context, tx pgx.Tx, id uuid.UUID, reason string, apply bool) error {
-	switch {
-	case e == nil:
-		return errNilEngine
-	case tx == nil:
-		return fmt.Errorf("saga: cancel %s: transaction is nil", id)
+	if err := e.ready("Engine.CancelTx"); err != nil {
+		return err
+	}
+	if tx == nil {
+		return fmt.Errorf("saga: cancel %s: tx is nil", id)
 	}
 	reason = safetext.Text(strings.TrimSpace(reason), maxReasonBytes)
 	if reason == "" {

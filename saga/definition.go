@@ -79,7 +79,8 @@ var DefaultBackoff = ExponentialBackoff(BackoffInitialDefault, BackoffMaxDefault
 // RetryPolicy says how often, and how far apart, a step is attempted.
 type RetryPolicy struct {
 	// MaxAttempts counts every attempt, the first included; 1 means never
-	// retry. Defaults to MaxAttemptsDefault.
+	// retry. Defaults to MaxAttemptsDefault; a negative value is refused by
+	// [Engine.Register].
 	MaxAttempts int
 	// Backoff spaces the attempts. Defaults to DefaultBackoff.
 	Backoff BackoffFunc
@@ -90,7 +91,7 @@ func (p *RetryPolicy) withDefaults() RetryPolicy {
 	if p != nil {
 		out = *p
 	}
-	if out.MaxAttempts <= 0 {
+	if out.MaxAttempts == 0 {
 		out.MaxAttempts = MaxAttemptsDefault
 	}
 	if out.Backoff == nil {
@@ -161,8 +162,13 @@ func Define[S any](name string, steps ...Step[S]) *Definition[S] {
 	return &Definition[S]{name: name, steps: steps}
 }
 
-// Name returns the saga's name.
-func (d *Definition[S]) Name() string { return d.name }
+// Name returns the saga's name; "" for a nil definition.
+func (d *Definition[S]) Name() string {
+	if d == nil {
+		return ""
+	}
+	return d.name
+}
 
 // AnyDefinition is a [Definition] of any state type, as the engine holds it.
 type AnyDefinition interface {
@@ -258,6 +264,9 @@ func validName(s string) bool {
 }
 
 func (d *Definition[S]) compile() (*compiled, error) {
+	if d == nil {
+		return nil, fmt.Errorf("%w: nil definition", ErrInvalidDefinition)
+	}
 	if !validName(d.name) {
 		return nil, fmt.Errorf("%w: saga name %q must be 1-64 letters, digits, '.', '-' or '_'", ErrInvalidDefinition, d.name)
 	}
@@ -284,6 +293,15 @@ func (d *Definition[S]) compile() (*compiled, error) {
 		}
 		if s.Timeout < 0 {
 			return nil, fmt.Errorf("%w: saga %q step %q has a negative Timeout", ErrInvalidDefinition, d.name, s.Name)
+		}
+		for _, p := range []struct {
+			field  string
+			policy *RetryPolicy
+		}{{"Retry", s.Retry}, {"CompensateRetry", s.CompensateRetry}} {
+			if p.policy != nil && p.policy.MaxAttempts < 0 {
+				return nil, fmt.Errorf("%w: saga %q step %q: %s.MaxAttempts is %d; it counts attempts, the first included "+
+					"(0 for the default, %d; 1 for no retry)", ErrInvalidDefinition, d.name, s.Name, p.field, p.policy.MaxAttempts, MaxAttemptsDefault)
+			}
 		}
 		c.byName[s.Name] = i
 		retry := s.Retry.withDefaults()

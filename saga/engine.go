@@ -2,6 +2,7 @@ package saga
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sort"
@@ -89,7 +90,11 @@ type Config struct {
 	// CommandTopicDefault.
 	CommandTopic string
 	// RescueSlack is added to each step's timeout to give a saga's deadline
-	// (next_check_at). Defaults to RescueSlackDefault.
+	// (next_check_at), past which the rescuer looks at it. A new saga's
+	// first deadline has it twice, the second time as room: a quick first
+	// step then leaves the deadline where it is, and a lost first command is
+	// found after the first step's Timeout plus twice RescueSlack. Defaults
+	// to RescueSlackDefault.
 	RescueSlack time.Duration
 	// HandlerGrace is how long a handler that ignores its cancelled context
 	// may keep its worker before the worker abandons it and closes the
@@ -307,6 +312,9 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 // name that is already registered, and fails once the engine has been
 // started.
 func (e *Engine) Register(defs ...AnyDefinition) error {
+	if err := e.ready("Engine.Register"); err != nil {
+		return err
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.frozen {
@@ -336,6 +344,15 @@ func (e *Engine) Register(defs ...AnyDefinition) error {
 		e.byOwner[c.owner] = c
 		e.known = append(e.known, aggregateType(c.name))
 		e.names = append(e.names, c.name)
+	}
+	return nil
+}
+
+// ready returns an error wrapping [ErrNilEngine] when e is nil or was not
+// made by [New]; every entry point checks it before it uses e.
+func (e *Engine) ready(op string) error {
+	if e == nil || e.st == nil {
+		return fmt.Errorf("%w: %s needs an engine made by saga.New", ErrNilEngine, op)
 	}
 	return nil
 }
@@ -398,14 +415,32 @@ func (e *Engine) maxStepTimeout() time.Duration {
 	return m
 }
 
-// Store returns the engine's statements, for tools built on the engine.
-func (e *Engine) Store() *store.Store { return e.st }
+// Store returns the engine's statements, for tools built on the engine; nil
+// for a nil engine.
+func (e *Engine) Store() *store.Store {
+	if e == nil {
+		return nil
+	}
+	return e.st
+}
 
 // Start launches the engine's workers, its notification listener and its
 // scheduler, and returns at once. Calling it on a running engine does
 // nothing; calling it while Stop is in progress returns an error. Cancelling
 // ctx stops the engine hard, as [Engine.StopAndCancel] does.
+//
+// Start first checks that the schema has every migration this version needs
+// (see store.CheckSchema), and returns an error wrapping
+// store.ErrSchemaNotMigrated when it has not. When the database cannot be
+// asked, it logs a warning and starts: its workers wait for the database as
+// they do whenever it is away.
 func (e *Engine) Start(ctx context.Context) error {
+	if err := e.ready("Engine.Start"); err != nil {
+		return err
+	}
+	if err := e.checkSchema(ctx); err != nil {
+		return err
+	}
 	e.mu.Lock()
 	e.frozen = true
 	schedules := e.schedules
@@ -457,6 +492,26 @@ func (e *Engine) Start(ctx context.Context) error {
 	return nil
 }
 
+// schemaCheckTimeout bounds Start's check of the schema's migrations.
+const schemaCheckTimeout = 5 * time.Second
+
+// checkSchema refuses a schema that lacks migrations. A check that cannot
+// reach the database is only logged: the workers wait for it anyway.
+func (e *Engine) checkSchema(ctx context.Context) error {
+	checkCtx, cancel := context.WithTimeout(ctx, schemaCheckTimeout)
+	defer cancel()
+	err := store.CheckSchema(checkCtx, e.pool, e.cfg.Schema)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, store.ErrSchemaNotMigrated):
+		return fmt.Errorf("saga: engine: %w", err)
+	}
+	e.log.WarnContext(ctx, "sagaflow could not check the schema's migrations; starting anyway",
+		slog.String("schema", e.cfg.Schema), slog.Any("error", err))
+	return nil
+}
+
 // Stop stops claiming new commands, lets the steps in flight finish, and
 // returns when every worker has exited. If ctx ends first, Stop cancels the
 // handlers still running (a hard stop), waits for them to return and then
@@ -474,6 +529,9 @@ func (e *Engine) StopAndCancel(ctx context.Context) error {
 }
 
 func (e *Engine) stop(ctx context.Context, hard bool) error {
+	if err := e.ready("Engine.Stop"); err != nil {
+		return err
+	}
 	stopped, err := e.life.Stop(ctx, hard)
 	if stopped && err == nil {
 		e.log.InfoContext(ctx, "sagaflow engine stopped", slog.String("schema", e.cfg.Schema))
@@ -540,13 +598,13 @@ func (e *Engine) work(fetchCtx, workCtx context.Context, wake chan struct{}) {
 // Stats are counters of what the engine's workers did since it was created.
 type Stats struct {
 	StepsSucceeded    int64 // step attempts (actions and compensations) that committed
-	AttemptsFailed    int64 // attempts that failed, retried or not
+	AttemptsFailed    int64 // attempts that failed, retried or not, abandoned ones included
 	Retries           int64 // retries scheduled
 	Deduplicated      int64 // steps skipped because their key was in the inbox
 	StaleDiscarded    int64 // commands or commits refused because the saga had moved on
 	Deferred          int64 // commands put back because another worker held their saga
 	Parked            int64 // commands parked as dead, with their reason
-	HandlersAbandoned int64 // handlers abandoned after ignoring their timeout
+	HandlersAbandoned int64 // attempts abandoned because their handler ignored its timeout (also in AttemptsFailed)
 	CancelsApplied    int64 // cancel requests applied by this engine's workers
 	Rescued           int64 // stuck sagas re-driven by the rescuer
 	FailedOver        int64 // stuck sagas whose attempts were spent, moved to compensation or failed
@@ -559,11 +617,16 @@ type statCounters struct {
 	rescued, failedOver, cronStarted, cronDuplicates, cancelled           atomic.Int64
 }
 
-// Stats returns the engine's counters.
+// Stats returns the engine's counters; zero for a nil engine.
 func (e *Engine) Stats() Stats {
+	if e == nil {
+		return Stats{}
+	}
 	s := &e.stats
 	return Stats{
-		StepsSucceeded: s.succeeded.Load(), AttemptsFailed: s.failed.Load(), Retries: s.retries.Load(),
+		// An abandoned handler's attempt failed too; it is recorded apart
+		// from the batch it was in.
+		StepsSucceeded: s.succeeded.Load(), AttemptsFailed: s.failed.Load() + s.abandoned.Load(), Retries: s.retries.Load(),
 		Deduplicated: s.dedup.Load(), StaleDiscarded: s.stale.Load(), Deferred: s.deferred.Load(),
 		Parked: s.parked.Load(), HandlersAbandoned: s.abandoned.Load(), CancelsApplied: s.cancelled.Load(),
 		Rescued: s.rescued.Load(), FailedOver: s.failedOver.Load(),

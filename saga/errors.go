@@ -15,6 +15,15 @@ var (
 	// ErrNotFound is returned for a saga id that does not exist.
 	ErrNotFound = errors.New("saga: not found")
 
+	// ErrSagaIDTaken is returned by [Start] and [StartTx] when
+	// [StartOpts.ID] names a saga of another definition, or one started
+	// with another business key.
+	ErrSagaIDTaken = errors.New("saga: saga id taken")
+
+	// ErrNilEngine is returned by the functions and methods that are given a
+	// nil *Engine, or one not made by [New].
+	ErrNilEngine = errors.New("saga: nil engine")
+
 	// ErrPayloadTooLarge is returned when a saga's encoded state exceeds
 	// [Config.MaxStateBytes].
 	ErrPayloadTooLarge = errors.New("saga: state too large")

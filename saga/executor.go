@@ -389,7 +389,6 @@ func (b *batch) park(ctx context.Context, c *store.Claimed, sagaID *uuid.UUID, c
 	})
 }
 
-
 // unknown defers a command that this engine cannot run (another engine,
 // newer or older, may know its saga or step), and parks it once it is older
 // than UnknownSagaGrace.

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -34,6 +36,27 @@ const (
 // Terminal reports whether a saga in status s has ended.
 func (s Status) Terminal() bool {
 	return s == StatusCompleted || s == StatusCompensated || s == StatusFailed
+}
+
+// statuses are the valid statuses, in the order of a saga's life.
+var statuses = []Status{StatusRunning, StatusCompensating, StatusCompleted, StatusCompensated, StatusFailed}
+
+// Valid reports whether s is one of the statuses above.
+func (s Status) Valid() bool { return slices.Contains(statuses, s) }
+
+// checkStatuses refuses a filter on a status that no saga can have: it
+// would match nothing, and hide the typo that made it.
+func checkStatuses(ss []Status) error {
+	for _, s := range ss {
+		if !s.Valid() {
+			names := make([]string, len(statuses))
+			for i, v := range statuses {
+				names[i] = string(v)
+			}
+			return fmt.Errorf("unknown status %q (want one of %s)", s, strings.Join(names, ", "))
+		}
+	}
+	return nil
 }
 
 // History event types.
@@ -140,6 +163,9 @@ func deref[T any](p *T) T {
 // Get returns a saga with its timeline. It returns an error wrapping
 // [ErrNotFound] for an unknown id.
 func (e *Engine) Get(ctx context.Context, id uuid.UUID) (*Instance, error) {
+	if err := e.ready("Engine.Get"); err != nil {
+		return nil, err
+	}
 	sg, err := e.st.GetSaga(ctx, e.pool, id, false)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, fmt.Errorf("saga: get %s: %w", id, ErrNotFound)
@@ -171,7 +197,9 @@ const (
 
 // ListOpts filters [Engine.List]. Zero fields do not filter.
 type ListOpts struct {
-	Name          string
+	Name string
+	// Statuses keeps sagas in any of these statuses; a status that is not
+	// one of the Status constants is an error.
 	Statuses      []Status
 	BusinessKey   string
 	CreatedAfter  time.Time // inclusive
@@ -195,6 +223,9 @@ type ListResult struct {
 
 // List returns sagas matching opts, newest first, one page at a time.
 func (e *Engine) List(ctx context.Context, opts *ListOpts) (*ListResult, error) {
+	if err := e.ready("Engine.List"); err != nil {
+		return nil, err
+	}
 	o := ListOpts{}
 	if opts != nil {
 		o = *opts
@@ -204,6 +235,9 @@ func (e *Engine) List(ctx context.Context, opts *ListOpts) (*ListResult, error) 
 		return nil, fmt.Errorf("saga: list: Limit %d is outside 0..%d", o.Limit, ListLimitMax)
 	case o.Limit == 0:
 		o.Limit = ListLimitDefault
+	}
+	if err := checkStatuses(o.Statuses); err != nil {
+		return nil, fmt.Errorf("saga: list: %w", err)
 	}
 	f := store.ListFilter{Name: o.Name, BusinessKey: o.BusinessKey, CreatedAfter: o.CreatedAfter,
 		CreatedBefore: o.CreatedBefore, EndedAfter: o.EndedAfter, EndedBefore: o.EndedBefore,

@@ -111,6 +111,9 @@ func (e *Engine) commandDelivery() string {
 // its registered sagas' command topics and, for sagas with remote steps,
 // their reply topics. Create them before starting the engine.
 func (e *Engine) CommandTopics() []string {
+	if e.ready("Engine.CommandTopics") != nil {
+		return nil
+	}
 	var topics, replies []string
 	for _, name := range e.registeredNameList() {
 		topics = append(topics, e.commandTopic(name))

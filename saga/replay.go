@@ -22,6 +22,12 @@ import (
 // key is not in the inbox). Use it once the cause is fixed. It returns an
 // error wrapping [ErrNotReplayable] for a saga that is not failed.
 //
+// The failure it goes past stays visible: the saga_resumed entry of the
+// timeline carries its error, code and step. A saga that failed running
+// forward keeps it as its last error until the step succeeds; one that
+// failed compensating gets back, as its last error, what made it compensate
+// (a step's failure, a cancel), as it had before the compensation failed.
+//
 // Resume needs no definition: an operator tool can call it on an engine
 // that registered none; an engine that knows the saga runs it.
 func (e *Engine) Resume(ctx context.Context, id uuid.UUID, reason string) error {
@@ -29,7 +35,7 @@ func (e *Engine) Resume(ctx context.Context, id uuid.UUID, reason string) error 
 }
 
 func (e *Engine) resume(ctx context.Context, id uuid.UUID, reason string, expect int64) error {
-	return e.replay(ctx, id, "resume", expect, func(_ pgx.Tx, sg *store.Saga) (*store.Transition, error) {
+	return e.replay(ctx, id, "resume", expect, func(tx pgx.Tx, sg *store.Saga) (*store.Transition, error) {
 		if Status(sg.Status) != StatusFailed {
 			return nil, fmt.Errorf("status is %s, and only failed sagas resume: %w", sg.Status, ErrNotReplayable)
 		}
@@ -41,12 +47,39 @@ func (e *Engine) resume(ctx context.Context, id uuid.UUID, reason string, expect
 		tr.Status = statusFor(dir)
 		tr.Attempt = 0
 		tr.CheckAfter = e.stepTimeout(sg.Name, sg.StepName) + e.cfg.RescueSlack
-		detail, _ := json.Marshal(map[string]string{"reason": reason, "from_status": sg.Status})
+		if dir == steps.Compensate {
+			hist, err := e.st.History(ctx, tx, sg.ID)
+			if err != nil {
+				return nil, err
+			}
+			if c := compensationCause(hist, sg.Epoch); c != nil {
+				tr.LastError, tr.LastErrorCode, tr.FailedStep = c.Error, c.ErrorCode, nil
+				if c.Event == EventStepFailed {
+					tr.FailedStep = c.StepName
+				}
+			}
+		}
+		detail, _ := json.Marshal(map[string]string{"reason": reason, "from_status": sg.Status, "failed_step": deref(sg.FailedStep)})
 		tr.History = []store.HistoryEntry{{SagaID: sg.ID, Event: EventSagaResumed, StepName: sg.StepName,
-			Direction: sg.Direction, Epoch: sg.Epoch, Detail: detail}}
+			Direction: sg.Direction, Epoch: sg.Epoch, Error: deref(sg.LastError), ErrorCode: deref(sg.LastErrorCode), Detail: detail}}
 		tr.Messages = []store.Message{e.commandMessage(sg.ID, sg.Name, sg.StepName, dir, sg.Epoch, sg.Version+1, 0)}
 		return tr, nil
 	})
+}
+
+// compensationCause returns the entry of a saga's history that made epoch
+// compensate: the last entry of the epoch that records an error while the
+// saga ran forward (a step's final failure, a cancel). Nothing runs forward
+// once an epoch compensates, so no later forward error can follow it. It
+// returns nil when the history has no such entry.
+func compensationCause(hist []store.History, epoch int) *store.History {
+	for i := len(hist) - 1; i >= 0; i-- {
+		h := &hist[i]
+		if deref(h.Epoch) == epoch && deref(h.Direction) == string(steps.Forward) && deref(h.ErrorCode) != "" {
+			return h
+		}
+	}
+	return nil
 }
 
 // Rerun runs an ended saga (completed, compensated or failed) forward again
@@ -114,6 +147,9 @@ func statusFor(dir steps.Direction) string {
 // row lock. A non-zero expect refuses a saga whose version changed since
 // the caller selected it.
 func (e *Engine) replay(ctx context.Context, id uuid.UUID, what string, expect int64, plan func(pgx.Tx, *store.Saga) (*store.Transition, error)) error {
+	if err := e.ready(what); err != nil {
+		return err
+	}
 	err := pgx.BeginTxFunc(ctx, e.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		sg, err := e.st.GetSaga(ctx, tx, id, true)
 		if errors.Is(err, store.ErrNotFound) {
@@ -256,11 +292,17 @@ type BulkReplayError struct {
 // Errors and the others go on. With DryRun it only reports what it would
 // replay.
 func (e *Engine) ReplayBulk(ctx context.Context, opts BulkReplayOpts) (*BulkReplayResult, error) {
+	if err := e.ready("Engine.ReplayBulk"); err != nil {
+		return nil, err
+	}
 	if err := normaliseReplayLimits(&opts.Max, &opts.RatePerSecond); err != nil {
 		return nil, err
 	}
 	if len(opts.Statuses) == 0 {
 		opts.Statuses = []Status{StatusFailed}
+	}
+	if err := checkStatuses(opts.Statuses); err != nil {
+		return nil, fmt.Errorf("saga: bulk replay: %w", err)
 	}
 	f := store.ListFilter{Name: opts.Name, CreatedAfter: opts.CreatedAfter, CreatedBefore: opts.CreatedBefore,
 		EndedAfter: opts.EndedAfter, EndedBefore: opts.EndedBefore, FailedStep: opts.FailedStep,
@@ -375,6 +417,9 @@ type OutboxReplayResult struct {
 // oldest first, capped and rate limited. Only messages still within
 // OutboxRetention can be replayed.
 func (e *Engine) ReplayOutbox(ctx context.Context, opts OutboxReplayOpts) (*OutboxReplayResult, error) {
+	if err := e.ready("Engine.ReplayOutbox"); err != nil {
+		return nil, err
+	}
 	if err := normaliseReplayLimits(&opts.Max, &opts.RatePerSecond); err != nil {
 		return nil, err
 	}
@@ -400,5 +445,8 @@ func (e *Engine) ReplayOutbox(ctx context.Context, opts OutboxReplayOpts) (*Outb
 // OutboxStatus reports the outbox: pending messages, the age of the oldest,
 // dead and published ones.
 func (e *Engine) OutboxStatus(ctx context.Context) (store.OutboxStatus, error) {
+	if err := e.ready("Engine.OutboxStatus"); err != nil {
+		return store.OutboxStatus{}, err
+	}
 	return e.st.OutboxStatus(ctx, e.pool)
 }

@@ -41,6 +41,9 @@ type RescueResult struct {
 // and re-drives or fails over each. Safe to run on many engines at once.
 func (e *Engine) RescueNow(ctx context.Context) (RescueResult, error) {
 	var res RescueResult
+	if err := e.ready("Engine.RescueNow"); err != nil {
+		return res, err
+	}
 	names := e.registeredNameList()
 	if len(names) == 0 {
 		return res, nil

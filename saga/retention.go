@@ -21,6 +21,9 @@ type RetentionResult struct {
 // ctx ends. The scheduler runs it every RetentionInterval.
 func (e *Engine) RunRetention(ctx context.Context) (RetentionResult, error) {
 	var res RetentionResult
+	if err := e.ready("Engine.RunRetention"); err != nil {
+		return res, err
+	}
 	jobs := []struct {
 		what   string
 		count  *int64

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/robfig/cron/v3"
@@ -42,9 +43,13 @@ type schedule struct {
 // the schedule: the slot's time is part of the saga's business key
 // ("cron:<name>:<slot in RFC 3339>"). Specs have five fields, or six with
 // seconds first, or are descriptors (@hourly, @every 10m; @every slots are
-// aligned to multiples of the interval). Call it before [Engine.Start].
+// aligned to multiples of the interval, which must be whole seconds, at
+// least one). Call it before [Engine.Start].
 func Schedule[S any](e *Engine, spec string, d *Definition[S], state S, opts *ScheduleOpts) error {
-	sched, err := cronParser.Parse(spec)
+	if err := e.ready("Schedule"); err != nil {
+		return err
+	}
+	sched, err := parseSpec(spec)
 	if err != nil {
 		return fmt.Errorf("saga: schedule %q: %w", spec, err)
 	}
@@ -75,6 +80,33 @@ func Schedule[S any](e *Engine, spec string, d *Definition[S], state S, opts *Sc
 		},
 	})
 	return nil
+}
+
+// parseSpec parses a cron spec, refusing what cron would silently change: an
+// @every interval under a second (cron runs it every second) or with a
+// fraction of a second (cron drops the fraction). It also turns the panic
+// of cron's parser on a time zone with no spec after it into an error.
+func parseSpec(spec string) (cron.Schedule, error) {
+	rest := spec
+	if strings.HasPrefix(rest, "TZ=") || strings.HasPrefix(rest, "CRON_TZ=") {
+		_, after, ok := strings.Cut(rest, " ")
+		if !ok || strings.TrimSpace(after) == "" {
+			return nil, errors.New("a time zone must be followed by a spec")
+		}
+		rest = strings.TrimSpace(after)
+	}
+	if interval, ok := strings.CutPrefix(rest, "@every "); ok {
+		d, err := time.ParseDuration(interval)
+		switch {
+		case err != nil:
+			return nil, err
+		case d < time.Second:
+			return nil, fmt.Errorf("the interval must be at least 1s, not %s", interval)
+		case d%time.Second != 0:
+			return nil, fmt.Errorf("the interval must be whole seconds, not %s", interval)
+		}
+	}
+	return cronParser.Parse(spec)
 }
 
 // slotTime returns the slot a firing belongs to: the time the schedule

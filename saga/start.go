@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -19,7 +21,11 @@ type StartOpts struct {
 	// with the same key starts nothing and returns the first saga's id with
 	// Existing set. Typically an order id.
 	BusinessKey string
-	// ID sets the saga's id. Defaults to a new UUIDv7.
+	// ID sets the saga's id. Defaults to a new UUIDv7. Starting again with
+	// an id in use returns that saga with Existing set when it is a saga of
+	// the same definition and business key (a retried start), and an error
+	// wrapping [ErrSagaIDTaken] when it is not. A business key in use
+	// decides first: the saga that has it is returned, whatever its id.
 	ID uuid.UUID
 }
 
@@ -35,6 +41,9 @@ type Started struct {
 // statement, so it commits atomically on its own. See [StartTx] to start a
 // saga inside the caller's transaction.
 func Start[S any](ctx context.Context, e *Engine, d *Definition[S], state S, opts *StartOpts) (Started, error) {
+	if err := e.ready("Start"); err != nil {
+		return Started{}, err
+	}
 	return start(ctx, e, e.pool, true, d, state, opts)
 }
 
@@ -44,6 +53,9 @@ func Start[S any](ctx context.Context, e *Engine, d *Definition[S], state S, opt
 // returns the existing saga's id and Existing: true, and writes nothing (the
 // caller may then want to roll back its own writes).
 func StartTx[S any](ctx context.Context, e *Engine, tx pgx.Tx, d *Definition[S], state S, opts *StartOpts) (Started, error) {
+	if err := e.ready("StartTx"); err != nil {
+		return Started{}, err
+	}
 	return start(ctx, e, tx, false, d, state, opts)
 }
 
@@ -54,6 +66,9 @@ func StartTx[S any](ctx context.Context, e *Engine, tx pgx.Tx, d *Definition[S],
 func start[S any](ctx context.Context, e *Engine, db store.DBTX, own bool, d *Definition[S], state S, opts *StartOpts) (Started, error) {
 	if d == nil {
 		return Started{}, fmt.Errorf("%w: nil definition", ErrNotRegistered)
+	}
+	if db == nil {
+		return Started{}, fmt.Errorf("saga: start %s: tx is nil", d.name)
 	}
 	def, err := e.lookupOwner(d, d.name)
 	if err != nil {
@@ -89,7 +104,7 @@ func start[S any](ctx context.Context, e *Engine, db store.DBTX, own bool, d *De
 			Direction: string(steps.Forward), Detail: detail}},
 		Messages: []store.Message{e.commandMessage(id, d.name, first.name, steps.Forward, 0, 1, 0)},
 	}
-	inserted, err := e.st.StartSaga(ctx, db, sg, first.timeout+e.cfg.RescueSlack, rows, e.cfg.CommandTopic, !own)
+	inserted, err := e.st.StartSaga(ctx, db, sg, e.firstDeadline(first.timeout), rows, e.cfg.CommandTopic, !own)
 	if err != nil {
 		return Started{}, fmt.Errorf("saga: %w", err)
 	}
@@ -99,11 +114,54 @@ func start[S any](ctx context.Context, e *Engine, db store.DBTX, own bool, d *De
 		}
 		return Started{ID: id}, nil
 	}
-	existing, err := e.st.SagaIDByKey(ctx, db, d.name, o.BusinessKey)
+	existing, err := e.existingStart(ctx, db, d.name, id, o.BusinessKey)
 	if err != nil {
-		return Started{}, fmt.Errorf("saga: start %s with business key %q: %w", d.name, o.BusinessKey, err)
+		return Started{}, err
 	}
 	return Started{ID: existing, Existing: true}, nil
+}
+
+// firstDeadline is how long after its start a saga counts as stuck: its
+// first step's timeout and RescueSlack, as for every step, and RescueSlack
+// once more as room. With the room, the first step's transition usually
+// finds the deadline far enough out for the second step and leaves it alone,
+// so PostgreSQL can update the row in place without touching the deadline's
+// index; short rescue settings still rescue a lost first command soon.
+func (e *Engine) firstDeadline(timeout time.Duration) time.Duration {
+	return timeout + 2*e.cfg.RescueSlack
+}
+
+// existingStart finds the saga that a start which wrote nothing collided
+// with: the saga with the same name and business key, or else the saga that
+// holds the id. A saga holding the id counts only if it has the same name
+// and business key (a retried start); otherwise the id is taken.
+func (e *Engine) existingStart(ctx context.Context, db store.DBTX, name string, id uuid.UUID, key string) (uuid.UUID, error) {
+	if key != "" {
+		found, err := e.st.SagaIDByKey(ctx, db, name, key)
+		if err == nil {
+			return found, nil
+		}
+		if !errors.Is(err, store.ErrNotFound) {
+			return uuid.Nil, fmt.Errorf("saga: start %s with business key %q: %w", name, key, err)
+		}
+	}
+	sg, err := e.st.GetSaga(ctx, db, id, false)
+	if errors.Is(err, store.ErrNotFound) {
+		// Deleted between the insert and this read (retention, or an
+		// operator): nothing holds the id or the key any more.
+		return uuid.Nil, fmt.Errorf("saga: start %s with id %s: the saga it collided with was deleted meanwhile; start again", name, id)
+	}
+	if err != nil {
+		return uuid.Nil, fmt.Errorf("saga: start %s with id %s: %w", name, id, err)
+	}
+	if sg.Name == name && deref(sg.BusinessKey) == key {
+		return id, nil
+	}
+	held := fmt.Sprintf("a %q saga", sg.Name)
+	if sg.BusinessKey != nil {
+		held += fmt.Sprintf(" with business key %q", *sg.BusinessKey)
+	}
+	return uuid.Nil, fmt.Errorf("saga: start %s with id %s: %w: it belongs to %s", name, id, ErrSagaIDTaken, held)
 }
 
 // checkState refuses state that is too large or that PostgreSQL cannot store.

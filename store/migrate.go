@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"io/fs"
@@ -10,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sagaflow/sagaflow/migrations"
@@ -168,6 +170,51 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) (*MigrateRe
 		res.Version = max(res.Version, m.Version)
 	}
 	return res, nil
+}
+
+// CheckSchema reports whether schema has every embedded migration. It
+// returns an error wrapping [ErrSchemaNotMigrated] that names the schema, the
+// version found (0 for a schema never migrated) and the version needed, when
+// it lacks one; any other error means the check itself failed. A schema
+// migrated further, by a newer version, passes. Give it a pool or a
+// connection rather than a transaction you mean to go on with: on a schema
+// never migrated, its query fails, and would abort the transaction.
+func CheckSchema(ctx context.Context, db DBTX, schema string) error {
+	if err := ValidateSchema(schema); err != nil {
+		return err
+	}
+	ms, err := Migrations()
+	if err != nil {
+		return err
+	}
+	applied := map[int]bool{}
+	found := 0
+	rows, err := db.Query(ctx, "SELECT version FROM "+quoteSchema(schema)+".sagaflow_migrations")
+	if err == nil {
+		var versions []int
+		versions, err = pgx.CollectRows(rows, pgx.RowTo[int])
+		for _, v := range versions {
+			applied[v] = true
+			found = max(found, v)
+		}
+	}
+	var pgErr *pgconn.PgError
+	if err != nil && !(errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000")) {
+		// 42P01, 3F000: no version table, or no schema: nothing migrated.
+		return fmt.Errorf("store: check schema %s: read versions: %w", schema, err)
+	}
+	var missing []string
+	for _, m := range ms {
+		if !applied[m.Version] {
+			missing = append(missing, fmt.Sprintf("%03d_%s", m.Version, m.Name))
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: schema %q is at migration version %d, and this sagaflow needs %d (missing %s): "+
+		"run store.Migrate (the sagaflow migrate command), or apply store.MigrationSQL with your own tool",
+		ErrSchemaNotMigrated, schema, found, ms[len(ms)-1].Version, strings.Join(missing, ", "))
 }
 
 // migrateLockKey is the advisory lock key that serialises migrations of one schema.

@@ -437,17 +437,14 @@ func micros(d time.Duration) int64 { return d.Microseconds() }
 // nothing, when a saga with the same name and business key, or the same id,
 // exists; the caller's transaction stays usable either way.
 //
-// The saga's deadline is checkAfter from now plus the room that
-// [Store.QueueTransition] adds when it moves a deadline, so that the first
-// step's transition finds the deadline far enough out, leaves it alone, and
-// PostgreSQL can update the row in place (HOT) without touching its indexes.
+// The saga's deadline is checkAfter from now.
 func (s *Store) StartSaga(ctx context.Context, db DBTX, sg *Saga, checkAfter time.Duration, rows *Transition, topic string, notify bool) (bool, error) {
 	channel := ""
 	if notify {
 		channel = s.channel
 	}
 	args := []any{pgID(sg.ID), sg.Name, sg.BusinessKey, sg.Status, sg.StepIndex, sg.StepName, sg.Direction, sg.State,
-		micros(checkAfter + deadlineRoom), channel, topic}
+		micros(checkAfter), channel, topic}
 	q := s.q.startSaga
 	if len(rows.History) == 1 && len(rows.Messages) == 1 {
 		q = s.q.startSagaOne
