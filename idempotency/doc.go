@@ -3,11 +3,15 @@
 // Idempotency-Key header and sends the same key again when it retries; the
 // [Middleware] runs the handler for the first request only and answers the
 // retries with the response the first one produced, kept in PostgreSQL.
+// Keys belong to the caller who sent them: the middleware asks
+// [Config.Identity] who that is, and one caller's key never answers
+// another's request.
 //
 // # Usage
 //
 // Migrate the schema (migration 004 creates the idempotency_keys table),
-// build a middleware and wrap the handlers that create things:
+// build a middleware that knows who the caller is, and wrap the handlers
+// that create things, behind your authentication:
 //
 //	if _, err := store.Migrate(ctx, pool, "sagaflow"); err != nil {
 //		return err
@@ -15,17 +19,18 @@
 //	idem, err := idempotency.New(pool, &idempotency.Config{
 //		Schema:   "sagaflow",
 //		Required: true,
-//		// One set of keys per user, so that users cannot collide.
-//		Scope: func(r *http.Request) string { return userID(r) + " " + r.URL.Path },
+//		// The user your authentication middleware found: keys are per user.
+//		Identity: func(r *http.Request) (string, error) { return userID(r.Context()) },
 //	})
 //	if err != nil {
 //		return err
 //	}
 //	mux := http.NewServeMux()
-//	mux.Handle("POST /orders", idem.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+//	mux.Handle("POST /orders", authenticate(idem.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 //		ctx := r.Context()
 //		retry := func() { http.Error(w, "try again", http.StatusServiceUnavailable) } // 5xx: the key is released
 //		key, _ := idempotency.FromContext(ctx)
+//		scope, _ := idempotency.ScopeFromContext(ctx) // the user and the route
 //		id := uuid.New()
 //		tx, err := pool.Begin(ctx)
 //		if err != nil {
@@ -33,11 +38,11 @@
 //			return
 //		}
 //		defer tx.Rollback(ctx)
-//		// The key, scoped to the user, is also the saga's business key: if a
-//		// run of this handler committed and then failed to answer, the next
-//		// run finds its saga and inserts nothing.
+//		// The key, with its scope, is also the saga's business key: if a run
+//		// of this handler committed and then failed to answer, the next run
+//		// finds its saga and inserts nothing.
 //		started, err := saga.StartTx(ctx, engine, tx, checkout, Order{ID: id.String()},
-//			&saga.StartOpts{ID: id, BusinessKey: userID(r) + "/" + key})
+//			&saga.StartOpts{ID: id, BusinessKey: scope + "/" + key})
 //		if err != nil {
 //			retry()
 //			return
@@ -52,27 +57,36 @@
 //		w.Header().Set("Location", "/orders/"+started.ID.String())
 //		w.WriteHeader(http.StatusCreated)
 //		json.NewEncoder(w).Encode(map[string]string{"id": started.ID.String()})
-//	})))
+//	}))))
 //
-// and delete expired keys now and then, in bounded batches:
+// # Identity and scope
 //
-//	for {
-//		n, err := idem.DeleteExpired(ctx, 1000)
-//		if err != nil || n < 1000 {
-//			break
-//		}
-//	}
+// [Config.Identity] has no default, and [New] refuses a config without it:
+// a middleware that does not know its callers would answer one caller's
+// request with another's response when both sent the same key. Return a
+// stable id (a user, tenant or API client id), not a credential: it is
+// stored with the key. Where callers need not be told apart, say so with
+// [SharedIdentity].
+//
+// Within an identity, [Config.Scope] partitions keys further (by default by
+// method and path). The stored scope joins both: the identity's length in
+// bytes, a colon, the identity, a space and the scope ("5:alice POST
+// /orders"). Identities and scopes are untrusted bytes: one that PostgreSQL
+// cannot store as text (a NUL, invalid UTF-8) or longer than 512 bytes is
+// stored as "sha256:" and the hex SHA-256 of its bytes, and so is a key
+// longer than 512 bytes when [Config.MaxKeyLength] allows one.
 //
 // # What a request gets
 //
 // Requests of safe methods (GET, HEAD, OPTIONS, TRACE) pass through
-// untouched. For the others, with keys partitioned by [Config.Scope] (by
-// default the method and path):
+// untouched. For the others, with keys partitioned by identity and scope:
 //
 //   - No key: 400 Bad Request when [Config.Required], else the handler runs
 //     without protection. A key longer than [Config.MaxKeyLength], sent twice,
-//     or not printable UTF-8: 400. A body larger than [Config.MaxBodyBytes]:
-//     413 Content Too Large.
+//     or not printable UTF-8 (a NUL, a control character, invalid UTF-8):
+//     400. An identity error, or an empty identity: 401 Unauthorized. A body
+//     larger than [Config.MaxBodyBytes]: 413 Content Too Large. The handler
+//     does not run.
 //   - A new key: the key is inserted as in flight, in a statement of its own
 //     that commits at once, so that a concurrent duplicate sees it. The
 //     handler runs with a writer that sends its response to the client as
@@ -83,6 +97,9 @@
 //     query and body) after the first response was stored: that response
 //     again (status, headers, body) with the header Idempotent-Replayed: true.
 //     The handler does not run.
+//   - The same, when the first response's body was not kept (see below): 410
+//     Gone with Idempotent-Replayed: true and the first response's Location,
+//     if it had one. The handler does not run.
 //   - The same key with a different request: 422 Unprocessable Entity.
 //   - The same key while the first request is still in flight: 409 Conflict
 //     with Retry-After: 1.
@@ -93,6 +110,24 @@
 //
 // The errors are JSON objects, {"error": "..."}, with Content-Type
 // application/json.
+//
+// # What is kept
+//
+// A response whose body is larger than [Config.MaxResponseBytes] (1 MiB by
+// default), or that is streamed (the handler flushed it, through
+// http.Flusher or http.ResponseController, as a stream of server-sent events
+// does, or hijacked the connection), reaches the client as the handler sent
+// it but is not kept: its key is stored as done with its status and
+// headers, without the body. The operation took place, so a retry does not
+// run it again; it gets 410 Gone, which tells the client to look for the
+// result another way (the Location, if any) or to use a new key for a new
+// operation. Only the kept part is held in memory while the handler runs.
+//
+// Expired keys are deleted by the middleware itself: after a request that
+// carries a key, at most once per [Config.CleanupInterval] (a minute by
+// default) per middleware, up to [Config.CleanupBatch] keys in one statement,
+// and again on the next request while batches come back full. That request
+// waits for the statement. [Middleware.DeleteExpired] deletes on demand.
 //
 // # Failures
 //
@@ -115,16 +150,16 @@
 // the handler does not run twice. A client may also see its response before
 // the response is stored and get 409 on an immediate retry.
 //
-// Whatever the handler writes is stored in full, whatever reached the client.
-// Responses are held in memory while the handler runs, and the body is read
-// whole to be hashed before it does.
+// The stored body is what the handler wrote, whatever reached the client.
+// The request body is read whole to be hashed before the handler runs.
 //
 // # Business keys
 //
 // [FromContext] gives the handler its request's key, and [ScopeFromContext]
-// its scope. Used as a business key (saga.StartOpts.BusinessKey, a unique
-// column), the key makes the handler's own writes idempotent as well, which
-// covers what the middleware cannot: a handler that committed and then
-// panicked. Keys are unique only within a scope, so a business key should
-// carry what the scope carries (the user in the snippet above).
+// its stored scope, which carries the identity. Used as a business key
+// (saga.StartOpts.BusinessKey, a unique column), the key makes the
+// handler's own writes idempotent as well, which covers what the middleware
+// cannot: a handler that committed and then panicked. Keys are unique only
+// within a scope, so a business key should carry the scope too, as in the
+// snippet above.
 package idempotency

@@ -14,12 +14,14 @@ import (
 	"net/textproto"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/sagaflow/sagaflow/internal/safetext"
 	"github.com/sagaflow/sagaflow/store"
 )
 
@@ -36,6 +38,12 @@ const (
 	MaxKeyLengthDefault = 255
 	// MaxBodyBytesDefault is the largest request body accepted.
 	MaxBodyBytesDefault int64 = 1 << 20
+	// MaxResponseBytesDefault is the largest response body kept for replay.
+	MaxResponseBytesDefault int64 = 1 << 20
+	// CleanupIntervalDefault is how often a middleware deletes expired keys.
+	CleanupIntervalDefault = time.Minute
+	// CleanupBatchDefault is how many expired keys one cleanup deletes at most.
+	CleanupBatchDefault = 1000
 )
 
 // HeaderReplayed is set to "true" on a response replayed from the store.
@@ -50,8 +58,33 @@ const bookkeepingTimeout = 10 * time.Second
 // disappearing between the claim and the read (released or expired).
 const claimAttempts = 3
 
-// Config configures a [Middleware]. A nil *Config means the defaults.
+// IdentityFunc returns who sends r: a stable id of the authenticated user,
+// tenant or API client, typically read from what the authentication
+// middleware in front of this one put in r's context. Keys are partitioned
+// by identity, so two callers never see each other's responses.
+//
+// An error, or an empty identity, refuses the request with 401
+// Unauthorized before its handler runs; the error is logged at debug level
+// and not sent to the client. The identity is stored with each key and
+// logged with it: return an id, never a credential such as a bearer token.
+type IdentityFunc func(r *http.Request) (string, error)
+
+// SharedIdentity gives every request the same identity, "shared": all callers
+// share one set of keys. Anyone who sends a key that another caller used, with
+// the same request, gets that caller's stored response. Use it only where
+// callers need not be told apart (a service whose one client is another
+// service of yours), and never in front of responses that belong to a user.
+func SharedIdentity(*http.Request) (string, error) { return sharedIdentity, nil }
+
+const sharedIdentity = "shared"
+
+// Config configures a [Middleware]. [Config.Identity] has no default, so a
+// nil *Config is refused.
 type Config struct {
+	// Identity returns who sends a request; keys are partitioned by it, and
+	// within it by Scope. Required: [New] refuses a config without it. Set
+	// it to [SharedIdentity] to share keys among all callers deliberately.
+	Identity IdentityFunc
 	// Schema holds the idempotency_keys table (migration 004). Defaults to
 	// store.SchemaDefault.
 	Schema string
@@ -80,12 +113,25 @@ type Config struct {
 	// whole to be hashed, and a larger one gets 413 Content Too Large.
 	// Defaults to MaxBodyBytesDefault (1 MiB).
 	MaxBodyBytes int64
-	// Scope partitions keys: the same key in two scopes is two keys. Use it
-	// to give each authenticated user keys of their own. It should return
-	// valid UTF-8 text. Defaults to the method, a space and the escaped path
-	// ("POST /orders"). With a scope that leaves the path out, a key reused
-	// on another route is a different request (422).
+	// Scope partitions each identity's keys: the same key in two scopes is
+	// two keys. Defaults to the method, a space and the escaped path ("POST
+	// /orders"). With a scope that leaves the path out, a key reused on
+	// another route is a different request (422).
 	Scope func(r *http.Request) string
+	// MaxResponseBytes is the largest response body kept for replay. A
+	// larger response reaches the client in full, and its key is kept
+	// without the body: the handler does not run again for the key, and a
+	// retry gets 410 Gone (see the package documentation). Defaults to
+	// MaxResponseBytesDefault (1 MiB).
+	MaxResponseBytes int64
+	// CleanupInterval is how often the middleware deletes expired keys by
+	// itself, after a request that carries a key. Defaults to
+	// CleanupIntervalDefault (1 minute).
+	CleanupInterval time.Duration
+	// CleanupBatch bounds the keys one cleanup deletes, in one statement; a
+	// full batch lets the next request delete another. Defaults to
+	// CleanupBatchDefault (1000).
+	CleanupBatch int
 	// ReplayHeaders are the response headers stored with a response and sent
 	// again when it is replayed; others (Set-Cookie, Date, tracing headers)
 	// are not. Defaults to Content-Type, Content-Language, Content-Location,
@@ -110,14 +156,23 @@ type Middleware struct {
 	required      bool
 	maxKeyLength  int
 	maxBodyBytes  int64
+	maxRespBytes  int64
+	identity      IdentityFunc
 	scope         func(r *http.Request) string
 	replayHeaders []string
 	log           *slog.Logger
+
+	cleanupEvery time.Duration
+	cleanupBatch int
+	// nextCleanup is when (Unix nanoseconds, by this process's clock) the
+	// next request may delete expired keys; expiry itself is decided in
+	// database time.
+	nextCleanup atomic.Int64
 }
 
 // New returns a middleware that keeps keys in the idempotency_keys table of
 // cfg.Schema on pool; the schema must have been migrated with
-// store.Migrate.
+// store.Migrate. cfg must set [Config.Identity].
 func New(pool *pgxpool.Pool, cfg *Config) (*Middleware, error) {
 	c := Config{}
 	if cfg != nil {
@@ -125,6 +180,10 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Middleware, error) {
 	}
 	if pool == nil {
 		return nil, fmt.Errorf("%w: pool is nil", ErrInvalidConfig)
+	}
+	if c.Identity == nil {
+		return nil, fmt.Errorf("%w: Identity is not set: set it to a function that returns the caller's user or tenant id,"+
+			" or to idempotency.SharedIdentity to share keys among all callers deliberately", ErrInvalidConfig)
 	}
 	if c.Schema == "" {
 		c.Schema = store.SchemaDefault
@@ -163,6 +222,24 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Middleware, error) {
 	case c.MaxBodyBytes < 0:
 		return nil, fmt.Errorf("%w: MaxBodyBytes %d is negative", ErrInvalidConfig, c.MaxBodyBytes)
 	}
+	switch {
+	case c.MaxResponseBytes == 0:
+		c.MaxResponseBytes = MaxResponseBytesDefault
+	case c.MaxResponseBytes < 0:
+		return nil, fmt.Errorf("%w: MaxResponseBytes %d is negative", ErrInvalidConfig, c.MaxResponseBytes)
+	}
+	switch {
+	case c.CleanupInterval == 0:
+		c.CleanupInterval = CleanupIntervalDefault
+	case c.CleanupInterval < 0:
+		return nil, fmt.Errorf("%w: CleanupInterval %v is negative", ErrInvalidConfig, c.CleanupInterval)
+	}
+	switch {
+	case c.CleanupBatch == 0:
+		c.CleanupBatch = CleanupBatchDefault
+	case c.CleanupBatch < 0:
+		return nil, fmt.Errorf("%w: CleanupBatch %d is negative", ErrInvalidConfig, c.CleanupBatch)
+	}
 	if c.Scope == nil {
 		c.Scope = defaultScope
 	}
@@ -181,7 +258,9 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Middleware, error) {
 	}
 	return &Middleware{
 		pool: pool, st: st, header: textproto.CanonicalMIMEHeaderKey(c.Header), ttl: c.TTL, inFlight: c.InFlightTimeout, required: c.Required,
-		maxKeyLength: c.MaxKeyLength, maxBodyBytes: c.MaxBodyBytes, scope: c.Scope, replayHeaders: replay, log: c.Logger,
+		maxKeyLength: c.MaxKeyLength, maxBodyBytes: c.MaxBodyBytes, maxRespBytes: c.MaxResponseBytes,
+		identity: c.Identity, scope: c.Scope, replayHeaders: replay, log: c.Logger,
+		cleanupEvery: c.CleanupInterval, cleanupBatch: c.CleanupBatch,
 	}, nil
 }
 
@@ -208,14 +287,16 @@ type keyInfo struct{ scope, key string }
 // FromContext returns the idempotency key of the request whose handler got
 // ctx, and false when the request carried none. A handler can use it as a
 // business key (saga.StartOpts.BusinessKey) so that its own database work
-// is deduplicated too; keys are unique only within a scope, so combine it
-// with what the scope stands for (see [ScopeFromContext]).
+// is deduplicated too; keys are unique only within an identity and a scope,
+// so combine it with [ScopeFromContext], which carries both.
 func FromContext(ctx context.Context) (key string, ok bool) {
 	k, ok := ctx.Value(contextKey{}).(keyInfo)
 	return k.key, ok
 }
 
-// ScopeFromContext returns the scope of the key that [FromContext] returns.
+// ScopeFromContext returns the scope of the key that [FromContext] returns,
+// as stored: the identity and the scope of [Config], joined unambiguously
+// (see the package documentation). It differs between callers.
 func ScopeFromContext(ctx context.Context) (scope string, ok bool) {
 	k, ok := ctx.Value(contextKey{}).(keyInfo)
 	return k.scope, ok
@@ -229,8 +310,9 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 }
 
 // DeleteExpired deletes up to limit expired keys, oldest first, and returns
-// how many it deleted. Run it periodically; a statement never deletes more
-// than limit rows, so call it again while it returns limit.
+// how many it deleted. The middleware deletes expired keys by itself (see
+// [Config.CleanupInterval]); call this for a purge of your own, again while
+// it returns limit.
 func (m *Middleware) DeleteExpired(ctx context.Context, limit int) (int64, error) {
 	if limit <= 0 {
 		return 0, fmt.Errorf("idempotency: delete expired keys: limit %d is not positive", limit)
@@ -277,6 +359,15 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		writeError(w, http.StatusBadRequest, m.header+" header must be printable UTF-8 text")
 		return
 	}
+	identity, err := m.identity(r)
+	if err == nil && identity == "" {
+		err = errors.New("empty identity")
+	}
+	if err != nil {
+		m.log.DebugContext(r.Context(), "idempotency: request refused: no identity", "error", err)
+		writeError(w, http.StatusUnauthorized, "the caller could not be identified; the request was not processed")
+		return
+	}
 	body, status, msg := m.readBody(r)
 	if status != 0 {
 		writeError(w, status, msg)
@@ -285,40 +376,83 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	r.ContentLength = int64(len(body))
-	scope := text(m.scope(r))
-	hash := requestHash(r, body)
-	ctx := r.Context()
+	k := keyInfo{scope: joinScope(identity, m.scope(r)), key: key}
+	m.serveKey(w, r, next, k, requestHash(r, body))
+	m.cleanup(r.Context())
+}
 
+// joinScope makes the stored scope of a key: the identity's length in bytes,
+// a colon, the identity, a space and the scope ("5:alice POST /orders"), so
+// that no two (identity, scope) pairs share one. A result that PostgreSQL
+// cannot store as it is, or longer than safetext.MaxKeyBytes, is replaced by
+// its SHA-256 (safetext.Key): identities and scopes are untrusted bytes.
+func joinScope(identity, scope string) string {
+	return safetext.Key(strconv.Itoa(len(identity)) + ":" + identity + " " + scope)
+}
+
+// serveKey claims the key or answers from its row.
+func (m *Middleware) serveKey(w http.ResponseWriter, r *http.Request, next http.Handler, k keyInfo, hash []byte) {
+	ctx := r.Context()
+	// The key is printable UTF-8 but may be longer than an index entry can
+	// hold when MaxKeyLength allows it: such a key is stored as its hash.
+	storedKey := safetext.Key(k.key)
 	for range claimAttempts {
-		claimedAt, claimed, err := m.st.ClaimIdempotencyKey(ctx, m.pool, scope, key, hash, m.inFlight)
+		claimedAt, claimed, err := m.st.ClaimIdempotencyKey(ctx, m.pool, k.scope, storedKey, hash, m.inFlight)
 		if err != nil {
-			m.unavailable(ctx, w, fmt.Errorf("idempotency: store key %q: %w", key, err))
+			m.unavailable(ctx, w, fmt.Errorf("idempotency: store key %q: %w", storedKey, err))
 			return
 		}
 		if claimed {
-			m.run(w, r, next, scope, key, claimedAt)
+			m.run(w, r, next, k, storedKey, claimedAt)
 			return
 		}
-		k, err := m.st.GetIdempotencyKey(ctx, m.pool, scope, key)
+		row, err := m.st.GetIdempotencyKey(ctx, m.pool, k.scope, storedKey)
 		if errors.Is(err, store.ErrNotFound) {
 			continue // released or expired since the claim: claim again
 		}
 		if err != nil {
-			m.unavailable(ctx, w, fmt.Errorf("idempotency: load key %q: %w", key, err))
+			m.unavailable(ctx, w, fmt.Errorf("idempotency: load key %q: %w", storedKey, err))
 			return
 		}
 		switch {
-		case !bytes.Equal(k.RequestHash, hash):
+		case !bytes.Equal(row.RequestHash, hash):
 			writeError(w, http.StatusUnprocessableEntity, fmt.Sprintf(
-				"%s %q was already used with a different request (method, path, query or body); use a new key for a new request", m.header, key))
-		case k.Status == store.IdempotencyDone && k.Response != nil:
-			replay(w, k.Response)
+				"%s %q was already used with a different request (method, path, query or body); use a new key for a new request", m.header, k.key))
+		case row.Status == store.IdempotencyDone && row.Response != nil && row.Response.BodyOmitted:
+			m.gone(w, row.Response)
+		case row.Status == store.IdempotencyDone && row.Response != nil:
+			replay(w, row.Response)
 		default:
 			inFlight(w, m.header)
 		}
 		return
 	}
 	inFlight(w, m.header) // the key keeps changing hands: let the client come back
+}
+
+// cleanup deletes up to cleanupBatch expired keys when cleanupEvery has
+// passed since the last cleanup of this middleware, or the last one found a
+// full batch. One request at a time wins the turn.
+func (m *Middleware) cleanup(reqCtx context.Context) {
+	now := time.Now().UnixNano()
+	next := m.nextCleanup.Load()
+	if now < next || !m.nextCleanup.CompareAndSwap(next, now+int64(m.cleanupEvery)) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(reqCtx), bookkeepingTimeout)
+	defer cancel()
+	n, err := m.st.DeleteExpiredIdempotencyKeys(ctx, m.pool, m.cleanupBatch)
+	if err != nil {
+		m.log.WarnContext(ctx, "idempotency: expired keys not deleted; the next cleanup tries again",
+			"error", fmt.Errorf("idempotency: delete expired keys: %w", err))
+		return
+	}
+	if n == int64(m.cleanupBatch) {
+		m.nextCleanup.Store(0) // more may have expired: the next request deletes another batch
+	}
+	if n > 0 {
+		m.log.DebugContext(ctx, "idempotency: expired keys deleted", "count", n)
+	}
 }
 
 func inFlight(w http.ResponseWriter, header string) {
@@ -329,38 +463,41 @@ func inFlight(w http.ResponseWriter, header string) {
 // run serves a request whose key this middleware claimed, then stores the
 // response or, after a panic or a response that invites a retry, releases
 // the key.
-func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handler, scope, key string, claimedAt time.Time) {
-	rec := &recorder{w: w, replayHeaders: m.replayHeaders}
+func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handler, k keyInfo, storedKey string, claimedAt time.Time) {
+	rec := &recorder{w: w, replayHeaders: m.replayHeaders, maxBody: m.maxRespBytes}
 	returned := false
 	defer func() {
 		if !returned {
 			// The handler panicked (or called runtime.Goexit). Release the
 			// key and let the panic go on to the server; nothing was
 			// recovered here.
-			m.release(r.Context(), scope, key, claimedAt, "handler panicked")
+			m.release(r.Context(), k.scope, storedKey, claimedAt, "handler panicked")
 		}
 	}()
-	next.ServeHTTP(rec, r.WithContext(context.WithValue(r.Context(), contextKey{}, keyInfo{scope: scope, key: key})))
+	next.ServeHTTP(rec, r.WithContext(context.WithValue(r.Context(), contextKey{}, k)))
 	returned = true
 
-	status, headers, body := rec.finish()
-	if retryable(status) {
-		m.release(r.Context(), scope, key, claimedAt, "handler answered "+strconv.Itoa(status))
+	resp := rec.finish()
+	if retryable(resp.Status) {
+		m.release(r.Context(), k.scope, storedKey, claimedAt, "handler answered "+strconv.Itoa(resp.Status))
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), bookkeepingTimeout)
 	defer cancel()
-	ok, err := m.st.CompleteIdempotencyKey(ctx, m.pool, scope, key, claimedAt,
-		&store.IdempotencyResponse{Status: status, Headers: headers, Body: body}, m.ttl)
+	if resp.BodyOmitted {
+		m.log.InfoContext(ctx, "idempotency: response body not kept; a retry with the key gets 410 Gone",
+			"scope", k.scope, "idempotency_key", storedKey, "reason", rec.omitted)
+	}
+	ok, err := m.st.CompleteIdempotencyKey(ctx, m.pool, k.scope, storedKey, claimedAt, resp, m.ttl)
 	switch {
 	case err != nil:
 		// The key stays in flight until it expires: retries get 409 rather
 		// than running the handler a second time.
 		m.log.ErrorContext(ctx, "idempotency: response not stored; the key stays in flight until it expires",
-			"scope", scope, "idempotency_key", key, "error", fmt.Errorf("idempotency: store key %q: %w", key, err))
+			"scope", k.scope, "idempotency_key", storedKey, "error", fmt.Errorf("idempotency: store key %q: %w", storedKey, err))
 	case !ok:
 		m.log.WarnContext(ctx, "idempotency: response not stored; the key expired and was claimed again while its request ran",
-			"scope", scope, "idempotency_key", key)
+			"scope", k.scope, "idempotency_key", storedKey)
 	}
 }
 
@@ -437,14 +574,6 @@ func printable(s string) bool {
 	return true
 }
 
-// text makes s storable in a PostgreSQL text column.
-func text(s string) string {
-	if utf8.ValidString(s) && !strings.ContainsRune(s, 0) {
-		return s
-	}
-	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", `\0`)
-}
-
 func replay(w http.ResponseWriter, resp *store.IdempotencyResponse) {
 	h := w.Header()
 	for name, vs := range resp.Headers {
@@ -453,6 +582,18 @@ func replay(w http.ResponseWriter, resp *store.IdempotencyResponse) {
 	h.Set(HeaderReplayed, "true")
 	w.WriteHeader(resp.Status)
 	_, _ = w.Write(resp.Body)
+}
+
+// gone answers a retry whose first response was not kept (streamed, or
+// larger than MaxResponseBytes): 410 Gone, with the first response's
+// Location so that the client can find what it made.
+func (m *Middleware) gone(w http.ResponseWriter, resp *store.IdempotencyResponse) {
+	if loc := resp.Headers["Location"]; len(loc) > 0 {
+		w.Header()["Location"] = loc
+	}
+	w.Header().Set(HeaderReplayed, "true")
+	writeError(w, http.StatusGone, fmt.Sprintf("the request with this %s was processed (status %d), but its response was streamed or larger than %d bytes and was not kept;"+
+		" it will not run again: use a new key for a new request", m.header, resp.Status, m.maxRespBytes))
 }
 
 func writeError(w http.ResponseWriter, status int, msg string) {

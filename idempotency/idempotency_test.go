@@ -3,12 +3,14 @@ package idempotency_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -37,6 +39,9 @@ type bundle struct {
 
 // setup migrates a fresh schema and serves handler (nil: b.created) behind
 // a middleware configured by cfg (its Schema is set here) on every path.
+// Without cfg.Identity, the caller is the X-User header, path-unescaped
+// (standing in for a claim of a verified token), and a request without it
+// is refused; b.send sends X-User: alice unless told otherwise.
 func setup(t *testing.T, cfg *idempotency.Config, handler func(b *bundle, w http.ResponseWriter, r *http.Request)) *bundle {
 	t.Helper()
 	ctx := context.Background()
@@ -49,6 +54,9 @@ func setup(t *testing.T, cfg *idempotency.Config, handler func(b *bundle, w http
 	}
 	c.Schema = schema
 	c.Logger = slog.New(slog.DiscardHandler)
+	if c.Identity == nil {
+		c.Identity = headerIdentity
+	}
 	mw, err := idempotency.New(pool, &c)
 	require.NoError(t, err)
 	b := &bundle{pool: pool, schema: schema, mw: mw}
@@ -72,9 +80,17 @@ func setup(t *testing.T, cfg *idempotency.Config, handler func(b *bundle, w http
 	return b
 }
 
+func headerIdentity(r *http.Request) (string, error) {
+	h := r.Header.Get("X-User")
+	if h == "" {
+		return "", errors.New("no X-User header")
+	}
+	return url.PathUnescape(h)
+}
+
 // created is a typical create handler: it reads the body and answers 201
 // with headers that are replayed (Content-Type, Location) and one that is
-// not (X-Request-Id), in two flushed writes.
+// not (X-Request-Id), in two writes.
 func (b *bundle) created(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	key, _ := idempotency.FromContext(r.Context())
@@ -84,7 +100,6 @@ func (b *bundle) created(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Request-Id", fmt.Sprintf("req-%d", n))
 	w.WriteHeader(http.StatusCreated)
 	fmt.Fprintf(w, `{"order":%d,`, n)
-	w.(http.Flusher).Flush()
 	fmt.Fprintf(w, `"key":%q,"body":%q}`, key, body)
 }
 
@@ -108,7 +123,8 @@ func (r response) errorMessage(t *testing.T) string {
 	return e.Error
 }
 
-// send sends a request; key "" sends no key header; header adds headers.
+// send sends a request; key "" sends no key header; header adds headers,
+// and X-User: alice unless it names X-User.
 func (b *bundle) send(method, path, key, body string, header ...string) (response, error) {
 	req, err := http.NewRequest(method, b.srv.URL+path, strings.NewReader(body))
 	if err != nil {
@@ -116,6 +132,12 @@ func (b *bundle) send(method, path, key, body string, header ...string) (respons
 	}
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
+	}
+	req.Header.Set("X-User", "alice")
+	for i := 0; i+1 < len(header); i += 2 {
+		if http.CanonicalHeaderKey(header[i]) == "X-User" {
+			req.Header.Del("X-User")
+		}
 	}
 	for i := 0; i+1 < len(header); i += 2 {
 		req.Header.Add(header[i], header[i+1])
@@ -384,6 +406,7 @@ func TestRejectsBadRequests(t *testing.T) {
 	req, err := http.NewRequest(http.MethodPost, b.srv.URL+"/orders", io.MultiReader(strings.NewReader(strings.Repeat("x", 17))))
 	require.NoError(t, err)
 	req.Header.Set("Idempotency-Key", "k-4")
+	req.Header.Set("X-User", "alice")
 	res, err := b.client.Do(req)
 	require.NoError(t, err)
 	_ = res.Body.Close()
@@ -423,24 +446,24 @@ func TestScopesDoNotCollide(t *testing.T) {
 		require.NoError(t, err)
 		require.False(t, res.replayed())
 		require.Equal(t, int32(3), b.calls.Load())
-		require.Equal(t, 1, b.count(t, "scope = 'POST /orders'"))
+		require.Equal(t, 1, b.count(t, "scope = '5:alice POST /orders'"))
 	})
 
-	t.Run("custom: per user", func(t *testing.T) {
+	t.Run("custom: one scope for every route of a user", func(t *testing.T) {
 		t.Parallel()
-		b := setup(t, &idempotency.Config{Scope: func(r *http.Request) string { return "user:" + r.Header.Get("X-User") }},
+		b := setup(t, &idempotency.Config{Scope: func(r *http.Request) string { return "api" }},
 			func(b *bundle, w http.ResponseWriter, r *http.Request) {
 				scope, _ := idempotency.ScopeFromContext(r.Context())
 				w.Header().Set("X-Scope", scope)
 				b.created(w, r)
 			})
-		alice := b.post(t, "/orders", "k-1", "{}", "X-User", "alice")
-		bob := b.post(t, "/orders", "k-1", "{}", "X-User", "bob")
+		alice := b.post(t, "/orders", "k-1", "{}")
 		require.False(t, alice.replayed())
-		require.False(t, bob.replayed())
-		require.Equal(t, "user:alice", alice.header.Get("X-Scope"))
-		require.NotEqual(t, alice.body, bob.body)
-		require.Equal(t, alice.body, b.post(t, "/orders", "k-1", "{}", "X-User", "alice").body)
+		require.Equal(t, "5:alice api", alice.header.Get("X-Scope"), "the identity is part of the stored scope")
+		require.Equal(t, http.StatusUnprocessableEntity, b.post(t, "/payments", "k-1", "{}").status, "one scope: another route is another request")
+		bob := b.post(t, "/payments", "k-1", "{}", "X-User", "bob")
+		require.False(t, bob.replayed(), "another identity, another key")
+		require.Equal(t, "3:bob api", bob.header.Get("X-Scope"))
 		require.Equal(t, int32(2), b.calls.Load())
 	})
 }
@@ -525,11 +548,19 @@ func TestFromContextOutsideMiddleware(t *testing.T) {
 func TestNewValidatesConfig(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.NewSchema(t)
-	_, err := idempotency.New(pool, nil)
-	require.NoError(t, err, "nil config means the defaults")
+	_, err := idempotency.New(pool, &idempotency.Config{Identity: idempotency.SharedIdentity})
+	require.NoError(t, err, "only Identity has no default")
 
-	_, err = idempotency.New(nil, nil)
+	_, err = idempotency.New(nil, &idempotency.Config{Identity: idempotency.SharedIdentity})
 	require.ErrorIs(t, err, idempotency.ErrInvalidConfig)
+
+	// No identity, no middleware: keys shared by every caller must be asked for.
+	for _, cfg := range []*idempotency.Config{nil, {}, {Required: true, Scope: func(r *http.Request) string { return r.URL.Path }}} {
+		_, err = idempotency.New(pool, cfg)
+		require.ErrorIs(t, err, idempotency.ErrInvalidConfig)
+		require.ErrorContains(t, err, "Identity")
+		require.ErrorContains(t, err, "SharedIdentity")
+	}
 
 	for _, tc := range []struct {
 		name  string
@@ -541,9 +572,13 @@ func TestNewValidatesConfig(t *testing.T) {
 		{"short TTL", idempotency.Config{TTL: time.Millisecond}, "TTL"},
 		{"negative MaxKeyLength", idempotency.Config{MaxKeyLength: -1}, "MaxKeyLength"},
 		{"negative MaxBodyBytes", idempotency.Config{MaxBodyBytes: -1}, "MaxBodyBytes"},
+		{"negative MaxResponseBytes", idempotency.Config{MaxResponseBytes: -1}, "MaxResponseBytes"},
+		{"negative CleanupInterval", idempotency.Config{CleanupInterval: -time.Second}, "CleanupInterval"},
+		{"negative CleanupBatch", idempotency.Config{CleanupBatch: -1}, "CleanupBatch"},
 		{"bad ReplayHeaders", idempotency.Config{ReplayHeaders: []string{"Location", "a:b"}}, "ReplayHeaders"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			tc.cfg.Identity = idempotency.SharedIdentity
 			_, err := idempotency.New(pool, &tc.cfg)
 			require.ErrorIs(t, err, idempotency.ErrInvalidConfig)
 			require.Contains(t, err.Error(), tc.field)
@@ -594,6 +629,6 @@ func TestUnfinishedRequestHoldsItsKeyOnlyForTheInFlightTimeout(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT expires_at - now() FROM "+b.table()+" WHERE key = 'k-lease'").Scan(&left))
 	require.Greater(t, left, 59*time.Minute, "done: kept for the TTL")
 
-	_, err := idempotency.New(b.pool, &idempotency.Config{TTL: time.Minute, InFlightTimeout: time.Hour})
+	_, err := idempotency.New(b.pool, &idempotency.Config{Identity: idempotency.SharedIdentity, TTL: time.Minute, InFlightTimeout: time.Hour})
 	require.ErrorContains(t, err, "InFlightTimeout 1h0m0s must be between 1s and TTL (1m0s)")
 }

@@ -1,22 +1,32 @@
 package idempotency
 
 import (
+	"bufio"
 	"bytes"
+	"fmt"
+	"net"
 	"net/http"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/sagaflow/sagaflow/store"
 )
 
 // recorder writes a handler's response through to the client and keeps a
 // copy of it: the status, the replayable headers as they were when the
-// status was written, and the whole body.
+// status was written, and the body, unless the response is streamed or
+// larger than maxBody.
 type recorder struct {
 	w             http.ResponseWriter
 	replayHeaders []string // canonical names
+	maxBody       int64
 
 	status  int // 0 until the final status is written
 	headers map[string][]string
 	body    bytes.Buffer
+	size    int64
+	// omitted says why the body is not kept ("" while it is).
+	omitted string
 }
 
 func (rec *recorder) Header() http.Header { return rec.w.Header() }
@@ -35,35 +45,64 @@ func (rec *recorder) WriteHeader(code int) {
 	rec.w.WriteHeader(code)
 }
 
-// Write records all of p, whatever reached the client: the stored response
-// is the one the handler produced.
+// Write passes p on to the client and keeps a copy while the body is kept.
 func (rec *recorder) Write(p []byte) (int, error) {
 	if rec.status == 0 {
 		rec.WriteHeader(http.StatusOK)
 	}
-	rec.body.Write(p)
+	rec.size += int64(len(p))
+	if rec.omitted == "" && rec.size > rec.maxBody {
+		rec.omit(fmt.Sprintf("larger than %d bytes", rec.maxBody))
+	}
+	if rec.omitted == "" {
+		rec.body.Write(p)
+	}
 	return rec.w.Write(p)
 }
 
-// Flush sends what was written so far.
+// Flush sends what was written so far. A flushed response is streamed: the
+// client may act on part of it, so it is not kept to be replayed whole.
 func (rec *recorder) Flush() {
 	if rec.status == 0 {
 		rec.WriteHeader(http.StatusOK)
 	}
+	rec.omit("streamed (flushed)")
 	_ = http.NewResponseController(rec.w).Flush()
 }
 
-// Unwrap lets [http.ResponseController] reach the client's writer.
+// Hijack hands the connection to the handler; what it sends then is not
+// seen here, so the response is not kept.
+func (rec *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	conn, rw, err := http.NewResponseController(rec.w).Hijack()
+	if err == nil {
+		rec.omit("hijacked")
+	}
+	return conn, rw, err
+}
+
+// Unwrap lets [http.ResponseController] reach the client's writer for what
+// the recorder does not implement (deadlines, full duplex).
 func (rec *recorder) Unwrap() http.ResponseWriter { return rec.w }
 
-// finish returns the response as the client got it, also when the handler
-// wrote nothing (net/http then sends 200 with the headers set by then).
-func (rec *recorder) finish() (int, map[string][]string, []byte) {
+func (rec *recorder) omit(why string) {
+	if rec.omitted == "" {
+		rec.omitted = why
+		rec.body = bytes.Buffer{} // let the copy go
+	}
+}
+
+// finish returns the response to store as the client got it, also when the
+// handler wrote nothing (net/http then sends 200 with the headers set by
+// then).
+func (rec *recorder) finish() *store.IdempotencyResponse {
 	if rec.status == 0 {
 		rec.status = http.StatusOK
 		rec.snapshotHeaders()
 	}
-	return rec.status, rec.headers, rec.body.Bytes()
+	if rec.omitted != "" {
+		return &store.IdempotencyResponse{Status: rec.status, Headers: rec.headers, Body: []byte{}, BodyOmitted: true}
+	}
+	return &store.IdempotencyResponse{Status: rec.status, Headers: rec.headers, Body: rec.body.Bytes()}
 }
 
 func (rec *recorder) snapshotHeaders() {

@@ -35,6 +35,10 @@ type IdempotencyResponse struct {
 	Status  int
 	Headers map[string][]string
 	Body    []byte
+	// BodyOmitted records that the response's body was not kept (it was
+	// too large, or streamed): the key is done, Status and Headers are
+	// stored, and Body is empty. Stored as a NULL response_body.
+	BodyOmitted bool
 }
 
 // The statements are built per call from the schema: this file adds to the
@@ -92,16 +96,18 @@ func (s *Store) GetIdempotencyKey(ctx context.Context, db DBTX, scope, key strin
 		return nil, fmt.Errorf("store: load idempotency key %q in scope %q: %w", key, scope, err)
 	}
 	if k.Status == IdempotencyDone && status != nil {
-		if body == nil {
-			body = []byte{}
-		}
 		k.Response = &IdempotencyResponse{Status: int(*status), Headers: headers, Body: body}
+		if body == nil {
+			k.Response.Body = []byte{}
+			k.Response.BodyOmitted = true
+		}
 	}
 	return k, nil
 }
 
 // CompleteIdempotencyKey stores resp with the key claimed at claimedAt, marks
-// it done and makes it expire ttl from now. It reports false, and writes
+// it done and makes it expire ttl from now. With resp.BodyOmitted, the body
+// is stored as NULL whatever resp.Body holds. It reports false, and writes
 // nothing, when that claim no longer holds the key (it expired and another
 // request claimed the key again, or it was released).
 func (s *Store) CompleteIdempotencyKey(ctx context.Context, db DBTX, scope, key string, claimedAt time.Time, resp *IdempotencyResponse, ttl time.Duration) (bool, error) {
@@ -110,7 +116,10 @@ func (s *Store) CompleteIdempotencyKey(ctx context.Context, db DBTX, scope, key 
 		headers = map[string][]string{}
 	}
 	body := resp.Body
-	if body == nil {
+	switch {
+	case resp.BodyOmitted:
+		body = nil // NULL: the body was not kept
+	case body == nil:
 		body = []byte{}
 	}
 	tag, err := db.Exec(ctx, `UPDATE `+quoteSchema(s.schema)+`.idempotency_keys

@@ -162,3 +162,34 @@ func TestDeleteExpiredIdempotencyKeys(t *testing.T) {
 	_, err = st.GetIdempotencyKey(ctx, pool, "s", "d")
 	require.NoError(t, err, "the live key stays")
 }
+
+func TestIdempotencyKeyBodyOmitted(t *testing.T) {
+	t.Parallel()
+	pool, st, table := setupIdempotency(t)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		key     string
+		resp    store.IdempotencyResponse
+		omitted bool
+	}{
+		{"empty", store.IdempotencyResponse{Status: 204}, false},
+		{"omitted", store.IdempotencyResponse{Status: 201, Headers: map[string][]string{"Location": {"/r/1"}}, Body: []byte("not kept"), BodyOmitted: true}, true},
+	} {
+		claimedAt, ok, err := st.ClaimIdempotencyKey(ctx, pool, "s", tc.key, []byte("h"), time.Hour)
+		require.NoError(t, err)
+		require.True(t, ok)
+		done, err := st.CompleteIdempotencyKey(ctx, pool, "s", tc.key, claimedAt, &tc.resp, time.Hour)
+		require.NoError(t, err)
+		require.True(t, done)
+
+		k, err := st.GetIdempotencyKey(ctx, pool, "s", tc.key)
+		require.NoError(t, err)
+		require.Equal(t, store.IdempotencyDone, k.Status)
+		require.Equal(t, tc.resp.Status, k.Response.Status)
+		require.Equal(t, tc.omitted, k.Response.BodyOmitted, tc.key)
+		require.Equal(t, []byte{}, k.Response.Body, "an empty body and an omitted one both read as empty")
+		var null bool
+		require.NoError(t, pool.QueryRow(ctx, "SELECT response_body IS NULL FROM "+table+" WHERE key = $1", tc.key).Scan(&null))
+		require.Equal(t, tc.omitted, null, "only an omitted body is stored as NULL")
+	}
+}
