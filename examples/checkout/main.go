@@ -84,7 +84,9 @@ func run(out io.Writer) int {
 		return 1
 	}
 	cleanups = append(cleanups, sys.Stop)
-	mw, err := idempotency.New(env.Orders.Pool, &idempotency.Config{Schema: env.Orders.Schema, Required: true, Logger: logger})
+	mw, err := idempotency.New(env.Orders.Pool, &idempotency.Config{Schema: env.Orders.Schema, Required: true, Logger: logger,
+		// The demo has no authentication: its one client shares one set of keys.
+		Identity: idempotency.SharedIdentity})
 	if err != nil {
 		fmt.Fprintln(out, "checkout:", err)
 		return 1

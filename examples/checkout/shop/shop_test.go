@@ -29,7 +29,7 @@ func TestDemoScenarios(t *testing.T) {
 	sys, err := shop.Start(ctx, env)
 	require.NoError(t, err)
 	t.Cleanup(sys.Stop)
-	mw, err := idempotency.New(env.Orders.Pool, &idempotency.Config{Schema: env.Orders.Schema, Required: true})
+	mw, err := idempotency.New(env.Orders.Pool, &idempotency.Config{Schema: env.Orders.Schema, Required: true, Identity: idempotency.SharedIdentity})
 	require.NoError(t, err)
 	srv := httptest.NewServer(sys.Handler(mw.Wrap))
 	t.Cleanup(srv.Close)
