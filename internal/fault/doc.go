@@ -31,6 +31,13 @@ const (
 	// EngineAfterCommit: the batch committed. In Kafka mode the message's
 	// offset is not committed yet.
 	EngineAfterCommit = "engine.after-commit"
+	// EngineAfterHold: in Kafka mode, a command that could not run yet was
+	// moved back to the outbox (committed); its offset is not committed yet.
+	EngineAfterHold = "engine.after-hold"
+	// EngineAfterDeadLetter: in Kafka mode, a message whose content
+	// PostgreSQL refuses was dead-lettered (committed); its offset is not
+	// committed yet.
+	EngineAfterDeadLetter = "engine.after-dead-letter"
 	// RelayAfterClaim: the relay has claimed a batch of outbox rows and not
 	// sent them.
 	RelayAfterClaim = "relay.after-claim"
@@ -51,6 +58,7 @@ const (
 // Points lists every point, in the order of a saga's life.
 var Points = []string{
 	EngineAfterClaim, EngineAfterHandler, EngineBeforeCommit, EngineAfterCommit,
+	EngineAfterHold, EngineAfterDeadLetter,
 	RelayAfterClaim, RelayAfterAck,
 	InboxBeforeCommit, InboxAfterCommit,
 	RescueAfterRead,
