@@ -305,13 +305,9 @@ func (e *Engine) deadLetterKafka(ctx context.Context, m kafka.Message, code, rea
 	e.stats.parked.Add(1)
 	e.log.WarnContext(ctx, "sagaflow dead-lettered a Kafka message", slog.String("topic", m.Topic),
 		slog.Int("partition", m.Partition), slog.Int64("offset", m.Offset), slog.String("reason", safetext.Text(reason, 500)))
-	err := pgx.BeginTxFunc(ctx, e.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+	return pgx.BeginTxFunc(ctx, e.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		return e.st.InsertDeadLetter(ctx, tx, kafkaDeadLetter(&m, headerValue(&m, store.HeaderMessageID), reason))
 	})
-	if err == nil {
-		fault.Hit(fault.EngineAfterDeadLetter)
-	}
-	return err
 }
 
 // kafkaDeadLetter describes m as a dead letter, with its raw bytes.

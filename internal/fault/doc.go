@@ -34,10 +34,6 @@ const (
 	// EngineAfterHold: in Kafka mode, a command that could not run yet was
 	// moved back to the outbox (committed); its offset is not committed yet.
 	EngineAfterHold = "engine.after-hold"
-	// EngineAfterDeadLetter: in Kafka mode, a message whose content
-	// PostgreSQL refuses was dead-lettered (committed); its offset is not
-	// committed yet.
-	EngineAfterDeadLetter = "engine.after-dead-letter"
 	// RelayAfterClaim: the relay has claimed a batch of outbox rows and not
 	// sent them.
 	RelayAfterClaim = "relay.after-claim"
@@ -58,7 +54,7 @@ const (
 // Points lists every point, in the order of a saga's life.
 var Points = []string{
 	EngineAfterClaim, EngineAfterHandler, EngineBeforeCommit, EngineAfterCommit,
-	EngineAfterHold, EngineAfterDeadLetter,
+	EngineAfterHold,
 	RelayAfterClaim, RelayAfterAck,
 	InboxBeforeCommit, InboxAfterCommit,
 	RescueAfterRead,
