@@ -282,6 +282,9 @@ type testHooks struct {
 	// beforeRescueUpdate runs between the rescuer's read of a stuck saga
 	// and its guarded update.
 	beforeRescueUpdate func(sg *store.Saga)
+	// outcome may change a step's transition before it is queued, to make
+	// PostgreSQL refuse it.
+	outcome func(tr *store.Transition)
 }
 
 // New returns an engine on pool. A nil cfg means the defaults. The schema must

@@ -20,6 +20,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/sagaflow/sagaflow/internal/fault"
+	"github.com/sagaflow/sagaflow/internal/pgerr"
 	"github.com/sagaflow/sagaflow/internal/safetext"
 	"github.com/sagaflow/sagaflow/steps"
 	"github.com/sagaflow/sagaflow/store"
@@ -180,6 +181,10 @@ type pendingWrite struct {
 	// The saga's version and status before the write, which moved them.
 	version int64
 	status  string
+	// last marks the last resort for a saga whose outcome could not be
+	// stored (see [Engine.invalidOutcome]): if it fails too, the batch is
+	// lost.
+	last bool
 	// Filled while sending: how many statements, which one is the update,
 	// and whether it matched the saga.
 	n, update int
@@ -1042,6 +1047,9 @@ func (c *stepClock) stop() {
 // sp is rolled back when the queue is sent, and done does not run.
 func (b *batch) write(sg *store.Saga, tr *store.Transition, sp string, rollback, last bool,
 	onFailure func(error) (*store.Transition, func()), done func()) {
+	if h := b.e.hooks.outcome; h != nil {
+		h(tr)
+	}
 	w := &pendingWrite{sg: sg, tr: tr, sp: sp, rollback: rollback, onFailure: onFailure, done: done,
 		version: sg.Version, status: sg.Status}
 	if !last {
@@ -1214,6 +1222,16 @@ func (b *batch) sendQueued(ctx context.Context, tail func(*pgx.Batch)) error {
 			f := &pendingWrite{sg: w.sg, tr: tr, sp: w.sp, next: w.next, done: done, version: w.version, status: w.status}
 			b.applied(f)
 			again = append(again, pendingOp{w: f})
+		case pgerr.Statement(ferr) && !w.last:
+			// PostgreSQL refused this saga's outcome itself: park the saga
+			// with a fixed, storable error rather than lose the batch (and
+			// every other saga in it) on every retry.
+			e.log.ErrorContext(ctx, "sagaflow parked a saga whose outcome PostgreSQL refused",
+				slog.String("saga_id", w.sg.ID.String()), slog.Any("error", ferr))
+			f := &pendingWrite{sg: w.sg, tr: e.invalidOutcome(w.sg, ferr), sp: w.sp, next: w.next, version: w.version, status: w.status,
+				last: true, done: func() { e.stats.failed.Add(1) }}
+			b.applied(f)
+			again = append(again, pendingOp{w: f})
 		default:
 			return fmt.Errorf("saga: write outcome of saga %s: %w", w.sg.ID, ferr)
 		}
@@ -1253,6 +1271,17 @@ func transitionFrom(sg *store.Saga) *store.Transition {
 		Direction: sg.Direction, Epoch: sg.Epoch, Attempt: sg.Attempt,
 		LastError: sg.LastError, LastErrorCode: sg.LastErrorCode, FailedStep: sg.FailedStep,
 	}
+}
+
+// invalidOutcome parks sg, as failed, when PostgreSQL refused the
+// transition its step produced: everything it writes is fixed text or made
+// storable, so it cannot fail the same way.
+func (e *Engine) invalidOutcome(sg *store.Saga, cause error) *store.Transition {
+	reason := safetext.Text("the step's outcome could not be stored: "+cause.Error(), 2000)
+	tr := failTransition(sg, sg.StepName, CodeInvalidOutcome, reason)
+	tr.History = []store.HistoryEntry{{SagaID: sg.ID, Event: EventSagaFailed, StepName: sg.StepName,
+		Direction: sg.Direction, Epoch: sg.Epoch, Error: reason, ErrorCode: CodeInvalidOutcome}}
+	return tr
 }
 
 func failTransition(sg *store.Saga, step, code, reason string) *store.Transition {

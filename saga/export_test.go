@@ -20,3 +20,9 @@ func (e *Engine) SetBeforeCommit(h func(ctx context.Context, tx pgx.Tx) error) {
 func (e *Engine) SetBeforeRescueUpdate(h func(id uuid.UUID)) {
 	e.hooks.beforeRescueUpdate = func(sg *store.Saga) { h(sg.ID) }
 }
+
+// SetOutcomeHook installs a hook that may change the error text of each
+// step's outcome before it is written (to one PostgreSQL refuses, say).
+func (e *Engine) SetOutcomeHook(h func(sagaID uuid.UUID, lastError *string) *string) {
+	e.hooks.outcome = func(tr *store.Transition) { tr.LastError = h(tr.ID, tr.LastError) }
+}
