@@ -2,7 +2,11 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
@@ -53,4 +57,50 @@ func TestCancel(t *testing.T) {
 	require.Contains(t, msg, "no such saga")
 	msg = f.cli(t, "cancel", "42").failed(t, exitUsage)
 	require.Contains(t, msg, `"42" is not a UUID`)
+}
+
+// Issue #11, point 3: `sagaflow cancel` of an 8-step saga while its step 2
+// runs compensates steps 1 and 2 and runs no step after the request. Step 2
+// here ignores its context and completes; the request goes ahead of step 3.
+func TestCancelWhileAStepRunsRunsNoLaterStep(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	var mu sync.Mutex
+	var ran []string
+	entered := make(chan struct{})
+	release := make(chan struct{})
+	var ss []saga.Step[order]
+	for i := 1; i <= 8; i++ {
+		name := fmt.Sprintf("s%d", i)
+		fn := func(ctx context.Context, run *saga.StepRun, _ *order) error {
+			mu.Lock()
+			ran = append(ran, name+"/"+string(run.Direction))
+			mu.Unlock()
+			if name == "s2" && run.Direction == "forward" {
+				close(entered)
+				<-release
+			}
+			return nil
+		}
+		ss = append(ss, saga.Step[order]{Name: name, Action: fn, Compensate: fn})
+	}
+	def := saga.Define("eight", ss...)
+	e, err := saga.New(f.pool, &saga.Config{Schema: f.schema, PollInterval: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	require.NoError(t, e.Register(def))
+	start(t, e)
+	st, err := saga.Start(ctx, e, def, order{ID: "o-eight"}, nil)
+	require.NoError(t, err)
+	<-entered
+
+	f.cli(t, "cancel", st.ID.String(), "--reason", "changed my mind").ok(t)
+	close(release)
+	f.waitStatus(t, st.ID, saga.StatusCompensated)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []string{"s1/forward", "s2/forward", "s2/compensate", "s1/compensate"}, ran)
+	out := f.cli(t, "show", st.ID.String()).ok(t)
+	require.Contains(t, out, "cancel_requested")
+	require.Contains(t, out, "saga_cancelled")
 }
