@@ -90,11 +90,12 @@ type Config struct {
 	// CommandTopicDefault.
 	CommandTopic string
 	// RescueSlack is added to each step's timeout to give a saga's deadline
-	// (next_check_at), past which the rescuer looks at it. A new saga's
-	// first deadline has it twice, the second time as room: a quick first
-	// step then leaves the deadline where it is, and a lost first command is
-	// found after the first step's Timeout plus twice RescueSlack. Defaults
-	// to RescueSlackDefault.
+	// (next_check_at), past which the rescuer looks at it. When a step has
+	// to move the deadline, it moves it with RescueSlack more as room, so
+	// that quick steps after it can leave it where it is; a new saga's first
+	// deadline has that room too. A lost command is so found at most the
+	// step's Timeout plus twice RescueSlack after it was written. Defaults to
+	// RescueSlackDefault.
 	RescueSlack time.Duration
 	// HandlerGrace is how long a handler that ignores its cancelled context
 	// may keep its worker before the worker abandons it and closes the
@@ -301,6 +302,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: Schema: %w", ErrInvalidConfig, err)
 	}
+	st.SetDeadlineRoom(c.RescueSlack)
 	var signer signing.Keys
 	if c.Kafka != nil {
 		signer = signing.Keys{Current: c.Kafka.SigningKey, Previous: c.Kafka.VerifyKeys}

@@ -92,3 +92,34 @@ func TestShortRescueSettingsRescueALostFirstCommandSoon(t *testing.T) {
 	b.start(t)
 	require.Equal(t, saga.StatusCompleted, b.waitTerminal(t, st.ID).Status)
 }
+
+// A later step that moves the saga's deadline adds RescueSlack as room, not
+// a fixed minute: with short settings the deadline stays short.
+func TestMovedDeadlineUsesRescueSlackAsRoom(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &saga.Config{RescueSlack: 300 * time.Millisecond})
+	running := make(chan struct{})
+	release := make(chan struct{})
+	def := saga.Define("room",
+		saga.Step[order]{Name: "quick", Timeout: 50 * time.Millisecond, Action: noop},
+		saga.Step[order]{Name: "longer", Timeout: 2 * time.Second, Action: func(ctx context.Context, _ *saga.StepRun, _ *order) error {
+			close(running)
+			<-release
+			return nil
+		}},
+	)
+	require.NoError(t, b.engine.Register(def))
+	b.start(t)
+	st, err := saga.Start(context.Background(), b.engine, def, order{}, nil)
+	require.NoError(t, err)
+	<-running
+	var left time.Duration
+	require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT EXTRACT(EPOCH FROM next_check_at - now())::float8 * interval '1 second' FROM "+
+		b.table("saga_instances")+" WHERE id = $1", st.ID).Scan(&left))
+	close(release)
+	// 2 s of timeout, 300 ms of slack and 300 ms of room from when quick
+	// completed: never a minute.
+	require.Greater(t, left, 1500*time.Millisecond)
+	require.Less(t, left, 2700*time.Millisecond)
+	require.Equal(t, saga.StatusCompleted, b.waitTerminal(t, st.ID).Status)
+}

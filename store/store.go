@@ -192,6 +192,7 @@ type Transition struct {
 
 // Store holds sagaflow's statements for one schema.
 type Store struct {
+	room    time.Duration // see SetDeadlineRoom
 	schema  string
 	channel string
 	lockNS  int64
@@ -236,7 +237,7 @@ func New(schema string) (*Store, error) {
 	s := quoteSchema(schema)
 	h := fnv.New64a()
 	h.Write([]byte("sagaflow.saga\x00" + schema))
-	st := &Store{schema: schema, channel: schema + "_sagaflow", lockNS: int64(h.Sum64())}
+	st := &Store{schema: schema, channel: schema + "_sagaflow", lockNS: int64(h.Sum64()), room: DeadlineRoomDefault}
 	insertHistoryFrom := func(src string, first int) string {
 		return `INSERT INTO ` + s + `.saga_history (saga_id, event, step_name, direction, epoch, attempt, error, error_code, detail)
 			SELECT ` + src + `.id, h.event, h.step_name, h.direction, h.epoch, h.attempt, h.error, h.error_code, h.detail::jsonb
@@ -724,9 +725,19 @@ func (s *Store) LockSaga(ctx context.Context, tx pgx.Tx, id uuid.UUID) error {
 	return nil
 }
 
-// deadlineRoom is added when a saga's deadline has to move, so that the
-// next steps of a quick saga can leave it where it is.
-const deadlineRoom = time.Minute
+// DeadlineRoomDefault is added when a saga's deadline has to move, so that
+// the next steps of a quick saga can leave it where it is (see
+// [Store.SetDeadlineRoom]).
+const DeadlineRoomDefault = time.Minute
+
+// SetDeadlineRoom sets the room added when a transition moves a saga's
+// deadline; an engine sets it to its RescueSlack, so that short rescue
+// settings rescue sooner. Call it before the store is used.
+func (s *Store) SetDeadlineRoom(d time.Duration) {
+	if d > 0 {
+		s.room = d
+	}
+}
 
 // QueueTransition queues the fenced transition t on b: the saga update, then
 // its history entries, inbox key and messages. The returned query's
@@ -743,7 +754,7 @@ func (s *Store) QueueTransition(b *pgx.Batch, t *Transition) *pgx.QueuedQuery {
 		commandID = pgIDPtr(&t.Messages[len(t.Messages)-1].ID)
 	}
 	q := b.Queue(s.q.updateSaga, pgID(t.ID), t.Version, t.Status, t.StepIndex, t.StepName, t.Direction, t.Epoch, t.Attempt,
-		state, micros(t.CheckAfter), micros(deadlineRoom), t.LastError, t.LastErrorCode, t.FailedStep, commandID, t.AwaitingReply,
+		state, micros(t.CheckAfter), micros(s.room), t.LastError, t.LastErrorCode, t.FailedStep, commandID, t.AwaitingReply,
 		t.ExactDeadline)
 	for rest := t.History; len(rest) > 0; {
 		n := min(len(rest), maxHistoryRows)
