@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -400,9 +401,13 @@ func (r *Relay) write(ctx context.Context, all []kafka.Message, idx []int, errs 
 		}
 		var tooLarge kafka.MessageTooLargeError
 		if errors.As(err, &tooLarge) {
-			id := headerValue(tooLarge.Message.Headers, store.HeaderMessageID)
+			// Requeued dead letters keep their original message id, so two
+			// messages of a batch may share one: match the bytes too.
+			tl := tooLarge.Message
+			id := headerValue(tl.Headers, store.HeaderMessageID)
 			if j := slices.IndexFunc(batch, func(m kafka.Message) bool {
-				return headerValue(m.Headers, store.HeaderMessageID) == id
+				return headerValue(m.Headers, store.HeaderMessageID) == id && m.Topic == tl.Topic &&
+					bytes.Equal(m.Key, tl.Key) && bytes.Equal(m.Value, tl.Value)
 			}); j >= 0 {
 				errs[idx[j]] = fmt.Errorf("relay: publish to %s: %w", batch[j].Topic, err)
 				idx = slices.Delete(slices.Clone(idx), j, j+1)
