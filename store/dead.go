@@ -30,6 +30,20 @@ import (
 // what an outbox row cannot. The error names the row and the reason.
 var ErrNotRequeueable = errors.New("store: not requeueable")
 
+// RequeueError says why a dead letter cannot be requeued. It matches
+// [ErrNotRequeueable].
+type RequeueError struct {
+	Letter int64
+	Reason string
+}
+
+func (e *RequeueError) Error() string {
+	return fmt.Sprintf("store: dead letter %d cannot be requeued: %s", e.Letter, e.Reason)
+}
+
+// Is makes errors.Is(err, ErrNotRequeueable) hold.
+func (e *RequeueError) Is(target error) bool { return target == ErrNotRequeueable }
+
 // RawHeadersKey is the one entry of an outbox row's headers that carries a
 // message's headers exactly as another producer sent them: a JSON array of
 // {"k": base64 name, "v": base64 value}, in order, duplicates included (see
@@ -330,8 +344,7 @@ type RequeuedLetter struct {
 // inbox consumers derived from its position (topic/partition/offset), so
 // that consumers which processed the original still recognise it.
 //
-// It returns an error wrapping [ErrNotRequeueable], naming the letter and
-// the reason, when the letter is gone, was requeued already, or cannot be
+// It returns a [*RequeueError], naming the letter and the reason, when the letter is gone, was requeued already, or cannot be
 // written to the outbox (its key is not valid UTF-8 or holds a NUL byte:
 // the outbox keeps the Kafka key as text).
 func (s *Store) RequeueDeadLetter(ctx context.Context, tx pgx.Tx, id int64, outboxID uuid.UUID) (*RequeuedLetter, error) {
@@ -345,25 +358,24 @@ func (s *Store) RequeueDeadLetter(ctx context.Context, tx pgx.Tx, id int64, outb
 		FROM `+q+`.dead_letters WHERE id = $1 FOR UPDATE`, id).
 		Scan(&d.consumer, &d.messageID, &d.topic, &d.partition, &d.offset, &d.key, &d.value, &headers, &raw, &requeuedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, fmt.Errorf("store: requeue dead letter %d: no such dead letter: %w", id, ErrNotRequeueable)
+		return nil, &RequeueError{Letter: id, Reason: "no such dead letter"}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("store: requeue dead letter %d: %w", id, err)
 	}
 	if requeuedAt != nil {
-		return nil, fmt.Errorf("store: requeue dead letter %d: requeued already at %s: %w",
-			id, requeuedAt.UTC().Format(time.RFC3339), ErrNotRequeueable)
+		return nil, &RequeueError{Letter: id, Reason: "requeued already at " + requeuedAt.UTC().Format(time.RFC3339)}
 	}
 	if raw != nil {
 		if d.headers, err = DecodeRawHeaders(*raw); err != nil {
-			return nil, fmt.Errorf("store: requeue dead letter %d: %v: %w", id, err, ErrNotRequeueable)
+			return nil, &RequeueError{Letter: id, Reason: err.Error()}
 		}
 	} else {
 		d.headers = headersFromMap(headers)
 	}
 	plan, err := planRequeue(&d)
 	if err != nil {
-		return nil, fmt.Errorf("store: requeue dead letter %d: %v: %w", id, err, ErrNotRequeueable)
+		return nil, &RequeueError{Letter: id, Reason: err.Error()}
 	}
 	plan.msg.ID = outboxID
 	if err := s.InsertMessage(ctx, tx, &plan.msg); err != nil {

@@ -306,7 +306,7 @@ func TestRequeueDeadLetter(t *testing.T) {
 				Topic: "orders", Partition: p, Offset: o, Key: key, Reason: "bad key"})
 			_, err := requeue(id)
 			require.ErrorIs(t, err, store.ErrNotRequeueable, name)
-			require.ErrorContains(t, err, "dead letter "+strconv.FormatInt(id, 10)+": its key "+map[string]string{
+			require.ErrorContains(t, err, "dead letter "+strconv.FormatInt(id, 10)+" cannot be requeued: its key "+map[string]string{
 				"a NUL byte": "contains a NUL byte", "not valid UTF-8": "is not valid UTF-8"}[name])
 			var requeued *time.Time
 			require.NoError(t, pool.QueryRow(ctx, `SELECT requeued_at FROM `+q+`.dead_letters WHERE id = $1`, id).Scan(&requeued))
