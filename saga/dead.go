@@ -328,9 +328,10 @@ func (e *Engine) requeueMessages(ctx context.Context, ids []uuid.UUID, dryRun bo
 		return nil
 	}
 	var done []uuid.UUID
+	var why map[uuid.UUID]string
 	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
 		var err error
-		if done, err = e.st.RequeueDeadMessages(ctx, tx, ids); err != nil {
+		if done, why, err = e.st.RequeueDeadMessages(ctx, tx, ids); err != nil {
 			return err
 		}
 		if dryRun {
@@ -342,14 +343,13 @@ func (e *Engine) requeueMessages(ctx context.Context, ids []uuid.UUID, dryRun bo
 		return fmt.Errorf("saga: requeue dead: %w", err)
 	}
 	for _, id := range ids {
-		if slices.Contains(done, id) {
-			if !slices.Contains(res.Messages, id) {
-				res.Messages = append(res.Messages, id)
-			}
-			continue
+		if reason, ok := why[id]; ok {
+			res.Failed = append(res.Failed, RequeueFailure{Kind: DeadOutbox, ID: id.String(),
+				Err: fmt.Errorf("saga: outbox message %s cannot be requeued: %s", id, reason)})
+			delete(why, id) // once per id
+		} else if slices.Contains(done, id) && !slices.Contains(res.Messages, id) {
+			res.Messages = append(res.Messages, id)
 		}
-		res.Failed = append(res.Failed, RequeueFailure{Kind: DeadOutbox, ID: id.String(),
-			Err: fmt.Errorf("saga: requeue dead message %s: no dead outbox row with this id", id)})
 	}
 	return nil
 }

@@ -142,7 +142,7 @@ func TestRequeueDeadByID(t *testing.T) {
 	require.Len(t, res.Failed, 2, "the rest went on")
 	require.Equal(t, saga.DeadOutbox, res.Failed[0].Kind)
 	require.Equal(t, missing.String(), res.Failed[0].ID)
-	require.ErrorContains(t, res.Failed[0].Err, "no dead outbox row with this id")
+	require.EqualError(t, res.Failed[0].Err, "saga: outbox message "+missing.String()+" cannot be requeued: no such outbox message")
 	require.Equal(t, saga.DeadLetters, res.Failed[1].Kind)
 	require.Equal(t, strconv.FormatInt(b.badKey, 10), res.Failed[1].ID)
 	require.ErrorIs(t, res.Failed[1].Err, store.ErrNotRequeueable)
@@ -162,6 +162,7 @@ func TestRequeueDeadByID(t *testing.T) {
 	require.Empty(t, res.Messages)
 	require.Empty(t, res.Letters)
 	require.Len(t, res.Failed, 2)
+	require.ErrorContains(t, res.Failed[0].Err, "cannot be requeued: its status is pending, not dead")
 	require.ErrorContains(t, res.Failed[1].Err, "requeued already at ")
 }
 

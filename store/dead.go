@@ -181,20 +181,24 @@ func (s *Store) DeadMessages(ctx context.Context, db DBTX, f DeadFilter) ([]Dead
 
 // RequeueDeadMessages makes the dead outbox rows ids pending again, due
 // now, with their attempts reset; their last_error keeps why they were
-// parked, after "requeued; was: ". It returns the ids it requeued (rows
-// that are not dead are left alone) and notifies the schema's channel, so
-// a relay or engine worker takes them at once.
-func (s *Store) RequeueDeadMessages(ctx context.Context, db DBTX, ids []uuid.UUID) ([]uuid.UUID, error) {
+// parked, after "requeued; was: ". It notifies the schema's channel, so a
+// relay or engine worker takes them at once. It returns the ids it
+// requeued, and for every other id why not: it is not dead, does not exist,
+// or was superseded on purpose (the rescuer parks a command its saga no
+// longer waits for with a reason that starts "superseded:"; sending it now
+// could run a step after its saga moved on).
+func (s *Store) RequeueDeadMessages(ctx context.Context, db DBTX, ids []uuid.UUID) ([]uuid.UUID, map[uuid.UUID]string, error) {
 	if len(ids) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
-	rows, err := db.Query(ctx, `UPDATE `+quoteSchema(s.schema)+`.outbox
+	q := quoteSchema(s.schema) + ".outbox"
+	rows, err := db.Query(ctx, `UPDATE `+q+`
 		SET status = 'pending', attempts = 0, available_at = now(), published_at = NULL,
 			last_error = 'requeued; was: ' || COALESCE(last_error, '(no reason recorded)')
-		WHERE id = ANY($1) AND status = 'dead'
+		WHERE id = ANY($1) AND status = 'dead' AND COALESCE(last_error, '') NOT LIKE '`+supersededPrefix+`%'
 		RETURNING id, topic`, pgIDs(ids))
 	if err != nil {
-		return nil, fmt.Errorf("store: requeue %d dead messages: %w", len(ids), err)
+		return nil, nil, fmt.Errorf("store: requeue %d dead messages: %w", len(ids), err)
 	}
 	var done []uuid.UUID
 	var topics []string
@@ -206,10 +210,44 @@ func (s *Store) RequeueDeadMessages(ctx context.Context, db DBTX, ids []uuid.UUI
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("store: requeue %d dead messages: %w", len(ids), err)
+		return nil, nil, fmt.Errorf("store: requeue %d dead messages: %w", len(ids), err)
 	}
-	return done, s.notifyTopics(ctx, db, topics)
+	var rest []uuid.UUID
+	for _, id := range ids {
+		if !slices.Contains(done, id) && !slices.Contains(rest, id) {
+			rest = append(rest, id)
+		}
+	}
+	why := make(map[uuid.UUID]string, len(rest))
+	if len(rest) > 0 {
+		for _, id := range rest {
+			why[id] = "no such outbox message"
+		}
+		rows, err := db.Query(ctx, `SELECT id, status, COALESCE(last_error, '') FROM `+q+` WHERE id = ANY($1)`, pgIDs(rest))
+		if err != nil {
+			return nil, nil, fmt.Errorf("store: requeue %d dead messages: %w", len(ids), err)
+		}
+		var status, lastErr string
+		_, err = pgx.ForEachRow(rows, []any{&id, &status, &lastErr}, func() error {
+			if status == OutboxDead {
+				why[id] = "it was superseded on purpose, and sending it now could run a step after its saga moved on (" +
+					safetext.Text(lastErr, 200) + ")"
+			} else {
+				why[id] = "its status is " + status + ", not dead"
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, nil, fmt.Errorf("store: requeue %d dead messages: %w", len(ids), err)
+		}
+	}
+	return done, why, s.notifyTopics(ctx, db, topics)
 }
+
+// supersededPrefix starts the reason of a command the rescuer parked
+// because its saga no longer waits for it (see saga's rescuer and
+// [Store.SupersedeMessage]).
+const supersededPrefix = "superseded:"
 
 func (s *Store) notifyTopics(ctx context.Context, db DBTX, topics []string) error {
 	slices.Sort(topics)

@@ -80,9 +80,21 @@ func TestDeadMessagesListAndRequeue(t *testing.T) {
 	// Requeue: pending, due now, attempts reset, the reason kept; a row
 	// that is not dead is left alone.
 	alive := insertRelay(t, ctx, pool, st, store.Message{AggregateID: "alive"})
-	done, err := st.RequeueDeadMessages(ctx, pool, []uuid.UUID{dead[0], dead[1], alive})
+	superseded := insertRelay(t, ctx, pool, st, store.Message{AggregateID: "late"})
+	ok, err := st.SupersedeMessage(ctx, pool, superseded, "superseded: the step timed out waiting for its reply")
+	require.NoError(t, err)
+	require.True(t, ok)
+	missing := uuid.Must(uuid.NewV7())
+	done, why, err := st.RequeueDeadMessages(ctx, pool, []uuid.UUID{dead[0], dead[1], alive, superseded, missing})
 	require.NoError(t, err)
 	require.ElementsMatch(t, []uuid.UUID{dead[0], dead[1]}, done)
+	require.Equal(t, map[uuid.UUID]string{
+		alive: "its status is pending, not dead",
+		superseded: "it was superseded on purpose, and sending it now could run a step after its saga moved on " +
+			"(superseded: the step timed out waiting for its reply)",
+		missing: "no such outbox message",
+	}, why)
+	require.Equal(t, store.OutboxDead, readOutbox(t, ctx, pool, schema, superseded).Status)
 	for _, id := range dead[:2] {
 		r := readOutbox(t, ctx, pool, schema, id)
 		require.Equal(t, store.OutboxPending, r.Status)
@@ -91,13 +103,14 @@ func TestDeadMessagesListAndRequeue(t *testing.T) {
 		require.LessOrEqual(t, r.DueInSecond, 0.0)
 	}
 	require.Nil(t, readOutbox(t, ctx, pool, schema, alive).LastError)
-	again, err := st.RequeueDeadMessages(ctx, pool, dead[:2])
+	again, why, err := st.RequeueDeadMessages(ctx, pool, dead[:2])
 	require.NoError(t, err)
 	require.Empty(t, again, "requeued rows are not dead any more")
+	require.Len(t, why, 2)
 
 	status, err := st.OutboxStatus(ctx, pool)
 	require.NoError(t, err)
-	require.Equal(t, int64(3), status.Dead)
+	require.Equal(t, int64(4), status.Dead)
 }
 
 func TestDeadLettersListAndCount(t *testing.T) {
