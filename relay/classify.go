@@ -102,6 +102,11 @@ func classifyCode(code kafka.Error) (errorClass, string) {
 	case kafka.BrokerNotAvailable, kafka.ReplicaNotAvailable:
 		// Not marked retriable by kafka-go, but a broker that is down.
 		return classOutage, ""
+	case kafka.SASLAuthenticationFailed, kafka.ClusterAuthorizationFailed:
+		// The cluster refuses this relay as a whole (credentials or ACLs
+		// being changed): as unreachable as a broker that is down, and
+		// nothing to do with any one row.
+		return classOutage, ""
 	}
 	if code.Temporary() || code.Timeout() {
 		// LEADER_NOT_AVAILABLE, NOT_LEADER_FOR_PARTITION, REQUEST_TIMED_OUT,

@@ -56,13 +56,14 @@ func TestClassify(t *testing.T) {
 		{"replica not available", wrap(kafka.ReplicaNotAvailable), classOutage, ""},
 		{"storage error", wrap(kafka.KafkaStorageError), classOutage, ""},
 		{"throttled", wrap(kafka.ThrottlingQuotaExceeded), classOutage, ""},
+		{"cluster authorization failed", wrap(kafka.ClusterAuthorizationFailed), classOutage, ""},
+		{"SASL authentication failed", wrap(withText(kafka.SASLAuthenticationFailed)), classOutage, ""},
 
 		// Neither: counted, parked after MaxAttempts.
 		{"unknown topic", wrap(kafka.UnknownTopicOrPartition), classRetry, ""},
 		{"unknown topic id", wrap(kafka.UnknownTopicID), classRetry, ""},
 		{"corrupt message", wrap(kafka.InvalidMessage), classRetry, ""},
 		{"topic authorization failed", wrap(kafka.TopicAuthorizationFailed), classRetry, ""},
-		{"cluster authorization failed", wrap(kafka.ClusterAuthorizationFailed), classRetry, ""},
 		{"timestamp out of range", wrap(kafka.InvalidTimestamp), classRetry, ""},
 		{"unknown server error", wrap(kafka.Unknown), classRetry, ""},
 		{"writer closed", io.ErrClosedPipe, classRetry, ""},
