@@ -104,7 +104,8 @@
 // Outages. A broker that is down never kills a row. When a write fails
 // because the cluster could not be reached or could not take it (a refused,
 // reset or cut connection, a DNS failure, PublishTimeout passing, no
-// leader, too few in-sync replicas, a request timed out), the batch's rows
+// leader, too few in-sync replicas, a request timed out, the cluster
+// refusing the relay's credentials or cluster ACL), the batch's rows
 // get the error as last_error and an available_at pushed back, by the
 // database's clock, and spend no attempt: they wait however long the outage
 // lasts. The wait grows with each cycle that finds the broker down (Backoff
