@@ -28,6 +28,10 @@ const (
 	// PublishTimeoutDefault bounds one cycle's write to the broker, during
 	// which the batch's rows stay locked.
 	PublishTimeoutDefault = 30 * time.Second
+	// OutageBackoffMaxDefault caps how long rows wait between attempts
+	// while the broker is down, and so how late publishing resumes after it
+	// is back.
+	OutageBackoffMaxDefault = 30 * time.Second
 	// BackoffMinDefault and BackoffMaxDefault bound [DefaultBackoff].
 	BackoffMinDefault = time.Second
 	BackoffMaxDefault = 5 * time.Minute
@@ -65,11 +69,20 @@ type Config struct {
 	PollInterval time.Duration
 	// MaxAttempts is how many failed publish attempts a row gets; the row
 	// that fails the last one is parked as dead with its last error.
+	// Attempts that failed because the broker was down (it could not be
+	// reached, timed out, or had no leader or too few in-sync replicas) do
+	// not count: an outage makes rows wait, however long it lasts.
 	// Defaults to MaxAttemptsDefault.
 	MaxAttempts int
 	// Backoff is how long a row that failed waits before its next attempt.
-	// Defaults to DefaultBackoff (1s doubling to 5m, with jitter).
+	// While the broker is down it is given the number of consecutive cycles
+	// that found it down, and capped by OutageBackoffMax. Defaults to
+	// DefaultBackoff (1s doubling to 5m, with jitter).
 	Backoff BackoffFunc
+	// OutageBackoffMax caps the wait of rows, and of the relay before it
+	// claims again, while the broker is down. Defaults to
+	// OutageBackoffMaxDefault (30s).
+	OutageBackoffMax time.Duration
 	// MaxMessageBytes bounds a message's key, value and headers together.
 	// A larger row is parked as dead at once, with its size in the reason,
 	// rather than failing the batch it is in. Keep it no larger than the
@@ -77,8 +90,9 @@ type Config struct {
 	// MaxMessageBytesDefault (1 MiB).
 	MaxMessageBytes int
 	// PublishTimeout bounds one cycle's write to the broker; the batch's
-	// rows are locked meanwhile. A write that times out counts as a failed
-	// attempt for every row of the batch. Defaults to PublishTimeoutDefault.
+	// rows are locked meanwhile. A write that times out is a broker outage:
+	// the batch's rows wait, without spending an attempt. Defaults to
+	// PublishTimeoutDefault.
 	PublishTimeout time.Duration
 	// Logger receives the relay's logs (never payloads). Defaults to
 	// slog.Default().
@@ -105,6 +119,7 @@ func (c *Config) withDefaults() (Config, error) {
 		{out.MaxAttempts < 0, "MaxAttempts must not be negative"},
 		{out.MaxMessageBytes < 0, "MaxMessageBytes must not be negative"},
 		{out.PublishTimeout < 0, "PublishTimeout must not be negative"},
+		{out.OutageBackoffMax < 0, "OutageBackoffMax must not be negative"},
 	} {
 		if ch.bad {
 			return out, fmt.Errorf("%w: %s", ErrInvalidConfig, ch.what)
@@ -121,6 +136,9 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if out.Backoff == nil {
 		out.Backoff = DefaultBackoff
+	}
+	if out.OutageBackoffMax == 0 {
+		out.OutageBackoffMax = OutageBackoffMaxDefault
 	}
 	if out.MaxMessageBytes == 0 {
 		out.MaxMessageBytes = MaxMessageBytesDefault

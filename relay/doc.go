@@ -101,20 +101,44 @@
 // either: a saga has at most one command in flight, and the next is written
 // only when the step it answers has committed.
 //
+// Outages. A broker that is down never kills a row. When a write fails
+// because the cluster could not be reached or could not take it (a refused,
+// reset or cut connection, a DNS failure, PublishTimeout passing, no
+// leader, too few in-sync replicas, a request timed out, the cluster
+// refusing the relay's credentials or cluster ACL), the batch's rows
+// get the error as last_error and an available_at pushed back, by the
+// database's clock, and spend no attempt: they wait however long the outage
+// lasts. The wait grows with each cycle that finds the broker down (Backoff
+// of the number of such cycles in a row) up to OutageBackoffMax, and the
+// relay pauses as long before it claims again, so an outage is probed, not
+// hammered. [Health] reports ConsecutiveOutages and OutageWaits. One
+// function judges every error, the Kafka error code first: kafka.Error
+// satisfies net.Error, so a code such as INVALID_TOPIC must not be taken for
+// a connection error.
+//
 // Dead-lettering. A row that can never be published is parked with status
 // 'dead' and a last_error that starts with a stable code: larger than
 // MaxMessageBytes ([CodeTooLarge]), headers that are not a JSON object of
 // strings ([CodeMalformedHeaders]), a topic name Kafka does not allow
 // ([CodeInvalidTopic]), a message the broker refused for good
 // ([CodeRejected], [CodeTooLarge], [CodeInvalidTopic]), or MaxAttempts
-// failed attempts ([CodeAttemptsExhausted], with the last error). Rows are
-// never dropped, and a bad row never holds up the rest of its batch: the
-// others are published in the same cycle. A row that fails for a reason
-// that may pass (the broker is unreachable, a partition has no leader) gets
-// one more attempt, its error as last_error and an available_at pushed back
-// by Backoff. Dead rows are counted by [Relay.Health] and by `sagaflow
-// outbox status`; put one back with UPDATE … SET status = 'pending',
-// attempts = 0 once its cause is fixed.
+// failed attempts that were not an outage ([CodeAttemptsExhausted], with the
+// last error: a topic that does not exist, an ACL that denies the relay, an
+// error the relay does not recognise). Rows are never dropped, and a bad row
+// never holds up the rest of its batch: the others are published in the same
+// cycle. Dead rows, and the dead letters of consumers, are counted by
+// [Relay.Health] and by `sagaflow outbox status`; list them with `sagaflow
+// dead list` (or saga.Engine.DeadMessages) and, once the cause is fixed, put
+// them back with `sagaflow dead requeue` (saga.Engine.RequeueDead): a dead
+// row becomes pending again with its attempts reset.
+//
+// Requeued dead letters. A row whose headers column holds only
+// store.RawHeadersKey carries another producer's headers, byte for byte: the
+// relay publishes it with exactly those headers, in order, and adds none of
+// its own, so the message keeps its original sagaflow-message-id and the
+// consumers that processed it skip it. An empty aggregateid is sent as no
+// key. This is how a requeued dead letter is sent again; a CDC pipeline
+// that replaces the relay must do the same for such rows.
 //
 // Many relays. Any number of relays can run on one database: SKIP LOCKED
 // gives each a different batch, and a row is published by the relay that

@@ -70,6 +70,9 @@ func buildMessage(row *store.RelayMessage, maxBytes int) (kafka.Message, string)
 	if err != nil {
 		return kafka.Message{}, reason(CodeMalformedHeaders, "headers must be a JSON object of strings: %v", err)
 	}
+	if i := slices.IndexFunc(user, func(h kafka.Header) bool { return h.Key == store.RawHeadersKey }); i >= 0 {
+		return buildRaw(row, user, i, maxBytes)
+	}
 	headers := []kafka.Header{
 		{Key: store.HeaderMessageID, Value: []byte(row.ID.String())},
 		{Key: store.HeaderType, Value: []byte(row.Type)},
@@ -93,6 +96,10 @@ func buildMessage(row *store.RelayMessage, maxBytes int) (kafka.Message, string)
 		Value:   row.Payload,
 		Headers: headers,
 	}
+	return checkSize(m, maxBytes)
+}
+
+func checkSize(m kafka.Message, maxBytes int) (kafka.Message, string) {
 	if m.Value == nil {
 		m.Value = []byte{}
 	}
@@ -102,6 +109,33 @@ func buildMessage(row *store.RelayMessage, maxBytes int) (kafka.Message, string)
 			n, len(m.Key), len(m.Value), maxBytes)
 	}
 	return m, ""
+}
+
+// buildRaw builds the message of a row whose headers column carries another
+// producer's headers under store.RawHeadersKey (a requeued dead letter):
+// they are sent exactly as they are, and the relay adds none of its own, so
+// the message keeps its original sagaflow-message-id. An empty aggregateid
+// is sent as no key.
+func buildRaw(row *store.RelayMessage, user []kafka.Header, i, maxBytes int) (kafka.Message, string) {
+	if len(user) != 1 {
+		return kafka.Message{}, reason(CodeMalformedHeaders, "%s must be the only entry of the headers, not one of %d",
+			store.RawHeadersKey, len(user))
+	}
+	raw, err := store.DecodeRawHeaders(string(user[i].Value))
+	if err != nil {
+		return kafka.Message{}, reason(CodeMalformedHeaders, "%s: %v", store.RawHeadersKey, err)
+	}
+	m := kafka.Message{Topic: row.Topic, Value: row.Payload}
+	if row.AggregateID != "" {
+		m.Key = []byte(row.AggregateID)
+	}
+	if len(raw) > 0 {
+		m.Headers = make([]kafka.Header, len(raw))
+		for j, h := range raw {
+			m.Headers[j] = kafka.Header{Key: string(h.Key), Value: h.Value}
+		}
+	}
+	return checkSize(m, maxBytes)
 }
 
 // parseHeaders decodes a JSON object of strings into headers sorted by name.

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -48,6 +49,7 @@ type testHooks struct {
 
 type counters struct {
 	published, retries, dead, writes, writeFailures atomic.Int64
+	outageWaits, outageStreak                       atomic.Int64
 	latencyLast, latencyTotal                       atomic.Int64 // nanoseconds
 }
 
@@ -145,6 +147,14 @@ func (r *Relay) loop(fetchCtx, workCtx context.Context) {
 			continue
 		}
 		failures = 0
+		if res.outage {
+			// The broker is down: claiming the next batch would only fail
+			// it too. Wake-ups do not shorten the pause.
+			if !lifecycle.Sleep(fetchCtx, res.pause) {
+				return
+			}
+			continue
+		}
 		if res.claimed >= r.cfg.BatchSize {
 			continue // more may be due
 		}
@@ -183,6 +193,10 @@ func (r *Relay) RunOnce(ctx context.Context) (published, failed int, err error) 
 
 type cycleResult struct {
 	claimed, published, failed int
+	// outage: nothing was published and some rows failed because the
+	// broker is down; the loop waits pause before it claims again.
+	outage bool
+	pause  time.Duration
 }
 
 // cycle claims a batch, publishes it with one write, and marks its rows, in
@@ -222,7 +236,7 @@ func (r *Relay) cycle(ctx context.Context) (cycleResult, error) {
 	}
 
 	var published []uuid.UUID
-	retries := 0
+	retries, waits := 0, 0
 	if len(msgs) > 0 {
 		errs := r.publish(ctx, msgs)
 		if err := ctx.Err(); err != nil {
@@ -234,18 +248,37 @@ func (r *Relay) cycle(ctx context.Context) (cycleResult, error) {
 				return res, err
 			}
 		}
+		// One outage streak per relay: the broker is down for every row,
+		// so rows that failed in the same cycle wait alike, and each cycle
+		// that still finds it down waits longer, up to OutageBackoffMax.
+		streak := r.stats.outageStreak.Load()
+		if slices.ContainsFunc(errs, func(e error) bool {
+			c, _ := classify(e)
+			return e != nil && c == classOutage
+		}) {
+			streak = r.stats.outageStreak.Add(1)
+		} else {
+			r.stats.outageStreak.Store(0)
+		}
 		for i, e := range errs {
 			if e == nil {
 				published = append(published, owners[i].ID)
 				continue
 			}
-			f := r.failure(owners[i], e)
+			f := r.failure(owners[i], e, r.outageDelay(int(streak)))
 			failures = append(failures, f)
-			if f.Dead {
+			switch {
+			case f.Dead:
 				dead = append(dead, owners[i])
-			} else {
+			case f.Outage:
+				waits++
+			default:
 				retries++
 			}
+		}
+		res.outage = waits > 0 && len(published) == 0
+		if res.outage {
+			res.pause = r.outageDelay(int(streak))
 		}
 	}
 
@@ -260,6 +293,7 @@ func (r *Relay) cycle(ctx context.Context) (cycleResult, error) {
 	}
 	r.stats.published.Add(int64(len(published)))
 	r.stats.retries.Add(int64(retries))
+	r.stats.outageWaits.Add(int64(waits))
 	r.stats.dead.Add(int64(len(dead)))
 	d := 0
 	for _, f := range failures {
@@ -273,40 +307,59 @@ func (r *Relay) cycle(ctx context.Context) (cycleResult, error) {
 	}
 	if retries > 0 {
 		r.log.WarnContext(ctx, "sagaflow relay could not publish messages; they will be retried",
-			slog.Int("retries", retries), slog.Int("published", len(published)), slog.String("error", firstRetry(failures)))
+			slog.Int("retries", retries), slog.Int("published", len(published)), slog.String("error", firstRetry(failures, false)))
+	}
+	if waits > 0 {
+		r.log.WarnContext(ctx, "sagaflow relay cannot reach the broker; messages wait for it without spending attempts",
+			slog.Int("waiting", waits), slog.Int("published", len(published)),
+			slog.Int64("consecutive_outages", r.stats.outageStreak.Load()), slog.String("error", firstRetry(failures, true)))
 	}
 	res.published, res.failed = len(published), len(failures)
 	return res, nil
 }
 
-func firstRetry(fs []store.RelayFailure) string {
+// firstRetry returns the error of the first failure that is retried, for
+// a broker outage or not.
+func firstRetry(fs []store.RelayFailure, outage bool) string {
 	for _, f := range fs {
-		if !f.Dead {
+		if !f.Dead && f.Outage == outage {
 			return f.Err
 		}
 	}
 	return ""
 }
 
-// failure decides what becomes of a row whose message was not published:
-// dead at once when the broker refused it for good, dead when this was its
-// last attempt, otherwise due again after the backoff.
-func (r *Relay) failure(row *store.RelayMessage, err error) store.RelayFailure {
+// failure decides what becomes of a row whose message was not published
+// (see [classify]): dead at once when the broker refused it for good; due
+// again after outageDelay, without spending an attempt, when the broker
+// could not be reached or could not take writes; otherwise one more attempt
+// spent, and dead when that was its last.
+func (r *Relay) failure(row *store.RelayMessage, err error, outageDelay time.Duration) store.RelayFailure {
 	attempt := row.Attempts + 1
 	f := store.RelayFailure{ID: row.ID}
+	class, code := classify(err)
 	switch {
-	case errors.Is(err, kafka.MessageSizeTooLarge):
-		f.Dead, f.Err = true, reason(CodeTooLarge, "the broker refused the message as too large: %v", err)
-	case errors.Is(err, kafka.InvalidTopic):
-		f.Dead, f.Err = true, reason(CodeInvalidTopic, "the broker refused topic %q: %v", row.Topic, err)
-	case errors.Is(err, kafka.InvalidRecord):
-		f.Dead, f.Err = true, reason(CodeRejected, "the broker refused the message: %v", err)
+	case class == classPermanent && code == CodeInvalidTopic:
+		f.Dead, f.Err = true, reason(code, "the broker refused topic %q: %v", row.Topic, err)
+	case class == classPermanent && code == CodeTooLarge:
+		f.Dead, f.Err = true, reason(code, "the broker refused the message as too large: %v", err)
+	case class == classPermanent:
+		f.Dead, f.Err = true, reason(code, "the broker refused the message: %v", err)
+	case class == classOutage:
+		f.Outage, f.Err, f.Delay = true, truncate(err.Error()), outageDelay
 	case attempt >= r.cfg.MaxAttempts:
 		f.Dead, f.Err = true, reason(CodeAttemptsExhausted, "gave up after %d attempts: %v", attempt, err)
 	default:
 		f.Err, f.Delay = truncate(err.Error()), r.cfg.Backoff(attempt)
 	}
 	return f
+}
+
+// outageDelay is how long rows wait after the outage-th consecutive cycle
+// whose writes failed because the broker was down: Backoff, capped by
+// OutageBackoffMax so that publishing resumes soon after the broker is back.
+func (r *Relay) outageDelay(outage int) time.Duration {
+	return min(r.cfg.Backoff(outage), r.cfg.OutageBackoffMax)
 }
 
 // publish writes msgs with one WriteMessages call and returns the outcome of
@@ -348,9 +401,13 @@ func (r *Relay) write(ctx context.Context, all []kafka.Message, idx []int, errs 
 		}
 		var tooLarge kafka.MessageTooLargeError
 		if errors.As(err, &tooLarge) {
-			id := headerValue(tooLarge.Message.Headers, store.HeaderMessageID)
+			// Requeued dead letters keep their original message id, so two
+			// messages of a batch may share one: match the bytes too.
+			tl := tooLarge.Message
+			id := headerValue(tl.Headers, store.HeaderMessageID)
 			if j := slices.IndexFunc(batch, func(m kafka.Message) bool {
-				return headerValue(m.Headers, store.HeaderMessageID) == id
+				return headerValue(m.Headers, store.HeaderMessageID) == id && m.Topic == tl.Topic &&
+					bytes.Equal(m.Key, tl.Key) && bytes.Equal(m.Value, tl.Value)
 			}); j >= 0 {
 				errs[idx[j]] = fmt.Errorf("relay: publish to %s: %w", batch[j].Topic, err)
 				idx = slices.Delete(slices.Clone(idx), j, j+1)
@@ -421,6 +478,9 @@ type Health struct {
 	OldestPendingAge time.Duration
 	// Dead is the number of relay rows parked as dead, by any relay.
 	Dead int64
+	// DeadLetters is the number of messages consumers dead-lettered that
+	// have not been requeued (store's dead_letters table).
+	DeadLetters int64
 
 	// Running reports whether the relay's loop is running.
 	Running bool
@@ -429,6 +489,14 @@ type Health struct {
 	// Retries is the number of rows this relay put back for another
 	// attempt after a failed publish.
 	Retries int64
+	// OutageWaits is the number of rows this relay put back, without
+	// spending an attempt, because the broker could not be reached or could
+	// not take writes.
+	OutageWaits int64
+	// ConsecutiveOutages is the number of cycles in a row whose writes
+	// failed because the broker was down; 0 once a cycle's writes got
+	// through. A health check can alert on it.
+	ConsecutiveOutages int64
 	// DeadLettered is the number of rows this relay parked as dead.
 	DeadLettered int64
 	// Writes and WriteFailures count calls of the writer, and those that
@@ -445,6 +513,8 @@ func (r *Relay) Health(ctx context.Context) (Health, error) {
 	h := Health{
 		Published:          r.stats.published.Load(),
 		Retries:            r.stats.retries.Load(),
+		OutageWaits:        r.stats.outageWaits.Load(),
+		ConsecutiveOutages: r.stats.outageStreak.Load(),
 		DeadLettered:       r.stats.dead.Load(),
 		Writes:             r.stats.writes.Load(),
 		WriteFailures:      r.stats.writeFailures.Load(),
@@ -458,6 +528,6 @@ func (r *Relay) Health(ctx context.Context) (Health, error) {
 	if err != nil {
 		return h, err
 	}
-	h.Pending, h.OldestPendingAge, h.Dead = st.Pending, st.OldestPendingAge, st.Dead
+	h.Pending, h.OldestPendingAge, h.Dead, h.DeadLetters = st.Pending, st.OldestPendingAge, st.Dead, st.DeadLetters
 	return h, nil
 }

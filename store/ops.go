@@ -50,7 +50,8 @@ func newOpsStatements(s string) opsStatements {
 				count(*) FILTER (WHERE status = 'pending'),
 				EXTRACT(EPOCH FROM now() - min(created_at) FILTER (WHERE status = 'pending')),
 				count(*) FILTER (WHERE status = 'dead'),
-				count(*) FILTER (WHERE status = 'published')
+				count(*) FILTER (WHERE status = 'published'),
+				(SELECT count(*) FROM ` + s + `.dead_letters WHERE requeued_at IS NULL)
 			FROM ` + s + `.outbox`,
 	}
 }
@@ -137,20 +138,24 @@ func (s *Store) DeleteFinishedSagas(ctx context.Context, db DBTX, window time.Du
 	return tag.RowsAffected(), nil
 }
 
-// OutboxStatus summarises the outbox.
+// OutboxStatus summarises the outbox and the dead letters.
 type OutboxStatus struct {
 	Pending          int64
 	OldestPendingAge time.Duration // 0 when nothing is pending
-	Dead             int64
-	Published        int64
+	// Dead counts outbox rows parked as dead (see [Store.DeadMessages]).
+	Dead      int64
+	Published int64
+	// DeadLetters counts the messages consumers dead-lettered that have not
+	// been requeued (see [Store.DeadLetters]).
+	DeadLetters int64
 }
 
-// OutboxStatus counts pending, dead and published messages and measures the
-// age of the oldest pending one.
+// OutboxStatus counts pending, dead and published messages, measures the
+// age of the oldest pending one, and counts the dead letters not requeued.
 func (s *Store) OutboxStatus(ctx context.Context, db DBTX) (OutboxStatus, error) {
 	var st OutboxStatus
 	var age *float64
-	if err := db.QueryRow(ctx, s.ops.outboxStatus).Scan(&st.Pending, &age, &st.Dead, &st.Published); err != nil {
+	if err := db.QueryRow(ctx, s.ops.outboxStatus).Scan(&st.Pending, &age, &st.Dead, &st.Published, &st.DeadLetters); err != nil {
 		return st, fmt.Errorf("store: outbox status: %w", err)
 	}
 	if age != nil {

@@ -42,6 +42,10 @@ type RelayFailure struct {
 	Delay time.Duration
 	// Dead parks the row (status 'dead') instead of retrying it.
 	Dead bool
+	// Outage records a failure that says nothing about the row (the broker
+	// was down): the row is due again after Delay without spending an
+	// attempt. Ignored when Dead.
+	Outage bool
 }
 
 // ClaimRelayBatch locks up to limit due rows that the relay publishes
@@ -91,10 +95,10 @@ func (s *Store) MarkPublished(ctx context.Context, db DBTX, ids []uuid.UUID) err
 	return nil
 }
 
-// MarkFailed records failed publish attempts: each row gets one more
-// attempt and its error as last_error, and either becomes due again Delay
-// after clock_timestamp() or, when Dead, is parked with status 'dead'. Rows
-// that are no longer pending are left alone.
+// MarkFailed records failed publish attempts: each row gets its error as
+// last_error and one more attempt (none for an Outage), and either becomes
+// due again Delay after clock_timestamp() or, when Dead, is parked with
+// status 'dead'. Rows that are no longer pending are left alone.
 func (s *Store) MarkFailed(ctx context.Context, db DBTX, failures []RelayFailure) error {
 	if len(failures) == 0 {
 		return nil
@@ -103,17 +107,19 @@ func (s *Store) MarkFailed(ctx context.Context, db DBTX, failures []RelayFailure
 	errs := make([]string, len(failures))
 	delays := make([]int64, len(failures))
 	dead := make([]bool, len(failures))
+	counted := make([]bool, len(failures))
 	for i, f := range failures {
 		ids[i], errs[i], delays[i], dead[i] = f.ID, f.Err, micros(max(f.Delay, 0)), f.Dead
+		counted[i] = f.Dead || !f.Outage
 	}
 	_, err := db.Exec(ctx, `UPDATE `+quoteSchema(s.schema)+`.outbox o SET
-			attempts = o.attempts + 1,
+			attempts = o.attempts + CASE WHEN f.counted THEN 1 ELSE 0 END,
 			last_error = f.err,
 			status = CASE WHEN f.dead THEN 'dead' ELSE o.status END,
 			available_at = CASE WHEN f.dead THEN o.available_at
 				ELSE clock_timestamp() + f.delay_us * interval '1 microsecond' END
-		FROM unnest($1::uuid[], $2::text[], $3::int8[], $4::bool[]) AS f(id, err, delay_us, dead)
-		WHERE o.id = f.id AND o.status = 'pending'`, ids, errs, delays, dead)
+		FROM unnest($1::uuid[], $2::text[], $3::int8[], $4::bool[], $5::bool[]) AS f(id, err, delay_us, dead, counted)
+		WHERE o.id = f.id AND o.status = 'pending'`, ids, errs, delays, dead, counted)
 	if err != nil {
 		return fmt.Errorf("store: mark %d messages failed: %w", len(failures), err)
 	}
@@ -122,17 +128,18 @@ func (s *Store) MarkFailed(ctx context.Context, db DBTX, failures []RelayFailure
 
 // RelayOutboxStatus is [Store.OutboxStatus] for the rows the relay
 // publishes (delivery 'relay') only: pending rows (due or waiting for a
-// retry), the age of the oldest by the database's clock, and dead rows.
-// Published is not counted (0): counting it would read every published row;
-// use OutboxStatus for that.
+// retry), the age of the oldest by the database's clock, dead rows, and the
+// dead letters not requeued. Published is not counted (0): counting it would
+// read every published row; use OutboxStatus for that.
 func (s *Store) RelayOutboxStatus(ctx context.Context, db DBTX) (OutboxStatus, error) {
 	var st OutboxStatus
 	var age *float64
 	q := quoteSchema(s.schema) + `.outbox`
 	err := db.QueryRow(ctx, `SELECT p.n, p.age,
-			(SELECT count(*) FROM `+q+` WHERE status = 'dead' AND delivery = 'relay')
+			(SELECT count(*) FROM `+q+` WHERE status = 'dead' AND delivery = 'relay'),
+			(SELECT count(*) FROM `+quoteSchema(s.schema)+`.dead_letters WHERE requeued_at IS NULL)
 		FROM (SELECT count(*) AS n, EXTRACT(EPOCH FROM now() - min(created_at)) AS age
-			FROM `+q+` WHERE status = 'pending' AND delivery = 'relay') p`).Scan(&st.Pending, &age, &st.Dead)
+			FROM `+q+` WHERE status = 'pending' AND delivery = 'relay') p`).Scan(&st.Pending, &age, &st.Dead, &st.DeadLetters)
 	if err != nil {
 		return st, fmt.Errorf("store: relay outbox status: %w", err)
 	}

@@ -181,6 +181,20 @@ func TestMarkPublishedAndFailed(t *testing.T) {
 	require.Equal(t, store.OutboxPublished, r.Status, "a published row is never marked again")
 	require.Nil(t, r.LastError)
 
+	// A failure during a broker outage pushes the row back without
+	// spending an attempt.
+	require.NoError(t, st.MarkFailed(ctx, pool, []store.RelayFailure{
+		{ID: retry, Err: "broker unreachable", Delay: 2 * time.Minute, Outage: true},
+	}))
+	r = readOutbox(t, ctx, pool, schema, retry)
+	require.Equal(t, store.OutboxPending, r.Status)
+	require.Equal(t, 1, r.Attempts, "an outage spends no attempt")
+	require.Equal(t, "broker unreachable", *r.LastError)
+	require.InDelta(t, 120, r.DueInSecond, 5)
+	require.NoError(t, st.MarkFailed(ctx, pool, []store.RelayFailure{
+		{ID: retry, Err: "not enough replicas", Delay: time.Minute},
+	}))
+
 	d, ok, err := st.NextRelayDue(ctx, pool)
 	require.NoError(t, err)
 	require.True(t, ok)
@@ -214,6 +228,7 @@ func TestRelayOutboxStatusCountsRelayRowsOnly(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(2), status.Pending, "the delayed row is pending too; direct rows are not counted")
 	require.Equal(t, int64(1), status.Dead)
+	require.Zero(t, status.DeadLetters)
 	require.Greater(t, status.OldestPendingAge, time.Duration(0))
 	require.Less(t, status.OldestPendingAge, time.Minute)
 }

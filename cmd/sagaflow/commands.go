@@ -65,6 +65,7 @@ func commands() []command {
 				"--rate per second, so the relay publishes them once more; consumers deduplicate them by\n" +
 				"message id. Only messages within the outbox retention window can be replayed. --dry-run\n" +
 				"lists what would be replayed and changes nothing."},
+		{name: "dead", args: deadArgs, setup: setupDead, summary: deadSummary, about: deadAbout},
 	}
 }
 
