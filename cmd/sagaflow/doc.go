@@ -20,7 +20,9 @@
 //	replay <id> [--from-step S]       resume a failed saga, or re-run an ended one from a step
 //	replay --bulk [filters]           the same for every matching saga, capped and rate limited
 //	cancel <id> [--reason R]          cancel a running saga
-//	outbox status                     pending, dead and published messages
+//	outbox status                     pending, dead and published messages, and dead letters
+//	dead list [filters]               dead outbox messages, or consumers' dead letters
+//	dead requeue (--id I | --all)     send dead messages or dead letters again, once their cause is fixed
 //	outbox replay [filters]           publish already published messages again
 //	help [command]                    usage of the CLI or of a command
 //

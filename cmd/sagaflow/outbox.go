@@ -29,13 +29,15 @@ func setupOutboxStatus(*flag.FlagSet) runFunc {
 				Pending                 int64   `json:"pending"`
 				OldestPendingAgeSeconds float64 `json:"oldest_pending_age_seconds"`
 				Dead                    int64   `json:"dead"`
+				DeadLetters             int64   `json:"dead_letters"`
 				Published               int64   `json:"published"`
-			}{st.Pending, st.OldestPendingAge.Seconds(), st.Dead, st.Published})
+			}{st.Pending, st.OldestPendingAge.Seconds(), st.Dead, st.DeadLetters, st.Published})
 		}
 		tw := newTable(c.stdout)
 		fmt.Fprintf(tw, "pending:\t%s\n", strconv.FormatInt(st.Pending, 10))
 		fmt.Fprintf(tw, "oldest pending age:\t%s\n", formatAge(st.OldestPendingAge))
 		fmt.Fprintf(tw, "dead:\t%s\n", strconv.FormatInt(st.Dead, 10))
+		fmt.Fprintf(tw, "dead letters:\t%s\n", strconv.FormatInt(st.DeadLetters, 10))
 		fmt.Fprintf(tw, "published:\t%s\n", strconv.FormatInt(st.Published, 10))
 		return tw.Flush()
 	}

@@ -14,6 +14,7 @@ type outboxStatusDoc struct {
 	Pending                 int64   `json:"pending"`
 	OldestPendingAgeSeconds float64 `json:"oldest_pending_age_seconds"`
 	Dead                    int64   `json:"dead"`
+	DeadLetters             int64   `json:"dead_letters"`
 	Published               int64   `json:"published"`
 }
 
@@ -46,6 +47,10 @@ func TestOutbox(t *testing.T) {
 		` (id, topic, aggregateid, type, payload, status, last_error) VALUES ($1, 'orders', 'o-3', 'order.created', '\x7b7d', 'dead', 'no route')`,
 		uuid.New())
 	require.NoError(t, err)
+	// And two dead letters of a consumer, one of them requeued already.
+	_, err = f.pool.Exec(ctx, "INSERT INTO "+f.table("dead_letters")+
+		` (consumer, topic, reason, requeued_at) VALUES ('payments', 'orders', 'bad', NULL), ('payments', 'orders', 'bad', now())`)
+	require.NoError(t, err)
 
 	countStatus := func(status string) int64 {
 		return int64(f.count(t, "SELECT count(*) FROM "+f.table("outbox")+" WHERE status = $1", status))
@@ -59,10 +64,11 @@ func TestOutbox(t *testing.T) {
 		require.Equal(t, int64(1), doc.Pending)
 		require.Equal(t, int64(1), doc.Dead)
 		require.Equal(t, int64(2), doc.Published)
+		require.Equal(t, int64(1), doc.DeadLetters, "the one not requeued")
 		require.Greater(t, doc.OldestPendingAgeSeconds, 0.0)
 
 		out := f.cli(t, "outbox", "status").ok(t)
-		requireInOrder(t, out, "pending:", "1\n", "oldest pending age:", "dead:", "1\n", "published:", "2\n")
+		requireInOrder(t, out, "pending:", "1\n", "oldest pending age:", "dead:", "1\n", "dead letters:", "1\n", "published:", "2\n")
 	})
 
 	t.Run("replay dry run", func(t *testing.T) {
