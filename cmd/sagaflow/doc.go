@@ -14,7 +14,7 @@
 //
 // Commands:
 //
-//	migrate [--print]                 apply the migrations, or print their SQL
+//	migrate [--print | --print-grants R]  apply the migrations, print their SQL, or the run-time grants for role R
 //	list [filters]                    sagas, newest first, one page at a time
 //	show <id>                         a saga: header, timeline, state
 //	replay <id> [--from-step S]       resume a failed saga, or re-run an ended one from a step

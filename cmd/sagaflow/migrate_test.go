@@ -74,3 +74,11 @@ func TestMigrateBadSchema(t *testing.T) {
 	require.Equal(t, exitUsage, e.Code)
 	require.Contains(t, e.Error, `"bad-name"`)
 }
+
+func TestMigratePrintGrants(t *testing.T) {
+	t.Parallel()
+	out := runCLI(t, nil, "--schema", "shop", "migrate", "--print-grants", "orders_app").ok(t)
+	require.Contains(t, out, `GRANT USAGE ON SCHEMA "shop" TO "orders_app";`)
+	require.Contains(t, out, `GRANT SELECT ON "shop".sagaflow_migrations TO "orders_app";`)
+	require.NotContains(t, out, "CREATE")
+}
