@@ -112,7 +112,9 @@ type system struct {
 	releaseStalls               atomic.Int32 // releases still to answer only after the reserve step's timeout
 }
 
-func newSystem(t *testing.T, paymentsRunning bool) *system {
+// newSystem builds the system; with a key, every service signs what it
+// writes to the bus and verifies what it reads.
+func newSystem(t *testing.T, paymentsRunning bool, key ...byte) *system {
 	t.Helper()
 	ctx := context.Background()
 	// The default reply topic, one per saga type (the checkout example sets
@@ -124,7 +126,8 @@ func newSystem(t *testing.T, paymentsRunning bool) *system {
 	// Inventory: reserve, and release as its compensation.
 	_, err := s.inventory.pool.Exec(ctx, "CREATE TABLE "+s.inventory.table("stock_moves")+" (order_id text, move text, step_key text)")
 	require.NoError(t, err)
-	inv, err := steps.NewParticipant(s.inventory.pool, &steps.ParticipantConfig{Consumer: "inventory", Schema: s.inventory.schema, Logger: quiet})
+	inv, err := steps.NewParticipant(s.inventory.pool, &steps.ParticipantConfig{Consumer: "inventory", Schema: s.inventory.schema, Logger: quiet,
+		SigningKey: key})
 	require.NoError(t, err)
 	move := func(kind string) func(ctx context.Context, tx pgx.Tx, c steps.Call[reserveCmd]) (struct{}, error) {
 		return func(ctx context.Context, tx pgx.Tx, c steps.Call[reserveCmd]) (struct{}, error) {
@@ -147,7 +150,8 @@ func newSystem(t *testing.T, paymentsRunning bool) *system {
 	// Payments: charge, refusing large amounts.
 	_, err = s.payments.pool.Exec(ctx, "CREATE TABLE "+s.payments.table("charges")+" (order_id text, amount int, charge_id text)")
 	require.NoError(t, err)
-	pay, err := steps.NewParticipant(s.payments.pool, &steps.ParticipantConfig{Consumer: "payments", Schema: s.payments.schema, Logger: quiet})
+	pay, err := steps.NewParticipant(s.payments.pool, &steps.ParticipantConfig{Consumer: "payments", Schema: s.payments.schema, Logger: quiet,
+		SigningKey: key})
 	require.NoError(t, err)
 	require.NoError(t, steps.Handle(pay, "payments.charge", func(ctx context.Context, tx pgx.Tx, c steps.Call[chargeCmd]) (charged, error) {
 		id := "ch_" + c.Command.OrderID
@@ -187,7 +191,7 @@ func newSystem(t *testing.T, paymentsRunning bool) *system {
 		}},
 	)
 	s.engine, err = saga.New(s.orders.pool, &saga.Config{Schema: s.orders.schema, Workers: 2, Logger: quiet,
-		RescueInterval: time.Second, Kafka: &saga.KafkaConfig{Brokers: kc.Addrs()}})
+		RescueInterval: time.Second, Kafka: &saga.KafkaConfig{Brokers: kc.Addrs(), SigningKey: key}})
 	require.NoError(t, err)
 	require.NoError(t, s.engine.Register(s.def))
 	require.Equal(t, []string{"sagaflow.commands.checkout", "sagaflow.commands.checkout.replies"}, s.engine.CommandTopics())
@@ -234,6 +238,23 @@ func TestMultiServiceSagaCompletesOverKafka(t *testing.T) {
 	// The participants deduplicated by the step-scoped key.
 	require.Equal(t, 1, s.payments.count(t, "SELECT count(*) FROM "+s.payments.table("inbox")+" WHERE consumer = 'payments/steps' AND key = $1",
 		in.ID.String()+"/charge/forward/0"))
+}
+
+// With signing on in every service, commands, replies, refusals and remote
+// compensations all verify on the wire: sagas complete and compensate as
+// without it, and nothing is dead-lettered.
+func TestSignedSagasRunAcrossServices(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, true, []byte("the services' shared key")...)
+	require.Equal(t, saga.StatusCompleted, s.run(t, checkout{OrderID: "o-signed", Amount: 40}).Status)
+	in := s.run(t, checkout{OrderID: "o-signed-declined", Amount: 200})
+	require.Equal(t, saga.StatusCompensated, in.Status)
+	require.Equal(t, "card_declined", in.LastError.Code)
+	require.Equal(t, 1, s.inventory.count(t, "SELECT count(*) FROM "+s.inventory.table("stock_moves")+" WHERE move = 'release'"),
+		"the remote compensation ran")
+	for _, svc := range []*service{s.orders, s.inventory, s.payments} {
+		require.Zero(t, svc.count(t, "SELECT count(*) FROM "+svc.table("dead_letters")), "nothing refused as unverified")
+	}
 }
 
 func TestRefusedStepCompensatesAcrossServices(t *testing.T) {
