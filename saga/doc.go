@@ -93,12 +93,21 @@
 //  7. Order. The engine never runs two steps of one saga at once, and a
 //     saga's commands share its id as their partition key.
 //
-//  8. Bad input is parked, never dropped. A command that cannot be decoded,
-//     names a saga that does not exist, or belongs to a saga or step no
-//     engine knows (after [Config.UnknownSagaGrace]) is marked dead in the
-//     outbox with its reason; state that no longer decodes, or grows past
+//  8. Bad input is parked, never dropped, and never holds back other work.
+//     A command that cannot be decoded, names a saga that does not exist,
+//     or belongs to a saga or step no engine knows (after
+//     [Config.UnknownSagaGrace], counted in database time) is marked dead
+//     in the outbox, or dead-lettered with its raw bytes in Kafka mode,
+//     with its reason; state that no longer decodes, or grows past
 //     [Config.MaxStateBytes], fails or compensates the saga with a coded
-//     error. Workers keep serving everything else.
+//     error. Bytes PostgreSQL refuses (a NUL, invalid UTF-8, an id past the
+//     index limit) in any field of a message, a handler's error code or a
+//     reply are made storable or dead-lettered, never retried; an outcome
+//     PostgreSQL refuses all the same parks its saga ([CodeInvalidOutcome])
+//     instead of losing the batch. In Kafka mode a command that cannot run
+//     yet (its saga busy, its saga type unknown here during a deploy) is
+//     moved back to the outbox rather than held in its partition. Workers
+//     keep serving everything else.
 //
 //  9. No saga left behind. Every running saga has a deadline in database
 //     time (next_check_at). The rescuer finds sagas past it: one whose
@@ -107,6 +116,24 @@
 //     key, or, its attempts spent, compensated (or failed, if it was
 //     compensating). A rescue never overwrites progress made since it read
 //     the saga: its update is guarded on the version it read.
+//
+//  10. Cancel lands. [Engine.Cancel] and [Engine.RequestCancel] record a
+//     request that is durable until applied ([EventCancelRequested]). It
+//     goes ahead of the saga's next command, whatever that is, so no step
+//     after it runs; the engine running a step of the saga (in any process)
+//     learns of it through a notification or its next poll and cancels the
+//     step's context, and the request takes the step's place: the step is
+//     rolled back, unless it returned success anyway, and is then
+//     compensated too. Applying it is recorded ([EventSagaCancelled]), and
+//     so is refusing it because the saga ended or was compensating first
+//     ([EventCancelRefused]).
+//
+//  11. The bus is a trust boundary. A command runs only while it carries
+//     the saga's current version, step, direction and epoch, and is the
+//     command the saga wrote; a cancel message does nothing without a
+//     request in the database. With [KafkaConfig.SigningKey], what the
+//     engine writes is signed and what it consumes is verified before any
+//     effect. See docs/security.md.
 //
 // # What a step should know
 //
@@ -117,7 +144,9 @@
 // idempotency key makes retrying safe).
 //
 // Handlers must honour ctx. An attempt that runs past its Timeout fails
-// with code step_timeout; a handler that ignores the cancellation for
+// with code step_timeout (the step's clock stops while its first statement
+// waits for the batch to send earlier steps' writes: a step is charged only
+// for its own time); a handler that ignores the cancellation for
 // [Config.HandlerGrace] is abandoned: its connection is closed (rolling the
 // transaction back) and the attempt is recorded as failed.
 //
@@ -168,8 +197,10 @@
 //
 // [Engine.Get] returns a saga with its timeline in database time,
 // [Engine.List] filters and pages through sagas, [Engine.Cancel]
-// compensates a running saga ([Engine.RequestCancel] from a tool that does
-// not know the definition). Once the cause of a failure is fixed,
+// compensates a running saga, interrupting its running step
+// ([Engine.RequestCancel] from a tool that does not know the definition).
+// [Engine.DeadMessages], [Engine.DeadLetters] and [Engine.RequeueDead] list
+// and send again what was parked. Once the cause of a failure is fixed,
 // [Engine.Resume] restarts a failed saga where it failed, [Engine.Rerun]
 // runs an ended saga again from a chosen step under a new epoch (fresh
 // keys), and [Engine.ReplayBulk] does either for every saga a filter
