@@ -38,9 +38,6 @@ var (
 	// ErrInvalidConfig wraps every configuration problem found by [New].
 	ErrInvalidConfig = errors.New("saga: invalid config")
 
-	// errUnknownStep: the saga is at a step this engine's definition lacks.
-	errUnknownStep = errors.New("unknown step")
-
 	// ErrNotReplayable is returned when a replay does not fit the saga's
 	// status: only failed sagas resume, only ended sagas re-run.
 	ErrNotReplayable = errors.New("saga: not replayable")
