@@ -431,3 +431,72 @@ func TestRefusedOutcomeParksItsSagaNotTheBatch(t *testing.T) {
 	require.Equal(t, saga.CodeInvalidOutcome, in.LastError.Code)
 	require.Contains(t, in.LastError.Message, "could not be stored")
 }
+
+// A participant's reply is untrusted too: a refusal whose code or text
+// PostgreSQL cannot store compensates the saga with a storable code, and
+// replies behind it on the reply topic's one partition are applied.
+func TestReplyWithPoisonCodeCompensatesAndOthersGoOn(t *testing.T) {
+	t.Parallel()
+	topic := saga.CommandTopicDefault + ".kreply"
+	replies := topic + ".replies"
+	k := setupKafkaWith(t, 1, &saga.Config{Workers: 1}, topic, replies, "kreply.participant")
+	def := saga.Define("kreply", saga.Step[order]{Name: "remote", Timeout: 20 * time.Second, Remote: &saga.Remote[order]{
+		Topic: "kreply.participant", Type: "kreply.do",
+		Command: func(_ context.Context, _ *saga.StepRun, o *order) (any, error) { return o, nil },
+	}})
+	require.NoError(t, k.engine.Register(def))
+	k.start(t)
+	ctx := context.Background()
+	ids := map[string]uuid.UUID{}
+	for _, name := range []string{"nul", "utf8", "10kB", "healthy"} {
+		st, err := saga.Start(ctx, k.engine, def, order{OrderID: name}, nil)
+		require.NoError(t, err)
+		ids[name] = st.ID
+	}
+	// Act as the participant: read each command and answer it raw.
+	cmds := map[uuid.UUID][]kgo.RecordHeader{}
+	waitFor(t, 15*time.Second, func() bool {
+		msgs, err := k.kc.ReadAll(ctx, "kreply.participant")
+		require.NoError(t, err)
+		for _, m := range msgs {
+			var hs []kgo.RecordHeader
+			var sagaID uuid.UUID
+			for _, h := range m.Headers {
+				hs = append(hs, kgo.RecordHeader{Key: h.Key, Value: h.Value})
+				if h.Key == store.HeaderSagaID {
+					sagaID = uuid.MustParse(string(h.Value))
+				}
+			}
+			cmds[sagaID] = hs
+		}
+		return len(cmds) == len(ids)
+	}, "the four remote commands")
+	cl := rawProducer(t, k.kc)
+	reply := func(id uuid.UUID, body string) {
+		var stepKey string
+		for _, h := range cmds[id] {
+			if h.Key == store.HeaderStepKey {
+				stepKey = string(h.Value)
+			}
+		}
+		produce(t, cl, &kgo.Record{Topic: replies, Partition: 0, Key: []byte(id.String()), Value: []byte(body), Headers: []kgo.RecordHeader{
+			{Key: store.HeaderMessageID, Value: []byte("java-" + id.String())}, // not a UUID: any storable id is fine
+			{Key: store.HeaderType, Value: []byte(steps.ReplyType)},
+			{Key: store.HeaderSagaID, Value: []byte(id.String())},
+			{Key: store.HeaderStepKey, Value: []byte(stepKey)},
+		}})
+	}
+	for _, p := range poisonStrings {
+		code, _ := json.Marshal(p.s) // invalid UTF-8 becomes U+FFFD in JSON, as any encoder would send it
+		reply(ids[p.name], `{"ok":false,"code":`+string(code)+`,"error":`+string(code)+`}`)
+	}
+	reply(ids["healthy"], `{"ok":true,"result":{}}`)
+
+	require.Equal(t, saga.StatusCompleted, k.waitTerminalWithin(t, ids["healthy"], 15*time.Second).Status)
+	for _, p := range poisonStrings {
+		in := k.waitTerminalWithin(t, ids[p.name], 15*time.Second)
+		require.Equal(t, saga.StatusCompensated, in.Status, p.name)
+		require.NotContains(t, in.LastError.Code, "\x00", p.name)
+		require.LessOrEqual(t, len(in.LastError.Code), 256, p.name)
+	}
+}
