@@ -398,7 +398,9 @@ func New(schema string) (*Store, error) {
 			(id, topic, delivery, aggregatetype, aggregateid, type, payload, headers, saga_id, step_key, created_at, available_at, last_error)
 			SELECT $1, $2, 'relay', $3, $4, $5, $6,
 				$7::jsonb || jsonb_build_object('` + HeaderHeldSince + `', to_char(coalesce($9, c.t) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')),
-				$8, NULL, c.t, c.t + $10 * interval '1 microsecond', $12
+				$8, NULL, c.t,
+				-- The delay grows with the time held so far, up to a minute.
+				c.t + least(greatest($10 * interval '1 microsecond', (c.t - coalesce($9, c.t)) / 2), interval '1 minute'), $12
 			FROM (SELECT clock_timestamp() AS t) c
 			WHERE $11 <= 0 OR coalesce($9, c.t) >= c.t - $11 * interval '1 microsecond'
 			RETURNING true`,
@@ -1078,8 +1080,9 @@ type Held struct {
 	Reason    string
 }
 
-// HoldMessage writes h to the outbox as a relay row due after h.Delay, so
-// that its Kafka partition can move on. It reports false, writing nothing,
+// HoldMessage writes h to the outbox as a relay row due after h.Delay, or
+// after half the time it has been held so far if that is longer (at most a
+// minute), so that its Kafka partition can move on. It reports false, writing nothing,
 // when h has been held for longer than grace (in the database's time); a
 // grace of 0 holds it however long.
 func (s *Store) HoldMessage(ctx context.Context, db DBTX, h *Held, grace time.Duration) (bool, error) {

@@ -1,0 +1,59 @@
+package store_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sagaflow/sagaflow/internal/pgtest"
+	"github.com/sagaflow/sagaflow/store"
+)
+
+// A held command carries when it was first held, in database time; its
+// grace and its growing delay are counted from then, never from a clock
+// the message brought.
+func TestHoldMessageCountsFromTheFirstHoldInDatabaseTime(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := pgtest.NewSchema(t)
+	_, err := store.Migrate(ctx, pool, schema)
+	require.NoError(t, err)
+	st, err := store.New(schema)
+	require.NoError(t, err)
+	hold := func(since *time.Time, grace time.Duration) (bool, uuid.UUID) {
+		h := &store.Held{ID: uuid.New(), Topic: "t", AggregateType: "sagaflow.held", AggregateID: "k", Type: "sagaflow.step",
+			Payload: []byte("{}"), Headers: map[string]string{store.HeaderHeldSince: "forged"}, HeldSince: since,
+			Delay: 20 * time.Millisecond}
+		held, err := st.HoldMessage(ctx, pool, h, grace)
+		require.NoError(t, err)
+		return held, h.ID
+	}
+	row := func(id uuid.UUID) (since time.Time, delay time.Duration) {
+		var text string
+		require.NoError(t, pool.QueryRow(ctx, `SELECT headers->>'`+store.HeaderHeldSince+`', available_at - created_at FROM "`+schema+`".outbox WHERE id = $1`, id).
+			Scan(&text, &delay))
+		since, err := time.Parse(time.RFC3339Nano, text)
+		require.NoError(t, err, "held-since is the database's time, not the forged header")
+		return since, delay
+	}
+
+	held, first := hold(nil, time.Minute)
+	require.True(t, held)
+	since, delay := row(first)
+	require.Equal(t, 20*time.Millisecond, delay)
+
+	// Held again ten minutes later (as far as the database knows): past a
+	// five-minute grace it is not held; with no grace it is, with the
+	// delay capped at a minute.
+	long := since.Add(-10 * time.Minute)
+	held, _ = hold(&long, 5*time.Minute)
+	require.False(t, held)
+	held, again := hold(&long, 0)
+	require.True(t, held)
+	since2, delay2 := row(again)
+	require.Equal(t, long.UTC(), since2.UTC(), "the first hold's time is kept")
+	require.Equal(t, time.Minute, delay2)
+}
