@@ -246,11 +246,19 @@ func (b *batch) applyCancel(ctx context.Context, c *store.Claimed, ls *store.Loc
 	return true, nil
 }
 
-// runningSteps knows the steps this engine's handlers are running, by saga,
-// so that a cancel request can cancel the handler's context.
+// runningSteps knows the sagas whose commands this engine's workers hold
+// (claimed in a batch, or consumed from Kafka) and, for the one whose step
+// runs, how to cancel its handler's context; so that a cancel request that
+// arrives after the claim interrupts the running step, or keeps a claimed
+// step from starting at all.
 type runningSteps struct {
 	mu sync.Mutex
-	m  map[uuid.UUID]context.CancelCauseFunc
+	m  map[uuid.UUID]*claimedSaga
+}
+
+type claimedSaga struct {
+	cancel  context.CancelCauseFunc // set while its handler runs
+	request *store.CancelRequest    // a request heard of since the claim
 }
 
 // cancelRequested is the cause of a step context cancelled by a cancel
@@ -259,19 +267,65 @@ type cancelRequested struct{ reason string }
 
 func (c *cancelRequested) Error() string { return "saga: cancel requested: " + c.reason }
 
-func (r *runningSteps) add(id uuid.UUID, cancel context.CancelCauseFunc) {
+// claim notes the sagas a batch holds, until release.
+func (r *runningSteps) claim(ids ...uuid.UUID) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.m == nil {
-		r.m = map[uuid.UUID]context.CancelCauseFunc{}
+		r.m = map[uuid.UUID]*claimedSaga{}
 	}
-	r.m[id] = cancel
+	for _, id := range ids {
+		if r.m[id] == nil {
+			r.m[id] = &claimedSaga{}
+		}
+	}
 }
 
-func (r *runningSteps) remove(id uuid.UUID) {
+func (r *runningSteps) release(ids ...uuid.UUID) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	delete(r.m, id)
+	for _, id := range ids {
+		delete(r.m, id)
+	}
+}
+
+// start notes that saga id's handler runs with cancel; a request heard of
+// before cancels it at once.
+func (r *runningSteps) start(id uuid.UUID, cancel context.CancelCauseFunc) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.m == nil {
+		r.m = map[uuid.UUID]*claimedSaga{}
+	}
+	c := r.m[id]
+	if c == nil {
+		c = &claimedSaga{}
+		r.m[id] = c
+	}
+	c.cancel = cancel
+	if c.request != nil {
+		cancel(&cancelRequested{reason: c.request.Reason})
+	}
+}
+
+// stop notes that saga id's handler returned.
+func (r *runningSteps) stop(id uuid.UUID) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if c := r.m[id]; c != nil {
+		c.cancel = nil
+	}
+}
+
+// pending returns the cancel request heard of for saga id since its claim,
+// or nil.
+func (r *runningSteps) pending(id uuid.UUID) *store.CancelRequest {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if c := r.m[id]; c != nil {
+		return c.request
+	}
+	return nil
 }
 
 func (r *runningSteps) ids() []uuid.UUID {
@@ -291,18 +345,26 @@ func (r *runningSteps) has(id uuid.UUID) bool {
 	return ok
 }
 
-func (r *runningSteps) cancel(id uuid.UUID, reason string) bool {
+// heard records req for saga id and cancels its running handler; it
+// reports whether a handler was running.
+func (r *runningSteps) heard(id uuid.UUID, req store.CancelRequest) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	c, ok := r.m[id]
-	if ok {
-		c(&cancelRequested{reason: reason})
+	c := r.m[id]
+	if c == nil {
+		return false
 	}
-	return ok
+	c.request = &req
+	if c.cancel != nil {
+		c.cancel(&cancelRequested{reason: req.Reason})
+		return true
+	}
+	return false
 }
 
-// interrupt cancels the handlers running steps of the given sagas that have
-// a pending cancel request.
+// interrupt looks for cancel requests of the given sagas, which this
+// engine's workers hold: a running handler is cancelled, and a step not
+// started yet will not start.
 func (e *Engine) interrupt(ctx context.Context, ids []uuid.UUID) {
 	if len(ids) == 0 {
 		return
@@ -317,14 +379,14 @@ func (e *Engine) interrupt(ctx context.Context, ids []uuid.UUID) {
 		return
 	}
 	for id, r := range reqs {
-		if e.running.cancel(id, r.Reason) {
+		if e.running.heard(id, r) {
 			e.log.InfoContext(ctx, "sagaflow cancelled a running step: its saga has a cancel request", slog.String("saga_id", id.String()))
 		}
 	}
 }
 
 // watchCancels is the fallback for lost notifications: every PollInterval
-// it looks for cancel requests of the sagas whose steps run here.
+// it looks for cancel requests of the sagas whose commands are held here.
 func (e *Engine) watchCancels(ctx context.Context) {
 	t := time.NewTicker(e.cfg.PollInterval)
 	defer t.Stop()

@@ -199,3 +199,46 @@ func TestCancelRequestForAnEndedSagaIsRecordedAsRefused(t *testing.T) {
 		}
 	}
 }
+
+// A saga claimed in a batch whose turn has not come yet (its command waits
+// behind a slow step of another saga in the same batch) and cancelled
+// meanwhile never starts its step: the engine hears of the request for
+// every saga its workers hold, not only the one whose step runs.
+func TestCancelOfASagaQueuedInARunningBatch(t *testing.T) {
+	t.Parallel()
+	for _, viaTool := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Cancel", true: "RequestCancel"}[viaTool], func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, &saga.Config{Workers: 1, BatchSize: 16})
+			slowRunning := make(chan struct{}, 1)
+			slow := saga.Define("slow", saga.Step[order]{Name: "s1", Action: func(ctx context.Context, run *saga.StepRun, _ *order) error {
+				slowRunning <- struct{}{}
+				select {
+				case <-ctx.Done():
+				case <-time.After(2 * time.Second):
+				}
+				return nil
+			}})
+			queued := threeSteps(b, "queued", nil)
+			require.NoError(t, b.engine.Register(slow, queued))
+			ctx := context.Background()
+			_, err := saga.Start(ctx, b.engine, slow, order{}, nil)
+			require.NoError(t, err)
+			x, err := saga.Start(ctx, b.engine, queued, order{}, nil)
+			require.NoError(t, err)
+			b.start(t) // one batch claims both; the slow step runs first
+			<-slowRunning
+			if viaTool {
+				tool, err := saga.New(b.pool, &saga.Config{Schema: b.schema, Logger: testLogger(t)})
+				require.NoError(t, err)
+				require.NoError(t, tool.RequestCancel(ctx, x.ID, "operator"))
+			} else {
+				require.NoError(t, b.engine.Cancel(ctx, x.ID, "operator"))
+			}
+			in := b.waitTerminal(t, x.ID)
+			require.Equal(t, saga.StatusCompensated, in.Status)
+			require.Empty(t, b.effects(t, x.ID), "the queued saga's step never ran")
+			require.Equal(t, []string{"saga_started", "cancel_requested:reserve", "saga_cancelled:reserve", "saga_compensated"}, eventTypes(in))
+		})
+	}
+}

@@ -285,6 +285,9 @@ func (e *Engine) runBatch(fetchCtx, ctx context.Context) (res batchResult, err e
 	if len(claimed) == 0 {
 		return res, nil
 	}
+	held := heldSagas(sagas)
+	e.running.claim(held...)
+	defer e.running.release(held...)
 
 	b := &batch{e: e, tx: tx, ctx: ctx}
 	cmds := make([]command, len(claimed))
@@ -435,6 +438,11 @@ func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, derr 
 		e.stats.deferred.Add(1)
 		b.deferred = append(b.deferred, deferral{id: c.ID})
 		return nil
+	}
+	if ls.CancelRequest == nil {
+		// A request recorded since the claim, heard of while earlier
+		// commands of the batch ran.
+		ls.CancelRequest = e.running.pending(ls.ID)
 	}
 	if ls.CancelRequest != nil {
 		// A pending cancel request goes ahead of whatever this command is.
@@ -883,8 +891,8 @@ func (e *Engine) callHandler(ctx context.Context, b *batch, def *compiled, run *
 	stepCtx := &stepContext{Context: base, clock: clock}
 	b.clock.Store(clock)
 	defer b.clock.Store(nil)
-	e.running.add(run.SagaID, cancel)
-	defer e.running.remove(run.SagaID)
+	e.running.start(run.SagaID, cancel)
+	defer e.running.stop(run.SagaID)
 	type result struct {
 		state []byte
 		err   error
@@ -1417,4 +1425,15 @@ func (cmd command) current(c *store.Claimed, ls *store.LockedSaga) bool {
 		return false
 	}
 	return ls.CommandID == nil || c.ID == uuid.Nil || c.ID == *ls.CommandID
+}
+
+// heldSagas lists the sagas whose execution lock a batch holds.
+func heldSagas(sagas map[uuid.UUID]*store.LockedSaga) []uuid.UUID {
+	out := make([]uuid.UUID, 0, len(sagas))
+	for id, ls := range sagas {
+		if ls.Locked {
+			out = append(out, id)
+		}
+	}
+	return out
 }

@@ -445,6 +445,9 @@ func (e *Engine) runKafkaMessage(ctx context.Context, m kafka.Message, expired b
 	if err != nil {
 		return runDone, err
 	}
+	held := heldSagas(sagas)
+	e.running.claim(held...)
+	defer e.running.release(held...)
 	fault.Hit(fault.EngineAfterClaim)
 	b := &batch{e: e, tx: tx, msg: &m, ctx: ctx}
 	err = b.handle(ctx, &c, cmd, derr, sagas, true)
