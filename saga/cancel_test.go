@@ -219,7 +219,12 @@ func TestCancelOfASagaQueuedInARunningBatch(t *testing.T) {
 				}
 				return nil
 			}})
-			queued := threeSteps(b, "queued", nil)
+			var started atomic.Int32
+			queued := saga.Define("queued", saga.Step[order]{Name: "reserve", Compensate: noop,
+				Action: func(ctx context.Context, run *saga.StepRun, s *order) error {
+					started.Add(1)
+					return recordEffect(ctx, run, b.schema)
+				}})
 			require.NoError(t, b.engine.Register(slow, queued))
 			ctx := context.Background()
 			_, err := saga.Start(ctx, b.engine, slow, order{}, nil)
@@ -237,7 +242,8 @@ func TestCancelOfASagaQueuedInARunningBatch(t *testing.T) {
 			}
 			in := b.waitTerminal(t, x.ID)
 			require.Equal(t, saga.StatusCompensated, in.Status)
-			require.Empty(t, b.effects(t, x.ID), "the queued saga's step never ran")
+			require.Empty(t, b.effects(t, x.ID))
+			require.Zero(t, started.Load(), "the queued saga's step never started")
 			require.Equal(t, []string{"saga_started", "cancel_requested:reserve", "saga_cancelled:reserve", "saga_compensated"}, eventTypes(in))
 		})
 	}
