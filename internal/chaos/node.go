@@ -69,13 +69,14 @@ func NodeConfigFromEnv() (NodeConfig, error) {
 }
 
 // EngineConfig is the orders engine's configuration, the same in every node
-// and in the parent (which only starts sagas with it).
+// and in the parent (which only starts and cancels sagas with it). Commands
+// and replies are signed (see [SigningKey]).
 func EngineConfig(brokers []string, log *slog.Logger) *saga.Config {
 	return &saga.Config{
 		Schema: OrdersSchema, Workers: 2, PollInterval: 200 * time.Millisecond,
 		RescueInterval: time.Second, RescueSlack: 500 * time.Millisecond, HandlerGrace: 2 * time.Second,
-		Logger: log,
-		Kafka:  &saga.KafkaConfig{Brokers: brokers, SessionTimeout: SessionTimeout},
+		UnknownSagaGrace: UnknownSagaGrace, Logger: log,
+		Kafka: &saga.KafkaConfig{Brokers: brokers, SessionTimeout: SessionTimeout, SigningKey: SigningKey},
 	}
 }
 
@@ -151,7 +152,8 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 		stops = append(stops, e.Stop)
 	}
 	if slices.Contains(cfg.Roles, RoleParticipant) {
-		p, err := steps.NewParticipant(pool, &steps.ParticipantConfig{Consumer: "payments", Schema: PaymentsSchema, Logger: log})
+		p, err := steps.NewParticipant(pool, &steps.ParticipantConfig{Consumer: "payments", Schema: PaymentsSchema, Logger: log,
+			SigningKey: SigningKey})
 		if err != nil {
 			return err
 		}
