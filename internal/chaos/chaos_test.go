@@ -54,8 +54,8 @@ func TestCrashMatrix(t *testing.T) {
 					dir := t.TempDir()
 					res, err := chaos.RunCell(context.Background(), dir, nodeCmd, c)
 					require.NoError(t, err, chaos.LogTails(dir, 40))
-					t.Logf("%s hit=%d settled=%s in %s\n%s\n%s", c, res.Hit, res.Settle.Round(time.Millisecond), res.Duration.Round(time.Millisecond),
-						res.Report.Line(), res.Report.Detail())
+					t.Logf("%s hit=%d settled=%s in %s\n%s\n%s\n%s", c, res.Hit, res.Settle.Round(time.Millisecond), res.Duration.Round(time.Millisecond),
+						res.Report.Line(), res.Report.Detail(), res.Report.PoisonLine())
 					require.True(t, res.Report.OK(), "invariants broken:\n%s\n%s\n%s\n%s", res.Report.Line(), res.Report.Detail(),
 						strings.Join(res.Report.Violations, "\n"), chaos.LogTails(dir, 40))
 				})
@@ -73,7 +73,7 @@ func TestSoakShort(t *testing.T) {
 		Duration: *soak, Rate: 12, Engines: 2, Participants: 2, Seed: 1, Deadline: 3 * time.Minute, Logf: t.Logf,
 	})
 	require.NoError(t, err, chaos.LogTails(dir, 40))
-	t.Logf("soak of %s\n%s\n%s\n%s", res.Duration.Round(time.Second), res.Report.Line(), res.Report.Detail(), res.ActionsLine())
+	t.Logf("soak of %s\n%s\n%s\n%s\n%s", res.Duration.Round(time.Second), res.Report.Line(), res.Report.Detail(), res.Report.PoisonLine(), res.ActionsLine())
 	require.True(t, res.Report.OK(), "invariants broken:\n%s\n%s\n%s\n%s", res.Report.Line(), res.Report.Detail(),
 		strings.Join(res.Report.Violations, "\n"), chaos.LogTails(dir, 40))
 	require.Positive(t, res.Actions["sigkill"]+res.Actions["pg_restart"]+res.Actions["broker_outage"]+res.Actions["sigstop"],

@@ -44,6 +44,9 @@ type Report struct {
 	PoisonProcessed int // a copy of a real message, processed as the duplicate it is
 	BytesChanged    int // a dead letter of an injected message whose key, value or headers are not the bytes sent
 	DeadUnexplained int // a dead letter of no injected message and no foreign saga: a valid message dead-lettered
+	// PoisonOutcomes counts, per kind of injected message (see
+	// InjectPoison), how many were dead-lettered and how many processed.
+	PoisonOutcomes map[string]*Outcome
 
 	// Commands no engine can run yet: of a saga type no engine registers
 	// (Foreign: each must be parked), or of a saga another transaction
@@ -60,6 +63,21 @@ type Report struct {
 	DBErrors int
 
 	Violations []string
+}
+
+// Outcome is what became of the injected messages of one kind.
+type Outcome struct{ Dead, Processed int }
+
+// PoisonLine lists, per kind of injected message, how many were
+// dead-lettered and how many processed.
+func (r *Report) PoisonLine() string {
+	kinds := slices.Sorted(maps.Keys(r.PoisonOutcomes))
+	parts := make([]string, 0, len(kinds))
+	for _, k := range kinds {
+		o := r.PoisonOutcomes[k]
+		parts = append(parts, fmt.Sprintf("%s=%d/%d", k, o.Dead, o.Processed))
+	}
+	return "poison dead/processed: " + strings.Join(parts, " ")
 }
 
 // OK reports whether every invariant held.
@@ -314,13 +332,25 @@ func (e *Env) checkDeadLetters(ctx context.Context, r *Report, injected []Inject
 			return err
 		}
 	}
+	r.PoisonOutcomes = map[string]*Outcome{}
 	for _, in := range injected {
+		kind, _, _ := strings.Cut(in.Kind, "/")
+		if !in.Must {
+			kind += "(may)"
+		}
+		o := r.PoisonOutcomes[kind]
+		if o == nil {
+			o = &Outcome{}
+			r.PoisonOutcomes[kind] = o
+		}
 		switch {
 		case dead[position{in.Topic, in.Partition, in.Offset}]:
+			o.Dead++
 		case in.Must:
 			r.PoisonMissed++
 			r.violate("%s at %s/%d/%d was not dead-lettered", in.Kind, in.Topic, in.Partition, in.Offset)
 		default:
+			o.Processed++
 			r.PoisonProcessed++
 		}
 	}

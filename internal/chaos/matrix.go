@@ -138,7 +138,9 @@ func RunCell(ctx context.Context, dir string, nodeCmd NodeCommand, c Cell) (*Cel
 			return nil, err
 		}
 	}
-	if err := env.InjectPoison(ctx, 2*len(poisonKinds), rng); err != nil {
+	// Bad messages now, among the first orders, and again after recovery,
+	// when there are real messages to copy for every kind.
+	if err := env.InjectPoison(ctx, len(poisonKinds), rng); err != nil {
 		return nil, err
 	}
 	point, err := node.WaitFault(60 * time.Second)
@@ -172,6 +174,10 @@ func RunCell(ctx context.Context, dir string, nodeCmd NodeCommand, c Cell) (*Cel
 	}
 	recovered := time.Now()
 	if err := startSome(8); err != nil {
+		return nil, err
+	}
+	env.WaitForCharges(ctx, 10*time.Second)
+	if err := env.InjectPoison(ctx, len(poisonKinds), rng); err != nil {
 		return nil, err
 	}
 	side.Wait()

@@ -92,6 +92,23 @@ func (e *Env) samples(ctx context.Context, schema, topic string) ([]sample, erro
 	return out, rows.Err()
 }
 
+// WaitForCharges waits, up to d, until the orders outbox has a charge
+// command for InjectPoison to copy.
+func (e *Env) WaitForCharges(ctx context.Context, d time.Duration) {
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		s, err := e.samples(ctx, OrdersSchema, PaymentsTopic)
+		if err == nil && len(s) > 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
 // rec is a record being built: headers by name, plus extra raw ones.
 type rec struct {
 	topic   string
@@ -299,6 +316,9 @@ func (e *Env) InjectPoison(ctx context.Context, n int, rng *rand.Rand) error {
 		case "participant-resigned":
 			field = []string{"step-key", "reply-to"}[rng.IntN(2)]
 			s := pick(rng, charges, syntheticCharge)
+			// A new id: under the real one, the participant would skip it
+			// as a duplicate before looking at it.
+			s.headers[store.HeaderMessageID] = uuid.New().String()
 			r = rec{topic: PaymentsTopic, key: s.key, value: s.payload, headers: s.headers}
 		}
 		r.spoil(field, class, rng)
