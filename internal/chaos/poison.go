@@ -68,11 +68,12 @@ type sample struct {
 	headers map[string]string
 }
 
-// samples returns up to 20 recent messages of the outbox of schema bound
-// for topic (none moved back by an engine that could not run them yet).
-func (e *Env) samples(ctx context.Context, schema, topic string) ([]sample, error) {
+// samples returns up to 20 recent messages of type typ of the outbox of
+// schema bound for topic (none moved back by an engine that could not run
+// them yet).
+func (e *Env) samples(ctx context.Context, schema, topic, typ string) ([]sample, error) {
 	rows, err := e.Pool.Query(ctx, `SELECT aggregateid, payload, headers::text FROM `+schema+`.outbox
-	    WHERE topic = $1 AND delivery = 'relay' AND aggregatetype <> 'sagaflow.held' ORDER BY created_at DESC LIMIT 20`, topic)
+	    WHERE topic = $1 AND type = $2 AND delivery = 'relay' AND aggregatetype <> 'sagaflow.held' ORDER BY created_at DESC LIMIT 20`, topic, typ)
 	if err != nil {
 		return nil, err
 	}
@@ -97,7 +98,7 @@ func (e *Env) samples(ctx context.Context, schema, topic string) ([]sample, erro
 func (e *Env) WaitForCharges(ctx context.Context, d time.Duration) {
 	deadline := time.Now().Add(d)
 	for time.Now().Before(deadline) {
-		s, err := e.samples(ctx, OrdersSchema, PaymentsTopic)
+		s, err := e.samples(ctx, OrdersSchema, PaymentsTopic, ChargeType)
 		if err == nil && len(s) > 0 {
 			return
 		}
@@ -180,13 +181,16 @@ func syntheticCharge() sample {
 	}}
 }
 
+// commandType is the type of an engine's step commands.
+const commandType = "sagaflow.step"
+
 // syntheticCommand is an engine's step command for a saga that does not
 // exist.
 func syntheticCommand() sample {
 	id := uuid.New()
 	payload, _ := json.Marshal(map[string]any{"saga_id": id, "saga": SagaName, "step": "reserve", "direction": "forward", "epoch": 0, "version": 1})
 	return sample{key: id.String(), payload: payload, headers: map[string]string{
-		store.HeaderMessageID: uuid.New().String(), store.HeaderType: "sagaflow.step", store.HeaderSagaID: id.String(),
+		store.HeaderMessageID: uuid.New().String(), store.HeaderType: commandType, store.HeaderSagaID: id.String(),
 		store.HeaderStepKey: steps.Key{SagaID: id, Step: "reserve", Direction: steps.Forward}.String(),
 	}}
 }
@@ -230,15 +234,15 @@ var poisonKinds = []string{
 // change nothing (the checkers see every effect once).
 func (e *Env) InjectPoison(ctx context.Context, n int, rng *rand.Rand) error {
 	cmdTopic, replyTopic := Topics()[0], Topics()[1]
-	commands, err := e.samples(ctx, OrdersSchema, cmdTopic)
+	commands, err := e.samples(ctx, OrdersSchema, cmdTopic, commandType)
 	if err != nil {
 		return fmt.Errorf("chaos: inject poison: %w", err)
 	}
-	charges, err := e.samples(ctx, OrdersSchema, PaymentsTopic)
+	charges, err := e.samples(ctx, OrdersSchema, PaymentsTopic, ChargeType)
 	if err != nil {
 		return fmt.Errorf("chaos: inject poison: %w", err)
 	}
-	replies, err := e.samples(ctx, PaymentsSchema, replyTopic)
+	replies, err := e.samples(ctx, PaymentsSchema, replyTopic, steps.ReplyType)
 	if err != nil {
 		return fmt.Errorf("chaos: inject poison: %w", err)
 	}
