@@ -93,3 +93,17 @@ func TestCheckersCatchADualWrite(t *testing.T) {
 	require.False(t, res.Report.OK())
 	require.Positive(t, res.Report.DBEffectsDoubled, "the step killed after its handler ran wrote its effect twice")
 }
+
+// TestCheckersCatchAnUnsignedBus is the negative control of the forgeries:
+// the same cell with nodes that neither sign nor verify must be reported
+// as letting forged messages through (they are processed, not
+// dead-lettered).
+func TestCheckersCatchAnUnsignedBus(t *testing.T) {
+	c := chaos.Cell{Point: fault.EngineAfterCommit, Fault: chaos.FaultKill, Seed: 1, Sabotage: chaos.SabotageNoSigning}
+	dir := t.TempDir()
+	res, err := chaos.RunCell(context.Background(), dir, nodeCmd, c)
+	require.NoError(t, err, chaos.LogTails(dir, 40))
+	t.Logf("%s\n%s\n%s\n%s", res.Report.Line(), res.Report.Detail(), res.Report.PoisonLine(), strings.Join(res.Report.Violations, "\n"))
+	require.False(t, res.Report.OK())
+	require.Positive(t, res.Report.PoisonMissed, "forged messages were processed, not refused")
+}

@@ -184,7 +184,12 @@ func RunCell(ctx context.Context, dir string, nodeCmd NodeCommand, c Cell) (*Cel
 	if sideErr != nil {
 		return nil, sideErr
 	}
-	wctx, cancel := context.WithTimeout(ctx, Deadline)
+	deadline := Deadline
+	if c.Sabotage != "" {
+		// A broken system need not settle: what did not end is reported.
+		deadline = 30 * time.Second
+	}
+	wctx, cancel := context.WithTimeout(ctx, deadline)
 	defer cancel()
 	_ = env.WaitTerminal(wctx) // what did not end is counted as stuck
 	settle := time.Since(recovered)

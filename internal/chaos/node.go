@@ -52,6 +52,12 @@ type NodeConfig struct {
 // effect. A negative control: the checkers must report it.
 const SabotageEffectsOutsideTx = "effects-outside-tx"
 
+// SabotageNoSigning runs the engine and the participant without signing:
+// anyone who can write to a topic can then steer sagas, and the forged
+// messages among the poison have effects. A negative control: the checkers
+// must report forgeries that were not refused.
+const SabotageNoSigning = "no-signing"
+
 // NodeEnv carries a node's NodeConfig, as JSON, to a node process.
 const NodeEnv = "SAGAFLOW_CHAOS_NODE"
 
@@ -129,14 +135,20 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 		}
 		stops = append(stops, r.Stop, func(context.Context) error { return w.Close() })
 	}
+	key := SigningKey
+	if cfg.Sabotage == SabotageNoSigning {
+		key = nil
+	}
 	if slices.Contains(cfg.Roles, RoleEngine) {
-		e, err := saga.New(pool, EngineConfig(cfg.Brokers, log))
+		ecfg := EngineConfig(cfg.Brokers, log)
+		ecfg.Kafka.SigningKey = key
+		e, err := saga.New(pool, ecfg)
 		if err != nil {
 			return err
 		}
 		var broken *pgxpool.Pool
 		switch cfg.Sabotage {
-		case "":
+		case "", SabotageNoSigning:
 		case SabotageEffectsOutsideTx:
 			broken = pool
 		default:
@@ -153,7 +165,7 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 	}
 	if slices.Contains(cfg.Roles, RoleParticipant) {
 		p, err := steps.NewParticipant(pool, &steps.ParticipantConfig{Consumer: "payments", Schema: PaymentsSchema, Logger: log,
-			SigningKey: SigningKey})
+			SigningKey: key})
 		if err != nil {
 			return err
 		}
