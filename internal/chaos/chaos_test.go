@@ -54,8 +54,8 @@ func TestCrashMatrix(t *testing.T) {
 					dir := t.TempDir()
 					res, err := chaos.RunCell(context.Background(), dir, nodeCmd, c)
 					require.NoError(t, err, chaos.LogTails(dir, 40))
-					t.Logf("%s hit=%d settled=%s in %s\n%s\n%s", c, res.Hit, res.Settle.Round(time.Millisecond), res.Duration.Round(time.Millisecond),
-						res.Report.Line(), res.Report.Detail())
+					t.Logf("%s hit=%d settled=%s in %s\n%s\n%s\n%s", c, res.Hit, res.Settle.Round(time.Millisecond), res.Duration.Round(time.Millisecond),
+						res.Report.Line(), res.Report.Detail(), res.Report.PoisonLine())
 					require.True(t, res.Report.OK(), "invariants broken:\n%s\n%s\n%s\n%s", res.Report.Line(), res.Report.Detail(),
 						strings.Join(res.Report.Violations, "\n"), chaos.LogTails(dir, 40))
 				})
@@ -73,7 +73,7 @@ func TestSoakShort(t *testing.T) {
 		Duration: *soak, Rate: 12, Engines: 2, Participants: 2, Seed: 1, Deadline: 3 * time.Minute, Logf: t.Logf,
 	})
 	require.NoError(t, err, chaos.LogTails(dir, 40))
-	t.Logf("soak of %s\n%s\n%s\n%s", res.Duration.Round(time.Second), res.Report.Line(), res.Report.Detail(), res.ActionsLine())
+	t.Logf("soak of %s\n%s\n%s\n%s\n%s", res.Duration.Round(time.Second), res.Report.Line(), res.Report.Detail(), res.Report.PoisonLine(), res.ActionsLine())
 	require.True(t, res.Report.OK(), "invariants broken:\n%s\n%s\n%s\n%s", res.Report.Line(), res.Report.Detail(),
 		strings.Join(res.Report.Violations, "\n"), chaos.LogTails(dir, 40))
 	require.Positive(t, res.Actions["sigkill"]+res.Actions["pg_restart"]+res.Actions["broker_outage"]+res.Actions["sigstop"],
@@ -92,4 +92,18 @@ func TestCheckersCatchADualWrite(t *testing.T) {
 	t.Logf("%s\n%s\n%s", res.Report.Line(), res.Report.Detail(), strings.Join(res.Report.Violations, "\n"))
 	require.False(t, res.Report.OK())
 	require.Positive(t, res.Report.DBEffectsDoubled, "the step killed after its handler ran wrote its effect twice")
+}
+
+// TestCheckersCatchAnUnsignedBus is the negative control of the forgeries:
+// the same cell with nodes that neither sign nor verify must be reported
+// as letting forged messages through (they are processed, not
+// dead-lettered).
+func TestCheckersCatchAnUnsignedBus(t *testing.T) {
+	c := chaos.Cell{Point: fault.EngineAfterCommit, Fault: chaos.FaultKill, Seed: 1, Sabotage: chaos.SabotageNoSigning}
+	dir := t.TempDir()
+	res, err := chaos.RunCell(context.Background(), dir, nodeCmd, c)
+	require.NoError(t, err, chaos.LogTails(dir, 40))
+	t.Logf("%s\n%s\n%s\n%s", res.Report.Line(), res.Report.Detail(), res.Report.PoisonLine(), strings.Join(res.Report.Violations, "\n"))
+	require.False(t, res.Report.OK())
+	require.Positive(t, res.Report.PoisonMissed, "forged messages were processed, not refused")
 }

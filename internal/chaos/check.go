@@ -1,11 +1,19 @@
 package chaos
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
+	"github.com/google/uuid"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/sagaflow/sagaflow/internal/safetext"
+	"github.com/sagaflow/sagaflow/saga"
 	"github.com/sagaflow/sagaflow/steps"
 	"github.com/sagaflow/sagaflow/store"
 )
@@ -26,16 +34,57 @@ type Report struct {
 	// the system re-drive a step or drop a duplicate.
 	Rescued, Deduplicated int
 	Inconsistent          int // a saga whose ledger or external calls do not match its end
-	PoisonInjected        int
+	Stray                 int // a ledger row or external call of no started order
 	KafkaMissing          int // outbox rows marked published that are not on the topics
 	KafkaPhantom          int // messages on the topics that no outbox row and no injection explains
-	Violations            []string
+
+	// Bad messages written straight to the topics (see InjectPoison).
+	PoisonInjected  int
+	PoisonMissed    int // one that must be dead-lettered and is not
+	PoisonProcessed int // a copy of a real message, processed as the duplicate it is
+	BytesChanged    int // a dead letter of an injected message whose key, value or headers are not the bytes sent
+	DeadUnexplained int // a dead letter of no injected message and no foreign saga: a valid message dead-lettered
+	// PoisonOutcomes counts, per kind of injected message (see
+	// InjectPoison), how many were dead-lettered and how many processed.
+	PoisonOutcomes map[string]*Outcome
+
+	// Commands no engine can run yet: of a saga type no engine registers
+	// (Foreign: each must be parked), or of a saga another transaction
+	// holds. Held counts the times engines moved one back to the outbox.
+	Foreign, ForeignParked, Held int
+
+	// Operator cancels: requests accepted, applied (Cancelled) or refused
+	// because the saga had finished or was compensating already; a request
+	// neither, or one whose saga's end contradicts it, is CancelBroken.
+	Cancels, Cancelled, CancelRefused, CancelBroken int
+
+	// DBErrors counts step attempts that PostgreSQL failed (a unique
+	// violation or a division by zero through the step's transaction).
+	DBErrors int
+
+	Violations []string
+}
+
+// Outcome is what became of the injected messages of one kind.
+type Outcome struct{ Dead, Processed int }
+
+// PoisonLine lists, per kind of injected message, how many were
+// dead-lettered and how many processed.
+func (r *Report) PoisonLine() string {
+	kinds := slices.Sorted(maps.Keys(r.PoisonOutcomes))
+	parts := make([]string, 0, len(kinds))
+	for _, k := range kinds {
+		o := r.PoisonOutcomes[k]
+		parts = append(parts, fmt.Sprintf("%s=%d/%d", k, o.Dead, o.Processed))
+	}
+	return "poison dead/processed: " + strings.Join(parts, " ")
 }
 
 // OK reports whether every invariant held.
 func (r *Report) OK() bool {
-	return r.Lost == 0 && r.DBEffectsDoubled == 0 && r.Stuck == 0 && r.Inconsistent == 0 &&
-		r.KafkaMissing == 0 && r.KafkaPhantom == 0 && r.DeadLettered == r.PoisonInjected && r.Terminal == r.Sagas
+	return r.Lost == 0 && r.DBEffectsDoubled == 0 && r.Stuck == 0 && r.Inconsistent == 0 && r.Stray == 0 &&
+		r.KafkaMissing == 0 && r.KafkaPhantom == 0 && r.PoisonMissed == 0 && r.BytesChanged == 0 && r.DeadUnexplained == 0 &&
+		r.ForeignParked == r.Foreign && r.CancelBroken == 0 && r.Terminal == r.Sagas
 }
 
 // Line is the one-line summary.
@@ -46,8 +95,12 @@ func (r *Report) Line() string {
 
 // Detail is the second line: how the sagas ended and the other checks.
 func (r *Report) Detail() string {
-	return fmt.Sprintf("completed=%d compensated=%d failed=%d inconsistent=%d poison_injected=%d kafka_missing=%d kafka_phantom=%d rescued=%d deduplicated=%d",
-		r.Completed, r.Compensated, r.Failed, r.Inconsistent, r.PoisonInjected, r.KafkaMissing, r.KafkaPhantom, r.Rescued, r.Deduplicated)
+	return fmt.Sprintf("completed=%d compensated=%d failed=%d inconsistent=%d stray=%d kafka_missing=%d kafka_phantom=%d rescued=%d deduplicated=%d "+
+		"poison_injected=%d poison_missed=%d poison_processed=%d bytes_changed=%d dead_unexplained=%d "+
+		"foreign=%d foreign_parked=%d held=%d cancels=%d cancelled=%d cancel_refused=%d cancel_broken=%d db_errors=%d",
+		r.Completed, r.Compensated, r.Failed, r.Inconsistent, r.Stray, r.KafkaMissing, r.KafkaPhantom, r.Rescued, r.Deduplicated,
+		r.PoisonInjected, r.PoisonMissed, r.PoisonProcessed, r.BytesChanged, r.DeadUnexplained,
+		r.Foreign, r.ForeignParked, r.Held, r.Cancels, r.Cancelled, r.CancelRefused, r.CancelBroken, r.DBErrors)
 }
 
 func (r *Report) violate(format string, args ...any) {
@@ -63,6 +116,10 @@ const deadLettered = `SELECT count(DISTINCT (topic, kafka_partition, kafka_offse
     SELECT topic, kafka_partition, kafka_offset FROM ` + OrdersSchema + `.dead_letters
     UNION ALL SELECT topic, kafka_partition, kafka_offset FROM ` + PaymentsSchema + `.dead_letters) d`
 
+type sagaRow struct {
+	id, status, lastError string
+}
+
 // Check runs the checkers. It trusts the engine's tables only for each
 // saga's final status; the effects come from the ledger (written by the step
 // bodies, no unique key), the external service's own counts, and a reader of
@@ -71,13 +128,14 @@ func (e *Env) Check(ctx context.Context) (*Report, error) {
 	r := &Report{}
 	started := e.startedCopy()
 	e.mu.Lock()
-	r.PoisonInjected = e.poison
+	injected := slices.Clone(e.injected)
+	foreign := maps.Clone(e.foreign)
+	cancels := maps.Clone(e.cancels)
 	e.mu.Unlock()
 	r.Sagas = len(started)
+	r.PoisonInjected = len(injected)
+	r.Foreign = len(foreign)
 
-	type sagaRow struct {
-		id, status, lastError string
-	}
 	sagas := map[string]sagaRow{}
 	rows, err := e.Pool.Query(ctx, "SELECT business_key, id::text, status, coalesce(last_error_code, '') || ': ' || coalesce(last_error, '') FROM "+OrdersSchema+".saga_instances")
 	if err != nil {
@@ -107,6 +165,10 @@ func (e *Env) Check(ctx context.Context) (*Report, error) {
 			return nil, err
 		}
 		ledger[key+"/"+step+"/"+dir] = n
+		if _, ok := started[key]; !ok {
+			r.Stray++
+			r.violate("ledger rows for %q, which no one ordered", key)
+		}
 		if n > 1 {
 			r.DBEffectsDoubled++
 			r.violate("%s %s/%s: %d ledger rows", key, step, dir, n)
@@ -116,14 +178,22 @@ func (e *Env) Check(ctx context.Context) (*Report, error) {
 		return nil, err
 	}
 
+	ids := map[string]bool{}
+	for _, s := range sagas {
+		ids[s.id] = true
+	}
 	calls := e.Service.Effects()
 	applied := map[string]bool{} // op + " " + order key
 	for k, n := range calls {
 		r.ExternalCallsDeduped += n - 1
 		op, key, _ := strings.Cut(k, " ")
-		if sk, err := steps.ParseKey(key); err == nil {
-			applied[op+" "+sk.SagaID.String()+"/"+sk.Step+"/"+string(sk.Direction)] = true
+		sk, err := steps.ParseKey(key)
+		if err != nil || !ids[sk.SagaID.String()] {
+			r.Stray++
+			r.violate("external call %s under key %q, of no saga", op, key)
+			continue
 		}
+		applied[op+" "+sk.SagaID.String()+"/"+sk.Step+"/"+string(sk.Direction)] = true
 	}
 
 	for key := range started {
@@ -137,6 +207,10 @@ func (e *Env) Check(ctx context.Context) (*Report, error) {
 		switch s.status {
 		case "completed":
 			r.Completed++
+			if started[key].DBFatal {
+				r.Inconsistent++
+				r.violate("%s completed, but its ship step can only fail", key)
+			}
 			ok := f("reserve", steps.Forward) == 1 && f("charge", steps.Forward) == 1 && f("ship", steps.Forward) == 1 &&
 				f("reserve", steps.Compensate) == 0 && f("charge", steps.Compensate) == 0 &&
 				applied["bank/charge "+s.id+"/charge/forward"] && applied["carrier "+s.id+"/ship/forward"]
@@ -176,24 +250,221 @@ func (e *Env) Check(ctx context.Context) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	if r.DeadLettered != r.PoisonInjected {
-		r.violate("%d messages dead-lettered, %d malformed ones injected", r.DeadLettered, r.PoisonInjected)
+	if err := e.checkDeadLetters(ctx, r, injected, foreign); err != nil {
+		return nil, err
+	}
+	if err := e.checkCancels(ctx, r, cancels, sagas); err != nil {
+		return nil, err
 	}
 
-	err = e.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE event = 'saga_rescued'), count(*) FILTER (WHERE event = 'step_deduplicated')
-	    FROM `+OrdersSchema+`.saga_history`).Scan(&r.Rescued, &r.Deduplicated)
+	err = e.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE event = 'saga_rescued'), count(*) FILTER (WHERE event = 'step_deduplicated'),
+	        count(*) FILTER (WHERE event = 'step_failed' AND (error_code = $1 OR error LIKE '%SQLSTATE 23505%'))
+	    FROM `+OrdersSchema+`.saga_history`, CodeDBData).Scan(&r.Rescued, &r.Deduplicated, &r.DBErrors)
 	if err != nil {
 		return nil, err
 	}
-	if err := e.checkKafka(ctx, r); err != nil {
+	err = e.Pool.QueryRow(ctx, `SELECT count(*) FROM `+OrdersSchema+`.outbox WHERE aggregatetype = 'sagaflow.held'`).Scan(&r.Held)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.checkKafka(ctx, r, injected); err != nil {
 		return nil, err
 	}
 	return r, nil
 }
 
+// position is a message's place in Kafka.
+type position struct {
+	topic     string
+	partition int32
+	offset    int64
+}
+
+// checkDeadLetters accounts for every dead letter and every injected
+// message: an injected message that must be dead-lettered is, with the
+// bytes that were sent; a copy that may be processed either is
+// dead-lettered or changed nothing (the ledger checks); a foreign saga's
+// command is parked; and nothing else is dead-lettered.
+func (e *Env) checkDeadLetters(ctx context.Context, r *Report, injected []Injected, foreign map[string]uuid.UUID) error {
+	byPos := map[position]Injected{}
+	for _, in := range injected {
+		byPos[position{in.Topic, in.Partition, in.Offset}] = in
+	}
+	foreignIDs := map[string]bool{}
+	for _, id := range foreign {
+		foreignIDs[id.String()] = true
+	}
+	dead := map[position]bool{}
+	parked := map[string]bool{}
+	for _, schema := range []string{OrdersSchema, PaymentsSchema} {
+		rows, err := e.Pool.Query(ctx, `SELECT consumer, topic, kafka_partition, kafka_offset, coalesce(msg_key, ''), coalesce(msg_value, ''),
+		        coalesce(raw_headers, '[]')::text, coalesce(headers->>'sagaflow-saga-id', ''), reason
+		    FROM `+schema+`.dead_letters WHERE kafka_offset IS NOT NULL`)
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			var consumer, reason, sagaID, rawHeaders string
+			var p position
+			var key, value []byte
+			if err := rows.Scan(&consumer, &p.topic, &p.partition, &p.offset, &key, &value, &rawHeaders, &sagaID, &reason); err != nil {
+				rows.Close()
+				return err
+			}
+			dead[p] = true
+			in, ok := byPos[p]
+			switch {
+			case ok:
+				if why := sameBytes(in.record, key, value, rawHeaders); why != "" {
+					r.BytesChanged++
+					r.violate("dead letter of %s at %s/%d/%d: %s", in.Kind, p.topic, p.partition, p.offset, why)
+				}
+			case schema == OrdersSchema && strings.HasPrefix(reason, saga.CodeUnknownSaga+":") && foreignIDs[sagaID]:
+				parked[sagaID] = true
+			default:
+				r.DeadUnexplained++
+				r.violate("a message no one injected was dead-lettered by %s at %s/%d/%d: %s", consumer, p.topic, p.partition, p.offset,
+					safetext.Text(reason, 300))
+			}
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+	}
+	r.PoisonOutcomes = map[string]*Outcome{}
+	for _, in := range injected {
+		kind, _, _ := strings.Cut(in.Kind, "/")
+		if !in.Must {
+			kind += "(may)"
+		}
+		o := r.PoisonOutcomes[kind]
+		if o == nil {
+			o = &Outcome{}
+			r.PoisonOutcomes[kind] = o
+		}
+		switch {
+		case dead[position{in.Topic, in.Partition, in.Offset}]:
+			o.Dead++
+		case in.Must:
+			r.PoisonMissed++
+			r.violate("%s at %s/%d/%d was not dead-lettered", in.Kind, in.Topic, in.Partition, in.Offset)
+		default:
+			o.Processed++
+			r.PoisonProcessed++
+		}
+	}
+	r.ForeignParked = len(parked)
+	for key, id := range foreign {
+		if !parked[id.String()] {
+			r.violate("foreign saga %s (%s): its command was not parked", key, id)
+		}
+	}
+	return nil
+}
+
+// sameBytes compares a dead letter's key, value and raw headers with the
+// record that was sent; it returns what differs, or "".
+func sameBytes(sent *kgo.Record, key, value []byte, rawHeaders string) string {
+	if sent == nil {
+		return ""
+	}
+	if !bytes.Equal(key, sent.Key) {
+		return fmt.Sprintf("key of %d bytes stored for %d sent", len(key), len(sent.Key))
+	}
+	if !bytes.Equal(value, sent.Value) {
+		return fmt.Sprintf("value of %d bytes stored for %d sent", len(value), len(sent.Value))
+	}
+	var hs []struct {
+		K []byte `json:"k"`
+		V []byte `json:"v"`
+	}
+	if err := json.Unmarshal([]byte(rawHeaders), &hs); err != nil {
+		return "raw headers: " + err.Error()
+	}
+	if len(hs) != len(sent.Headers) {
+		return fmt.Sprintf("%d raw headers stored for %d sent", len(hs), len(sent.Headers))
+	}
+	for i, h := range hs {
+		if string(h.K) != sent.Headers[i].Key || !bytes.Equal(h.V, sent.Headers[i].Value) {
+			return fmt.Sprintf("raw header %d differs", i)
+		}
+	}
+	return ""
+}
+
+// checkCancels checks the operator's cancels: an accepted request was
+// applied (the saga compensated, every completed step's effect undone: the
+// ledger checks) or refused because the saga had finished or was
+// compensating already; a completed saga's request can only be refused;
+// and no request is left pending.
+func (e *Env) checkCancels(ctx context.Context, r *Report, cancels map[string]CancelDone, sagas map[string]sagaRow) error {
+	type events struct{ cancelled, refused int }
+	got := map[string]events{}
+	rows, err := e.Pool.Query(ctx, `SELECT saga_id::text, count(*) FILTER (WHERE event = $1), count(*) FILTER (WHERE event = $2)
+	    FROM `+OrdersSchema+`.saga_history WHERE event IN ($1, $2) GROUP BY 1`, saga.EventSagaCancelled, saga.EventCancelRefused)
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		var id string
+		var ev events
+		if err := rows.Scan(&id, &ev.cancelled, &ev.refused); err != nil {
+			rows.Close()
+			return err
+		}
+		got[id] = ev
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	var pending int
+	if err := e.Pool.QueryRow(ctx, `SELECT count(*) FROM `+OrdersSchema+`.saga_cancel_requests`).Scan(&pending); err != nil {
+		return err
+	}
+	if pending > 0 {
+		r.CancelBroken += pending
+		r.violate("%d cancel requests are still pending", pending)
+	}
+	for key, c := range cancels {
+		if !c.Accepted {
+			continue
+		}
+		r.Cancels++
+		s, ok := sagas[key]
+		if !ok {
+			continue // counted as lost
+		}
+		ev := got[s.id]
+		if ev.cancelled > 0 {
+			r.Cancelled++
+		}
+		if ev.refused > 0 {
+			r.CancelRefused++
+		}
+		switch {
+		case ev.cancelled+ev.refused == 0:
+			r.CancelBroken++
+			r.violate("%s (%s): the cancel request was neither applied nor refused; the saga is %s", key, c.How, s.status)
+		case ev.cancelled > 0 && s.status != "compensated":
+			r.CancelBroken++
+			r.violate("%s (%s): cancelled, but the saga is %s", key, c.How, s.status)
+		case s.status == "completed" && ev.refused == 0:
+			r.CancelBroken++
+			r.violate("%s (%s): completed with its cancel request not refused", key, c.How)
+		}
+	}
+	return nil
+}
+
 // checkKafka compares what reached the topics, read partition by partition
 // with a plain connection, with the outbox rows marked published.
-func (e *Env) checkKafka(ctx context.Context, r *Report) error {
+func (e *Env) checkKafka(ctx context.Context, r *Report, injected []Injected) error {
+	poison := map[position]bool{}
+	for _, in := range injected {
+		poison[position{in.Topic, in.Partition, in.Offset}] = true
+	}
 	onTopics := map[string]bool{}
 	for _, topic := range Topics() {
 		msgs, err := e.Kafka.ReadAll(ctx, topic)
@@ -207,7 +478,12 @@ func (e *Env) checkKafka(ctx context.Context, r *Report) error {
 					id = string(h.Value)
 				}
 			}
-			if id == "" || strings.HasPrefix(id, "poison-") || strings.HasPrefix(string(m.Key), "poison-") {
+			if poison[position{m.Topic, int32(m.Partition), m.Offset}] {
+				continue
+			}
+			if id == "" {
+				r.KafkaPhantom++
+				r.violate("a message with no id at %s/%d/%d, not injected", m.Topic, m.Partition, m.Offset)
 				continue
 			}
 			onTopics[id] = true

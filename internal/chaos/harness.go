@@ -17,13 +17,14 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/sagaflow/sagaflow/internal/kafkatest"
 	"github.com/sagaflow/sagaflow/internal/pgtest"
 	"github.com/sagaflow/sagaflow/saga"
-	"github.com/sagaflow/sagaflow/store"
 )
 
 // NodeCommand returns a command that runs one node: the caller's own binary
@@ -45,21 +46,36 @@ type Env struct {
 	// workload, to show that the checkers notice (see SabotageEffectsOutsideTx).
 	Sabotage string
 
-	engine  *saga.Engine // never started: Start only inserts
-	def     *saga.Definition[Order]
-	slowDef *saga.Definition[Order]
-	nodeCmd NodeCommand
+	engine     *saga.Engine // never started: Start only inserts, Cancel records
+	def        *saga.Definition[Order]
+	slowDef    *saga.Definition[Order]
+	foreignDef *saga.Definition[Order]
+	nodeCmd    NodeCommand
 
-	mu      sync.Mutex
-	nodes   []*Node
-	started map[string]Order // every order the parent tried to start, by key
-	poison  int              // malformed messages written to the topics
+	mu         sync.Mutex
+	nodes      []*Node
+	started    map[string]Order      // every order the parent tried to start, by key
+	ids        map[string]uuid.UUID  // their sagas, once started
+	foreign    map[string]uuid.UUID  // sagas of ForeignSagaName, by key
+	cancels    map[string]CancelDone // operator cancels, by order key
+	injected   []Injected            // bad messages written to the topics
+	poisonTurn int
+}
+
+// CancelDone is what an operator's cancel of an order got.
+type CancelDone struct {
+	// Accepted: the request was recorded (applied at once, or pending
+	// until the running step's engine applies it). Otherwise the saga was
+	// no longer running when asked.
+	Accepted bool
+	How      string // "cancel", "request" (as the CLI does) or "held" (a cancel whose transaction stayed open)
 }
 
 // NewEnv starts the servers and creates the schemas. dir receives the nodes'
 // logs. Close it when done.
 func NewEnv(ctx context.Context, dir string, nodeCmd NodeCommand) (env *Env, err error) {
-	e := &Env{Dir: dir, nodeCmd: nodeCmd, started: map[string]Order{}}
+	e := &Env{Dir: dir, nodeCmd: nodeCmd, started: map[string]Order{}, ids: map[string]uuid.UUID{},
+		foreign: map[string]uuid.UUID{}, cancels: map[string]CancelDone{}}
 	defer func() {
 		if err != nil {
 			e.Close()
@@ -85,7 +101,8 @@ func NewEnv(ctx context.Context, dir string, nodeCmd NodeCommand) (env *Env, err
 		return nil, err
 	}
 	e.def, e.slowDef = Definitions(External{}, 0, nil)
-	if err = e.engine.Register(e.def, e.slowDef); err != nil {
+	e.foreignDef = ForeignDefinition()
+	if err = e.engine.Register(e.def, e.slowDef, e.foreignDef); err != nil {
 		return nil, err
 	}
 	return e, nil
@@ -240,8 +257,11 @@ func (e *Env) Start(ctx context.Context, o Order) error {
 		if o.Slow {
 			def = e.slowDef
 		}
-		_, err := saga.Start(ctx, e.engine, def, o, &saga.StartOpts{BusinessKey: o.Key})
+		st, err := saga.Start(ctx, e.engine, def, o, &saga.StartOpts{BusinessKey: o.Key})
 		if err == nil {
+			e.mu.Lock()
+			e.ids[o.Key] = st.ID
+			e.mu.Unlock()
 			return nil
 		}
 		select {
@@ -252,66 +272,112 @@ func (e *Env) Start(ctx context.Context, o Order) error {
 	}
 }
 
-// InjectPoison writes n malformed messages to the participant's and the
-// engine's topics, among the valid traffic: bad JSON, no headers at all, an
-// unknown type, and a command that names no saga. Each must be dead-lettered
-// with its reason; none may stop the messages behind it.
-func (e *Env) InjectPoison(ctx context.Context, n int, rng *rand.Rand) error {
-	w := &kafka.Writer{Addr: kafka.TCP(e.Kafka.Addrs()...), Balancer: &kafka.Hash{}, RequiredAcks: kafka.RequireAll,
-		BatchTimeout: time.Millisecond}
-	defer w.Close()
-	cmdTopic := Topics()[0]
-	var msgs []kafka.Message
-	for i := range n {
-		id := fmt.Sprintf("poison-%d-%d", rng.Int64(), i)
-		h := func(typ string) []kafka.Header {
-			return []kafka.Header{{Key: store.HeaderMessageID, Value: []byte(id)}, {Key: store.HeaderType, Value: []byte(typ)}}
-		}
-		var m kafka.Message
-		switch i % 4 {
-		case 0:
-			m = kafka.Message{Topic: PaymentsTopic, Key: []byte(id), Value: []byte(`{"key": `), Headers: h(ChargeType)}
-		case 1:
-			m = kafka.Message{Topic: PaymentsTopic, Key: []byte(id), Value: []byte("\x00\xff not json")}
-		case 2:
-			m = kafka.Message{Topic: PaymentsTopic, Key: []byte(id), Value: []byte(`{}`), Headers: h("payments.teleport")}
-		case 3:
-			m = kafka.Message{Topic: cmdTopic, Key: []byte(id), Value: []byte(`{"saga_id": 42}`), Headers: h("sagaflow.step")}
-		}
-		msgs = append(msgs, m)
-	}
+// StartForeign starts a saga of ForeignSagaName, which no node registers,
+// and routes its first command to the order saga's command topic, which
+// every engine consumes: as a newer engine would, during a rolling deploy.
+// The engines cannot run it: they hold it (back to the outbox, published
+// again later) and park it after UnknownSagaGrace. It retries through
+// restarts, as Start does.
+func (e *Env) StartForeign(ctx context.Context, key string) error {
 	for {
-		err := w.WriteMessages(ctx, msgs...)
+		var id uuid.UUID
+		err := pgx.BeginFunc(ctx, e.Pool, func(tx pgx.Tx) error {
+			st, err := saga.StartTx(ctx, e.engine, tx, e.foreignDef, Order{Key: key}, &saga.StartOpts{BusinessKey: key})
+			if err != nil {
+				return err
+			}
+			id = st.ID
+			_, err = tx.Exec(ctx, "UPDATE "+OrdersSchema+".outbox SET topic = $1 WHERE saga_id = $2", Topics()[0], st.ID)
+			return err
+		})
 		if err == nil {
-			break
+			e.mu.Lock()
+			e.foreign[key] = id
+			e.mu.Unlock()
+			return nil
 		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("chaos: inject poison: %w", err)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("chaos: start foreign %s: %w (last error: %v)", key, ctx.Err(), err)
+		case <-time.After(100 * time.Millisecond):
 		}
-		time.Sleep(200 * time.Millisecond)
 	}
-	e.mu.Lock()
-	e.poison += n
-	e.mu.Unlock()
-	return nil
 }
 
-// WaitTerminal waits until every started saga is terminal, every injected
-// malformed message is dead-lettered and the outboxes are drained, or ctx ends.
+// Cancel cancels the saga of a started order as an operator would: with
+// how "cancel" by Engine.Cancel, "request" by Engine.RequestCancel (as the
+// CLI does), "held" by Engine.CancelTx in a transaction kept open for a
+// second (the saga is busy meanwhile: its commands must be held, not
+// wait in their partition). It retries through restarts, and records
+// whether the request was accepted or the saga no longer ran.
+func (e *Env) Cancel(ctx context.Context, key, how string) error {
+	e.mu.Lock()
+	id, ok := e.ids[key]
+	e.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("chaos: cancel %s: not started", key)
+	}
+	reason := "chaos: operator cancel (" + how + ")"
+	for {
+		var err error
+		switch how {
+		case "cancel":
+			err = e.engine.Cancel(ctx, id, reason)
+		case "request":
+			err = e.engine.RequestCancel(ctx, id, reason)
+		case "held":
+			err = pgx.BeginFunc(ctx, e.Pool, func(tx pgx.Tx) error {
+				if err := e.engine.CancelTx(ctx, tx, id, reason); err != nil {
+					return err
+				}
+				select {
+				case <-time.After(time.Second):
+				case <-ctx.Done():
+				}
+				return nil
+			})
+		default:
+			return fmt.Errorf("chaos: cancel %s: unknown way %q", key, how)
+		}
+		if err == nil || errors.Is(err, saga.ErrNotRunning) {
+			e.mu.Lock()
+			if prev, seen := e.cancels[key]; !seen || !prev.Accepted {
+				e.cancels[key] = CancelDone{Accepted: err == nil, How: how}
+			}
+			e.mu.Unlock()
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("chaos: cancel %s: %w (last error: %v)", key, ctx.Err(), err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// WaitTerminal waits until every started order's saga is terminal, every
+// injected message that must be dead-lettered is, every foreign saga's
+// command is parked, no cancel request is pending and the outboxes are
+// drained, or ctx ends.
 func (e *Env) WaitTerminal(ctx context.Context) error {
 	for {
 		var open int
-		err := e.Pool.QueryRow(ctx, "SELECT count(*) FROM "+OrdersSchema+".saga_instances WHERE status NOT IN ('completed', 'compensated', 'failed')").Scan(&open)
+		err := e.Pool.QueryRow(ctx, "SELECT count(*) FROM "+OrdersSchema+".saga_instances WHERE status NOT IN ('completed', 'compensated', 'failed') AND saga_name <> $1",
+			ForeignSagaName).Scan(&open)
 		if err == nil && open == 0 {
-			var n, dead, pending int
-			err := e.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+OrdersSchema+`.saga_instances),
-			    (`+deadLettered+`),
-			    (SELECT count(*) FROM `+OrdersSchema+`.outbox WHERE status = 'pending' AND delivery = 'relay')
-			        + (SELECT count(*) FROM `+PaymentsSchema+`.outbox WHERE status = 'pending')`).Scan(&n, &dead, &pending)
 			e.mu.Lock()
-			done := err == nil && n >= len(e.started) && dead >= e.poison && pending == 0
+			started, foreign := len(e.started), foreignIDs(e.foreign)
+			topics, parts, offsets := positions(e.injected, true)
 			e.mu.Unlock()
-			if done {
+			var n, dead, parked, cancels, pending int
+			err := e.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+OrdersSchema+`.saga_instances WHERE saga_name <> $5),
+			    (SELECT count(*) FROM unnest($1::text[], $2::int[], $3::bigint[]) p(topic, part, off) WHERE `+deadAt+`),
+			    (SELECT count(DISTINCT saga_id) FROM `+OrdersSchema+`.saga_history WHERE event = 'command_parked' AND saga_id = ANY($4)),
+			    (SELECT count(*) FROM `+OrdersSchema+`.saga_cancel_requests),
+			    (SELECT count(*) FROM `+OrdersSchema+`.outbox WHERE status = 'pending' AND delivery = 'relay')
+			        + (SELECT count(*) FROM `+PaymentsSchema+`.outbox WHERE status = 'pending')`,
+				topics, parts, offsets, foreign, ForeignSagaName).Scan(&n, &dead, &parked, &cancels, &pending)
+			if err == nil && n >= started && dead >= len(topics) && parked >= len(foreign) && cancels == 0 && pending == 0 {
 				return nil
 			}
 		}
@@ -321,6 +387,32 @@ func (e *Env) WaitTerminal(ctx context.Context) error {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// deadAt is true when the message at p's position (topic, part, off) is in
+// either consumer's dead letters.
+const deadAt = `(EXISTS (SELECT 1 FROM ` + OrdersSchema + `.dead_letters d WHERE d.topic = p.topic AND d.kafka_partition = p.part AND d.kafka_offset = p.off)
+    OR EXISTS (SELECT 1 FROM ` + PaymentsSchema + `.dead_letters d WHERE d.topic = p.topic AND d.kafka_partition = p.part AND d.kafka_offset = p.off))`
+
+// positions returns the positions of the injected messages, only those that
+// must be dead-lettered when must is set, as parallel arrays.
+func positions(in []Injected, must bool) (topics []string, parts []int32, offsets []int64) {
+	topics, parts, offsets = []string{}, []int32{}, []int64{}
+	for _, p := range in {
+		if must && !p.Must {
+			continue
+		}
+		topics, parts, offsets = append(topics, p.Topic), append(parts, p.Partition), append(offsets, p.Offset)
+	}
+	return topics, parts, offsets
+}
+
+func foreignIDs(m map[string]uuid.UUID) []uuid.UUID {
+	out := make([]uuid.UUID, 0, len(m))
+	for _, id := range m {
+		out = append(out, id)
+	}
+	return out
 }
 
 func (e *Env) startedCopy() map[string]Order {

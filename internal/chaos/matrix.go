@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/sagaflow/sagaflow/internal/fault"
@@ -44,10 +45,12 @@ type CellResult struct {
 const Deadline = 90 * time.Second
 
 // RunCell runs one cell: a node running the whole system, armed at the
-// cell's point, takes orders; when it stops there the cell's fault is done
-// to it; then the system recovers (a new node, the server back, the broker
-// back), more orders come, and every saga must end, with the checkers'
-// invariants holding.
+// cell's point, takes orders (some cancelled by an operator, some failing
+// through PostgreSQL), two sagas of a type it does not know and bad
+// messages of every kind; when it stops at the point the cell's fault is
+// done to it; then the system recovers (a new node, the server back, the
+// broker back), more orders come, and every saga must end, with the
+// checkers' invariants holding.
 func RunCell(ctx context.Context, dir string, nodeCmd NodeCommand, c Cell) (*CellResult, error) {
 	began := time.Now()
 	if !fault.Enabled {
@@ -79,13 +82,50 @@ func RunCell(ctx context.Context, dir string, nodeCmd NodeCommand, c Cell) (*Cel
 		return nil, err
 	}
 	order := 0
+	var side sync.WaitGroup // operator cancels
+	var sideErr error
+	var sideMu sync.Mutex
+	cancelLater := func(key, how string, after time.Duration) {
+		side.Add(1)
+		go func() {
+			defer side.Done()
+			time.Sleep(after)
+			if err := env.Cancel(ctx, key, how); err != nil {
+				sideMu.Lock()
+				sideErr = err
+				sideMu.Unlock()
+			}
+		}()
+	}
+	// One order in eight is slow, one fails ship through PostgreSQL a few
+	// times, one for good; one lingers in reserve and is cancelled while
+	// it does; two more are cancelled: once by a transaction that holds
+	// the saga for a second (its commands must be held meanwhile), once as
+	// the CLI does, at a random moment.
 	startSome := func(n int) error {
 		for range n {
 			o := NewOrder(fmt.Sprintf("%s-%03d", "o", order), rng, 0.25, 0)
-			o.Slow = order%8 == 3
+			switch order % 8 {
+			case 3:
+				o.Slow = true
+			case 4:
+				o.Linger = true
+			case 5:
+				o.DBFail = 1 + rng.IntN(3)
+			case 6:
+				o.DBFatal = true
+			}
 			order++
 			if err := env.Start(ctx, o); err != nil {
 				return err
+			}
+			switch {
+			case o.Linger:
+				cancelLater(o.Key, "cancel", time.Second)
+			case order%12 == 10:
+				cancelLater(o.Key, "held", 0)
+			case order%12 == 2:
+				cancelLater(o.Key, "request", time.Duration(rng.IntN(3000))*time.Millisecond)
 			}
 		}
 		return nil
@@ -93,7 +133,14 @@ func RunCell(ctx context.Context, dir string, nodeCmd NodeCommand, c Cell) (*Cel
 	if err := startSome(12); err != nil {
 		return nil, err
 	}
-	if err := env.InjectPoison(ctx, 4, rng); err != nil {
+	for i := range 2 {
+		if err := env.StartForeign(ctx, fmt.Sprintf("f-%03d", i)); err != nil {
+			return nil, err
+		}
+	}
+	// Bad messages now, among the first orders, and again after recovery,
+	// when there are real messages to copy for every kind.
+	if err := env.InjectPoison(ctx, len(poisonKinds), rng); err != nil {
 		return nil, err
 	}
 	point, err := node.WaitFault(60 * time.Second)
@@ -129,7 +176,20 @@ func RunCell(ctx context.Context, dir string, nodeCmd NodeCommand, c Cell) (*Cel
 	if err := startSome(8); err != nil {
 		return nil, err
 	}
-	wctx, cancel := context.WithTimeout(ctx, Deadline)
+	env.WaitForCharges(ctx, 10*time.Second)
+	if err := env.InjectPoison(ctx, len(poisonKinds), rng); err != nil {
+		return nil, err
+	}
+	side.Wait()
+	if sideErr != nil {
+		return nil, sideErr
+	}
+	deadline := Deadline
+	if c.Sabotage != "" {
+		// A broken system need not settle: what did not end is reported.
+		deadline = 30 * time.Second
+	}
+	wctx, cancel := context.WithTimeout(ctx, deadline)
 	defer cancel()
 	_ = env.WaitTerminal(wctx) // what did not end is counted as stuck
 	settle := time.Since(recovered)

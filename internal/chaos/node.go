@@ -52,6 +52,12 @@ type NodeConfig struct {
 // effect. A negative control: the checkers must report it.
 const SabotageEffectsOutsideTx = "effects-outside-tx"
 
+// SabotageNoSigning runs the engine and the participant without signing:
+// anyone who can write to a topic can then steer sagas, and the forged
+// messages among the poison have effects. A negative control: the checkers
+// must report forgeries that were not refused.
+const SabotageNoSigning = "no-signing"
+
 // NodeEnv carries a node's NodeConfig, as JSON, to a node process.
 const NodeEnv = "SAGAFLOW_CHAOS_NODE"
 
@@ -69,13 +75,14 @@ func NodeConfigFromEnv() (NodeConfig, error) {
 }
 
 // EngineConfig is the orders engine's configuration, the same in every node
-// and in the parent (which only starts sagas with it).
+// and in the parent (which only starts and cancels sagas with it). Commands
+// and replies are signed (see [SigningKey]).
 func EngineConfig(brokers []string, log *slog.Logger) *saga.Config {
 	return &saga.Config{
 		Schema: OrdersSchema, Workers: 2, PollInterval: 200 * time.Millisecond,
 		RescueInterval: time.Second, RescueSlack: 500 * time.Millisecond, HandlerGrace: 2 * time.Second,
-		Logger: log,
-		Kafka:  &saga.KafkaConfig{Brokers: brokers, SessionTimeout: SessionTimeout},
+		UnknownSagaGrace: UnknownSagaGrace, Logger: log,
+		Kafka: &saga.KafkaConfig{Brokers: brokers, SessionTimeout: SessionTimeout, SigningKey: SigningKey},
 	}
 }
 
@@ -128,14 +135,20 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 		}
 		stops = append(stops, r.Stop, func(context.Context) error { return w.Close() })
 	}
+	key := SigningKey
+	if cfg.Sabotage == SabotageNoSigning {
+		key = nil
+	}
 	if slices.Contains(cfg.Roles, RoleEngine) {
-		e, err := saga.New(pool, EngineConfig(cfg.Brokers, log))
+		ecfg := EngineConfig(cfg.Brokers, log)
+		ecfg.Kafka.SigningKey = key
+		e, err := saga.New(pool, ecfg)
 		if err != nil {
 			return err
 		}
 		var broken *pgxpool.Pool
 		switch cfg.Sabotage {
-		case "":
+		case "", SabotageNoSigning:
 		case SabotageEffectsOutsideTx:
 			broken = pool
 		default:
@@ -151,7 +164,8 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 		stops = append(stops, e.Stop)
 	}
 	if slices.Contains(cfg.Roles, RoleParticipant) {
-		p, err := steps.NewParticipant(pool, &steps.ParticipantConfig{Consumer: "payments", Schema: PaymentsSchema, Logger: log})
+		p, err := steps.NewParticipant(pool, &steps.ParticipantConfig{Consumer: "payments", Schema: PaymentsSchema, Logger: log,
+			SigningKey: key})
 		if err != nil {
 			return err
 		}

@@ -46,9 +46,10 @@ func (r *SoakResult) ActionsLine() string {
 // coming: engine and participant nodes are killed with SIGKILL and started
 // again, paused with SIGSTOP for longer than their group session and
 // resumed, PostgreSQL is restarted without a checkpoint, the broker goes
-// away for seconds at a time, a transaction is held open for a long time, and
-// malformed messages are mixed into the topics. Then every saga must end
-// within cfg.Deadline, and the checkers run.
+// away for seconds at a time, a transaction is held open for a long time,
+// bad messages are mixed into the topics, sagas of a type no engine knows
+// are started, and an operator cancels orders (some while a step runs).
+// Then every saga must end within cfg.Deadline, and the checkers run.
 func RunSoak(ctx context.Context, dir string, nodeCmd NodeCommand, cfg SoakConfig) (*SoakResult, error) {
 	began := time.Now()
 	if cfg.Logf == nil {
@@ -101,6 +102,27 @@ func RunSoak(ctx context.Context, dir string, nodeCmd NodeCommand, cfg SoakConfi
 			case <-tick.C:
 			}
 			o := NewOrder(fmt.Sprintf("s-%06d", i), orderRng, 0.2, 0.005)
+			switch p := orderRng.Float64(); {
+			case p < 0.03:
+				o.DBFail = 1 + orderRng.IntN(3)
+			case p < 0.04:
+				o.DBFatal = true
+			case p < 0.05:
+				o.Linger = true
+			}
+			// Operator cancels: every lingering order while its reserve
+			// step runs, one order in 50 at a random moment as the CLI
+			// does, one in 100 by a transaction that holds the saga for a
+			// second.
+			how, after := "", time.Duration(0)
+			switch {
+			case o.Linger:
+				how, after = "cancel", time.Second
+			case i%50 == 7:
+				how, after = "request", time.Duration(orderRng.IntN(3000))*time.Millisecond
+			case i%100 == 33:
+				how = "held"
+			}
 			sem <- struct{}{}
 			wg.Add(1)
 			go func() {
@@ -108,7 +130,12 @@ func RunSoak(ctx context.Context, dir string, nodeCmd NodeCommand, cfg SoakConfi
 				defer func() { <-sem }()
 				sctx, cancel := context.WithTimeout(ctx, time.Minute)
 				defer cancel()
-				if err := env.Start(sctx, o); err != nil {
+				err := env.Start(sctx, o)
+				if err == nil && how != "" {
+					time.Sleep(after)
+					err = env.Cancel(sctx, o.Key, how)
+				}
+				if err != nil {
 					errMu.Lock()
 					startErr = err
 					errMu.Unlock()
@@ -132,10 +159,14 @@ func RunSoak(ctx context.Context, dir string, nodeCmd NodeCommand, cfg SoakConfi
 			break
 		}
 		if time.Since(lastPoison) > 8*time.Second {
-			if err := env.InjectPoison(ctx, 4, rng); err != nil {
+			if err := env.InjectPoison(ctx, len(poisonKinds), rng); err != nil {
 				return nil, err
 			}
-			res.Actions["poison"] += 4
+			res.Actions["poison"] += len(poisonKinds)
+			if err := env.StartForeign(ctx, fmt.Sprintf("f-%03d", res.Actions["foreign"])); err != nil {
+				return nil, err
+			}
+			res.Actions["foreign"]++
 			lastPoison = time.Now()
 		}
 		// Every kind of attack once per round, in a random order.

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/sagaflow/sagaflow/internal/pgerr"
 	"github.com/sagaflow/sagaflow/saga"
 	"github.com/sagaflow/sagaflow/steps"
 	"github.com/sagaflow/sagaflow/store"
@@ -34,6 +35,21 @@ import (
 // compensates while the late reply is on its way. (The topic is their own
 // because a participant's consumer handles one message at a time: a slow
 // answer would hold up every order behind it.)
+//
+// Orders marked DBFail see ship fail with a unique violation, through the
+// step's transaction, on their first DBFail attempts: the step is retried
+// and completes. Orders marked DBFatal see it fail with a division by zero,
+// which the step reports as permanent: the saga compensates. Either way
+// ship's ledger row, written before the failing statement in the same
+// transaction, must be rolled back with it. Orders marked Linger wait in
+// reserve for LingerFor, honouring their context, so that an operator's
+// cancel can reach a running step.
+//
+// A third saga type, [ForeignSagaName], is registered by no node: the
+// parent starts sagas of it whose commands it routes to the order saga's
+// command topic, as a newer engine would during a rolling deploy. The
+// engines hold each one (back to the outbox) and park it after
+// UnknownSagaGrace.
 const (
 	OrdersSchema   = "orders"
 	PaymentsSchema = "payments"
@@ -51,14 +67,31 @@ const (
 	// reply comes SlowReply after its command.
 	ChargeTimeout = 5 * time.Second
 	SlowReply     = 6 * time.Second
+
+	// LingerFor is how long reserve waits for a Linger order.
+	LingerFor = 3 * time.Second
+
+	// ForeignSagaName is a saga type no node registers (see above).
+	ForeignSagaName = "order-next"
+	// UnknownSagaGrace is the engines' grace for commands they do not
+	// know: short, so that the foreign sagas' commands are parked well
+	// within a cell's deadline.
+	UnknownSagaGrace = 6 * time.Second
 )
+
+// SigningKey signs every command and reply of the system (the engines and
+// the participant share it); the poison includes forgeries without it.
+var SigningKey = []byte("sagaflow chaos: the key every service of the bus shares")
 
 // Order is the saga's state.
 type Order struct {
-	Key  string `json:"key"`
-	Fail bool   `json:"fail,omitempty"`
-	Slow bool   `json:"slow,omitempty"`
-	Paid bool   `json:"paid,omitempty"`
+	Key     string `json:"key"`
+	Fail    bool   `json:"fail,omitempty"`
+	Slow    bool   `json:"slow,omitempty"`
+	DBFail  int    `json:"db_fail,omitempty"`
+	DBFatal bool   `json:"db_fatal,omitempty"`
+	Linger  bool   `json:"linger,omitempty"`
+	Paid    bool   `json:"paid,omitempty"`
 }
 
 type chargeCmd struct {
@@ -104,7 +137,8 @@ CREATE TABLE IF NOT EXISTS `+Ledger()+` (
 CREATE TABLE IF NOT EXISTS `+payments()+` (
     order_key text PRIMARY KEY,
     step_key  text NOT NULL
-);`)
+);
+CREATE TABLE IF NOT EXISTS `+uniqueProbe()+` (k text PRIMARY KEY);`)
 	if err != nil {
 		return fmt.Errorf("chaos: create the ledger: %w", err)
 	}
@@ -112,6 +146,37 @@ CREATE TABLE IF NOT EXISTS `+payments()+` (
 }
 
 func payments() string { return pgx.Identifier{PaymentsSchema, "payments"}.Sanitize() }
+
+// uniqueProbe is a table nothing is ever written to: inserting the same key
+// twice in one statement is a unique violation.
+func uniqueProbe() string { return pgx.Identifier{LedgerSchema, "unique_probe"}.Sanitize() }
+
+// CodeDBData is the code of ship's permanent database failure.
+const CodeDBData = "db_data_exception"
+
+// failInDB fails the step with a real PostgreSQL error through its
+// transaction, when the order asks for one on this attempt.
+func failInDB(ctx context.Context, run *saga.StepRun, o *Order) error {
+	switch {
+	case o.DBFatal:
+		// A data exception fails the same way on every try: permanent.
+		_, err := run.Tx.Exec(ctx, "SELECT 1 / $1::int", 0)
+		if pgerr.Content(err) {
+			return steps.Permanent(steps.WithCode(CodeDBData, err))
+		}
+		if err == nil {
+			err = errors.New("chaos: a division by zero did not fail")
+		}
+		return err
+	case run.Attempt <= o.DBFail:
+		_, err := run.Tx.Exec(ctx, "INSERT INTO "+uniqueProbe()+" (k) VALUES ($1), ($1)", o.Key)
+		if err == nil {
+			err = errors.New("chaos: a unique violation did not fail")
+		}
+		return err
+	}
+	return nil
+}
 
 // execer is a transaction or, in the broken workload, a pool.
 type execer interface {
@@ -157,6 +222,15 @@ func Definitions(x External, pid int, broken *pgxpool.Pool) (normal, slow *saga.
 	return definition(SagaName, PaymentsTopic, x, pid, broken), definition(SlowSagaName, SlowTopic, x, pid, broken)
 }
 
+// ForeignDefinition is the saga type only the parent registers, to start
+// sagas with; its step never runs anywhere.
+func ForeignDefinition() *saga.Definition[Order] {
+	return saga.Define(ForeignSagaName, saga.Step[Order]{Name: "reserve",
+		Action: func(context.Context, *saga.StepRun, *Order) error {
+			return errors.New("chaos: the foreign saga's step ran, but no node registers it")
+		}})
+}
+
 func definition(name, topic string, x External, pid int, broken *pgxpool.Pool) *saga.Definition[Order] {
 	local := func(step string, dir steps.Direction, call string) saga.StepFunc[Order] {
 		return func(ctx context.Context, run *saga.StepRun, o *Order) error {
@@ -172,8 +246,19 @@ func definition(name, topic string, x External, pid int, broken *pgxpool.Pool) *
 		}
 	}
 	ship := local("ship", steps.Forward, "carrier")
+	reserve := local("reserve", steps.Forward, "")
 	return saga.Define(name,
-		saga.Step[Order]{Name: "reserve", Action: local("reserve", steps.Forward, ""), Compensate: local("reserve", steps.Compensate, "")},
+		saga.Step[Order]{Name: "reserve", Compensate: local("reserve", steps.Compensate, ""),
+			Action: func(ctx context.Context, run *saga.StepRun, o *Order) error {
+				if o.Linger {
+					select {
+					case <-time.After(LingerFor):
+					case <-ctx.Done():
+						return ctx.Err()
+					}
+				}
+				return reserve(ctx, run, o)
+			}},
 		saga.Step[Order]{Name: "charge", Timeout: ChargeTimeout, Remote: &saga.Remote[Order]{
 			Topic: topic, Type: ChargeType, CompensateType: RefundType,
 			Command: func(_ context.Context, _ *saga.StepRun, o *Order) (any, error) {
@@ -189,7 +274,10 @@ func definition(name, topic string, x External, pid int, broken *pgxpool.Pool) *
 				if o.Fail {
 					return steps.Permanent(steps.WithCode("undeliverable", errors.New("the carrier does not deliver there")))
 				}
-				return ship(ctx, run, o)
+				if err := ship(ctx, run, o); err != nil {
+					return err
+				}
+				return failInDB(ctx, run, o)
 			}},
 	)
 }

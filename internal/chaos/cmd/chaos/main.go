@@ -115,6 +115,7 @@ func soak(args []string) int {
 	rep := res.Report
 	fmt.Printf("attacks: %s (in %s)\n", res.ActionsLine(), res.Duration.Round(time.Second))
 	fmt.Println(rep.Detail())
+	fmt.Println(rep.PoisonLine())
 	for _, v := range rep.Violations {
 		fmt.Println("  " + v)
 	}
@@ -210,8 +211,19 @@ func matrix(args []string) int {
 		total.ExternalCallsDeduped += r.ExternalCallsDeduped
 		total.Stuck += r.Stuck
 		total.DeadLettered += r.DeadLettered
+		total.PoisonInjected += r.PoisonInjected
+		total.PoisonProcessed += r.PoisonProcessed
+		total.Foreign += r.Foreign
+		total.ForeignParked += r.ForeignParked
+		total.Held += r.Held
+		total.Cancels += r.Cancels
+		total.Cancelled += r.Cancelled
+		total.CancelRefused += r.CancelRefused
+		total.DBErrors += r.DBErrors
 	}
-	fmt.Printf("cells=%d failed=%d\n%s\n", len(cells), failed, total.Line())
+	fmt.Printf("cells=%d failed=%d poison_injected=%d poison_processed=%d foreign=%d foreign_parked=%d held=%d cancels=%d cancelled=%d cancel_refused=%d db_errors=%d\n%s\n",
+		len(cells), failed, total.PoisonInjected, total.PoisonProcessed, total.Foreign, total.ForeignParked, total.Held,
+		total.Cancels, total.Cancelled, total.CancelRefused, total.DBErrors, total.Line())
 	if failed > 0 {
 		return 1
 	}
