@@ -111,7 +111,7 @@ func TestCancelInterruptsARunningStepInAnotherEngine(t *testing.T) {
 	in := b.waitTerminalWithin(t, st.ID, 5*time.Second)
 	require.Equal(t, saga.StatusCompensated, in.Status)
 	// s2 was rolled back, not completed: only s1 is compensated.
-	require.Equal(t, []string{"s1/forward", "s1/compensate"}, b.effects(t, st.ID))
+	require.Equal(t, []string{"s1/forward", "s1/compensate"}, b.effects(t, st.ID), "history: %v", eventTypes(in))
 	require.NotContains(t, eventTypes(in), "step_failed:s2", "an interrupted step is not charged an attempt")
 }
 
