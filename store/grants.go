@@ -1,9 +1,14 @@
 package store
 
 import (
+	"errors"
 	"fmt"
+	"strings"
+	"unicode"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/sagaflow/sagaflow/internal/safetext"
 )
 
 // GrantSQL returns the statements that give role what sagaflow needs at run
@@ -24,8 +29,8 @@ func GrantSQL(schema, role string) (string, error) {
 	if err := ValidateSchema(schema); err != nil {
 		return "", err
 	}
-	if role == "" {
-		return "", fmt.Errorf("store: grants: role is empty")
+	if err := validateRole(role); err != nil {
+		return "", fmt.Errorf("store: grants: %w", err)
 	}
 	s, r := quoteSchema(schema), pgx.Identifier{role}.Sanitize()
 	return fmt.Sprintf(`GRANT USAGE ON SCHEMA %[1]s TO %[2]s;
@@ -33,4 +38,25 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON %[1]s.saga_instances, %[1]s.saga_history
 	%[1]s.outbox, %[1]s.inbox, %[1]s.dead_letters, %[1]s.idempotency_keys TO %[2]s;
 GRANT SELECT ON %[1]s.sagaflow_migrations TO %[2]s;
 `, s, r), nil
+}
+
+// validateRole refuses a role name that is not one role: empty, too long
+// for PostgreSQL (which would silently cut it), with control characters, or
+// PUBLIC, which means every role.
+func validateRole(role string) error {
+	switch {
+	case role == "":
+		return errors.New("role is empty")
+	case len(role) > 63:
+		return fmt.Errorf("role name is %d bytes; PostgreSQL keeps only 63", len(role))
+	case safetext.Problem(role, 0) != "":
+		return fmt.Errorf("role name %s", safetext.Problem(role, 0))
+	case strings.ContainsFunc(role, func(r rune) bool { return unicode.IsControl(r) }):
+		return fmt.Errorf("role name %q contains a control character", role)
+	case strings.EqualFold(role, "public"):
+		return errors.New(`role "public" is every role: grant to the service's own role`)
+	case strings.HasPrefix(strings.ToLower(role), "pg_"):
+		return fmt.Errorf("role %q: names starting with pg_ are PostgreSQL's own", role)
+	}
+	return nil
 }

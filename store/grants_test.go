@@ -81,3 +81,14 @@ func TestGrantSQLIsEnoughAndNoMore(t *testing.T) {
 		require.Error(t, err, "the runtime role must not be able to: %s", ddl)
 	}
 }
+
+func TestGrantSQLRefusesRolesThatAreNotOneRole(t *testing.T) {
+	t.Parallel()
+	for _, role := range []string{"", "public", "PUBLIC", "pg_monitor", "a\x1b[2Jb", "a\nb", "a\x00b", "a\xffb", strings.Repeat("r", 64)} {
+		_, err := store.GrantSQL("sagaflow", role)
+		require.Error(t, err, "%q", role)
+	}
+	sql, err := store.GrantSQL("sagaflow", `odd"name`)
+	require.NoError(t, err)
+	require.Contains(t, sql, `TO "odd""name";`, "quoted as an identifier")
+}

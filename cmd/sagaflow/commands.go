@@ -24,11 +24,12 @@ type command struct {
 
 func commands() []command {
 	return []command{
-		{name: "migrate", args: "[--print]", setup: setupMigrate,
-			summary: "apply the schema migrations, or print their SQL",
+		{name: "migrate", args: "[--print | --print-grants ROLE]", setup: setupMigrate,
+			summary: "apply the schema migrations, print their SQL, or the grants of a run-time role",
 			about: "Apply the migrations that --schema lacks, each in its own transaction, under an advisory lock,\n" +
 				"and say which were applied. With --print, print the SQL of every migration instead, for your\n" +
-				"own migration tool; that needs no database."},
+				"own migration tool; with --print-grants ROLE, the GRANT statements that give ROLE what sagaflow\n" +
+				"needs at run time, without DDL. Neither needs a database."},
 		{name: "list", args: "[flags]", setup: setupList,
 			summary: "list sagas, newest first",
 			about: "List sagas, newest first, one page at a time: id, name, status, current step, direction,\n" +

@@ -16,16 +16,18 @@ type migrationJSON struct {
 
 func setupMigrate(fs *flag.FlagSet) runFunc {
 	printSQL := fs.Bool("print", false, "print the migrations' SQL for --schema instead of applying them (needs no database)")
-	grantsFor := fs.String("print-grants", "", "print the GRANT statements that give `role` what sagaflow needs at run time on --schema, without DDL (needs no database)")
+	var grantsFor *string
+	fs.Func("print-grants", "print the GRANT statements that give `role` what sagaflow needs at run time on --schema, without DDL (needs no database)",
+		func(v string) error { grantsFor = &v; return nil })
 	return func(ctx context.Context, c *cli, args []string) error {
 		if err := noArgs("migrate", args); err != nil {
 			return err
 		}
 		schema := c.g.schema
-		if *grantsFor != "" {
+		if grantsFor != nil {
 			sql, err := store.GrantSQL(schema, *grantsFor)
 			if err != nil {
-				return c.opError(err, "migrate --print-grants")
+				return usageErrorf("migrate --print-grants: %v", err)
 			}
 			_, err = io.WriteString(c.stdout, sql)
 			return err

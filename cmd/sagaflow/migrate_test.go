@@ -81,4 +81,11 @@ func TestMigratePrintGrants(t *testing.T) {
 	require.Contains(t, out, `GRANT USAGE ON SCHEMA "shop" TO "orders_app";`)
 	require.Contains(t, out, `GRANT SELECT ON "shop".sagaflow_migrations TO "orders_app";`)
 	require.NotContains(t, out, "CREATE")
+	for _, role := range []string{"", "public", "a\x1b[2Jb"} {
+		r := runCLI(t, nil, "--schema", "shop", "migrate", "--print-grants", role)
+		require.Equal(t, exitUsage, r.code, "%q", role)
+		require.NotContains(t, r.stderr, "\x1b", "escaped")
+		require.Contains(t, r.stderr, "print-grants")
+	}
+	require.Contains(t, runCLI(t, nil, "help", "migrate").ok(t), "--print-grants")
 }
