@@ -213,6 +213,7 @@ func (e *Engine) cancelTransition(sg *store.Saga, def *compiled, idx int, reason
 func (b *batch) applyCancel(ctx context.Context, c *store.Claimed, ls *store.LockedSaga, def *compiled, last bool) (handled bool, err error) {
 	r := ls.CancelRequest
 	ls.CancelRequest = nil // once per batch
+	b.e.running.forget(ls.ID)
 	var why string
 	switch {
 	case Status(ls.Status).Terminal():
@@ -257,7 +258,7 @@ type runningSteps struct {
 }
 
 type claimedSaga struct {
-	cancel  context.CancelCauseFunc // set while its handler runs
+	cancel  context.CancelCauseFunc // set while a forward step's handler runs
 	request *store.CancelRequest    // a request heard of since the claim
 }
 
@@ -289,8 +290,9 @@ func (r *runningSteps) release(ids ...uuid.UUID) {
 	}
 }
 
-// start notes that saga id's handler runs with cancel; a request heard of
-// before cancels it at once.
+// start notes that a forward step of saga id runs with cancel; a request
+// heard of before cancels it at once. Compensations are never interrupted:
+// a cancel request has nothing to say to a saga that compensates already.
 func (r *runningSteps) start(id uuid.UUID, cancel context.CancelCauseFunc) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -305,6 +307,16 @@ func (r *runningSteps) start(id uuid.UUID, cancel context.CancelCauseFunc) {
 	c.cancel = cancel
 	if c.request != nil {
 		cancel(&cancelRequested{reason: c.request.Reason})
+	}
+}
+
+// forget drops the request heard of for saga id: it was applied or
+// refused.
+func (r *runningSteps) forget(id uuid.UUID) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if c := r.m[id]; c != nil {
+		c.request = nil
 	}
 }
 

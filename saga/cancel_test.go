@@ -2,6 +2,7 @@ package saga_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -247,4 +248,49 @@ func TestCancelOfASagaQueuedInARunningBatch(t *testing.T) {
 			require.Equal(t, []string{"saga_started", "cancel_requested:reserve", "saga_cancelled:reserve", "saga_compensated"}, eventTypes(in))
 		})
 	}
+}
+
+// A cancel request left over while a saga compensates (recorded in the
+// instant before a step failed for good) never interrupts a compensation
+// and never skips one: it is refused, and every completed step is
+// compensated.
+func TestCancelRequestNeverInterruptsACompensation(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &saga.Config{PollInterval: 50 * time.Millisecond})
+	compensating := make(chan struct{}, 1)
+	release := make(chan struct{})
+	def := threeSteps(b, "undoing", map[string]saga.StepFunc[order]{
+		"ship/forward": func(context.Context, *saga.StepRun, *order) error {
+			return steps.Permanent(errors.New("no carrier"))
+		},
+		"charge/compensate": func(ctx context.Context, _ *saga.StepRun, _ *order) error {
+			compensating <- struct{}{}
+			select {
+			case <-release:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		},
+	})
+	require.NoError(t, b.engine.Register(def))
+	b.start(t)
+	ctx := context.Background()
+	st, err := saga.Start(ctx, b.engine, def, order{}, nil)
+	require.NoError(t, err)
+	<-compensating
+	_, err = b.pool.Exec(ctx, "INSERT INTO "+b.table("saga_cancel_requests")+" (saga_id, epoch, reason) VALUES ($1, 0, 'late')", st.ID)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, "SELECT pg_notify($1, $2)", b.schema+"_sagaflow", "sagaflow.cancel:"+st.ID.String())
+	require.NoError(t, err)
+	// Several polls pass while the compensation runs; it must not be cut.
+	time.Sleep(300 * time.Millisecond)
+	close(release)
+	in := b.waitTerminal(t, st.ID)
+	require.Equal(t, saga.StatusCompensated, in.Status)
+	require.Equal(t, []string{"reserve/forward", "charge/forward", "charge/compensate", "reserve/compensate"}, b.effects(t, st.ID))
+	require.NotContains(t, eventTypes(in), "saga_cancelled:charge")
+	waitFor(t, 10*time.Second, func() bool {
+		return b.count(t, "SELECT count(*) FROM "+b.table("saga_cancel_requests")) == 0
+	}, "the late request to be refused")
 }

@@ -557,9 +557,10 @@ func (b *batch) execute(ctx context.Context, sg *store.Saga, def *compiled, idx 
 		return herr
 	}
 	var cr *cancelRequested
-	if errors.As(herr, &cr) {
+	if errors.As(herr, &cr) && dir == steps.Forward && Status(sg.Status) == StatusRunning {
 		// A cancel request interrupted the step: its writes are rolled back
 		// and the request applied in its place.
+		e.running.forget(sg.ID)
 		tr := e.cancelTransition(sg, def, idx, safetext.Text(cr.reason, maxReasonBytes))
 		b.write(sg, tr, sp, true, last, nil, func() { e.stats.cancelled.Add(1) })
 		return nil
@@ -891,8 +892,10 @@ func (e *Engine) callHandler(ctx context.Context, b *batch, def *compiled, run *
 	stepCtx := &stepContext{Context: base, clock: clock}
 	b.clock.Store(clock)
 	defer b.clock.Store(nil)
-	e.running.start(run.SagaID, cancel)
-	defer e.running.stop(run.SagaID)
+	if dir == steps.Forward {
+		e.running.start(run.SagaID, cancel)
+		defer e.running.stop(run.SagaID)
+	}
 	type result struct {
 		state []byte
 		err   error

@@ -334,12 +334,15 @@ func headerValue(m *kafka.Message, name string) string {
 // runReply applies a participant's reply in tx and commits.
 func (e *Engine) runReply(ctx context.Context, tx pgx.Tx, m kafka.Message, c *store.Claimed) (waitKind, error) {
 	b := &batch{e: e, tx: tx, msg: &m, ctx: ctx}
+	// The message id is not needed to apply a reply (the saga takes one
+	// reply per step key, and a copy finds the step done): any id will do,
+	// a Java service's included.
 	key, kerr := steps.ParseKey(headerValue(&m, store.HeaderStepKey))
-	if kerr == nil && c.MessageID == "" {
-		kerr = errors.New("no " + store.HeaderMessageID + " header")
+	if kerr == nil && c.SagaID != nil && *c.SagaID != key.SagaID {
+		kerr = fmt.Errorf("its %s header names saga %s but its step key saga %s", store.HeaderSagaID, c.SagaID, key.SagaID)
 	}
-	if kerr == nil {
-		kerr = safetext.Check(store.HeaderMessageID, c.MessageID, safetext.MaxKeyBytes)
+	if kerr == nil && c.SagaID == nil && headerValue(&m, store.HeaderSagaID) != "" {
+		kerr = fmt.Errorf("its %s header is not a saga id", store.HeaderSagaID)
 	}
 	if kerr != nil {
 		if err := b.park(ctx, c, nil, CodeMalformed, "malformed reply: "+kerr.Error()); err != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"sync/atomic"
 	"testing"
@@ -162,9 +163,9 @@ func TestKafkaEnginePoisonNeverStopsThePartition(t *testing.T) {
 				setHeader(r, store.HeaderType, steps.ReplyType)
 				setHeader(r, store.HeaderStepKey, p.s)
 			},
-			"reply message id": func(r *kgo.Record) {
+			"reply saga id": func(r *kgo.Record) {
 				setHeader(r, store.HeaderType, steps.ReplyType)
-				setHeader(r, store.HeaderMessageID, p.s)
+				setHeader(r, store.HeaderSagaID, p.s)
 			},
 		}
 		for what, poison := range variants {
@@ -499,4 +500,58 @@ func TestReplyWithPoisonCodeCompensatesAndOthersGoOn(t *testing.T) {
 		require.NotContains(t, in.LastError.Code, "\x00", p.name)
 		require.LessOrEqual(t, len(in.LastError.Code), 256, p.name)
 	}
+}
+
+// A reply is applied whatever its message id (a Java service's, 600 bytes
+// long, with bytes PostgreSQL refuses): the id is not what makes a reply
+// count. A reply whose saga-id header disagrees with its step key is refused.
+func TestReplyIDsMayBeAnything(t *testing.T) {
+	t.Parallel()
+	topic := saga.CommandTopicDefault + ".kreplyid"
+	replies := topic + ".replies"
+	k := setupKafkaWith(t, 1, &saga.Config{Workers: 1}, topic, replies, "kreplyid.participant")
+	def := saga.Define("kreplyid", saga.Step[order]{Name: "remote", Timeout: 20 * time.Second, Remote: &saga.Remote[order]{
+		Topic: "kreplyid.participant", Type: "kreplyid.do",
+		Command: func(_ context.Context, _ *saga.StepRun, o *order) (any, error) { return o, nil },
+	}})
+	require.NoError(t, k.engine.Register(def))
+	k.start(t)
+	ctx := context.Background()
+	ids := []string{randomLetters(600), "nul\x00id", "utf8\xffid", randomLetters(10 << 10), ""}
+	sagas := make([]uuid.UUID, len(ids)+1)
+	for i := range sagas {
+		st, err := saga.Start(ctx, k.engine, def, order{OrderID: fmt.Sprint(i)}, nil)
+		require.NoError(t, err)
+		sagas[i] = st.ID
+	}
+	cl := rawProducer(t, k.kc)
+	reply := func(id uuid.UUID, msgID string, sagaHeader string) int64 {
+		return produce(t, cl, &kgo.Record{Topic: replies, Partition: 0, Key: []byte(id.String()), Value: []byte(`{"ok":true,"result":{}}`),
+			Headers: []kgo.RecordHeader{
+				{Key: store.HeaderMessageID, Value: []byte(msgID)},
+				{Key: store.HeaderType, Value: []byte(steps.ReplyType)},
+				{Key: store.HeaderSagaID, Value: []byte(sagaHeader)},
+				{Key: store.HeaderStepKey, Value: []byte(id.String() + "/remote/forward/0")},
+			}})
+	}
+	// The commands must be out, so that each saga waits for its reply.
+	waitFor(t, 15*time.Second, func() bool {
+		msgs, err := k.kc.ReadAll(ctx, "kreplyid.participant")
+		require.NoError(t, err)
+		return len(msgs) == len(sagas)
+	}, "the remote commands")
+	last := sagas[len(ids)]
+	mismatch := reply(last, uuid.NewString(), sagas[0].String())
+	for i, msgID := range ids {
+		reply(sagas[i], msgID, sagas[i].String())
+	}
+	for i := range ids {
+		require.Equal(t, saga.StatusCompleted, k.waitTerminalWithin(t, sagas[i], 15*time.Second).Status, "reply id #%d", i)
+	}
+	_, _, _, reason, ok := k.deadLetterAt(t, replies, mismatch)
+	require.True(t, ok, "the reply naming another saga in its header is dead-lettered")
+	require.Contains(t, reason, "names saga")
+	in, err := k.engine.Get(ctx, last)
+	require.NoError(t, err)
+	require.Equal(t, saga.StatusRunning, in.Status, "the mismatched reply was not applied")
 }
