@@ -425,3 +425,22 @@ func (e *Engine) notified(ctx context.Context, payload string) {
 	}
 	go e.interrupt(ctx, []uuid.UUID{id})
 }
+
+// checkInput refuses, naming the field, a caller's string that PostgreSQL
+// could not store or compare; limits bound the fields stored in an index.
+func checkInput(op string, fields ...inputField) error {
+	for _, f := range fields {
+		if f.value == "" {
+			continue
+		}
+		if p := safetext.Problem(f.value, f.limit); p != "" {
+			return fmt.Errorf("%w: %s: %s %s", ErrInvalidInput, op, f.name, p)
+		}
+	}
+	return nil
+}
+
+type inputField struct {
+	name, value string
+	limit       int // 0: no limit
+}

@@ -66,6 +66,10 @@ func (o *DeadOpts) filter(op string) (store.DeadFilter, error) {
 	case c.Limit == 0:
 		c.Limit = ListLimitDefault
 	}
+	if err := checkInput(op, inputField{"DeadOpts.Consumer", c.Consumer, 0}, inputField{"DeadOpts.Topic", c.Topic, 0},
+		inputField{"DeadOpts.Cursor", c.Cursor, 0}); err != nil {
+		return store.DeadFilter{}, err
+	}
 	return store.DeadFilter{Consumer: c.Consumer, Topic: c.Topic, Since: c.Since, IncludeRequeued: c.IncludeRequeued,
 		Cursor: c.Cursor, Limit: c.Limit}, nil
 }

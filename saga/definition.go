@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -376,19 +375,3 @@ func (d *Definition[S]) compile() (*compiled, error) {
 	}
 	return c, nil
 }
-
-// sanitizeText makes s storable in a PostgreSQL text column (no NUL bytes,
-// valid UTF-8) and bounds its length.
-func sanitizeText(s string, limit int) string {
-	s = strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", `\0`), "\uFFFD")
-	if len(s) > limit {
-		cut := limit
-		for cut > 0 && !utf8RuneStart(s[cut]) {
-			cut--
-		}
-		s = s[:cut] + "…"
-	}
-	return s
-}
-
-func utf8RuneStart(b byte) bool { return b&0xC0 != 0x80 }

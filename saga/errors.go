@@ -38,6 +38,11 @@ var (
 	// ErrInvalidConfig wraps every configuration problem found by [New].
 	ErrInvalidConfig = errors.New("saga: invalid config")
 
+	// ErrInvalidInput wraps every refusal of a caller's string that
+	// PostgreSQL could not store or compare (a NUL byte, invalid UTF-8, a
+	// business key past its index's limit); the error names the field.
+	ErrInvalidInput = errors.New("saga: invalid input")
+
 	// ErrNotReplayable is returned when a replay does not fit the saga's
 	// status: only failed sagas resume, only ended sagas re-run.
 	ErrNotReplayable = errors.New("saga: not replayable")

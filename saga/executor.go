@@ -370,7 +370,7 @@ const (
 // park marks a command dead with its reason and, when its saga exists, says so
 // in the saga's history. Nothing is dropped: the row stays for an operator.
 func (b *batch) park(ctx context.Context, c *store.Claimed, sagaID *uuid.UUID, code, reason string) error {
-	reason = sanitizeText(reason, 2000)
+	reason = safetext.Text(reason, 2000)
 	if err := b.flush(); err != nil {
 		return err
 	}
@@ -550,11 +550,12 @@ func (b *batch) execute(ctx context.Context, sg *store.Saga, def *compiled, idx 
 	newState, herr := e.callHandler(ctx, b, def, run, idx, dir, sg.State, timeout)
 	elapsed := time.Since(started)
 	fault.Hit(fault.EngineAfterHandler)
-	if errors.Is(herr, errAbandoned) {
+	var ab *abandonedError
+	if errors.As(herr, &ab) {
 		b.abandoned = &abandonedStep{saga: *sg, def: def, idx: idx, dir: dir, attempt: attempt, elapsed: elapsed,
-			err: steps.WithCode(CodeAbandonedRunOn, fmt.Errorf("step %q ignored its context for %s past its %s timeout; its worker abandoned it",
-				sg.StepName, e.cfg.HandlerGrace, timeout))}
-		return herr
+			err: steps.WithCode(CodeAbandonedRunOn, fmt.Errorf("step %q ignored its context, cancelled by %s, for %s; its worker abandoned it",
+				sg.StepName, ab.why, e.cfg.HandlerGrace))}
+		return errAbandoned
 	}
 	var cr *cancelRequested
 	if errors.As(herr, &cr) && dir == steps.Forward && Status(sg.Status) == StatusRunning {
@@ -868,6 +869,15 @@ func (r errRow) Scan(...any) error { return r.err }
 
 var errAbandoned = errors.New("saga: handler ignored its cancelled context past the grace period; its connection was closed")
 
+// abandonedError is callHandler's errAbandoned, saying what cancelled the
+// context the handler ignored.
+type abandonedError struct{ why string }
+
+func (e *abandonedError) Error() string {
+	return errAbandoned.Error() + " (cancelled by " + e.why + ")"
+}
+func (e *abandonedError) Unwrap() error { return errAbandoned }
+
 type panicError struct {
 	value any
 	stack []byte
@@ -921,9 +931,16 @@ func (e *Engine) callHandler(ctx context.Context, b *batch, def *compiled, run *
 		case r = <-done:
 		case <-grace.C:
 			e.stats.abandoned.Add(1)
-			e.log.ErrorContext(ctx, "sagaflow abandoned a step handler that ignored its context",
-				slog.String("step_key", run.Key.String()), slog.Duration("timeout", timeout))
-			return nil, errAbandoned
+			why := "its timeout"
+			var cr *cancelRequested
+			if errors.As(context.Cause(base), &cr) {
+				why = "a cancel request"
+			} else if !errors.Is(context.Cause(base), errStepTimedOut) {
+				why = "the engine's stop"
+			}
+			e.log.ErrorContext(ctx, "sagaflow abandoned a step handler that ignored its cancelled context",
+				slog.String("step_key", run.Key.String()), slog.String("cancelled_by", why), slog.Duration("timeout", timeout))
+			return nil, &abandonedError{why: why}
 		}
 	}
 	cause := context.Cause(base)
@@ -1367,10 +1384,10 @@ func (e *Engine) failureTransition(sg *store.Saga, def *compiled, idx int, dir s
 	default:
 		code = CodeError
 	}
-	msg := sanitizeText(errorMessage(herr), 4000)
+	msg := safetext.Text(errorMessage(herr), 4000)
 	extra := map[string]any{}
 	if pe != nil {
-		extra["stack"] = sanitizeText(string(pe.stack), 16000)
+		extra["stack"] = safetext.Text(string(pe.stack), 16000)
 	}
 	tr := transitionFrom(sg)
 	failed := store.HistoryEntry{SagaID: sg.ID, Event: EventStepFailed, StepName: sg.StepName, Direction: string(dir),

@@ -239,6 +239,11 @@ func (e *Engine) List(ctx context.Context, opts *ListOpts) (*ListResult, error) 
 	if err := checkStatuses(o.Statuses); err != nil {
 		return nil, fmt.Errorf("saga: list: %w", err)
 	}
+	if err := checkInput("list", inputField{"ListOpts.Name", o.Name, 0}, inputField{"ListOpts.BusinessKey", o.BusinessKey, 0},
+		inputField{"ListOpts.FailedStep", o.FailedStep, 0}, inputField{"ListOpts.ErrorCode", o.ErrorCode, 0},
+		inputField{"ListOpts.Cursor", o.Cursor, 0}); err != nil {
+		return nil, err
+	}
 	f := store.ListFilter{Name: o.Name, BusinessKey: o.BusinessKey, CreatedAfter: o.CreatedAfter,
 		CreatedBefore: o.CreatedBefore, EndedAfter: o.EndedAfter, EndedBefore: o.EndedBefore,
 		FailedStep: o.FailedStep, ErrorCode: o.ErrorCode, Cursor: o.Cursor, Limit: o.Limit}

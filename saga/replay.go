@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/sagaflow/sagaflow/internal/lifecycle"
+	"github.com/sagaflow/sagaflow/internal/safetext"
 	"github.com/sagaflow/sagaflow/steps"
 	"github.com/sagaflow/sagaflow/store"
 )
@@ -35,6 +36,7 @@ func (e *Engine) Resume(ctx context.Context, id uuid.UUID, reason string) error 
 }
 
 func (e *Engine) resume(ctx context.Context, id uuid.UUID, reason string, expect int64) error {
+	reason = safetext.Text(reason, maxReasonBytes)
 	return e.replay(ctx, id, "resume", expect, func(tx pgx.Tx, sg *store.Saga) (*store.Transition, error) {
 		if Status(sg.Status) != StatusFailed {
 			return nil, fmt.Errorf("status is %s, and only failed sagas resume: %w", sg.Status, ErrNotReplayable)
@@ -93,6 +95,10 @@ func (e *Engine) Rerun(ctx context.Context, id uuid.UUID, from, reason string) e
 }
 
 func (e *Engine) rerun(ctx context.Context, id uuid.UUID, from, reason string, expect int64) error {
+	reason = safetext.Text(reason, maxReasonBytes)
+	if err := checkInput("rerun", inputField{"from step", from, 0}); err != nil {
+		return err
+	}
 	return e.replay(ctx, id, "rerun", expect, func(tx pgx.Tx, sg *store.Saga) (*store.Transition, error) {
 		if !Status(sg.Status).Terminal() {
 			return nil, fmt.Errorf("status is %s, and only ended sagas re-run: %w", sg.Status, ErrNotReplayable)
@@ -303,6 +309,10 @@ func (e *Engine) ReplayBulk(ctx context.Context, opts BulkReplayOpts) (*BulkRepl
 	}
 	if err := checkStatuses(opts.Statuses); err != nil {
 		return nil, fmt.Errorf("saga: bulk replay: %w", err)
+	}
+	if err := checkInput("bulk replay", inputField{"BulkReplayOpts.Name", opts.Name, 0}, inputField{"BulkReplayOpts.FailedStep", opts.FailedStep, 0},
+		inputField{"BulkReplayOpts.ErrorCode", opts.ErrorCode, 0}, inputField{"BulkReplayOpts.FromStep", opts.FromStep, 0}); err != nil {
+		return nil, err
 	}
 	f := store.ListFilter{Name: opts.Name, CreatedAfter: opts.CreatedAfter, CreatedBefore: opts.CreatedBefore,
 		EndedAfter: opts.EndedAfter, EndedBefore: opts.EndedBefore, FailedStep: opts.FailedStep,

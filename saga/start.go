@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/sagaflow/sagaflow/internal/safetext"
 	"github.com/sagaflow/sagaflow/steps"
 	"github.com/sagaflow/sagaflow/store"
 )
@@ -84,6 +85,9 @@ func start[S any](ctx context.Context, e *Engine, db store.DBTX, own bool, d *De
 	o := StartOpts{}
 	if opts != nil {
 		o = *opts
+	}
+	if err := checkInput("start "+d.name, inputField{"StartOpts.BusinessKey", o.BusinessKey, safetext.MaxKeyBytes}); err != nil {
+		return Started{}, err
 	}
 	id := o.ID
 	if id == uuid.Nil {

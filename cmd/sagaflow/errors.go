@@ -40,7 +40,8 @@ func (c *cli) opError(err error, format string, args ...any) error {
 	switch {
 	case errors.Is(err, saga.ErrNotFound):
 		return &cliError{code: exitNotFound, msg: fmt.Sprintf("%s: no such saga in schema %q", what, c.g.schema)}
-	case errors.Is(err, store.ErrInvalidSchema), errors.Is(err, saga.ErrInvalidConfig), errors.Is(err, store.ErrMalformedCursor):
+	case errors.Is(err, store.ErrInvalidSchema), errors.Is(err, saga.ErrInvalidConfig), errors.Is(err, store.ErrMalformedCursor),
+		errors.Is(err, saga.ErrInvalidInput):
 		return &cliError{code: exitUsage, msg: what + ": " + err.Error()}
 	}
 	msg := what + ": " + trimRepeat(err.Error(), what)
