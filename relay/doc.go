@@ -136,8 +136,11 @@
 // store.RawHeadersKey carries another producer's headers, byte for byte: the
 // relay publishes it with exactly those headers, in order, and adds none of
 // its own, so the message keeps its original sagaflow-message-id and the
-// consumers that processed it skip it. An empty aggregateid is sent as no
-// key. This is how a requeued dead letter is sent again; a CDC pipeline
+// consumers that processed it skip it. (A letter that had no message id is
+// requeued with a sagaflow-message-id header added by the requeue, not the
+// relay: the id its consumer derived from its Kafka position, so that
+// consumers that processed the original still skip it.) An empty
+// aggregateid is sent as no key. This is how a requeued dead letter is sent again; a CDC pipeline
 // that replaces the relay must do the same for such rows.
 //
 // Many relays. Any number of relays can run on one database: SKIP LOCKED

@@ -58,9 +58,12 @@ func (e *Engine) Cancel(ctx context.Context, id uuid.UUID, reason string) error 
 	return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error { return e.CancelTx(ctx, tx, id, reason) })
 }
 
-// CancelTx is [Engine.Cancel] inside the caller's transaction: the request
-// is recorded, and applied when possible, when tx commits. While tx is
-// open, no step of the saga starts.
+// CancelTx is [Engine.Cancel] inside the caller's transaction. The request
+// counts from when tx commits: steps that run before then are not affected,
+// and a saga that ends before then has the request refused
+// ([EventCancelRefused]). When no step of the saga runs at the call, tx
+// holds the saga until it ends, so that no step starts meanwhile, and the
+// request is applied with tx's commit.
 func (e *Engine) CancelTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, reason string) error {
 	return e.cancel(ctx, tx, id, reason, true)
 }

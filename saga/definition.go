@@ -103,7 +103,9 @@ func (p *RetryPolicy) withDefaults() RetryPolicy {
 // package steps): instead of running an Action, the step sends a command to
 // the service's topic and the saga waits for its reply, which arrives over
 // Kafka. A successful reply completes the step; a failure reply, or no reply
-// within the step's Timeout, fails it for good and the saga compensates. A
+// within the step's Timeout, fails it for good and the saga compensates (the
+// rescuer notices a passed Timeout at its next run, up to
+// Config.RescueInterval later). A
 // remote compensation with no reply in time is sent again, under the same
 // step key, until its CompensateRetry attempts are spent.
 // Remote steps need an engine in Kafka mode.

@@ -94,8 +94,9 @@ type Config struct {
 	// to move the deadline, it moves it with RescueSlack more as room, so
 	// that quick steps after it can leave it where it is; a new saga's first
 	// deadline has that room too. A lost command is so found at most the
-	// step's Timeout plus twice RescueSlack after it was written. Defaults to
-	// RescueSlackDefault.
+	// step's Timeout plus twice RescueSlack after it was written. A new
+	// saga's first deadline is set by the engine that starts it, with its
+	// own RescueSlack. Defaults to RescueSlackDefault.
 	RescueSlack time.Duration
 	// HandlerGrace is how long a handler that ignores its cancelled context
 	// may keep its worker before the worker abandons it and closes the

@@ -28,6 +28,13 @@ import (
 // The executor, the keys and the fencing are the same as in the
 // Postgres-only mode.
 //
+// A partition's messages run one at a time: a slow step holds up the
+// commands behind it on its partition, other sagas' too, for as long as it
+// runs (at most its Timeout plus HandlerGrace). Give command topics more
+// partitions than the engines have workers, and keep slow calls short or
+// remote. A command that cannot run yet never waits in its partition: it is
+// moved back to the outbox and published again later.
+//
 // Each saga type has its own topic, CommandTopic + "." + the saga's name
 // (sagaflow.commands.checkout, say), partitioned by saga id: an engine
 // consumes only the sagas it knows, and one saga's commands stay in order.

@@ -1,6 +1,9 @@
 package signing
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -44,4 +47,20 @@ func TestSignAndVerify(t *testing.T) {
 	// Off: nothing signed, everything accepted.
 	require.NoError(t, Keys{}.Verify(func(string) string { return "" }, nil))
 	require.Empty(t, Keys{}.Sign(get, nil))
+}
+
+// The bytes docs/security.md says are signed are the bytes signed: a
+// service in another language computes the HMAC over them by hand.
+func TestTheDocumentedBytesAreSigned(t *testing.T) {
+	t.Parallel()
+	sagaID := "01a20942-939b-77f1-87d4-9bb925fd01e8"
+	stepKey := sagaID + "/charge/forward/0"
+	h := map[string]string{"sagaflow-type": "sagaflow.reply", "sagaflow-saga-id": sagaID, "sagaflow-step-key": stepKey,
+		"sagaflow-message-id": "not signed"}
+	value := []byte(`{"ok":true}`)
+	key := []byte("k")
+	by := hmac.New(sha256.New, key)
+	by.Write([]byte("sagaflow-signature-v1" + "14:sagaflow.reply" + "36:" + sagaID + "53:" + stepKey + "0:" + "0:" + `11:{"ok":true}`))
+	want := "v1=" + hex.EncodeToString(by.Sum(nil))
+	require.Equal(t, want, Keys{Current: key}.Sign(func(n string) string { return h[n] }, value))
 }
