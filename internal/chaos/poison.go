@@ -220,7 +220,9 @@ var poisonKinds = []string{
 //   - engine-forged-ok: an unsigned "ok" reply for a real charge step, to
 //     the engine's reply topic;
 //   - engine-bad-id: a signed copy of a real command or reply whose message
-//     id is the bad bytes;
+//     id is the bad bytes (a command must be dead-lettered; a reply, whose
+//     id plays no part in applying it, may be processed as the duplicate
+//     it is);
 //   - participant-forged-refund: a forged compensation of a real charge, its
 //     signature no longer valid, to the participant;
 //   - participant-copy: a signed copy of a real charge with bad bytes in
@@ -229,7 +231,7 @@ var poisonKinds = []string{
 //   - participant-resigned: a charge signed by a trusted but broken
 //     producer, with a bad step key or reply topic.
 //
-// Every kind but participant-copy must be dead-lettered, with its raw
+// Every kind but participant-copy and a reply's engine-bad-id must be dead-lettered, with its raw
 // bytes, without holding back anything behind it; participant-copy must
 // change nothing (the checkers see every effect once).
 func (e *Env) InjectPoison(ctx context.Context, n int, rng *rand.Rand) error {
@@ -288,8 +290,11 @@ func (e *Env) InjectPoison(ctx context.Context, n int, rng *rand.Rand) error {
 		case "engine-bad-id":
 			field = "message-id"
 			if t%2 == 0 && len(replies) > 0 {
+				// A reply's id plays no part in applying it: a signed copy
+				// with any id is the duplicate it is, and changes nothing.
 				s := pick(rng, replies, nil)
 				r = rec{topic: replyTopic, key: s.key, value: s.payload, headers: s.headers}
+				must = false
 			} else {
 				s := pick(rng, commands, syntheticCommand)
 				r = rec{topic: cmdTopic, key: s.key, value: s.payload, headers: s.headers}
