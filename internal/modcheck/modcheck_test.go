@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"go/version"
 	"net/http"
 	"os"
 	"os/exec"
@@ -87,6 +88,41 @@ func TestUserModuleHasNoContainerModules(t *testing.T) {
 	t.Logf("a module importing %d public packages lists %d modules, none of %s",
 		len(pkgs), strings.Count(strings.TrimSpace(list), "\n")+1, strings.Join(forbidden, ", "))
 }
+
+// TestGoDirectiveIsTheDependenciesFloor checks that go.mod's go directive
+// asks for no newer Go than the newest go directive among the modules in
+// the build list (the go command already refuses an older one): users are
+// not made to upgrade Go for nothing. If the code itself ever needs more
+// than its dependencies (go vet's stdversion check says so when the
+// directive is lowered), say so here.
+func TestGoDirectiveIsTheDependenciesFloor(t *testing.T) {
+	t.Parallel()
+	out := goOutput(t, "", nil, "list", "-m", "-f", "{{if .Main}}main {{end}}{{.Path}} {{.GoVersion}}", "all")
+	var main, floor, decidedBy string
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		f := strings.Fields(line)
+		if f[0] == "main" {
+			main = f[2]
+			continue
+		}
+		if len(f) < 2 {
+			continue // no go.mod, or no go directive in it
+		}
+		switch c := gover(f[1], floor); {
+		case c > 0:
+			floor, decidedBy = f[1], f[0]
+		case c == 0:
+			decidedBy += ", " + f[0]
+		}
+	}
+	require.NotEmpty(t, main)
+	require.Zero(t, gover(main, floor), "go.mod says go %s, but no dependency needs more than go %s (%s): lower the directive", main, floor, decidedBy)
+	t.Logf("go %s, decided by %s", main, decidedBy)
+}
+
+// gover compares two Go versions as written in go.mod, such as 1.25 and
+// 1.26.0.
+func gover(a, b string) int { return version.Compare("go"+a, "go"+b) }
 
 // publicPackages returns the import paths of the library packages of the
 // module in dir that a user can import: not internal, not commands, not
