@@ -33,6 +33,9 @@ func Fatal(err error) error { return &fatalStepError{err} }
 // FindDockerEngine exposes findDockerEngine to the tests.
 var FindDockerEngine = findDockerEngine
 
+// HelperModule exposes helperModule to the tests.
+var HelperModule = helperModule
+
 // ErrNoDockerEngine exposes errNoDockerEngine to the tests.
 var ErrNoDockerEngine = errNoDockerEngine
 

@@ -221,6 +221,17 @@ func TestContainerHelper(t *testing.T) {
 	if pgtest.FindDockerEngine() == nil {
 		t.Skip("a Docker engine may answer here; TestContainer starts a real container through the helper")
 	}
+	// The root module does not require the helper's modules, so a module
+	// cache filled for it alone may lack them.
+	module, err := pgtest.HelperModule()
+	require.NoError(t, err)
+	download := exec.CommandContext(t.Context(), "go", "mod", "download")
+	download.Dir = module
+	download.Env = append(os.Environ(), "GOWORK=off")
+	if out, err := download.CombinedOutput(); err != nil {
+		t.Skipf("the container helper's modules are not in the module cache and cannot be downloaded: %v\n%s", err, out)
+	}
+
 	sock := filepath.Join(t.TempDir(), "docker.sock")
 	l, err := net.Listen("unix", sock)
 	require.NoError(t, err)
