@@ -76,7 +76,7 @@ func lookupCommand(args []string) (command, []string, error) {
 	name, rest := args[0], args[1:]
 	if name == "outbox" {
 		if len(rest) == 0 {
-			return command{}, nil, &cliError{code: exitUsage, msg: "outbox: missing subcommand (status or replay)", usage: groupUsage("outbox")}
+			return command{}, nil, &cliError{code: exitUsage, msg: "outbox: missing subcommand (status or replay)", usage: outboxUsage()}
 		}
 		name, rest = "outbox "+rest[0], rest[1:]
 	}
@@ -87,7 +87,7 @@ func lookupCommand(args []string) (command, []string, error) {
 	}
 	usage := mainUsage()
 	if strings.HasPrefix(name, "outbox ") {
-		usage = groupUsage("outbox")
+		usage = outboxUsage()
 	}
 	return command{}, nil, &cliError{code: exitUsage, msg: fmt.Sprintf("unknown command %q", name), usage: usage}
 }
@@ -123,8 +123,9 @@ func mainUsage() string {
 	return b.String()
 }
 
-// groupUsage lists the commands of a group such as "outbox".
-func groupUsage(group string) string {
+// outboxUsage lists the commands of the group "outbox", the only group.
+func outboxUsage() string {
+	const group = "outbox"
 	var b strings.Builder
 	fmt.Fprintf(&b, "Usage:\n")
 	tw := tabwriter.NewWriter(&b, 0, 0, 3, ' ', 0)

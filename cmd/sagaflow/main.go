@@ -118,7 +118,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		return c.help(rest[1:])
 	}
 	if rest[0] == "outbox" && len(rest) == 2 && (rest[1] == "-h" || rest[1] == "-help" || rest[1] == "--help") {
-		return c.printHelp(groupUsage("outbox"))
+		return c.printHelp(outboxUsage())
 	}
 	cmd, rest, err := lookupCommand(rest)
 	if err != nil {
@@ -158,7 +158,7 @@ func (c *cli) help(args []string) int {
 		return c.printHelp(mainUsage())
 	}
 	if args[0] == "outbox" && len(args) == 1 {
-		return c.printHelp(groupUsage("outbox"))
+		return c.printHelp(outboxUsage())
 	}
 	cmd, rest, err := lookupCommand(args)
 	if err != nil {

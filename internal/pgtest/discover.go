@@ -92,7 +92,7 @@ func defaultSteps() []step {
 		},
 		{
 			mode: modeContainer,
-			hint: "run a Docker engine (testcontainers starts " + containerImage + ")",
+			hint: "run a Docker engine (the helper in internal/pgtest/pgcontainer starts a postgres:15-alpine container with testcontainers)",
 			run:  tryContainer,
 		},
 	}
@@ -218,8 +218,9 @@ var owned struct {
 	container *container
 }
 
-// discoveryTimeout bounds the whole discovery, container start included.
-const discoveryTimeout = 3 * time.Minute
+// discoveryTimeout bounds the whole discovery: the container step's build
+// of its helper and its start of the container included.
+const discoveryTimeout = 10 * time.Minute
 
 // ConnString returns a connection string for a PostgreSQL server usable by
 // tests, finding or starting one the first time it is called in the test

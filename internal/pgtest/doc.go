@@ -10,7 +10,13 @@
 //  3. a throwaway server run as a child process from the PostgreSQL server
 //     binaries installed on the machine (see [StartServer]);
 //  4. a postgres:15-alpine container started with testcontainers-go, only
-//     when a Docker engine answers.
+//     when a Docker engine answers. testcontainers-go lives in a helper
+//     program, internal/pgtest/pgcontainer, a Go module of its own, so that
+//     the sagaflow module (and every module that requires it) needs none of
+//     Docker's modules: the harness builds the helper with the go command,
+//     runs it, reads the connection string it prints, and closes its stdin
+//     to have it remove the container, which it also does when the test
+//     process dies.
 //
 // When none is usable the test fails with one message that says what to
 // provide and why each step failed.

@@ -1,6 +1,9 @@
 package pgtest
 
-import "context"
+import (
+	"context"
+	"os/exec"
+)
 
 // ParseMode exposes parseMode to the tests.
 func ParseMode(value string) (string, error) {
@@ -27,8 +30,14 @@ func Discover(ctx context.Context, m string, steps []Step) (string, error) {
 // Fatal wraps err so that discovery stops at it.
 func Fatal(err error) error { return &fatalStepError{err} }
 
-// DockerHealth exposes dockerHealth to the tests.
-var DockerHealth = dockerHealth
+// FindDockerEngine exposes findDockerEngine to the tests.
+var FindDockerEngine = findDockerEngine
+
+// HelperModule exposes helperModule to the tests.
+var HelperModule = helperModule
+
+// ErrNoDockerEngine exposes errNoDockerEngine to the tests.
+var ErrNoDockerEngine = errNoDockerEngine
 
 // StartContainer exposes startContainer to the tests.
 func StartContainer(ctx context.Context) (connStr string, stop func(context.Context) error, err error) {
@@ -44,4 +53,16 @@ func OwnedServer() *Server {
 	owned.mu.Lock()
 	defer owned.mu.Unlock()
 	return owned.server
+}
+
+// RunHelper exposes runHelper to the tests: it runs name with args and env
+// as the container helper.
+func RunHelper(ctx context.Context, name string, args, env []string) (connStr string, stop func(context.Context) error, err error) {
+	cmd := exec.Command(name, args...)
+	cmd.Env = env
+	c, err := runHelper(ctx, cmd, "")
+	if err != nil {
+		return "", nil, err
+	}
+	return c.connStr, c.stop, nil
 }

@@ -33,11 +33,7 @@ func Main(m *testing.M) {
 		}
 	}
 	if code == 0 {
-		opts := []goleak.Option{before}
-		if containerUsed.Load() {
-			opts = append(opts, containerLeakOptions()...)
-		}
-		if err := goleak.Find(opts...); err != nil {
+		if err := goleak.Find(before); err != nil {
 			fmt.Fprintf(os.Stderr, "pgtest: the tests passed but leaked goroutines: %v\n", err)
 			code = 1
 		}
@@ -61,15 +57,4 @@ func stopOwned() error {
 		owned.container = nil
 	}
 	return errors.Join(errs...)
-}
-
-// containerLeakOptions ignores what testcontainers and its Docker client
-// may leave running after their containers are gone: the reaper connection
-// and idle HTTP connections to the engine.
-func containerLeakOptions() []goleak.Option {
-	return []goleak.Option{
-		goleak.IgnoreAnyFunction("github.com/testcontainers/testcontainers-go.(*Reaper).connect.func1"),
-		goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
-		goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
-	}
 }

@@ -5,13 +5,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
 	"os/user"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -186,10 +189,8 @@ func TestStartServer(t *testing.T) {
 
 func TestContainer(t *testing.T) {
 	ctx := t.Context()
-	start := time.Now()
-	healthErr := pgtest.DockerHealth(ctx)
-	if healthErr == nil {
-		// A Docker engine answers: the container step must really work.
+	if err := pgtest.FindDockerEngine(); err == nil {
+		// A Docker engine may answer: the container step must really work.
 		connStr, stop, err := pgtest.StartContainer(ctx)
 		require.NoError(t, err)
 		var one int
@@ -197,19 +198,148 @@ func TestContainer(t *testing.T) {
 		require.NoError(t, stop(context.Background()))
 		return
 	}
-	elapsed := time.Since(start)
-	t.Logf("docker check failed in %v: %v", elapsed.Round(time.Millisecond), healthErr)
-	require.Less(t, elapsed, 5*time.Second)
-	require.Contains(t, strings.ToLower(healthErr.Error()), "docker")
-
-	start = time.Now()
+	// No Docker engine: the step fails at once, without building the
+	// helper, and says why.
+	start := time.Now()
 	connStr, stop, err := pgtest.StartContainer(ctx)
-	elapsed = time.Since(start)
+	elapsed := time.Since(start)
+	t.Logf("container step failed in %v: %v", elapsed.Round(time.Millisecond), err)
 	require.Error(t, err)
+	require.ErrorIs(t, err, pgtest.ErrNoDockerEngine)
 	require.Less(t, elapsed, 5*time.Second)
-	require.Contains(t, strings.ToLower(err.Error()), "docker")
+	require.Contains(t, err.Error(), "DOCKER_HOST")
+	require.Contains(t, err.Error(), "/var/run/docker.sock")
 	require.Empty(t, connStr)
 	require.Nil(t, stop)
+}
+
+// TestContainerHelper runs the container step's helper, a module of its
+// own, against a socket that accepts connections but is no Docker engine:
+// the helper is built and run, finds no engine, and the step reports what
+// the helper said.
+func TestContainerHelper(t *testing.T) {
+	if pgtest.FindDockerEngine() == nil {
+		t.Skip("a Docker engine may answer here; TestContainer starts a real container through the helper")
+	}
+	// The root module does not require the helper's modules, so a module
+	// cache filled for it alone may lack them.
+	module, err := pgtest.HelperModule()
+	require.NoError(t, err)
+	download := exec.CommandContext(t.Context(), "go", "mod", "download")
+	download.Dir = module
+	download.Env = append(os.Environ(), "GOWORK=off")
+	if out, err := download.CombinedOutput(); err != nil {
+		t.Skipf("the container helper's modules are not in the module cache and cannot be downloaded: %v\n%s", err, out)
+	}
+
+	sock := filepath.Join(t.TempDir(), "docker.sock")
+	l, err := net.Listen("unix", sock)
+	require.NoError(t, err)
+	accepted := make(chan struct{})
+	var once sync.Once
+	go func() {
+		for {
+			conn, err := l.Accept()
+			if err != nil {
+				return
+			}
+			once.Do(func() { close(accepted) })
+			_ = conn.Close()
+		}
+	}()
+	t.Cleanup(func() { _ = l.Close() })
+	// No ~/.testcontainers.properties either, or FindDockerEngine would
+	// have said an engine may answer: DOCKER_HOST is the only host.
+	t.Setenv("DOCKER_HOST", "unix://"+sock)
+	require.NoError(t, pgtest.FindDockerEngine(), "the socket accepts connections")
+
+	start := time.Now()
+	connStr, stop, err := pgtest.StartContainer(t.Context())
+	t.Logf("container step failed in %v: %v", time.Since(start).Round(time.Millisecond), err)
+	require.Error(t, err)
+	require.ErrorIs(t, err, pgtest.ErrNoDockerEngine)
+	require.Contains(t, err.Error(), "pgcontainer: no docker engine answers", "the helper's own message")
+	require.Contains(t, err.Error(), sock)
+	require.NotContains(t, err.Error(), "panic")
+	require.Empty(t, connStr)
+	require.Nil(t, stop)
+	select {
+	case <-accepted:
+	default:
+		t.Fatal("the helper never connected to DOCKER_HOST")
+	}
+}
+
+// fakeHelperEnv makes TestFakeContainerHelper play the container helper in
+// a child test binary.
+const fakeHelperEnv = "PGTEST_FAKE_CONTAINER_HELPER"
+
+// TestFakeContainerHelper plays the container helper for
+// TestContainerHelperProtocol in a child test binary. With
+// PGTEST_FAKE_CONTAINER_HELPER=serve it prints a line of noise and
+// DSN=$PGTEST_FAKE_DSN, waits for the end of its stdin and then creates
+// the file $PGTEST_FAKE_RELEASED; with "no-engine" it exits as the helper
+// does when no Docker engine answers.
+func TestFakeContainerHelper(t *testing.T) {
+	switch os.Getenv(fakeHelperEnv) {
+	case "serve":
+		fmt.Println("pulling image (noise)")
+		fmt.Printf("DSN=%s\n", os.Getenv("PGTEST_FAKE_DSN"))
+		_, err := io.Copy(io.Discard, os.Stdin)
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(os.Getenv("PGTEST_FAKE_RELEASED"), nil, 0o600))
+	case "no-engine":
+		fmt.Fprintln(os.Stderr, "pgcontainer: no docker engine answers: fake")
+		os.Exit(3)
+	default:
+		t.Skip("run by TestContainerHelperProtocol in a child process")
+	}
+}
+
+// TestContainerHelperProtocol checks the harness's side of the container
+// helper's protocol against a fake helper: the connection string is read
+// from its DSN= line, the container is kept while its stdin is open, stop
+// closes stdin and waits for its exit, and its failures are reported.
+func TestContainerHelperProtocol(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.ConnString(t)
+	run := func(t *testing.T, mode string, env ...string) (string, func(context.Context) error, error) {
+		t.Helper()
+		env = append(append(os.Environ(), fakeHelperEnv+"="+mode), env...)
+		return pgtest.RunHelper(t.Context(), os.Args[0], []string{"-test.run=^TestFakeContainerHelper$", "-test.count=1"}, env)
+	}
+
+	t.Run("serve", func(t *testing.T) {
+		t.Parallel()
+		released := filepath.Join(t.TempDir(), "released")
+		connStr, stop, err := run(t, "serve", "PGTEST_FAKE_DSN="+dsn, "PGTEST_FAKE_RELEASED="+released)
+		require.NoError(t, err)
+		require.Equal(t, dsn, connStr)
+		_, err = os.Stat(released)
+		require.ErrorIs(t, err, os.ErrNotExist, "the helper keeps its container while its stdin is open")
+		require.NoError(t, stop(t.Context()))
+		_, err = os.Stat(released)
+		require.NoError(t, err, "stop closed the helper's stdin and waited for it to exit")
+		require.NoError(t, stop(t.Context()), "a second stop does nothing")
+	})
+
+	t.Run("no engine", func(t *testing.T) {
+		t.Parallel()
+		connStr, stop, err := run(t, "no-engine")
+		require.ErrorIs(t, err, pgtest.ErrNoDockerEngine)
+		require.ErrorContains(t, err, "exit status 3")
+		require.ErrorContains(t, err, "pgcontainer: no docker engine answers: fake", "the helper's own message")
+		require.Empty(t, connStr)
+		require.Nil(t, stop)
+	})
+
+	t.Run("exit without a connection string", func(t *testing.T) {
+		t.Parallel()
+		_, stop, err := run(t, "")
+		require.ErrorContains(t, err, "exited without printing a connection string")
+		require.NotErrorIs(t, err, pgtest.ErrNoDockerEngine)
+		require.Nil(t, stop)
+	})
 }
 
 func TestParseMode(t *testing.T) {
@@ -388,8 +518,8 @@ func TestForcedModes(t *testing.T) {
 
 	t.Run("container", func(t *testing.T) {
 		t.Parallel()
-		if pgtest.DockerHealth(t.Context()) == nil {
-			t.Skip("a Docker engine answers; TestContainer covers the container step")
+		if pgtest.FindDockerEngine() == nil {
+			t.Skip("a Docker engine may answer; TestContainer covers the container step")
 		}
 		start := time.Now()
 		out, err := runHelper(t, with(noURL, "SAGAFLOW_PGTEST", "container"))
