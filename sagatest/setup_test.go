@@ -127,13 +127,21 @@ func (f *fakeTB) Fatalf(format string, args ...any) {
 func failure(t *testing.T, fn func(tb testing.TB)) string {
 	t.Helper()
 	f := &fakeTB{TB: t}
+	return f.run(func() { fn(f) })
+}
+
+// run runs fn on a goroutine of its own and returns the failures it
+// recorded, "" for none.
+func (f *fakeTB) run(fn func()) string {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		fn(f)
+		fn()
 	}()
 	<-done
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return strings.Join(f.failures, "\n")
+	out := strings.Join(f.failures, "\n")
+	f.failures = nil
+	return out
 }
