@@ -89,8 +89,8 @@ type ParticipantConfig struct {
 	// CompensateType) is answered. Only these types are served: a command
 	// of another type is dead-lettered. Required.
 	Answers map[string]Answer
-	// Consumer names the participant in its inbox, and its consumer group.
-	// Defaults to ConsumerDefault.
+	// Consumer names the participant in its inbox, and with the topic its
+	// consumer group (Consumer + "." + Topic). Defaults to ConsumerDefault.
 	Consumer string
 	// ReplyTopics and SigningKey are those of steps.ParticipantConfig: set
 	// them as the engine needs (its KafkaConfig.ReplyTopic, its
@@ -144,8 +144,8 @@ func NewParticipant(tb testing.TB, cfg ParticipantConfig) *Participant {
 		p.answers[typ] = a
 		err := steps.Handle(sp, typ, func(ctx context.Context, _ pgx.Tx, c steps.Call[json.RawMessage]) (json.RawMessage, error) {
 			call := Call{Type: c.Type, Key: c.Key, Direction: c.Direction, Command: c.Command, Answered: true}
+			a, _ := ctx.Value(answerKey{}).(Answer) // decided once per message, below
 			p.mu.Lock()
-			a := p.answers[typ]
 			p.calls = append(p.calls, call)
 			p.mu.Unlock()
 			result, err := a.fn(ctx, call)
@@ -162,7 +162,8 @@ func NewParticipant(tb testing.TB, cfg ParticipantConfig) *Participant {
 			tb.Fatalf("sagatest: participant: %v", err)
 		}
 	}
-	// NoReply is decided before the participant sees the command.
+	// The answer is decided once per message, before the participant sees
+	// it (NoReply never lets it), and handed to the handler above.
 	handlers := map[string]inbox.HandlerFunc{}
 	for typ, h := range sp.Handlers() {
 		handlers[typ] = func(ctx context.Context, tx pgx.Tx, msg inbox.Message) error {
@@ -179,7 +180,7 @@ func NewParticipant(tb testing.TB, cfg ParticipantConfig) *Participant {
 			if a.silent {
 				return nil
 			}
-			return h(ctx, tx, msg)
+			return h(context.WithValue(ctx, answerKey{}, a), tx, msg)
 		}
 	}
 
@@ -194,7 +195,7 @@ func NewParticipant(tb testing.TB, cfg ParticipantConfig) *Participant {
 		_ = w.Close()
 		tb.Fatalf("sagatest: participant: start its relay: %v", err)
 	}
-	reader := kafka.NewReader(kafka.ReaderConfig{Brokers: cfg.Brokers, GroupID: cfg.Consumer, Topic: cfg.Topic,
+	reader := kafka.NewReader(kafka.ReaderConfig{Brokers: cfg.Brokers, GroupID: cfg.Consumer + "." + cfg.Topic, Topic: cfg.Topic,
 		MinBytes: 1, MaxBytes: 1 << 20, MaxWait: participantPoll, StartOffset: kafka.FirstOffset, CommitInterval: 0})
 	consumer, err := sp.Inbox().NewConsumer(reader, &inbox.ConsumerConfig{Handlers: handlers})
 	if err != nil {
@@ -237,6 +238,9 @@ func (p *Participant) Calls() []Call {
 	defer p.mu.Unlock()
 	return append([]Call(nil), p.calls...)
 }
+
+// answerKey carries the Answer chosen for a message to its handler.
+type answerKey struct{}
 
 // tbWriter writes log lines to a test's log.
 type tbWriter struct{ tb testing.TB }

@@ -50,7 +50,7 @@ func TestFakeParticipantsDriveARemoteSaga(t *testing.T) {
 	service := func(topic string, answers map[string]sagatest.Answer) *sagatest.Participant {
 		pool, schema := migrated(t)
 		return sagatest.NewParticipant(t, sagatest.ParticipantConfig{Brokers: b.kc.Addrs(), Topic: topic,
-			Pool: pool, Schema: schema, Consumer: topic, Answers: answers})
+			Pool: pool, Schema: schema, Answers: answers}) // the default Consumer for both
 	}
 	inventory := service("inventory.commands", map[string]sagatest.Answer{
 		"inventory.reserve": sagatest.Reply(nil),
