@@ -17,6 +17,7 @@ import (
 
 	"github.com/sagaflow/sagaflow/internal/pgtest"
 	"github.com/sagaflow/sagaflow/saga"
+	"github.com/sagaflow/sagaflow/sagatest"
 	"github.com/sagaflow/sagaflow/store"
 )
 
@@ -109,14 +110,7 @@ func (b *bundle) waitTerminal(t *testing.T, id uuid.UUID) *saga.Instance {
 // waitTerminalWithin waits at most timeout for saga id to end.
 func (b *bundle) waitTerminalWithin(t *testing.T, id uuid.UUID, timeout time.Duration) *saga.Instance {
 	t.Helper()
-	var in *saga.Instance
-	waitFor(t, timeout, func() bool {
-		var err error
-		in, err = b.engine.Get(context.Background(), id)
-		require.NoError(t, err)
-		return in.Status.Terminal()
-	}, "saga %s to end", id)
-	return in
+	return sagatest.WaitEnded(t, b.engine, id, &sagatest.WaitOpts{Timeout: timeout})
 }
 
 // waitFor polls cond until it holds or the timeout passes.
@@ -132,17 +126,7 @@ func waitFor(t *testing.T, timeout time.Duration, cond func() bool, what string,
 }
 
 // eventTypes lists the timeline's event types, with the step where there is one.
-func eventTypes(in *saga.Instance) []string {
-	out := make([]string, 0, len(in.History))
-	for _, ev := range in.History {
-		s := ev.Type
-		if ev.Step != "" && ev.Type != saga.EventSagaStarted {
-			s += ":" + ev.Step
-		}
-		out = append(out, s)
-	}
-	return out
-}
+func eventTypes(in *saga.Instance) []string { return sagatest.Timeline(in) }
 
 type testWriter struct {
 	mu     sync.Mutex

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagaflow/sagaflow/saga"
+	"github.com/sagaflow/sagaflow/sagatest"
 )
 
 // TestTimedOutStepThatUsesItsTxFailsAlone: a step overruns its timeout (but
@@ -41,24 +42,14 @@ func TestTimedOutStepThatUsesItsTxFailsAlone(t *testing.T) {
 	require.NoError(t, err)
 	b.start(t)
 
+	// Both end within 15 s: a healthy saga is not held hostage by the batch
+	// it shares.
 	deadline := time.Now().Add(15 * time.Second)
-	for time.Now().Before(deadline) {
-		f, err := b.engine.Get(ctx, fast.ID)
-		require.NoError(t, err)
-		s, err := b.engine.Get(ctx, slow.ID)
-		require.NoError(t, err)
-		if f.Status.Terminal() && s.Status.Terminal() {
-			require.Equal(t, saga.StatusCompleted, f.Status)
-			require.Equal(t, saga.StatusCompensated, s.Status)
-			require.Equal(t, saga.CodeTimeout, s.History[1].ErrorCode)
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	f, _ := b.engine.Get(ctx, fast.ID)
-	s, _ := b.engine.Get(ctx, slow.ID)
-	t.Fatalf("after 15s: fast saga %s %v, slow saga %s %v (a healthy saga is held hostage by the batch it shares)",
-		f.Status, eventTypes(f), s.Status, eventTypes(s))
+	f := sagatest.WaitEnded(t, b.engine, fast.ID, &sagatest.WaitOpts{Timeout: time.Until(deadline)})
+	s := sagatest.WaitEnded(t, b.engine, slow.ID, &sagatest.WaitOpts{Timeout: max(time.Until(deadline), time.Millisecond)})
+	require.Equal(t, saga.StatusCompleted, f.Status)
+	require.Equal(t, saga.StatusCompensated, s.Status)
+	require.Equal(t, saga.CodeTimeout, s.History[1].ErrorCode)
 }
 
 // TestKafkaTimedOutStepThatUsesItsTxDoesNotStallThePartition: the same step
@@ -90,21 +81,10 @@ func TestKafkaTimedOutStepThatUsesItsTxDoesNotStallThePartition(t *testing.T) {
 	k.start(t)
 
 	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
-		f, err := k.engine.Get(ctx, fast.ID)
-		require.NoError(t, err)
-		s, err := k.engine.Get(ctx, slow.ID)
-		require.NoError(t, err)
-		if f.Status.Terminal() && s.Status.Terminal() {
-			require.Equal(t, saga.StatusCompleted, f.Status)
-			require.Equal(t, saga.StatusCompensated, s.Status)
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	f, _ := k.engine.Get(ctx, fast.ID)
-	s, _ := k.engine.Get(ctx, slow.ID)
-	t.Fatalf("after 20s: fast saga %s %v, slow saga %s %v", f.Status, eventTypes(f), s.Status, eventTypes(s))
+	f := sagatest.WaitEnded(t, k.engine, fast.ID, &sagatest.WaitOpts{Timeout: time.Until(deadline)})
+	s := sagatest.WaitEnded(t, k.engine, slow.ID, &sagatest.WaitOpts{Timeout: max(time.Until(deadline), time.Millisecond)})
+	require.Equal(t, saga.StatusCompleted, f.Status)
+	require.Equal(t, saga.StatusCompensated, s.Status)
 }
 
 // TestStepFailingWithADatabaseError: the commonest failure — a step's

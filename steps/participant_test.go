@@ -21,6 +21,7 @@ import (
 	"github.com/sagaflow/sagaflow/internal/pgtest"
 	"github.com/sagaflow/sagaflow/relay"
 	"github.com/sagaflow/sagaflow/saga"
+	"github.com/sagaflow/sagaflow/sagatest"
 	"github.com/sagaflow/sagaflow/steps"
 	"github.com/sagaflow/sagaflow/store"
 )
@@ -208,20 +209,10 @@ func (s *system) run(t *testing.T, c checkout) *saga.Instance {
 	return s.wait(t, st.ID)
 }
 
-// wait polls until the saga id has ended, for at most 30 s.
+// wait waits until the saga id has ended, for at most 30 s.
 func (s *system) wait(t *testing.T, id uuid.UUID) *saga.Instance {
 	t.Helper()
-	ctx := context.Background()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		in, err := s.engine.Get(ctx, id)
-		require.NoError(t, err)
-		if in.Status.Terminal() {
-			return in
-		}
-		require.True(t, time.Now().Before(deadline), "saga %s did not end: %+v", id, in)
-		time.Sleep(20 * time.Millisecond)
-	}
+	return sagatest.WaitEnded(t, s.engine, id, &sagatest.WaitOpts{Timeout: 30 * time.Second})
 }
 
 func TestMultiServiceSagaCompletesOverKafka(t *testing.T) {
@@ -312,16 +303,6 @@ func TestRefusalIsNotRecordedSoAResumeRunsTheStep(t *testing.T) {
 	require.Equal(t, "warehouse_closed", in.LastError.Code)
 	s.inventoryDown.Store(false)
 	require.NoError(t, s.engine.Resume(context.Background(), in.ID, "warehouse open again"))
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		got, err := s.engine.Get(context.Background(), in.ID)
-		require.NoError(t, err)
-		if got.Status.Terminal() {
-			require.Equal(t, saga.StatusCompensated, got.Status)
-			break
-		}
-		require.True(t, time.Now().Before(deadline))
-		time.Sleep(20 * time.Millisecond)
-	}
+	require.Equal(t, saga.StatusCompensated, s.wait(t, in.ID).Status)
 	require.Equal(t, 1, s.inventory.count(t, "SELECT count(*) FROM "+s.inventory.table("stock_moves")+" WHERE move = 'release'"))
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sagaflow/sagaflow/internal/pgtest"
 	"github.com/sagaflow/sagaflow/saga"
+	"github.com/sagaflow/sagaflow/sagatest"
 	"github.com/sagaflow/sagaflow/steps"
 	"github.com/sagaflow/sagaflow/store"
 )
@@ -159,21 +160,14 @@ func (f *fixture) statuses(t *testing.T) map[uuid.UUID]string {
 	return out
 }
 
-// waitStatus polls until the saga has status want.
+// waitStatus waits until the saga has status want, reading it through an
+// engine that is only a client (the engines under test may be stopped and
+// replaced meanwhile).
 func (f *fixture) waitStatus(t *testing.T, id uuid.UUID, want saga.Status) {
 	t.Helper()
-	var got saga.Status
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		got = f.status(t, id)
-		if got == want {
-			return
-		}
-		if got.Terminal() && want.Terminal() || time.Now().After(deadline) {
-			t.Fatalf("saga %s: status %s, want %s", id, got, want)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	client, err := saga.New(f.pool, &saga.Config{Schema: f.schema, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	sagatest.Wait(t, client, id, sagatest.Status(want), &sagatest.WaitOpts{Timeout: 30 * time.Second})
 }
 
 func (f *fixture) table(name string) string {
