@@ -204,7 +204,7 @@ func (e *Engine) cancelTransition(sg *store.Saga, def *compiled, idx int, reason
 		tr.History = append(tr.History, store.HistoryEntry{SagaID: sg.ID, Event: EventCompensationStarted,
 			StepName: def.steps[prev].name, Direction: string(steps.Compensate), Epoch: sg.Epoch})
 	}
-	e.moveTo(tr, sg, def, prev, steps.Compensate, 0, store.StatusCompensated, EventSagaCompensated)
+	e.moveTo(tr, sg, def, prev, steps.Compensate, store.StatusCompensated, EventSagaCompensated)
 	return tr
 }
 
@@ -238,10 +238,7 @@ func (b *batch) applyCancel(ctx context.Context, c *store.Claimed, ls *store.Loc
 	if !known {
 		return false, nil // the command's own handling parks or defers it
 	}
-	sp, err := b.savepoint(ctx)
-	if err != nil {
-		return false, err
-	}
+	sp := b.savepoint()
 	if c.ID != uuid.Nil {
 		b.delivered = append(b.delivered, c.ID)
 	}

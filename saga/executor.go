@@ -471,10 +471,7 @@ func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, derr 
 		if err != nil || !parked {
 			return err
 		}
-		sp, err := b.savepoint(ctx)
-		if err != nil {
-			return err
-		}
+		sp := b.savepoint()
 		tr := failTransition(&ls.Saga, ls.StepName, CodeUnknownStep, reason)
 		tr.History = []store.HistoryEntry{{SagaID: ls.ID, Event: EventSagaFailed, StepName: ls.StepName,
 			Direction: ls.Direction, Epoch: ls.Epoch, Error: reason, ErrorCode: CodeUnknownStep}}
@@ -497,18 +494,18 @@ func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, derr 
 
 // savepoint returns a savepoint with nothing written after it, opening one
 // (queued, sent with the next flush) if needed.
-func (b *batch) savepoint(context.Context) (string, error) {
+func (b *batch) savepoint() string {
 	if b.clean != "" {
 		sp := b.clean
 		b.clean = ""
-		return sp, nil
+		return sp
 	}
 	sp := b.nextSavepoint()
 	if b.outer == "" {
 		b.outer = sp
 	}
 	b.pending = append(b.pending, pendingOp{open: sp})
-	return sp, nil
+	return sp
 }
 
 func (b *batch) nextSavepoint() string {
@@ -520,10 +517,7 @@ func (b *batch) nextSavepoint() string {
 // writes its outcome.
 func (b *batch) execute(ctx context.Context, sg *store.Saga, def *compiled, idx int, dir steps.Direction, processed, last bool) error {
 	e := b.e
-	sp, err := b.savepoint(ctx)
-	if err != nil {
-		return err
-	}
+	sp := b.savepoint()
 	key := steps.Key{SagaID: sg.ID, Step: sg.StepName, Direction: dir, Epoch: sg.Epoch}
 	if processed {
 		// The key is in the inbox: this step's effects were committed before.
@@ -652,10 +646,7 @@ func (b *batch) reply(ctx context.Context, c *store.Claimed, ls *store.LockedSag
 	if err := json.Unmarshal(c.Payload, &r); err != nil {
 		return b.park(ctx, c, &sg.ID, CodeMalformed, "malformed reply: "+err.Error())
 	}
-	sp, err := b.savepoint(ctx)
-	if err != nil {
-		return err
-	}
+	sp := b.savepoint()
 	dir := key.Direction
 	attempt := sg.Attempt + 1
 	if !r.OK {
@@ -1321,7 +1312,7 @@ func failTransition(sg *store.Saga, step, code, reason string) *store.Transition
 
 // moveTo points tr at step i in direction dir with its command, or ends the
 // saga with endStatus when i is before the first or past the last step.
-func (e *Engine) moveTo(tr *store.Transition, sg *store.Saga, def *compiled, i int, dir steps.Direction, delay time.Duration, endStatus, endEvent string) {
+func (e *Engine) moveTo(tr *store.Transition, sg *store.Saga, def *compiled, i int, dir steps.Direction, endStatus, endEvent string) {
 	if i < 0 || i >= len(def.steps) {
 		tr.Status = endStatus
 		tr.History = append(tr.History, store.HistoryEntry{SagaID: sg.ID, Event: endEvent, Epoch: sg.Epoch})
@@ -1332,8 +1323,8 @@ func (e *Engine) moveTo(tr *store.Transition, sg *store.Saga, def *compiled, i i
 		status = store.StatusCompensating
 	}
 	tr.Status, tr.StepIndex, tr.StepName, tr.Direction, tr.Attempt = status, i, def.steps[i].name, string(dir), 0
-	tr.CheckAfter = delay + def.steps[i].timeout + e.cfg.RescueSlack
-	tr.Messages = append(tr.Messages, e.commandMessage(sg.ID, sg.Name, def.steps[i].name, dir, sg.Epoch, sg.Version+1, delay))
+	tr.CheckAfter = def.steps[i].timeout + e.cfg.RescueSlack
+	tr.Messages = append(tr.Messages, e.commandMessage(sg.ID, sg.Name, def.steps[i].name, dir, sg.Epoch, sg.Version+1, 0))
 }
 
 // maxCodeBytes bounds a stored error code.
@@ -1362,9 +1353,9 @@ func (e *Engine) successTransition(sg *store.Saga, def *compiled, idx int, dir s
 		Direction: string(dir), Epoch: sg.Epoch, Attempt: sg.Attempt + 1, Detail: durationDetail(elapsed, nil)})
 	if dir == steps.Forward {
 		tr.LastError, tr.LastErrorCode, tr.FailedStep = nil, nil, nil
-		e.moveTo(tr, sg, def, idx+1, steps.Forward, 0, store.StatusCompleted, EventSagaCompleted)
+		e.moveTo(tr, sg, def, idx+1, steps.Forward, store.StatusCompleted, EventSagaCompleted)
 	} else {
-		e.moveTo(tr, sg, def, def.prevCompensable(idx-1), steps.Compensate, 0, store.StatusCompensated, EventSagaCompensated)
+		e.moveTo(tr, sg, def, def.prevCompensable(idx-1), steps.Compensate, store.StatusCompensated, EventSagaCompensated)
 	}
 	return tr
 }
@@ -1430,7 +1421,7 @@ func (e *Engine) failureTransition(sg *store.Saga, def *compiled, idx int, dir s
 		tr.History = append(tr.History, store.HistoryEntry{SagaID: sg.ID, Event: EventCompensationStarted,
 			StepName: def.steps[prev].name, Direction: string(steps.Compensate), Epoch: sg.Epoch})
 	}
-	e.moveTo(tr, sg, def, prev, steps.Compensate, 0, store.StatusCompensated, EventSagaCompensated)
+	e.moveTo(tr, sg, def, prev, steps.Compensate, store.StatusCompensated, EventSagaCompensated)
 	return tr
 }
 
