@@ -357,7 +357,7 @@ func (e *Env) checkDeadLetters(ctx context.Context, r *Report, injected []Inject
 	r.ForeignParked = len(parked)
 	for key, id := range foreign {
 		if !parked[id.String()] {
-			r.violate("foreign saga %s (%s): its command was not parked", key, id)
+			r.violate("foreign saga %s (%s): its command was not parked%s", key, id, e.foreignTrail(ctx, id))
 		}
 	}
 	return nil
@@ -522,4 +522,29 @@ func (e *Env) checkKafka(ctx context.Context, r *Report, injected []Injected) er
 		r.violate("message %s is on a topic but in no outbox", id)
 	}
 	return nil
+}
+
+// foreignTrail describes what became of a foreign saga's commands, for a
+// violation: its history, its outbox rows and every engine dead letter
+// that names it.
+func (e *Env) foreignTrail(ctx context.Context, id uuid.UUID) string {
+	var b strings.Builder
+	q := func(title, sql string) {
+		rows, err := e.Pool.Query(ctx, sql, id)
+		if err != nil {
+			fmt.Fprintf(&b, "\n  %s: %v", title, err)
+			return
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var line string
+			if err := rows.Scan(&line); err == nil {
+				fmt.Fprintf(&b, "\n  %s: %s", title, safetext.Text(line, 400))
+			}
+		}
+	}
+	q("history", `SELECT event || ' ' || coalesce(error_code, '') || ' ' || coalesce(detail::text, '') || ' at ' || at FROM `+OrdersSchema+`.saga_history WHERE saga_id = $1 ORDER BY id`)
+	q("outbox", `SELECT id || ' ' || status || ' ' || topic || ' ' || headers::text || ' ' || created_at FROM `+OrdersSchema+`.outbox WHERE saga_id = $1 ORDER BY created_at`)
+	q("dead letter", `SELECT topic || '/' || kafka_partition || '/' || kafka_offset || ' ' || left(reason, 120) || ' ' || headers::text FROM `+OrdersSchema+`.dead_letters WHERE headers->>'sagaflow-saga-id' = $1::text OR position(convert_to($1::text, 'UTF8') in msg_value) > 0`)
+	return b.String()
 }

@@ -372,7 +372,11 @@ func (e *Env) WaitTerminal(ctx context.Context) error {
 			var n, dead, parked, cancels, pending int
 			err := e.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+OrdersSchema+`.saga_instances WHERE saga_name <> $5),
 			    (SELECT count(*) FROM unnest($1::text[], $2::int[], $3::bigint[]) p(topic, part, off) WHERE `+deadAt+`),
-			    (SELECT count(DISTINCT saga_id) FROM `+OrdersSchema+`.saga_history WHERE event = 'command_parked' AND saga_id = ANY($4)),
+			    -- Parked as the checkers count it: an unknown_saga dead letter of
+			    -- the foreign saga. (A poison copy of its command, parked as
+			    -- malformed, names the saga too, and must not count.)
+			    (SELECT count(DISTINCT headers->>'sagaflow-saga-id') FROM `+OrdersSchema+`.dead_letters
+			        WHERE reason LIKE 'unknown_saga:%' AND headers->>'sagaflow-saga-id' = ANY($4::uuid[]::text[])),
 			    (SELECT count(*) FROM `+OrdersSchema+`.saga_cancel_requests),
 			    (SELECT count(*) FROM `+OrdersSchema+`.outbox WHERE status = 'pending' AND delivery = 'relay')
 			        + (SELECT count(*) FROM `+PaymentsSchema+`.outbox WHERE status = 'pending')`,
