@@ -238,18 +238,3 @@ func (s *Store) SupersedeMessage(ctx context.Context, db DBTX, id uuid.UUID, rea
 	}
 	return tag.RowsAffected() == 1, nil
 }
-
-// ResendLast writes a copy, under the new id, of the latest message of type
-// typ for stepKey, and reports whether there was one to copy.
-func (s *Store) ResendLast(ctx context.Context, db DBTX, stepKey, typ string, id uuid.UUID) (bool, error) {
-	tag, err := db.Exec(ctx, "INSERT INTO "+quoteSchema(s.schema)+`.outbox
-		(id, topic, delivery, aggregatetype, aggregateid, type, payload, headers, saga_id, step_key, created_at, available_at)
-		SELECT $3::uuid, topic, delivery, aggregatetype, aggregateid, type, payload,
-			jsonb_set(headers, '{`+HeaderMessageID+`}', to_jsonb($3::uuid::text)), saga_id, step_key, clock_timestamp(), clock_timestamp()
-		FROM `+quoteSchema(s.schema)+`.outbox WHERE step_key = $1 AND type = $2
-		ORDER BY created_at DESC LIMIT 1`, stepKey, typ, id)
-	if err != nil {
-		return false, fmt.Errorf("store: resend %s for %s: %w", typ, stepKey, err)
-	}
-	return tag.RowsAffected() == 1, nil
-}
