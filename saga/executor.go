@@ -757,14 +757,6 @@ func errorMessage(err error) string {
 	}
 }
 
-// isStatementError reports whether err came from PostgreSQL about a statement
-// (so the transaction can be rolled back to a savepoint) rather than from the
-// connection.
-func isStatementError(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr)
-}
-
 // recovered runs f, turning a panic into a *panicError with the stack.
 func recovered(f func() ([]byte, error)) (out []byte, err error) {
 	defer func() {
@@ -1210,7 +1202,7 @@ func (b *batch) sendQueued(ctx context.Context, tail func(*pgx.Batch)) error {
 		case failed < 0:
 			b.pending = nil
 			return errors.Join(ferr, cerr)
-		case ferr != nil && !isStatementError(ferr):
+		case ferr != nil && !pgerr.Statement(ferr):
 			return ferr
 		}
 		// The op at failed: every op before it is done; roll back to its

@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/sagaflow/sagaflow/internal/fault"
+	"github.com/sagaflow/sagaflow/internal/pgerr"
 	"github.com/sagaflow/sagaflow/steps"
 	"github.com/sagaflow/sagaflow/store"
 )
@@ -150,7 +150,7 @@ func (e *Engine) rescuePass(ctx context.Context, names []string, res *RescueResu
 				fenced, err = e.st.ApplyTransition(ctx, tx, tr, sp)
 			}
 			if err != nil {
-				if !isLockError(err) {
+				if !pgerr.Lock(err) {
 					return err
 				}
 				// A worker's batch holds the row: it is alive. Skip.
@@ -224,18 +224,4 @@ func (e *Engine) redrive(s *store.StuckSaga, timeout time.Duration, attempt int)
 		Direction: s.Direction, Epoch: s.Epoch, Attempt: attempt, Detail: detail}}
 	tr.Messages = []store.Message{e.commandMessage(s.ID, s.Name, s.StepName, steps.Direction(s.Direction), s.Epoch, s.Version+1, 0)}
 	return tr
-}
-
-// isLockError reports whether err is PostgreSQL giving up on a lock: a lock
-// timeout, a deadlock, or a serialization failure.
-func isLockError(err error) bool {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) {
-		return false
-	}
-	switch pgErr.Code {
-	case "55P03", "40P01", "40001":
-		return true
-	}
-	return false
 }

@@ -2,14 +2,13 @@ package sagatest
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/sagaflow/sagaflow/internal/pgerr"
 	"github.com/sagaflow/sagaflow/saga"
 )
 
@@ -106,7 +105,7 @@ func (c *Clock) Advance(ctx context.Context, d time.Duration) error {
 		if err == nil {
 			break
 		}
-		if !lockError(err) {
+		if !pgerr.Lock(err) {
 			return fmt.Errorf("sagatest: advance schema %s by %s: %w", c.schema, d, err)
 		}
 		// An engine's transaction holds a row: let it finish.
@@ -127,17 +126,4 @@ func (c *Clock) Advance(ctx context.Context, d time.Duration) error {
 		}
 	}
 	return nil
-}
-
-// lockError reports whether err is PostgreSQL giving up on a lock.
-func lockError(err error) bool {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) {
-		return false
-	}
-	switch pgErr.Code {
-	case "55P03", "40P01", "40001":
-		return true
-	}
-	return false
 }

@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"io/fs"
@@ -11,9 +10,9 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/sagaflow/sagaflow/internal/pgerr"
 	"github.com/sagaflow/sagaflow/migrations"
 )
 
@@ -198,9 +197,8 @@ func CheckSchema(ctx context.Context, db DBTX, schema string) error {
 			found = max(found, v)
 		}
 	}
-	var pgErr *pgconn.PgError
-	if err != nil && !(errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000")) {
-		// 42P01, 3F000: no version table, or no schema: nothing migrated.
+	if err != nil && !pgerr.Undefined(err) {
+		// No version table, or no schema: nothing migrated.
 		return fmt.Errorf("store: check schema %s: read versions: %w", schema, err)
 	}
 	var missing []string

@@ -7,8 +7,7 @@ import (
 	"io"
 	"strings"
 
-	"github.com/jackc/pgx/v5/pgconn"
-
+	"github.com/sagaflow/sagaflow/internal/pgerr"
 	"github.com/sagaflow/sagaflow/internal/safetext"
 	"github.com/sagaflow/sagaflow/saga"
 	"github.com/sagaflow/sagaflow/store"
@@ -45,14 +44,12 @@ func (c *cli) opError(err error, format string, args ...any) error {
 		return &cliError{code: exitUsage, msg: what + ": " + err.Error()}
 	}
 	msg := what + ": " + trimRepeat(err.Error(), what)
-	var pgErr *pgconn.PgError
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
 		msg += fmt.Sprintf(" (the command ran past --timeout %s)", c.g.timeout)
 	case errors.Is(err, context.Canceled):
 		msg += " (interrupted)"
-	case errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000"):
-		// undefined_table, invalid_schema_name
+	case pgerr.Undefined(err):
 		msg += fmt.Sprintf(" (is schema %q migrated? run 'sagaflow migrate')", c.g.schema)
 	}
 	return &cliError{code: exitFailed, msg: msg}

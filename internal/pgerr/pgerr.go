@@ -46,3 +46,11 @@ func Statement(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr)
 }
+
+// Undefined reports whether err is PostgreSQL not finding a table or a
+// schema (undefined_table, invalid_schema_name): sagaflow's schema is not
+// migrated.
+func Undefined(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000")
+}
