@@ -105,7 +105,7 @@ func FromKafka(m kafka.Message) Message {
 	}
 	msg.ID = msg.Headers[store.HeaderMessageID]
 	if msg.ID == "" {
-		msg.ID = idFromPosition(m.Topic, m.Partition, m.Offset)
+		msg.ID = store.PositionID(m.Topic, m.Partition, m.Offset)
 	}
 	msg.Type = msg.Headers[store.HeaderType]
 	return msg

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -92,12 +91,6 @@ type Message struct {
 	// RawHeaders are the headers as received, in order, duplicates
 	// included. A dead letter keeps them byte for byte.
 	RawHeaders []store.RawHeader
-}
-
-// idFromPosition identifies a message without an id header by where it is
-// in the log; a redelivery keeps its position.
-func idFromPosition(topic string, partition int, offset int64) string {
-	return topic + "/" + strconv.Itoa(partition) + "/" + strconv.FormatInt(offset, 10)
 }
 
 // HandlerFunc processes a message inside the transaction that records it.

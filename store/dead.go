@@ -469,7 +469,7 @@ func planRequeue(d *deadLetterRow) (requeuePlan, error) {
 		}
 	}
 	if !hasID && d.partition != nil && d.offset != nil {
-		p.messageID = d.topic + "/" + strconv.Itoa(*d.partition) + "/" + strconv.FormatInt(*d.offset, 10)
+		p.messageID = PositionID(d.topic, *d.partition, *d.offset)
 		headers = append(headers, RawHeader{Key: []byte(HeaderMessageID), Value: []byte(p.messageID)})
 	}
 	if safetext.Problem(typ, 0) != "" {
@@ -514,4 +514,12 @@ func headersFromMap(m map[string]string) []RawHeader {
 		out[i] = RawHeader{Key: []byte(k), Value: []byte(m[k])}
 	}
 	return out
+}
+
+// PositionID identifies a Kafka message that has no sagaflow-message-id by
+// where it is in the log (topic/partition/offset): a redelivery keeps its
+// position. Inbox consumers deduplicate such messages under it, and a
+// requeued dead letter without an id is sent with it.
+func PositionID(topic string, partition int, offset int64) string {
+	return topic + "/" + strconv.Itoa(partition) + "/" + strconv.FormatInt(offset, 10)
 }

@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"encoding/base64"
 	"fmt"
 
 	"github.com/sagaflow/sagaflow/internal/safetext"
@@ -43,17 +42,15 @@ const (
 // letter for the same consumer and Kafka position is not stored again.
 func (s *Store) InsertDeadLetter(ctx context.Context, db DBTX, d *DeadLetter) error {
 	headers := safetext.Headers(d.Headers, deadTextLimit)
-	var raw []map[string]string
+	var raw *string
 	if d.RawHeaders != nil {
-		raw = make([]map[string]string, len(d.RawHeaders))
-		for i, h := range d.RawHeaders {
-			raw[i] = map[string]string{"k": base64.StdEncoding.EncodeToString(h.Key), "v": base64.StdEncoding.EncodeToString(h.Value)}
-		}
+		enc := EncodeRawHeaders(d.RawHeaders)
+		raw = &enc
 	}
 	id := safetext.Text(d.MessageID, deadTextLimit)
 	_, err := db.Exec(ctx, "INSERT INTO "+quoteSchema(s.schema)+`.dead_letters
 		(consumer, message_id, topic, kafka_partition, kafka_offset, msg_key, msg_value, headers, raw_headers, reason)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10)
 		ON CONFLICT (consumer, topic, kafka_partition, kafka_offset) WHERE kafka_offset IS NOT NULL DO NOTHING`,
 		safetext.Text(d.Consumer, deadTextLimit), nullStr(id), safetext.Text(d.Topic, deadTextLimit), d.Partition, d.Offset,
 		d.Key, d.Value, headers, raw, safetext.Text(d.Reason, deadReasonLimit))
