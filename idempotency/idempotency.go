@@ -210,35 +210,20 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Middleware, error) {
 	case c.InFlightTimeout < TTLMin || c.InFlightTimeout > c.TTL:
 		return nil, fmt.Errorf("%w: InFlightTimeout %v must be between %v and TTL (%v)", ErrInvalidConfig, c.InFlightTimeout, TTLMin, c.TTL)
 	}
-	switch {
-	case c.MaxKeyLength == 0:
-		c.MaxKeyLength = MaxKeyLengthDefault
-	case c.MaxKeyLength < 0:
-		return nil, fmt.Errorf("%w: MaxKeyLength %d is negative", ErrInvalidConfig, c.MaxKeyLength)
+	if err := defaultOrRefuse("MaxKeyLength", &c.MaxKeyLength, MaxKeyLengthDefault); err != nil {
+		return nil, err
 	}
-	switch {
-	case c.MaxBodyBytes == 0:
-		c.MaxBodyBytes = MaxBodyBytesDefault
-	case c.MaxBodyBytes < 0:
-		return nil, fmt.Errorf("%w: MaxBodyBytes %d is negative", ErrInvalidConfig, c.MaxBodyBytes)
+	if err := defaultOrRefuse("MaxBodyBytes", &c.MaxBodyBytes, MaxBodyBytesDefault); err != nil {
+		return nil, err
 	}
-	switch {
-	case c.MaxResponseBytes == 0:
-		c.MaxResponseBytes = MaxResponseBytesDefault
-	case c.MaxResponseBytes < 0:
-		return nil, fmt.Errorf("%w: MaxResponseBytes %d is negative", ErrInvalidConfig, c.MaxResponseBytes)
+	if err := defaultOrRefuse("MaxResponseBytes", &c.MaxResponseBytes, MaxResponseBytesDefault); err != nil {
+		return nil, err
 	}
-	switch {
-	case c.CleanupInterval == 0:
-		c.CleanupInterval = CleanupIntervalDefault
-	case c.CleanupInterval < 0:
-		return nil, fmt.Errorf("%w: CleanupInterval %v is negative", ErrInvalidConfig, c.CleanupInterval)
+	if err := defaultOrRefuse("CleanupInterval", &c.CleanupInterval, CleanupIntervalDefault); err != nil {
+		return nil, err
 	}
-	switch {
-	case c.CleanupBatch == 0:
-		c.CleanupBatch = CleanupBatchDefault
-	case c.CleanupBatch < 0:
-		return nil, fmt.Errorf("%w: CleanupBatch %d is negative", ErrInvalidConfig, c.CleanupBatch)
+	if err := defaultOrRefuse("CleanupBatch", &c.CleanupBatch, CleanupBatchDefault); err != nil {
+		return nil, err
 	}
 	if c.Scope == nil {
 		c.Scope = defaultScope
@@ -604,4 +589,16 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(status)
 	_, _ = w.Write(append(body, '\n'))
+}
+
+// defaultOrRefuse sets *v to def when it is zero, and refuses a negative
+// value, naming field.
+func defaultOrRefuse[T int | int64 | time.Duration](field string, v *T, def T) error {
+	switch {
+	case *v == 0:
+		*v = def
+	case *v < 0:
+		return fmt.Errorf("%w: %s %v is negative", ErrInvalidConfig, field, *v)
+	}
+	return nil
 }

@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/sagaflow/sagaflow/internal/safetext"
-	"github.com/sagaflow/sagaflow/steps"
 	"github.com/sagaflow/sagaflow/store"
 )
 
@@ -199,12 +198,7 @@ func (e *Engine) cancelTransition(sg *store.Saga, def *compiled, idx int, reason
 	tr.ClearCancel = true
 	tr.History = append(tr.History, store.HistoryEntry{SagaID: sg.ID, Event: EventSagaCancelled, StepName: sg.StepName,
 		Direction: sg.Direction, Epoch: sg.Epoch, Error: reason, ErrorCode: code})
-	prev := compensateFrom(sg, def, idx)
-	if prev >= 0 {
-		tr.History = append(tr.History, store.HistoryEntry{SagaID: sg.ID, Event: EventCompensationStarted,
-			StepName: def.steps[prev].name, Direction: string(steps.Compensate), Epoch: sg.Epoch})
-	}
-	e.moveTo(tr, sg, def, prev, steps.Compensate, store.StatusCompensated, EventSagaCompensated)
+	e.startCompensation(tr, sg, def, idx)
 	return tr
 }
 

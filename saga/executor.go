@@ -1408,13 +1408,20 @@ func (e *Engine) failureTransition(sg *store.Saga, def *compiled, idx int, dir s
 			Direction: string(dir), Epoch: sg.Epoch, Error: msg, ErrorCode: code})
 		return tr
 	}
+	e.startCompensation(tr, sg, def, idx)
+	return tr
+}
+
+// startCompensation points tr at the first compensation after step idx of
+// sg failed for good or was cancelled (see [compensateFrom]), with its
+// history entry, or ends the saga compensated when nothing completed.
+func (e *Engine) startCompensation(tr *store.Transition, sg *store.Saga, def *compiled, idx int) {
 	prev := compensateFrom(sg, def, idx)
 	if prev >= 0 {
 		tr.History = append(tr.History, store.HistoryEntry{SagaID: sg.ID, Event: EventCompensationStarted,
 			StepName: def.steps[prev].name, Direction: string(steps.Compensate), Epoch: sg.Epoch})
 	}
 	e.moveTo(tr, sg, def, prev, steps.Compensate, store.StatusCompensated, EventSagaCompensated)
-	return tr
 }
 
 // current reports whether cmd, which carries the saga's version, is the
