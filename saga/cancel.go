@@ -150,16 +150,13 @@ func (e *Engine) applyCancelNow(ctx context.Context, tx pgx.Tx, id uuid.UUID) (b
 	if _, err := tx.Exec(ctx, "SAVEPOINT sagaflow_cancel"); err != nil {
 		return false, fmt.Errorf("saga: cancel %s: %w", id, err)
 	}
-	locked, err := e.st.TryLockSaga(ctx, tx, id)
-	if err != nil || !locked {
-		return false, err
-	}
+	// LockSagas tries the saga's execution lock without waiting.
 	sagas, err := e.st.LockSagas(ctx, tx, []uuid.UUID{id})
 	if err != nil {
 		return false, fmt.Errorf("saga: cancel %s: %w", id, err)
 	}
 	ls := sagas[id]
-	if ls == nil || ls.CancelRequest == nil || Status(ls.Status) != StatusRunning {
+	if ls == nil || !ls.Locked || ls.CancelRequest == nil || Status(ls.Status) != StatusRunning {
 		return false, nil
 	}
 	def := e.lookupName(ls.Name)
@@ -258,7 +255,10 @@ type claimedSaga struct {
 
 // cancelRequested is the cause of a step context cancelled by a cancel
 // request.
-type cancelRequested struct{ reason string }
+type cancelRequested struct {
+	reason string
+	epoch  int // the run the request is for
+}
 
 func (c *cancelRequested) Error() string { return "saga: cancel requested: " + c.reason }
 
@@ -300,7 +300,7 @@ func (r *runningSteps) start(id uuid.UUID, cancel context.CancelCauseFunc) {
 	}
 	c.cancel = cancel
 	if c.request != nil {
-		cancel(&cancelRequested{reason: c.request.Reason})
+		cancel(&cancelRequested{reason: c.request.Reason, epoch: c.request.Epoch})
 	}
 }
 
@@ -362,7 +362,7 @@ func (r *runningSteps) heard(id uuid.UUID, req store.CancelRequest) bool {
 	}
 	c.request = &req
 	if c.cancel != nil {
-		c.cancel(&cancelRequested{reason: req.Reason})
+		c.cancel(&cancelRequested{reason: req.Reason, epoch: req.Epoch})
 		return true
 	}
 	return false

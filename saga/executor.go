@@ -552,7 +552,7 @@ func (b *batch) execute(ctx context.Context, sg *store.Saga, def *compiled, idx 
 		return errAbandoned
 	}
 	var cr *cancelRequested
-	if errors.As(herr, &cr) && dir == steps.Forward && Status(sg.Status) == StatusRunning {
+	if errors.As(herr, &cr) && dir == steps.Forward && Status(sg.Status) == StatusRunning && cr.epoch == sg.Epoch {
 		// A cancel request interrupted the step: its writes are rolled back
 		// and the request applied in its place.
 		e.running.forget(sg.ID)
@@ -1233,7 +1233,7 @@ func (b *batch) sendQueued(ctx context.Context, tail func(*pgx.Batch)) error {
 			f := &pendingWrite{sg: w.sg, tr: tr, sp: w.sp, next: w.next, done: done, version: w.version, status: w.status}
 			b.applied(f)
 			again = append(again, pendingOp{w: f})
-		case pgerr.Statement(ferr) && !w.last:
+		case pgerr.Content(ferr) && !w.last:
 			// PostgreSQL refused this saga's outcome itself: park the saga
 			// with a fixed, storable error rather than lose the batch (and
 			// every other saga in it) on every retry.

@@ -249,7 +249,8 @@ func (e *Engine) consumeKafka(fetch, work context.Context, m kafka.Message) bool
 }
 
 // holdKafkaMessage moves m back to the outbox, to be published again after a
-// delay, and reports true; or reports false, writing nothing, when a command
+// delay, and reports true (true too when m cannot be held and was
+// dead-lettered instead); or reports false, writing nothing, when a command
 // for an unknown saga or step has been held for longer than
 // UnknownSagaGrace, in the database's time.
 func (e *Engine) holdKafkaMessage(ctx context.Context, m kafka.Message, wait waitKind) (bool, error) {
@@ -261,7 +262,8 @@ func (e *Engine) holdKafkaMessage(ctx context.Context, m kafka.Message, wait wai
 		h.Reason = "held: no engine that knows its saga or step has run it yet"
 	}
 	if safetext.Problem(h.AggregateID, safetext.MaxKeyBytes) != "" || safetext.Problem(m.Topic, 249) != "" {
-		return false, e.deadLetterKafka(ctx, m, CodeMalformed, "the message's key or topic cannot be stored to hold it")
+		// Done with it either way: dead-lettered, not held.
+		return true, e.deadLetterKafka(ctx, m, CodeMalformed, "the message's key or topic cannot be stored to hold it")
 	}
 	var original string
 	for _, kv := range m.Headers {

@@ -1121,13 +1121,3 @@ const CancelPayload = "sagaflow.cancel:"
 func (s *Store) NotifyCancel(ctx context.Context, db DBTX, id uuid.UUID) error {
 	return s.Notify(ctx, db, CancelPayload+id.String())
 }
-
-// TryLockSaga takes saga id's execution lock for db's transaction if no one
-// holds it, and reports whether it did.
-func (s *Store) TryLockSaga(ctx context.Context, db DBTX, id uuid.UUID) (bool, error) {
-	var ok bool
-	if err := db.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(hashtextextended($1::text, $2))`, id, s.lockNS).Scan(&ok); err != nil {
-		return false, fmt.Errorf("store: lock saga %s: %w", id, err)
-	}
-	return ok, nil
-}
