@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"regexp"
 	"slices"
 	"strings"
 
@@ -56,13 +55,10 @@ func truncate(s string) string {
 	return s[:cut] + "…"
 }
 
-// topicPattern is what Kafka accepts as a topic name.
-var topicPattern = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
-
 // buildMessage turns a claimed row into a Kafka message. It returns a
 // reason (with its code) when the row can never be published.
 func buildMessage(row *store.RelayMessage, maxBytes int) (kafka.Message, string) {
-	if !topicPattern.MatchString(row.Topic) || row.Topic == "." || row.Topic == ".." {
+	if !store.LegalTopic(row.Topic) {
 		return kafka.Message{}, reason(CodeInvalidTopic,
 			"topic %q is not a legal Kafka topic name (1 to 249 of a-z, A-Z, 0-9, '.', '_', '-')", row.Topic)
 	}

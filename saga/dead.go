@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"time"
 
@@ -346,13 +345,18 @@ func (e *Engine) requeueMessages(ctx context.Context, ids []uuid.UUID, dryRun bo
 	if err != nil && !errors.Is(err, errDryRun) {
 		return fmt.Errorf("saga: requeue dead: %w", err)
 	}
+	requeued := make(map[uuid.UUID]bool, len(done))
+	for _, id := range done {
+		requeued[id] = true
+	}
 	for _, id := range ids {
 		if reason, ok := why[id]; ok {
 			res.Failed = append(res.Failed, RequeueFailure{Kind: DeadOutbox, ID: id.String(),
 				Err: fmt.Errorf("saga: outbox message %s cannot be requeued: %s", id, reason)})
 			delete(why, id) // once per id
-		} else if slices.Contains(done, id) && !slices.Contains(res.Messages, id) {
+		} else if requeued[id] {
 			res.Messages = append(res.Messages, id)
+			delete(requeued, id) // once per id
 		}
 	}
 	return nil

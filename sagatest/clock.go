@@ -10,6 +10,7 @@ import (
 
 	"github.com/sagaflow/sagaflow/internal/pgerr"
 	"github.com/sagaflow/sagaflow/saga"
+	"github.com/sagaflow/sagaflow/store"
 )
 
 // AdvancePayload is the payload of the notification [Clock.Advance] sends
@@ -30,6 +31,8 @@ const advanceLockTimeout = 100 * time.Millisecond
 type Clock struct {
 	pool    *pgxpool.Pool
 	schema  string
+	channel string // the schema's notification channel (store.Store.Channel)
+	err     error  // an invalid schema, returned by Advance
 	engines []*saga.Engine
 }
 
@@ -37,7 +40,14 @@ type Clock struct {
 // of each engine given ([saga.Engine.RescueNow]) once it has moved the rows:
 // give the engines that run the schema's sagas (one is enough).
 func NewClock(pool *pgxpool.Pool, schema string, engines ...*saga.Engine) *Clock {
-	return &Clock{pool: pool, schema: schema, engines: engines}
+	c := &Clock{pool: pool, schema: schema, engines: engines}
+	st, err := store.New(schema)
+	if err != nil {
+		c.err = fmt.Errorf("sagatest: clock: %w", err)
+	} else {
+		c.channel = st.Channel()
+	}
+	return c
 }
 
 // Advance makes d pass for the schema's rows, then wakes what waits on
@@ -73,6 +83,9 @@ func NewClock(pool *pgxpool.Pool, schema string, engines ...*saga.Engine) *Clock
 // has written what should come due (say, Wait for Event("step_failed:charge")
 // before advancing past its retry's backoff), then Advance.
 func (c *Clock) Advance(ctx context.Context, d time.Duration) error {
+	if c.err != nil {
+		return c.err
+	}
 	if d <= 0 {
 		return fmt.Errorf("sagatest: advance %s: d must be positive", d)
 	}
@@ -117,7 +130,7 @@ func (c *Clock) Advance(ctx context.Context, d time.Duration) error {
 		case <-t.C:
 		}
 	}
-	if _, err := c.pool.Exec(ctx, "SELECT pg_notify($1, $2)", c.schema+"_sagaflow", AdvancePayload); err != nil {
+	if _, err := c.pool.Exec(ctx, "SELECT pg_notify($1, $2)", c.channel, AdvancePayload); err != nil {
 		return fmt.Errorf("sagatest: advance schema %s: notify: %w", c.schema, err)
 	}
 	for _, e := range c.engines {

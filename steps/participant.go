@@ -119,7 +119,7 @@ func NewParticipant(pool *pgxpool.Pool, cfg *ParticipantConfig) (*Participant, e
 
 func (c *ParticipantConfig) validate() error {
 	for i, t := range c.ReplyTopics {
-		if !legalTopic(t) {
+		if !store.LegalTopic(t) {
 			return fmt.Errorf("%w: ReplyTopics[%d] %q is not a legal Kafka topic name (1 to 249 of a-z, A-Z, 0-9, '.', '_', '-')",
 				ErrInvalidConfig, i, safetext.Text(t, 256))
 		}
@@ -150,21 +150,7 @@ func IsDefaultReplyTopic(topic string) bool {
 		return false
 	}
 	name, ok = strings.CutSuffix(name, ".replies")
-	return ok && name != "" && legalTopic(topic)
-}
-
-// legalTopic reports whether t is a legal Kafka topic name.
-func legalTopic(t string) bool {
-	if t == "" || len(t) > 249 || t == "." || t == ".." {
-		return false
-	}
-	for i := 0; i < len(t); i++ {
-		c := t[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
-			return false
-		}
-	}
-	return true
+	return ok && name != "" && store.LegalTopic(topic)
 }
 
 // Inbox returns the participant's inbox, to build the consumer with:

@@ -212,9 +212,14 @@ func (s *Store) RequeueDeadMessages(ctx context.Context, db DBTX, ids []uuid.UUI
 	if err != nil {
 		return nil, nil, fmt.Errorf("store: requeue %d dead messages: %w", len(ids), err)
 	}
+	seen := make(map[uuid.UUID]bool, len(ids))
+	for _, id := range done {
+		seen[id] = true
+	}
 	var rest []uuid.UUID
 	for _, id := range ids {
-		if !slices.Contains(done, id) && !slices.Contains(rest, id) {
+		if !seen[id] {
+			seen[id] = true
 			rest = append(rest, id)
 		}
 	}

@@ -30,3 +30,18 @@ const HeaderHeldSince = "sagaflow-held-since"
 // HeaderHeldID is the message id a held command had when it was first
 // consumed: the id its saga recorded for it.
 const HeaderHeldID = "sagaflow-held-id"
+
+// LegalTopic reports whether t is a name Kafka accepts for a topic: 1 to 249
+// of a-z, A-Z, 0-9, '.', '_' and '-', and neither "." nor "..".
+func LegalTopic(t string) bool {
+	if t == "" || len(t) > 249 || t == "." || t == ".." {
+		return false
+	}
+	for i := 0; i < len(t); i++ {
+		c := t[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/sagaflow/sagaflow/internal/pgerr"
 	"github.com/sagaflow/sagaflow/saga"
 )
 
@@ -50,8 +51,8 @@ func (c *cli) connect(ctx context.Context) (*saga.Engine, error) {
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
 		msg := fmt.Sprintf("database %s is unreachable: %s", target(cfg), connectCause(err))
-		switch pgErr := (*pgconn.PgError)(nil); {
-		case errors.As(err, &pgErr):
+		switch {
+		case pgerr.Statement(err):
 			// It answered: a wrong password, role or database.
 			msg = fmt.Sprintf("database %s refused the connection: %s", target(cfg), connectCause(err))
 		case errors.Is(err, context.DeadlineExceeded):

@@ -3,7 +3,6 @@ package chaos
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
@@ -375,18 +374,15 @@ func sameBytes(sent *kgo.Record, key, value []byte, rawHeaders string) string {
 	if !bytes.Equal(value, sent.Value) {
 		return fmt.Sprintf("value of %d bytes stored for %d sent", len(value), len(sent.Value))
 	}
-	var hs []struct {
-		K []byte `json:"k"`
-		V []byte `json:"v"`
-	}
-	if err := json.Unmarshal([]byte(rawHeaders), &hs); err != nil {
+	hs, err := store.DecodeRawHeaders(rawHeaders)
+	if err != nil {
 		return "raw headers: " + err.Error()
 	}
 	if len(hs) != len(sent.Headers) {
 		return fmt.Sprintf("%d raw headers stored for %d sent", len(hs), len(sent.Headers))
 	}
 	for i, h := range hs {
-		if string(h.K) != sent.Headers[i].Key || !bytes.Equal(h.V, sent.Headers[i].Value) {
+		if string(h.Key) != sent.Headers[i].Key || !bytes.Equal(h.Value, sent.Headers[i].Value) {
 			return fmt.Sprintf("raw header %d differs", i)
 		}
 	}
