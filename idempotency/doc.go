@@ -71,10 +71,10 @@
 // Within an identity, [Config.Scope] partitions keys further (by default by
 // method and path). The stored scope joins both: the identity's length in
 // bytes, a colon, the identity, a space and the scope ("5:alice POST
-// /orders"). Identities and scopes are untrusted bytes: one that PostgreSQL
-// cannot store as text (a NUL, invalid UTF-8) or longer than 512 bytes is
-// stored as "sha256:" and the hex SHA-256 of its bytes, and so is a key
-// longer than 512 bytes when [Config.MaxKeyLength] allows one.
+// /orders"). Identities and scopes are untrusted bytes: when that stored
+// scope cannot be kept as text (a NUL, invalid UTF-8) or is longer than 512
+// bytes, it is stored as "sha256:" and the hex SHA-256 of its bytes, and so
+// is a key longer than 512 bytes when [Config.MaxKeyLength] allows one.
 //
 // # What a request gets
 //

@@ -61,8 +61,10 @@
 // a saga counts as stuck, when a remote step's reply is late. A [Clock]
 // moves a schema's stored times back ([Clock.Advance]), then wakes the
 // engines and relays on the schema and runs the rescuer, so that an hour of
-// backoff, a reply timeout of a day, or [saga.Config].UnknownSagaGrace
-// passes in milliseconds. It cannot speed up time inside a process: a step
+// backoff, a reply timeout of a day, or [saga.Config].UnknownSagaGrace (in
+// the Postgres-only mode) passes in milliseconds. It cannot speed up time
+// inside a process, nor time carried in a message (in Kafka mode, how long a
+// command has been held is in its sagaflow-held-since header): a step
 // handler's own context deadline, in-process retries of Kafka consumers,
 // and the scheduler's intervals take as long as they say.
 //

@@ -31,8 +31,8 @@ import (
 // Header is the header that carries the signature.
 const Header = "sagaflow-signature"
 
-// Signed lists the headers the signature covers, in order.
-var Signed = []string{
+// signed lists the headers the signature covers, in order.
+var signed = [...]string{
 	"sagaflow-type", "sagaflow-saga-id", "sagaflow-step-key", "sagaflow-direction", "sagaflow-reply-to",
 }
 
@@ -107,7 +107,7 @@ func mac(key []byte, get func(string) string, value []byte) []byte {
 		h.Write([]byte{':'})
 		h.Write(b)
 	}
-	for _, name := range Signed {
+	for _, name := range signed {
 		field([]byte(get(name)))
 	}
 	field(value)
