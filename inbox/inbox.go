@@ -164,9 +164,7 @@ func (in *Inbox) DeadLetter(ctx context.Context, msg Message, reason string) (bo
 // message that may be forged (its id copied from a genuine message still to
 // come) cannot make the genuine one look like a duplicate.
 func (in *Inbox) deadLetterAt(ctx context.Context, msg Message, reason string) error {
-	return pgx.BeginTxFunc(ctx, in.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
-		return in.st.InsertDeadLetter(ctx, tx, in.deadLetter(msg, reason))
-	})
+	return in.st.InsertDeadLetter(ctx, in.pool, in.deadLetter(msg, reason))
 }
 
 func (in *Inbox) deadLetter(msg Message, reason string) *store.DeadLetter {

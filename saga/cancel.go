@@ -64,6 +64,9 @@ func (e *Engine) Cancel(ctx context.Context, id uuid.UUID, reason string) error 
 // holds the saga until it ends, so that no step starts meanwhile, and the
 // request is applied with tx's commit.
 func (e *Engine) CancelTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, reason string) error {
+	if err := e.ready("Engine.CancelTx"); err != nil {
+		return err
+	}
 	return e.cancel(ctx, tx, id, reason, true)
 }
 
@@ -83,13 +86,13 @@ func (e *Engine) RequestCancel(ctx context.Context, id uuid.UUID, reason string)
 // RequestCancelTx is [Engine.RequestCancel] inside the caller's
 // transaction.
 func (e *Engine) RequestCancelTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, reason string) error {
+	if err := e.ready("Engine.RequestCancelTx"); err != nil {
+		return err
+	}
 	return e.cancel(ctx, tx, id, reason, false)
 }
 
 func (e *Engine) cancel(ctx context.Context, tx pgx.Tx, id uuid.UUID, reason string, apply bool) error {
-	if err := e.ready("Engine.CancelTx"); err != nil {
-		return err
-	}
 	if tx == nil {
 		return fmt.Errorf("saga: cancel %s: tx is nil", id)
 	}

@@ -44,7 +44,6 @@ type command struct {
 	Direction steps.Direction `json:"direction"`
 	Epoch     int             `json:"epoch"`
 	Version   int64           `json:"version"`
-	Reason    string          `json:"reason,omitempty"` // of a cancel request
 }
 
 func decodeCommand(c *store.Claimed) (command, error) {
