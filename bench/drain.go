@@ -16,8 +16,9 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/sagaflow/sagaflow/internal/store"
+	"github.com/sagaflow/sagaflow/migrations"
 	"github.com/sagaflow/sagaflow/relay"
-	"github.com/sagaflow/sagaflow/store"
 )
 
 // Topics of the drain scenarios.
@@ -108,7 +109,7 @@ func runDrain(ctx context.Context, o *runOpts, s *Sample) error {
 // 10 rows 1 ms apart as many small transactions leave them, then ANALYZE)
 // and returns a start that starts a relay with the default settings.
 func setupRelay(ctx context.Context, pool *pgxpool.Pool, schema string, b *broker, n int) (func() error, func(), error) {
-	if _, err := store.Migrate(ctx, pool, schema); err != nil {
+	if _, err := migrations.Migrate(ctx, pool, schema); err != nil {
 		return nil, nil, err
 	}
 	var dbNow time.Time

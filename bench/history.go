@@ -7,8 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/sagaflow/sagaflow/store"
+	"github.com/sagaflow/sagaflow/migrations"
 )
 
 // prefillHistory creates and migrates schema and writes n finished sagas
@@ -21,7 +20,7 @@ import (
 // engine's retention leaves them. Then ANALYZE, as autovacuum would.
 func prefillHistory(ctx context.Context, pool *pgxpool.Pool, schema string, n int) (time.Duration, error) {
 	start := time.Now()
-	if _, err := store.Migrate(ctx, pool, schema); err != nil {
+	if _, err := migrations.Migrate(ctx, pool, schema); err != nil {
 		return 0, fmt.Errorf("migrate %s: %w", schema, err)
 	}
 	s := pgx.Identifier{schema}.Sanitize()

@@ -9,9 +9,9 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/sagaflow/sagaflow/migrations"
 	"github.com/sagaflow/sagaflow/relay"
 	"github.com/sagaflow/sagaflow/saga"
-	"github.com/sagaflow/sagaflow/store"
 )
 
 // order is the saga's state, as in saga/bench_test.go: the handlers append
@@ -56,7 +56,7 @@ func newSagaflow(ctx context.Context, o *runOpts, kafkaMode bool) (*sagaflowSyst
 	s := &sagaflowSystem{pool: pool, schema: o.Schema, m: &meter{pool: pool, app: app}, workers: workers}
 	if s.schema == "" {
 		s.schema, s.fresh = "bench_"+randomSuffix(), true
-		if _, err := store.Migrate(ctx, pool, s.schema); err != nil {
+		if _, err := migrations.Migrate(ctx, pool, s.schema); err != nil {
 			s.close()
 			return nil, fmt.Errorf("migrate: %w", err)
 		}

@@ -13,7 +13,7 @@
 // build a middleware that knows who the caller is, and wrap the handlers
 // that create things, behind your authentication:
 //
-//	if _, err := store.Migrate(ctx, pool, "sagaflow"); err != nil {
+//	if _, err := migrations.Migrate(ctx, pool, "sagaflow"); err != nil {
 //		return err
 //	}
 //	idem, err := idempotency.New(pool, &idempotency.Config{

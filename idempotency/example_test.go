@@ -12,7 +12,7 @@ import (
 
 	"github.com/sagaflow/sagaflow/idempotency"
 	"github.com/sagaflow/sagaflow/internal/pgtest"
-	"github.com/sagaflow/sagaflow/store"
+	"github.com/sagaflow/sagaflow/migrations"
 )
 
 type userKey struct{}
@@ -45,7 +45,7 @@ func ExampleMiddleware_Wrap() {
 	pool, schema, cleanup := pgtest.ForExample()
 	defer cleanup()
 	ctx := context.Background()
-	if _, err := store.Migrate(ctx, pool, schema); err != nil {
+	if _, err := migrations.Migrate(ctx, pool, schema); err != nil {
 		panic(err)
 	}
 	idem, err := idempotency.New(pool, &idempotency.Config{Schema: schema, Required: true, Identity: userID})

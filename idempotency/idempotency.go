@@ -22,7 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sagaflow/sagaflow/internal/safetext"
-	"github.com/sagaflow/sagaflow/store"
+	"github.com/sagaflow/sagaflow/internal/store"
 )
 
 const (
@@ -172,7 +172,7 @@ type Middleware struct {
 
 // New returns a middleware that keeps keys in the idempotency_keys table of
 // cfg.Schema on pool; the schema must have been migrated with
-// store.Migrate. cfg must set [Config.Identity].
+// migrations.Migrate. cfg must set [Config.Identity].
 func New(pool *pgxpool.Pool, cfg *Config) (*Middleware, error) {
 	c := Config{}
 	if cfg != nil {

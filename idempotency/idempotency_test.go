@@ -23,7 +23,7 @@ import (
 
 	"github.com/sagaflow/sagaflow/idempotency"
 	"github.com/sagaflow/sagaflow/internal/pgtest"
-	"github.com/sagaflow/sagaflow/store"
+	"github.com/sagaflow/sagaflow/migrations"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -46,7 +46,7 @@ func setup(t *testing.T, cfg *idempotency.Config, handler func(b *bundle, w http
 	t.Helper()
 	ctx := context.Background()
 	pool, schema := pgtest.NewSchema(t)
-	_, err := store.Migrate(ctx, pool, schema)
+	_, err := migrations.Migrate(ctx, pool, schema)
 	require.NoError(t, err)
 	c := idempotency.Config{}
 	if cfg != nil {

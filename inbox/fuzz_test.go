@@ -6,7 +6,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/sagaflow/sagaflow/inbox"
-	"github.com/sagaflow/sagaflow/store"
+	"github.com/sagaflow/sagaflow/internal/store"
 )
 
 // FuzzFromKafka: any message converts, always with an id (the header, or

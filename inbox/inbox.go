@@ -12,7 +12,7 @@ import (
 
 	"github.com/sagaflow/sagaflow/internal/fault"
 	"github.com/sagaflow/sagaflow/internal/safetext"
-	"github.com/sagaflow/sagaflow/store"
+	"github.com/sagaflow/sagaflow/internal/store"
 )
 
 // MaxMessageBytesDefault bounds a message's value.

@@ -13,7 +13,7 @@ import (
 
 	"github.com/sagaflow/sagaflow/inbox"
 	"github.com/sagaflow/sagaflow/internal/pgtest"
-	"github.com/sagaflow/sagaflow/store"
+	"github.com/sagaflow/sagaflow/migrations"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -28,7 +28,7 @@ func setup(t *testing.T) *bundle {
 	t.Helper()
 	ctx := context.Background()
 	pool, schema := pgtest.NewSchema(t)
-	_, err := store.Migrate(ctx, pool, schema)
+	_, err := migrations.Migrate(ctx, pool, schema)
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, "CREATE TABLE "+pgx.Identifier{schema, "charges"}.Sanitize()+" (message_id text, amount int)")
 	require.NoError(t, err)

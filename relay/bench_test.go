@@ -15,8 +15,9 @@ import (
 
 	"github.com/sagaflow/sagaflow/internal/kafkatest"
 	"github.com/sagaflow/sagaflow/internal/pgtest"
+	"github.com/sagaflow/sagaflow/internal/store"
+	"github.com/sagaflow/sagaflow/migrations"
 	"github.com/sagaflow/sagaflow/relay"
-	"github.com/sagaflow/sagaflow/store"
 )
 
 // Topics of the benchmark cluster.
@@ -33,7 +34,7 @@ func benchSetup(b *testing.B) *env {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	b.Cleanup(cancel)
 	pool, schema := pgtest.NewSchema(b)
-	_, err := store.Migrate(ctx, pool, schema)
+	_, err := migrations.Migrate(ctx, pool, schema)
 	require.NoError(b, err)
 	st, err := store.New(schema)
 	require.NoError(b, err)

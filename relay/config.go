@@ -6,7 +6,7 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"github.com/sagaflow/sagaflow/store"
+	"github.com/sagaflow/sagaflow/internal/store"
 )
 
 // Configuration defaults.

@@ -11,7 +11,7 @@
 //		return err
 //	}
 //	defer pool.Close()
-//	if _, err := store.Migrate(ctx, pool, "sagaflow"); err != nil {
+//	if _, err := migrations.Migrate(ctx, pool, "sagaflow"); err != nil {
 //		return err
 //	}
 //

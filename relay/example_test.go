@@ -9,8 +9,9 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/sagaflow/sagaflow/internal/store"
+	"github.com/sagaflow/sagaflow/migrations"
 	"github.com/sagaflow/sagaflow/relay"
-	"github.com/sagaflow/sagaflow/store"
 )
 
 // A service writes its order and the order's event in one transaction; the
@@ -23,7 +24,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	if _, err := store.Migrate(ctx, pool, "sagaflow"); err != nil {
+	if _, err := migrations.Migrate(ctx, pool, "sagaflow"); err != nil {
 		log.Fatal(err)
 	}
 

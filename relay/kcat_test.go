@@ -18,8 +18,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagaflow/sagaflow/inbox"
+	"github.com/sagaflow/sagaflow/internal/store"
 	"github.com/sagaflow/sagaflow/relay"
-	"github.com/sagaflow/sagaflow/store"
 )
 
 // kcatPath returns the kcat binary. Without one the test is skipped on a

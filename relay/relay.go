@@ -17,7 +17,7 @@ import (
 
 	"github.com/sagaflow/sagaflow/internal/fault"
 	"github.com/sagaflow/sagaflow/internal/lifecycle"
-	"github.com/sagaflow/sagaflow/store"
+	"github.com/sagaflow/sagaflow/internal/store"
 )
 
 // Relay publishes the outbox's relay rows to Kafka. See the package
@@ -55,7 +55,7 @@ type counters struct {
 
 // New returns a relay that reads the outbox of cfg.Schema on pool and
 // publishes through w. A nil cfg means the defaults. The schema must have
-// been migrated with store.Migrate. The relay does not close w.
+// been migrated with migrations.Migrate. The relay does not close w.
 func New(pool *pgxpool.Pool, w Writer, cfg *Config) (*Relay, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("%w: pool is nil", ErrInvalidConfig)

@@ -20,8 +20,8 @@ import (
 
 	"github.com/sagaflow/sagaflow/inbox"
 	"github.com/sagaflow/sagaflow/internal/lifecycle"
+	"github.com/sagaflow/sagaflow/internal/store"
 	"github.com/sagaflow/sagaflow/relay"
-	"github.com/sagaflow/sagaflow/store"
 )
 
 func seqOf(t *testing.T, m kafka.Message) int {

@@ -13,8 +13,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sagaflow/sagaflow/inbox"
+	"github.com/sagaflow/sagaflow/internal/store"
 	"github.com/sagaflow/sagaflow/relay"
-	"github.com/sagaflow/sagaflow/store"
 )
 
 // TestRequeuedDeadLetterIsPublishedAsReceived sends messages with a raw

@@ -17,8 +17,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagaflow/sagaflow/internal/pgtest"
+	"github.com/sagaflow/sagaflow/migrations"
 	"github.com/sagaflow/sagaflow/saga"
-	"github.com/sagaflow/sagaflow/store"
 )
 
 // BenchmarkStepThroughput measures, in one run and at the same concurrency,
@@ -36,7 +36,7 @@ func BenchmarkStepThroughput(b *testing.B) {
 			pool, schema := pgtest.NewSchema(b)
 			pool.Config().MaxConns = int32(conc + 4)
 			ctx := context.Background()
-			_, err := store.Migrate(ctx, pool, schema)
+			_, err := migrations.Migrate(ctx, pool, schema)
 			require.NoError(b, err)
 
 			// The pool of NewSchema is small; give both sides room.
@@ -59,7 +59,7 @@ func BenchmarkStepThroughput(b *testing.B) {
 func BenchmarkStepLatency(b *testing.B) {
 	steps := max(b.N, 300)
 	pool, schema := pgtest.NewSchema(b)
-	_, err := store.Migrate(context.Background(), pool, schema)
+	_, err := migrations.Migrate(context.Background(), pool, schema)
 	require.NoError(b, err)
 	rate, p50, p99 := engineRun(b, biggerPool(b, pool, 8), schema, 4, steps, 4)
 	b.ReportMetric(rate, "engine_steps/s")
@@ -82,7 +82,7 @@ func BenchmarkStepThroughputFilled(b *testing.B) {
 	for i, n := range []int{0, fill} {
 		pool, schema := pgtest.NewSchema(b)
 		ctx := context.Background()
-		_, err := store.Migrate(ctx, pool, schema)
+		_, err := migrations.Migrate(ctx, pool, schema)
 		require.NoError(b, err)
 		s := pgx.Identifier{schema}.Sanitize()
 		if n > 0 {
@@ -130,7 +130,7 @@ func BenchmarkSagaLatencyAtRate(b *testing.B) {
 	sagas := max(b.N, 300)
 	pool, schema := pgtest.NewSchema(b)
 	ctx := context.Background()
-	_, err := store.Migrate(ctx, pool, schema)
+	_, err := migrations.Migrate(ctx, pool, schema)
 	require.NoError(b, err)
 	pool = biggerPool(b, pool, workers+16)
 	e, err := saga.New(pool, &saga.Config{Schema: schema, Workers: workers, PollInterval: 50 * time.Millisecond, Logger: discardLogger()})

@@ -41,8 +41,8 @@
 //		&saga.StartOpts{BusinessKey: orderID})
 //	tx.Commit(ctx)
 //
-// The tables come from package store: run store.Migrate (or apply
-// store.MigrationSQL with your own tool) before the engine.
+// The tables come from package store: run migrations.Migrate (or apply
+// migrations.Script with your own tool) before the engine.
 //
 // # Guarantees
 //

@@ -16,7 +16,8 @@ import (
 
 	"github.com/sagaflow/sagaflow/internal/lifecycle"
 	"github.com/sagaflow/sagaflow/internal/signing"
-	"github.com/sagaflow/sagaflow/store"
+	"github.com/sagaflow/sagaflow/internal/store"
+	"github.com/sagaflow/sagaflow/migrations"
 )
 
 // Configuration defaults.
@@ -290,7 +291,7 @@ type testHooks struct {
 }
 
 // New returns an engine on pool. A nil cfg means the defaults. The schema must
-// have been migrated with store.Migrate.
+// have been migrated with migrations.Migrate.
 func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("%w: pool is nil", ErrInvalidConfig)
@@ -421,23 +422,14 @@ func (e *Engine) maxStepTimeout() time.Duration {
 	return m
 }
 
-// Store returns the engine's statements, for tools built on the engine; nil
-// for a nil engine.
-func (e *Engine) Store() *store.Store {
-	if e == nil {
-		return nil
-	}
-	return e.st
-}
-
 // Start launches the engine's workers, its notification listener and its
 // scheduler, and returns at once. Calling it on a running engine does
 // nothing; calling it while Stop is in progress returns an error. Cancelling
 // ctx stops the engine hard, as [Engine.StopAndCancel] does.
 //
 // Start first checks that the schema has every migration this version needs
-// (see store.CheckSchema), and returns an error wrapping
-// store.ErrSchemaNotMigrated when it has not. When the database cannot be
+// (see migrations.Check), and returns an error wrapping
+// migrations.ErrNotMigrated when it has not. When the database cannot be
 // asked, it logs a warning and starts: its workers wait for the database as
 // they do whenever it is away.
 func (e *Engine) Start(ctx context.Context) error {
@@ -506,11 +498,11 @@ const schemaCheckTimeout = 5 * time.Second
 func (e *Engine) checkSchema(ctx context.Context) error {
 	checkCtx, cancel := context.WithTimeout(ctx, schemaCheckTimeout)
 	defer cancel()
-	err := store.CheckSchema(checkCtx, e.pool, e.cfg.Schema)
+	err := migrations.Check(checkCtx, e.pool, e.cfg.Schema)
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, store.ErrSchemaNotMigrated):
+	case errors.Is(err, migrations.ErrNotMigrated):
 		return fmt.Errorf("saga: engine: %w", err)
 	}
 	e.log.WarnContext(ctx, "sagaflow could not check the schema's migrations; starting anyway",

@@ -9,9 +9,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/sagaflow/sagaflow/internal/pgtest"
+	"github.com/sagaflow/sagaflow/migrations"
 	"github.com/sagaflow/sagaflow/saga"
 	"github.com/sagaflow/sagaflow/steps"
-	"github.com/sagaflow/sagaflow/store"
 )
 
 type Order struct {
@@ -29,7 +29,7 @@ func Example() {
 	pool, schema, cleanup := pgtest.ForExample()
 	defer cleanup()
 	ctx := context.Background()
-	if _, err := store.Migrate(ctx, pool, schema); err != nil {
+	if _, err := migrations.Migrate(ctx, pool, schema); err != nil {
 		panic(err)
 	}
 	stock := pgx.Identifier{schema, "stock"}.Sanitize()

@@ -11,8 +11,8 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/sagaflow/sagaflow/internal/store"
 	"github.com/sagaflow/sagaflow/steps"
-	"github.com/sagaflow/sagaflow/store"
 )
 
 // Status is where a saga is in its life.
@@ -20,17 +20,17 @@ type Status string
 
 const (
 	// StatusRunning: running its steps forward.
-	StatusRunning Status = store.StatusRunning
+	StatusRunning Status = "running"
 	// StatusCompensating: undoing its completed steps in reverse order.
-	StatusCompensating Status = store.StatusCompensating
+	StatusCompensating Status = "compensating"
 	// StatusCompleted: every step succeeded. Terminal.
-	StatusCompleted Status = store.StatusCompleted
+	StatusCompleted Status = "completed"
 	// StatusCompensated: a step failed for good (or the saga was cancelled)
 	// and every completed step was compensated. Terminal.
-	StatusCompensated Status = store.StatusCompensated
+	StatusCompensated Status = "compensated"
 	// StatusFailed: a compensation gave up, or the saga could not run at
 	// all. Parked for an operator, with its error. Terminal until replayed.
-	StatusFailed Status = store.StatusFailed
+	StatusFailed Status = "failed"
 )
 
 // Terminal reports whether a saga in status s has ended.

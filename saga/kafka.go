@@ -17,8 +17,8 @@ import (
 	"github.com/sagaflow/sagaflow/internal/lifecycle"
 	"github.com/sagaflow/sagaflow/internal/pgerr"
 	"github.com/sagaflow/sagaflow/internal/safetext"
+	"github.com/sagaflow/sagaflow/internal/store"
 	"github.com/sagaflow/sagaflow/steps"
-	"github.com/sagaflow/sagaflow/store"
 )
 
 // KafkaConfig makes an engine carry step commands over Kafka instead of

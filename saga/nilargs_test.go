@@ -41,7 +41,6 @@ func TestNilArgumentsAreErrors(t *testing.T) {
 				require.ErrorIs(t, err, saga.ErrNilEngine, op)
 			}
 			require.Equal(t, saga.Stats{}, e.Stats())
-			require.Nil(t, e.Store())
 			require.Nil(t, e.CommandTopics())
 		})
 	}

@@ -12,9 +12,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagaflow/sagaflow/internal/store"
 	"github.com/sagaflow/sagaflow/saga"
 	"github.com/sagaflow/sagaflow/steps"
-	"github.com/sagaflow/sagaflow/store"
 )
 
 func TestFailedSagaResumesAfterItsCauseIsFixed(t *testing.T) {

@@ -13,8 +13,8 @@ import (
 
 	"github.com/sagaflow/sagaflow/internal/fault"
 	"github.com/sagaflow/sagaflow/internal/pgerr"
+	"github.com/sagaflow/sagaflow/internal/store"
 	"github.com/sagaflow/sagaflow/steps"
-	"github.com/sagaflow/sagaflow/store"
 )
 
 // RescueResult says what one [Engine.RescueNow] did.

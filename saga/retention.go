@@ -6,7 +6,7 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/sagaflow/sagaflow/store"
+	"github.com/sagaflow/sagaflow/internal/store"
 )
 
 // RetentionResult counts what one [Engine.RunRetention] deleted.

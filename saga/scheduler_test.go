@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagaflow/sagaflow/internal/store"
 	"github.com/sagaflow/sagaflow/saga"
 )
 
@@ -117,7 +118,9 @@ func TestRetentionDeletesOnlyWhatIsPastItsWindow(t *testing.T) {
 	exec("UPDATE "+b.table("saga_instances")+" SET ended_at = now() - interval '4 hours', status = 'failed' WHERE id = $1", ids[2])
 
 	// One statement deletes at most RetentionBatch rows.
-	n, err := b.engine.Store().DeleteInboxKeys(ctx, b.pool, 2*time.Hour, 2)
+	st, err := store.New(b.schema)
+	require.NoError(t, err)
+	n, err := st.DeleteInboxKeys(ctx, b.pool, 2*time.Hour, 2)
 	require.NoError(t, err)
 	require.Equal(t, int64(2), n)
 

@@ -16,9 +16,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagaflow/sagaflow/internal/pgtest"
+	"github.com/sagaflow/sagaflow/migrations"
 	"github.com/sagaflow/sagaflow/saga"
 	"github.com/sagaflow/sagaflow/sagatest"
-	"github.com/sagaflow/sagaflow/store"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -36,7 +36,7 @@ func setup(t *testing.T, cfg *saga.Config) *bundle {
 	t.Helper()
 	ctx := context.Background()
 	pool, schema := pgtest.NewSchema(t)
-	_, err := store.Migrate(ctx, pool, schema)
+	_, err := migrations.Migrate(ctx, pool, schema)
 	require.NoError(t, err)
 	// effects is the handlers' own table: no unique key, so a doubled effect
 	// shows up as a second row instead of an error.

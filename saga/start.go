@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/sagaflow/sagaflow/internal/safetext"
+	"github.com/sagaflow/sagaflow/internal/store"
 	"github.com/sagaflow/sagaflow/steps"
-	"github.com/sagaflow/sagaflow/store"
 )
 
 // StartOpts are the options of [Start] and [StartTx]. nil means none.

@@ -9,8 +9,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sagaflow/sagaflow/internal/pgerr"
+	"github.com/sagaflow/sagaflow/internal/store"
 	"github.com/sagaflow/sagaflow/saga"
-	"github.com/sagaflow/sagaflow/store"
 )
 
 // AdvancePayload is the payload of the notification [Clock.Advance] sends

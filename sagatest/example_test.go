@@ -15,11 +15,11 @@ import (
 
 	"github.com/sagaflow/sagaflow/internal/kafkatest"
 	"github.com/sagaflow/sagaflow/internal/pgtest"
+	"github.com/sagaflow/sagaflow/migrations"
 	"github.com/sagaflow/sagaflow/relay"
 	"github.com/sagaflow/sagaflow/saga"
 	"github.com/sagaflow/sagaflow/sagatest"
 	"github.com/sagaflow/sagaflow/steps"
-	"github.com/sagaflow/sagaflow/store"
 )
 
 type Checkout struct {
@@ -156,7 +156,7 @@ func ExampleNewParticipant() {
 // exampleDB is a fresh migrated schema, dropped when the example ends.
 func exampleDB(t testing.TB) (*pgxpool.Pool, string) {
 	pool, schema := pgtest.NewSchema(t)
-	_, err := store.Migrate(context.Background(), pool, schema)
+	_, err := migrations.Migrate(context.Background(), pool, schema)
 	check(err)
 	return pool, schema
 }

@@ -16,9 +16,9 @@ import (
 
 	"github.com/sagaflow/sagaflow/internal/kafkatest"
 	"github.com/sagaflow/sagaflow/internal/pgtest"
+	"github.com/sagaflow/sagaflow/migrations"
 	"github.com/sagaflow/sagaflow/relay"
 	"github.com/sagaflow/sagaflow/saga"
-	"github.com/sagaflow/sagaflow/store"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -35,7 +35,7 @@ type bundle struct {
 func migrated(t *testing.T) (*pgxpool.Pool, string) {
 	t.Helper()
 	pool, schema := pgtest.NewSchema(t)
-	_, err := store.Migrate(context.Background(), pool, schema)
+	_, err := migrations.Migrate(context.Background(), pool, schema)
 	require.NoError(t, err)
 	return pool, schema
 }

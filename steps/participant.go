@@ -15,7 +15,7 @@ import (
 	"github.com/sagaflow/sagaflow/inbox"
 	"github.com/sagaflow/sagaflow/internal/safetext"
 	"github.com/sagaflow/sagaflow/internal/signing"
-	"github.com/sagaflow/sagaflow/store"
+	"github.com/sagaflow/sagaflow/internal/store"
 )
 
 // ParticipantConfig configures a [Participant].
@@ -78,7 +78,7 @@ type Participant struct {
 }
 
 // NewParticipant returns a participant on pool; the schema must have been
-// migrated with store.Migrate.
+// migrated with migrations.Migrate.
 func NewParticipant(pool *pgxpool.Pool, cfg *ParticipantConfig) (*Participant, error) {
 	c := ParticipantConfig{}
 	if cfg != nil {

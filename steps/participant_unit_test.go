@@ -10,8 +10,9 @@ import (
 
 	"github.com/sagaflow/sagaflow/inbox"
 	"github.com/sagaflow/sagaflow/internal/pgtest"
+	"github.com/sagaflow/sagaflow/internal/store"
+	"github.com/sagaflow/sagaflow/migrations"
 	"github.com/sagaflow/sagaflow/steps"
-	"github.com/sagaflow/sagaflow/store"
 )
 
 // participantOnly is a participant driven directly, without Kafka: each
@@ -25,7 +26,7 @@ func newParticipantOnly(t *testing.T) *participantOnly {
 	t.Helper()
 	ctx := context.Background()
 	pool, schema := pgtest.NewSchema(t)
-	_, err := store.Migrate(ctx, pool, schema)
+	_, err := migrations.Migrate(ctx, pool, schema)
 	require.NoError(t, err)
 	s := &service{pool: pool, schema: schema}
 	_, err = pool.Exec(ctx, "CREATE TABLE "+s.table("moves")+" (move text)")

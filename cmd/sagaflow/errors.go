@@ -9,8 +9,8 @@ import (
 
 	"github.com/sagaflow/sagaflow/internal/pgerr"
 	"github.com/sagaflow/sagaflow/internal/safetext"
+	"github.com/sagaflow/sagaflow/internal/store"
 	"github.com/sagaflow/sagaflow/saga"
-	"github.com/sagaflow/sagaflow/store"
 )
 
 // cliError is an error with its exit code. msg reads "<what>: <why>"; the

@@ -14,8 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/sagaflow/sagaflow/internal/store"
 	"github.com/sagaflow/sagaflow/saga"
-	"github.com/sagaflow/sagaflow/store"
 )
 
 // Exit codes; see the package documentation.

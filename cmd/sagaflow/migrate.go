@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/sagaflow/sagaflow/store"
+	"github.com/sagaflow/sagaflow/migrations"
 )
 
 type migrationJSON struct {
@@ -25,7 +25,7 @@ func setupMigrate(fs *flag.FlagSet) runFunc {
 		}
 		schema := c.g.schema
 		if grantsFor != nil {
-			sql, err := store.GrantSQL(schema, *grantsFor)
+			sql, err := migrations.Grants(schema, *grantsFor)
 			if err != nil {
 				return usageErrorf("migrate --print-grants: %v", err)
 			}
@@ -33,7 +33,7 @@ func setupMigrate(fs *flag.FlagSet) runFunc {
 			return err
 		}
 		if *printSQL {
-			sql, err := store.MigrationSQL(schema)
+			sql, err := migrations.Script(schema)
 			if err != nil {
 				return c.opError(err, "migrate --print")
 			}
@@ -50,7 +50,7 @@ func setupMigrate(fs *flag.FlagSet) runFunc {
 		if _, err := c.connect(ctx); err != nil {
 			return err
 		}
-		res, err := store.Migrate(ctx, c.pool, schema)
+		res, err := migrations.Migrate(ctx, c.pool, schema)
 		if err != nil {
 			return c.opError(err, "migrate schema %q", schema)
 		}

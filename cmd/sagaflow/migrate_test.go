@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagaflow/sagaflow/internal/pgtest"
-	"github.com/sagaflow/sagaflow/store"
+	"github.com/sagaflow/sagaflow/migrations"
 )
 
 func TestMigrate(t *testing.T) {
@@ -18,7 +18,7 @@ func TestMigrate(t *testing.T) {
 		return runCLI(t, nil, append([]string{"--database-url", url, "--schema", schema}, args...)...)
 	}
 
-	ms, err := store.Migrations()
+	ms, err := migrations.All()
 	require.NoError(t, err)
 	latest := strconv.Itoa(ms[len(ms)-1].Version)
 	out := cli("migrate").ok(t)

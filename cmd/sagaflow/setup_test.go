@@ -16,10 +16,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagaflow/sagaflow/internal/pgtest"
+	"github.com/sagaflow/sagaflow/migrations"
 	"github.com/sagaflow/sagaflow/saga"
 	"github.com/sagaflow/sagaflow/sagatest"
 	"github.com/sagaflow/sagaflow/steps"
-	"github.com/sagaflow/sagaflow/store"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -72,7 +72,7 @@ type fixture struct {
 func setup(t *testing.T) *fixture {
 	t.Helper()
 	pool, schema := pgtest.NewSchema(t)
-	_, err := store.Migrate(context.Background(), pool, schema)
+	_, err := migrations.Migrate(context.Background(), pool, schema)
 	require.NoError(t, err)
 	return &fixture{pool: pool, schema: schema, url: pgtest.ConnString(t)}
 }

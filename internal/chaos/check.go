@@ -12,9 +12,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sagaflow/sagaflow/internal/safetext"
+	"github.com/sagaflow/sagaflow/internal/store"
 	"github.com/sagaflow/sagaflow/saga"
 	"github.com/sagaflow/sagaflow/steps"
-	"github.com/sagaflow/sagaflow/store"
 )
 
 // Report is what the checkers found. The first line of String is the one

@@ -15,9 +15,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sagaflow/sagaflow/internal/pgerr"
+	"github.com/sagaflow/sagaflow/migrations"
 	"github.com/sagaflow/sagaflow/saga"
 	"github.com/sagaflow/sagaflow/steps"
-	"github.com/sagaflow/sagaflow/store"
 )
 
 // The workload: an order saga in the orders schema whose middle step is a
@@ -121,7 +121,7 @@ func Ledger() string { return pgx.Identifier{LedgerSchema, "ledger"}.Sanitize() 
 // participant's business table. It is safe to run again.
 func Setup(ctx context.Context, pool *pgxpool.Pool) error {
 	for _, s := range []string{OrdersSchema, PaymentsSchema} {
-		if _, err := store.Migrate(ctx, pool, s); err != nil {
+		if _, err := migrations.Migrate(ctx, pool, s); err != nil {
 			return fmt.Errorf("chaos: migrate %s: %w", s, err)
 		}
 	}

@@ -17,10 +17,10 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/sagaflow/sagaflow/inbox"
+	"github.com/sagaflow/sagaflow/migrations"
 	"github.com/sagaflow/sagaflow/relay"
 	"github.com/sagaflow/sagaflow/saga"
 	"github.com/sagaflow/sagaflow/steps"
-	"github.com/sagaflow/sagaflow/store"
 )
 
 // Topics the services talk on.
@@ -124,7 +124,7 @@ func schemaSQL(d DB, stmts ...string) error {
 func Start(ctx context.Context, env Env) (*System, error) {
 	s := &System{env: env, Provider: NewProvider()}
 	for _, d := range []DB{env.Orders, env.Inventory, env.Payments, env.Shipping} {
-		if _, err := store.Migrate(ctx, d.Pool, d.Schema); err != nil {
+		if _, err := migrations.Migrate(ctx, d.Pool, d.Schema); err != nil {
 			return nil, err
 		}
 	}

@@ -8,13 +8,14 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/sagaflow/sagaflow/store"
+	"github.com/sagaflow/sagaflow/internal/store"
+	"github.com/sagaflow/sagaflow/migrations"
 )
 
 func main() {
 	schema := flag.String("schema", store.SchemaDefault, "schema to create the tables in")
 	flag.Parse()
-	sql, err := store.MigrationSQL(*schema)
+	sql, err := migrations.Script(*schema)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "printsql:", err)
 		os.Exit(2)

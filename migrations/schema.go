@@ -1,6 +1,7 @@
-package store
+package migrations
 
 import (
+	"errors"
 	"fmt"
 	"regexp"
 
@@ -34,7 +35,14 @@ func ValidateSchema(name string) error {
 	return nil
 }
 
-// quoteSchema returns the schema as a quoted SQL identifier.
-func quoteSchema(name string) string {
+// QuoteSchema returns the schema as a quoted SQL identifier.
+func QuoteSchema(name string) string {
 	return pgx.Identifier{name}.Sanitize()
 }
+
+// ErrInvalidSchema is returned for a schema name that sagaflow refuses to use.
+var ErrInvalidSchema = errors.New("sagaflow: invalid schema name")
+
+// ErrNotMigrated is returned by [Check] for a schema that lacks migrations
+// this version of sagaflow needs.
+var ErrNotMigrated = errors.New("sagaflow: schema not migrated")

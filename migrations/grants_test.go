@@ -1,4 +1,4 @@
-package store_test
+package migrations_test
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagaflow/sagaflow/internal/pgtest"
-	"github.com/sagaflow/sagaflow/store"
+	"github.com/sagaflow/sagaflow/migrations"
 )
 
 // The documented grants are enough for every statement sagaflow runs at run
@@ -21,7 +21,7 @@ func TestGrantSQLIsEnoughAndNoMore(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool, schema := pgtest.NewSchema(t)
-	_, err := store.Migrate(ctx, pool, schema)
+	_, err := migrations.Migrate(ctx, pool, schema)
 	require.NoError(t, err)
 	role := "rt_" + strings.ToLower(schema)
 	_, err = pool.Exec(ctx, "CREATE ROLE "+pgx.Identifier{role}.Sanitize()+" LOGIN")
@@ -31,7 +31,7 @@ func TestGrantSQLIsEnoughAndNoMore(t *testing.T) {
 	t.Cleanup(func() {
 		_, _ = pool.Exec(context.Background(), "DROP OWNED BY "+pgx.Identifier{role}.Sanitize()+"; DROP ROLE "+pgx.Identifier{role}.Sanitize())
 	})
-	grants, err := store.GrantSQL(schema, role)
+	grants, err := migrations.Grants(schema, role)
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, grants)
 	require.NoError(t, err)
@@ -46,7 +46,7 @@ func TestGrantSQLIsEnoughAndNoMore(t *testing.T) {
 		t.Skipf("cannot log in as a new role on this server (%v): the grants are not checked here", err)
 	}
 
-	require.NoError(t, store.CheckSchema(ctx, rt, schema))
+	require.NoError(t, migrations.Check(ctx, rt, schema))
 	q := pgx.Identifier{schema}.Sanitize()
 	for _, stmt := range []string{
 		`INSERT INTO %s.saga_instances (id, saga_name, status, step_index, step_name, direction, state) VALUES (gen_random_uuid(), 'g', 'running', 0, 's', 'forward', '{}')`,
@@ -85,10 +85,10 @@ func TestGrantSQLIsEnoughAndNoMore(t *testing.T) {
 func TestGrantSQLRefusesRolesThatAreNotOneRole(t *testing.T) {
 	t.Parallel()
 	for _, role := range []string{"", "public", "PUBLIC", "pg_monitor", "a\x1b[2Jb", "a\nb", "a\x00b", "a\xffb", strings.Repeat("r", 64)} {
-		_, err := store.GrantSQL("sagaflow", role)
+		_, err := migrations.Grants("sagaflow", role)
 		require.Error(t, err, "%q", role)
 	}
-	sql, err := store.GrantSQL("sagaflow", `odd"name`)
+	sql, err := migrations.Grants("sagaflow", `odd"name`)
 	require.NoError(t, err)
 	require.Contains(t, sql, `TO "odd""name";`, "quoted as an identifier")
 }

@@ -10,7 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagaflow/sagaflow/internal/pgtest"
-	"github.com/sagaflow/sagaflow/store"
+	"github.com/sagaflow/sagaflow/internal/store"
+	"github.com/sagaflow/sagaflow/migrations"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -33,16 +34,16 @@ func TestMigrateIsIdempotentAndConcurrencySafe(t *testing.T) {
 	t.Cleanup(func() { _, _ = pool.Exec(context.WithoutCancel(ctx), "DROP SCHEMA IF EXISTS "+target+" CASCADE") })
 
 	var wg sync.WaitGroup
-	results := make([]*store.MigrateResult, 4)
+	results := make([]*migrations.Result, 4)
 	for i := range results {
 		wg.Go(func() {
-			res, err := store.Migrate(ctx, pool, target)
+			res, err := migrations.Migrate(ctx, pool, target)
 			require.NoError(t, err)
 			results[i] = res
 		})
 	}
 	wg.Wait()
-	ms, err := store.Migrations()
+	ms, err := migrations.All()
 	require.NoError(t, err)
 	require.NotEmpty(t, ms)
 	applied := 0
@@ -53,7 +54,7 @@ func TestMigrateIsIdempotentAndConcurrencySafe(t *testing.T) {
 	require.Equal(t, len(ms), applied, "each migration applied exactly once across concurrent callers")
 	require.Equal(t, []string{"dead_letters", "idempotency_keys", "inbox", "outbox", "saga_cancel_requests", "saga_history", "saga_instances", "sagaflow_migrations"}, tables(t, ctx, pool, target), "tables after all migrations")
 
-	again, err := store.Migrate(ctx, pool, target)
+	again, err := migrations.Migrate(ctx, pool, target)
 	require.NoError(t, err)
 	require.Empty(t, again.Applied)
 }
@@ -66,9 +67,9 @@ func TestMigrateRefusesBadSchemaNames(t *testing.T) {
 		"", `x"; DROP TABLE users; --`, "has space", "1starts_with_digit", "pg_toast", "dash-ed",
 		strings.Repeat("a", 49), "ünïcode",
 	} {
-		_, err := store.Migrate(ctx, pool, bad)
+		_, err := migrations.Migrate(ctx, pool, bad)
 		require.ErrorIs(t, err, store.ErrInvalidSchema, "schema %q", bad)
-		_, err = store.MigrationSQL(bad)
+		_, err = migrations.Script(bad)
 		require.ErrorIs(t, err, store.ErrInvalidSchema, "schema %q", bad)
 		_, err = store.New(bad)
 		require.ErrorIs(t, err, store.ErrInvalidSchema, "schema %q", bad)
@@ -82,7 +83,7 @@ func TestMigrationSQLAppliesWithAnotherTool(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool, schema := pgtest.NewSchema(t)
-	script, err := store.MigrationSQL(schema)
+	script, err := migrations.Script(schema)
 	require.NoError(t, err)
 	require.NotContains(t, script, "{{schema}}")
 	require.Contains(t, script, `CREATE TABLE "`+schema+`".saga_instances`)
@@ -92,7 +93,7 @@ func TestMigrationSQLAppliesWithAnotherTool(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, tables(t, ctx, pool, schema), "outbox")
 	// The migrator then sees the schema as up to date.
-	res, err := store.Migrate(ctx, pool, schema)
+	res, err := migrations.Migrate(ctx, pool, schema)
 	require.NoError(t, err)
 	require.Empty(t, res.Applied)
 }

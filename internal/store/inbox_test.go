@@ -9,7 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagaflow/sagaflow/internal/pgtest"
-	"github.com/sagaflow/sagaflow/store"
+	"github.com/sagaflow/sagaflow/internal/store"
+	"github.com/sagaflow/sagaflow/migrations"
 )
 
 // Every text field of a dead letter may hold bytes PostgreSQL refuses; the
@@ -19,7 +20,7 @@ func TestInsertDeadLetterCannotFailOnContent(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool, schema := pgtest.NewSchema(t)
-	_, err := store.Migrate(ctx, pool, schema)
+	_, err := migrations.Migrate(ctx, pool, schema)
 	require.NoError(t, err)
 	st, err := store.New(schema)
 	require.NoError(t, err)

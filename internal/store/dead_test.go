@@ -16,7 +16,7 @@ import (
 
 	"github.com/sagaflow/sagaflow/inbox"
 	"github.com/sagaflow/sagaflow/internal/safetext"
-	"github.com/sagaflow/sagaflow/store"
+	"github.com/sagaflow/sagaflow/internal/store"
 )
 
 // deadLetter stores a dead letter at offset of topic for consumer and

@@ -1,4 +1,4 @@
-package store
+package migrations
 
 import (
 	"errors"
@@ -11,7 +11,7 @@ import (
 	"github.com/sagaflow/sagaflow/internal/safetext"
 )
 
-// GrantSQL returns the statements that give role what sagaflow needs at run
+// Grants returns the statements that give role what sagaflow needs at run
 // time on schema, and nothing more: no DDL, no ownership. Apply them after
 // the migrations, as the schema's owner. The role can then run engines,
 // relays, participants, inbox consumers, the idempotency middleware and
@@ -25,14 +25,14 @@ import (
 //
 // Advisory locks, LISTEN and NOTIFY need no grant. Identity columns
 // (saga_history.id, dead_letters.id) need none either.
-func GrantSQL(schema, role string) (string, error) {
+func Grants(schema, role string) (string, error) {
 	if err := ValidateSchema(schema); err != nil {
 		return "", err
 	}
 	if err := validateRole(role); err != nil {
-		return "", fmt.Errorf("store: grants: %w", err)
+		return "", fmt.Errorf("migrations: grants: %w", err)
 	}
-	s, r := quoteSchema(schema), pgx.Identifier{role}.Sanitize()
+	s, r := QuoteSchema(schema), pgx.Identifier{role}.Sanitize()
 	return fmt.Sprintf(`GRANT USAGE ON SCHEMA %[1]s TO %[2]s;
 GRANT SELECT, INSERT, UPDATE, DELETE ON %[1]s.saga_instances, %[1]s.saga_history, %[1]s.saga_cancel_requests,
 	%[1]s.outbox, %[1]s.inbox, %[1]s.dead_letters, %[1]s.idempotency_keys TO %[2]s;

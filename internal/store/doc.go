@@ -13,7 +13,7 @@
 // sagaflow_migrations table of the schema. It is idempotent and safe to run
 // from many processes at once:
 //
-//	if _, err := store.Migrate(ctx, pool, "sagaflow"); err != nil {
+//	if _, err := migrations.Migrate(ctx, pool, "sagaflow"); err != nil {
 //		return err
 //	}
 //

@@ -12,13 +12,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagaflow/sagaflow/internal/pgtest"
-	"github.com/sagaflow/sagaflow/store"
+	"github.com/sagaflow/sagaflow/internal/store"
+	"github.com/sagaflow/sagaflow/migrations"
 )
 
 func setupIdempotency(t *testing.T) (*pgxpool.Pool, *store.Store, string) {
 	t.Helper()
 	pool, schema := pgtest.NewSchema(t)
-	_, err := store.Migrate(context.Background(), pool, schema)
+	_, err := migrations.Migrate(context.Background(), pool, schema)
 	require.NoError(t, err)
 	st, err := store.New(schema)
 	require.NoError(t, err)

@@ -1,4 +1,4 @@
-package store_test
+package migrations_test
 
 import (
 	"context"
@@ -11,45 +11,45 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagaflow/sagaflow/internal/pgtest"
-	"github.com/sagaflow/sagaflow/store"
+	"github.com/sagaflow/sagaflow/migrations"
 )
 
 func TestCheckSchemaNamesWhatIsMissing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool, schema := pgtest.NewSchema(t)
-	ms, err := store.Migrations()
+	ms, err := migrations.All()
 	require.NoError(t, err)
 	latest := ms[len(ms)-1]
 
 	// Never migrated: the schema exists, the version table does not.
-	err = store.CheckSchema(ctx, pool, schema)
-	require.ErrorIs(t, err, store.ErrSchemaNotMigrated)
+	err = migrations.Check(ctx, pool, schema)
+	require.ErrorIs(t, err, migrations.ErrNotMigrated)
 	require.ErrorContains(t, err, fmt.Sprintf(`schema %q is at migration version 0, and this sagaflow needs %d`, schema, latest.Version))
-	require.ErrorContains(t, err, "run store.Migrate")
+	require.ErrorContains(t, err, "run migrations.Migrate")
 	// No schema at all.
-	err = store.CheckSchema(ctx, pool, schema+"_absent")
-	require.ErrorIs(t, err, store.ErrSchemaNotMigrated)
+	err = migrations.Check(ctx, pool, schema+"_absent")
+	require.ErrorIs(t, err, migrations.ErrNotMigrated)
 	require.ErrorContains(t, err, "at migration version 0")
 
 	// Migrated, then the last migration's record lost: an older schema.
-	_, err = store.Migrate(ctx, pool, schema)
+	_, err = migrations.Migrate(ctx, pool, schema)
 	require.NoError(t, err)
-	require.NoError(t, store.CheckSchema(ctx, pool, schema))
+	require.NoError(t, migrations.Check(ctx, pool, schema))
 	versions := pgx.Identifier{schema}.Sanitize() + ".sagaflow_migrations"
 	_, err = pool.Exec(ctx, "DELETE FROM "+versions+" WHERE version = $1", latest.Version)
 	require.NoError(t, err)
-	err = store.CheckSchema(ctx, pool, schema)
-	require.ErrorIs(t, err, store.ErrSchemaNotMigrated)
+	err = migrations.Check(ctx, pool, schema)
+	require.ErrorIs(t, err, migrations.ErrNotMigrated)
 	require.ErrorContains(t, err, fmt.Sprintf("at migration version %d, and this sagaflow needs %d (missing %03d_%s)",
 		latest.Version-1, latest.Version, latest.Version, latest.Name))
 
 	// A schema a newer version migrated further passes.
 	_, err = pool.Exec(ctx, "INSERT INTO "+versions+" (version, name) VALUES ($1, $2), (999, 'from_the_future')", latest.Version, latest.Name)
 	require.NoError(t, err)
-	require.NoError(t, store.CheckSchema(ctx, pool, schema))
+	require.NoError(t, migrations.Check(ctx, pool, schema))
 
-	require.ErrorIs(t, store.CheckSchema(ctx, pool, "pg_catalog"), store.ErrInvalidSchema)
+	require.ErrorIs(t, migrations.Check(ctx, pool, "pg_catalog"), migrations.ErrInvalidSchema)
 }
 
 func TestCheckSchemaThatCannotAskIsNotAVerdict(t *testing.T) {
@@ -57,8 +57,8 @@ func TestCheckSchemaThatCannotAskIsNotAVerdict(t *testing.T) {
 	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none?connect_timeout=1")
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	err = store.CheckSchema(context.Background(), pool, "sagaflow")
+	err = migrations.Check(context.Background(), pool, "sagaflow")
 	require.Error(t, err)
-	require.NotErrorIs(t, err, store.ErrSchemaNotMigrated)
-	require.True(t, strings.HasPrefix(err.Error(), "store: check schema sagaflow: read versions: "), err.Error())
+	require.NotErrorIs(t, err, migrations.ErrNotMigrated)
+	require.True(t, strings.HasPrefix(err.Error(), "migrations: check schema sagaflow: read versions: "), err.Error())
 }
