@@ -98,10 +98,10 @@ func (in *Inbox) NewConsumer(r Reader, cfg *ConsumerConfig) (*Consumer, error) {
 // header in order.
 func FromKafka(m kafka.Message) Message {
 	msg := Message{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: m.Key, Value: m.Value,
-		Headers: make(map[string]string, len(m.Headers)), RawHeaders: make([]store.RawHeader, 0, len(m.Headers))}
+		Headers: make(map[string]string, len(m.Headers)), RawHeaders: make([]RawHeader, 0, len(m.Headers))}
 	for _, h := range m.Headers {
 		msg.Headers[h.Key] = string(h.Value)
-		msg.RawHeaders = append(msg.RawHeaders, store.RawHeader{Key: []byte(h.Key), Value: h.Value})
+		msg.RawHeaders = append(msg.RawHeaders, RawHeader{Key: []byte(h.Key), Value: h.Value})
 	}
 	msg.ID = msg.Headers[store.HeaderMessageID]
 	if msg.ID == "" {
@@ -205,7 +205,7 @@ func (c *Consumer) process(ctx context.Context, msg Message) (deadReason string,
 // appears more than once, or "". A consumer that reads the first copy and
 // one that reads the last would see two different messages, so such a
 // message is refused rather than read either way.
-func repeatedOwnHeader(hs []store.RawHeader) string {
+func repeatedOwnHeader(hs []RawHeader) string {
 	for i, h := range hs {
 		if !strings.HasPrefix(string(h.Key), "sagaflow-") {
 			continue

@@ -54,7 +54,7 @@ func DefaultBackoff(attempt int) time.Duration {
 // Config configures a [Relay]. A nil *Config, and every zero field, means
 // the default.
 type Config struct {
-	// Schema holds sagaflow's tables. Defaults to store.SchemaDefault
+	// Schema holds sagaflow's tables. Defaults to migrations.SchemaDefault
 	// ("sagaflow").
 	Schema string
 	// BatchSize is how many rows one cycle claims (FOR UPDATE SKIP
@@ -62,9 +62,8 @@ type Config struct {
 	// transaction. Defaults to BatchSizeDefault; at most BatchSizeMax.
 	BatchSize int
 	// PollInterval is the longest an idle relay waits before it looks for
-	// due rows again. A notification on the schema's channel
-	// (store.Store.Channel, which the engine notifies when it writes
-	// messages), a call to [Relay.Wake], or the next retry coming due
+	// due rows again. A notification on the schema's channel (the
+	// engine and outbox.InsertTx notify it when they write messages), a call to [Relay.Wake], or the next retry coming due
 	// wakes it sooner. Defaults to PollIntervalDefault.
 	PollInterval time.Duration
 	// MaxAttempts is how many failed publish attempts a row gets; the row
