@@ -223,13 +223,15 @@ type Filter struct {
 // Caps and rate of a replay.
 const (
 	// ReplayMaxDefault caps a replay that sets no Max.
-	ReplayMaxDefault = pace.MaxDefault
+	ReplayMaxDefault = 100
 	// ReplayMaxLimit is the largest Max a replay accepts.
-	ReplayMaxLimit = pace.MaxLimit
+	ReplayMaxLimit = 10000
 	// ReplayRateDefault is the messages per second of a replay that sets no
 	// rate.
-	ReplayRateDefault = pace.RateDefault
+	ReplayRateDefault = 10
 )
+
+var replayLimits = pace.Limits{MaxDefault: ReplayMaxDefault, MaxLimit: ReplayMaxLimit, RateDefault: ReplayRateDefault}
 
 // ReplayOpts selects published messages for [Outbox.Replay].
 type ReplayOpts struct {
@@ -261,7 +263,7 @@ func (o *Outbox) Replay(ctx context.Context, opts ReplayOpts) (*ReplayResult, er
 	if o.pool == nil {
 		return nil, errors.New("outbox: Replay needs the pool given to outbox.New")
 	}
-	if err := pace.Normalise("outbox: replay", &opts.Max, &opts.RatePerSecond); err != nil {
+	if err := pace.Normalise("outbox: replay", replayLimits, &opts.Max, &opts.RatePerSecond); err != nil {
 		return nil, err
 	}
 	ids, err := o.st.PublishedMessages(ctx, o.pool, store.OutboxFilter{

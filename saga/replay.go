@@ -246,12 +246,12 @@ func (e *Engine) stepTimeout(sagaName, step string) time.Duration {
 // Bulk replay limits.
 const (
 	// BulkReplayMaxDefault caps a bulk replay that sets no Max.
-	BulkReplayMaxDefault = pace.MaxDefault
+	BulkReplayMaxDefault = outbox.ReplayMaxDefault
 	// BulkReplayMaxLimit is the largest Max a bulk replay accepts.
-	BulkReplayMaxLimit = pace.MaxLimit
+	BulkReplayMaxLimit = outbox.ReplayMaxLimit
 	// ReplayRateDefault is the replays (or messages) per second of a bulk
 	// replay that sets no rate.
-	ReplayRateDefault = pace.RateDefault
+	ReplayRateDefault = outbox.ReplayRateDefault
 )
 
 // BulkReplayOpts selects the sagas of [Engine.ReplayBulk]. Zero filters do
@@ -302,7 +302,7 @@ func (e *Engine) ReplayBulk(ctx context.Context, opts BulkReplayOpts) (*BulkRepl
 	if err := e.ready("Engine.ReplayBulk"); err != nil {
 		return nil, err
 	}
-	if err := pace.Normalise("saga: replay", &opts.Max, &opts.RatePerSecond); err != nil {
+	if err := pace.Normalise("saga: replay", bulkLimits, &opts.Max, &opts.RatePerSecond); err != nil {
 		return nil, err
 	}
 	if len(opts.Statuses) == 0 {
@@ -366,6 +366,8 @@ func (e *Engine) ReplayBulk(ctx context.Context, opts BulkReplayOpts) (*BulkRepl
 	})
 	return res, err
 }
+
+var bulkLimits = pace.Limits{MaxDefault: BulkReplayMaxDefault, MaxLimit: BulkReplayMaxLimit, RateDefault: ReplayRateDefault}
 
 // ReplayOutbox makes already published messages pending again, so the relay
 // publishes them once more; see [outbox.Outbox.Replay].

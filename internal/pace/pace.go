@@ -10,29 +10,27 @@ import (
 	"github.com/sagaflow/sagaflow/internal/lifecycle"
 )
 
-const (
-	// MaxDefault is how many items a bulk action takes when no cap is given.
-	MaxDefault = 100
-	// MaxLimit is the most items one bulk action may take.
-	MaxLimit = 10000
-	// RateDefault is the rate, in items per second, when none is given.
-	RateDefault = 10
-)
+// Limits are a bulk action's cap and rate: the defaults for zero values and
+// the largest cap.
+type Limits struct {
+	MaxDefault, MaxLimit int
+	RateDefault          float64
+}
 
 // Normalise checks a cap and a rate given by a caller of what, and fills in
 // the defaults for zero values.
-func Normalise(what string, maxN *int, rate *float64) error {
+func Normalise(what string, l Limits, maxN *int, rate *float64) error {
 	switch {
-	case *maxN < 0 || *maxN > MaxLimit:
-		return fmt.Errorf("%s: Max %d is outside 0..%d", what, *maxN, MaxLimit)
+	case *maxN < 0 || *maxN > l.MaxLimit:
+		return fmt.Errorf("%s: Max %d is outside 0..%d", what, *maxN, l.MaxLimit)
 	case *rate < 0:
 		return fmt.Errorf("%s: RatePerSecond %g is negative", what, *rate)
 	}
 	if *maxN == 0 {
-		*maxN = MaxDefault
+		*maxN = l.MaxDefault
 	}
 	if *rate == 0 {
-		*rate = RateDefault
+		*rate = l.RateDefault
 	}
 	return nil
 }
