@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -191,4 +192,23 @@ func (in *Inbox) deadLetter(msg Message, reason string) *store.DeadLetter {
 		Consumer: in.consumer, MessageID: msg.ID, Topic: msg.Topic, Partition: &p, Offset: &o,
 		Key: msg.Key, Value: msg.Value, Headers: msg.Headers, RawHeaders: storeHeaders(msg.RawHeaders), Reason: reason,
 	}
+}
+
+// DeleteProcessed deletes this consumer's inbox keys processed longer than
+// olderThan ago, at most batch rows per statement, and returns how many it
+// deleted. Keep keys longer than the producers' outbox keeps published
+// messages: a message replayed from the outbox after its key is gone would
+// be processed again. A running [Consumer] does this itself
+// (ConsumerConfig.Retention).
+func (in *Inbox) DeleteProcessed(ctx context.Context, olderThan time.Duration, batch int) (int64, error) {
+	if olderThan <= 0 || batch <= 0 {
+		return 0, fmt.Errorf("%w: DeleteProcessed: olderThan (%v) and batch (%d) must be positive", ErrInvalidConfig, olderThan, batch)
+	}
+	n, err := store.DeleteInBatches(batch, func(limit int) (int64, error) {
+		return in.st.DeleteInboxKeys(ctx, in.pool, in.consumer, olderThan, limit)
+	})
+	if err != nil {
+		return n, fmt.Errorf("inbox: delete processed keys of %s: %w", logText(in.consumer), err)
+	}
+	return n, nil
 }

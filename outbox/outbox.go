@@ -293,3 +293,24 @@ func (o *Outbox) Replay(ctx context.Context, opts ReplayOpts) (*ReplayResult, er
 	}
 	return res, nil
 }
+
+// DeletePublished deletes the messages published longer than olderThan
+// ago, at most batch rows per statement, and returns how many it deleted.
+// Pending and dead messages are never deleted. A relay does this itself
+// (relay.Config.Retention), and so does a saga engine's retention; call it
+// for a schedule of your own.
+func (o *Outbox) DeletePublished(ctx context.Context, olderThan time.Duration, batch int) (int64, error) {
+	switch {
+	case o.pool == nil:
+		return 0, errors.New("outbox: DeletePublished needs the pool given to outbox.New")
+	case olderThan <= 0 || batch <= 0:
+		return 0, fmt.Errorf("outbox: DeletePublished: olderThan (%v) and batch (%d) must be positive", olderThan, batch)
+	}
+	n, err := store.DeleteInBatches(batch, func(limit int) (int64, error) {
+		return o.st.DeletePublishedMessages(ctx, o.pool, olderThan, limit)
+	})
+	if err != nil {
+		return n, fmt.Errorf("outbox: %w", err)
+	}
+	return n, nil
+}

@@ -225,3 +225,48 @@ func must[T any](v T, err error) T {
 	}
 	return v
 }
+
+// A running relay deletes published rows past its Retention, and only
+// those: dead rows and rows published recently stay; DeletePublished does
+// the same on demand.
+func TestRelayDeletesOldPublishedRows(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool, schema, ob := newOutbox(t)
+	table := pgx.Identifier{schema, "outbox"}.Sanitize()
+	for _, key := range []string{"old", "dead", "recent"} {
+		require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			return ob.InsertTx(ctx, tx, outbox.Message{Topic: "t", Key: key, Type: "T"})
+		}))
+	}
+	_, err := pool.Exec(ctx, "UPDATE "+table+" SET status = 'published', published_at = now() - interval '3 hours' WHERE aggregateid = 'old'")
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "UPDATE "+table+" SET status = 'dead', last_error = 'x', created_at = now() - interval '3 hours' WHERE aggregateid = 'dead'")
+	require.NoError(t, err)
+
+	cluster := kafkatest.New(t, kafkatest.SeedTopics(1, "t"))
+	w := relay.NewKafkaWriter(cluster.Addrs(), nil)
+	defer w.Close()
+	r, err := relay.New(pool, w, &relay.Config{Schema: schema, Retention: 2 * time.Hour, RetentionInterval: 20 * time.Millisecond})
+	require.NoError(t, err)
+	require.NoError(t, r.Start(ctx))
+	require.Eventually(t, func() bool {
+		var left []string
+		rows, err := pool.Query(ctx, "SELECT aggregateid || ':' || status FROM "+table+" ORDER BY aggregateid")
+		require.NoError(t, err)
+		left, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return len(left) == 2 && left[0] == "dead:dead" && left[1] == "recent:published"
+	}, 20*time.Second, 10*time.Millisecond, "the old published row goes; the dead and the recent ones stay")
+	require.NoError(t, r.Stop(ctx))
+
+	n, err := ob.DeletePublished(ctx, time.Nanosecond, 1)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), n, "the recent row, once it is older than asked")
+	require.Equal(t, 1, count(t, pool, schema), "the dead row is never deleted")
+	_, err = ob.DeletePublished(ctx, 0, 1)
+	require.ErrorContains(t, err, "must be positive")
+	_, err = relay.New(pool, w, &relay.Config{Schema: schema, RetentionInterval: -1})
+	require.ErrorIs(t, err, relay.ErrInvalidConfig)
+}
