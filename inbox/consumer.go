@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sort"
 	"strings"
 	"sync"
@@ -303,13 +302,7 @@ func (c *Consumer) handled() string {
 }
 
 func (c *Consumer) pause(ctx context.Context, attempt int) bool {
-	d := c.cfg.RetryInitial
-	for i := 1; i < attempt && d < c.cfg.RetryMax; i++ {
-		d *= 2
-	}
-	d = min(d, c.cfg.RetryMax)
-	d += time.Duration(rand.Int64N(int64(d)/5 + 1))
-	return lifecycle.Sleep(ctx, d)
+	return lifecycle.Sleep(ctx, lifecycle.Jitter(lifecycle.Exponential(c.cfg.RetryInitial, c.cfg.RetryMax, attempt), 0, 0.2))
 }
 
 // IsPermanent reports whether err, or an error it wraps, says it is

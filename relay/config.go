@@ -3,9 +3,9 @@ package relay
 import (
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"time"
 
+	"github.com/sagaflow/sagaflow/internal/lifecycle"
 	"github.com/sagaflow/sagaflow/internal/store"
 )
 
@@ -45,10 +45,8 @@ type BackoffFunc func(attempt int) time.Duration
 // minutes, with ±20% jitter so that rows that failed together do not come
 // back together.
 func DefaultBackoff(attempt int) time.Duration {
-	d := BackoffMinDefault << min(max(attempt-1, 0), 20)
-	d = min(d, BackoffMaxDefault)
-	jitter := time.Duration(rand.Int64N(int64(d)*2/5+1)) - d/5
-	return min(d+jitter, BackoffMaxDefault)
+	d := lifecycle.Exponential(BackoffMinDefault, BackoffMaxDefault, attempt)
+	return min(lifecycle.Jitter(d, -0.2, 0.2), BackoffMaxDefault)
 }
 
 // Config configures a [Relay]. A nil *Config, and every zero field, means
