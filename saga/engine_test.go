@@ -333,9 +333,18 @@ func TestStaleWorkerCannotCommit(t *testing.T) {
 	waitFor(t, 10*time.Second, func() bool { return b.engine.Stats().StaleDiscarded >= 1 }, "the stale commit to be refused")
 	require.Equal(t, []string{"reserve/forward"}, b.effects(t, st.ID), "the stale worker's effect went with its refused commit")
 	require.Equal(t, 0, b.count(t, "SELECT count(*) FROM "+b.table("inbox")+" WHERE key = $1", st.ID.String()+"/charge/forward/0"))
-	// The saga, re-driven, runs charge once more under the same key.
-	_, err = b.engine.RescueNow(ctx)
-	require.NoError(t, err)
+	// The saga, re-driven, runs charge once more under the same key. The
+	// stale worker's transaction may still hold the saga's lock for a
+	// moment after the refusal is counted; a rescuer that finds it locked
+	// takes it for a running step and moves its deadline a RescueSlack on.
+	// Let that deadline pass, as time would, until a rescue re-drives it.
+	waitFor(t, 10*time.Second, func() bool {
+		_, err := b.pool.Exec(ctx, "UPDATE "+b.table("saga_instances")+" SET next_check_at = now() WHERE id = $1", st.ID)
+		require.NoError(t, err)
+		res, err := b.engine.RescueNow(ctx)
+		require.NoError(t, err)
+		return res.Redriven == 1
+	}, "the saga to be re-driven")
 	in := b.waitTerminal(t, st.ID)
 	require.Equal(t, saga.StatusCompleted, in.Status)
 	require.Equal(t, []string{"reserve/forward", "charge/forward", "ship/forward"}, b.effects(t, st.ID))
