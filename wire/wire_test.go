@@ -141,12 +141,12 @@ func TestDecodeCommandNamesTheBadField(t *testing.T) {
 	t.Parallel()
 	long := strings.Repeat("x", 10<<10)
 	values := map[string]string{
-		"NUL":          `"a\u0000b"`,
+		"NUL":           `"a\u0000b"`,
 		"invalid UTF-8": "\"a\xffb\"",
-		"10 kB string": `"` + long + `"`,
-		"10 kB number": strings.Repeat("9", 10<<10),
-		"object":       `{"a":1}`,
-		"wrong type":   `true`,
+		"10 kB string":  `"` + long + `"`,
+		"10 kB number":  strings.Repeat("9", 10<<10),
+		"object":        `{"a":1}`,
+		"wrong type":    `true`,
 	}
 	for _, field := range []string{"saga_id", "saga", "step", "direction", "epoch", "version"} {
 		for name, value := range values {
