@@ -18,6 +18,7 @@ import (
 	"github.com/sagaflow/sagaflow/internal/pgerr"
 	"github.com/sagaflow/sagaflow/internal/safetext"
 	"github.com/sagaflow/sagaflow/internal/store"
+	"github.com/sagaflow/sagaflow/wire"
 )
 
 // Reader is what a [Consumer] reads from: *kafka.Reader, in a consumer
@@ -269,7 +270,7 @@ func (c *Consumer) process(ctx context.Context, msg Message) (deadReason string,
 // message is refused rather than read either way.
 func repeatedOwnHeader(hs []RawHeader) string {
 	for i, h := range hs {
-		if !strings.HasPrefix(string(h.Key), "sagaflow-") {
+		if !wire.IsOwnHeader(string(h.Key)) {
 			continue
 		}
 		for _, o := range hs[i+1:] {

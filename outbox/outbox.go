@@ -35,6 +35,7 @@ import (
 	"github.com/sagaflow/sagaflow/internal/safetext"
 	"github.com/sagaflow/sagaflow/internal/store"
 	"github.com/sagaflow/sagaflow/migrations"
+	"github.com/sagaflow/sagaflow/wire"
 )
 
 // Bounds of a message's text fields, in bytes.
@@ -49,7 +50,7 @@ const (
 // (the message's type, saga, step key, signature…). A message written here
 // may not set them: a consumer would take it for one of the engine's
 // commands or replies.
-const ReservedHeaderPrefix = "sagaflow-"
+const ReservedHeaderPrefix = wire.HeaderPrefix
 
 // ErrInvalidMessage is returned, wrapped with the field at fault, for a
 // message that cannot be written: nothing is written then, and the caller's

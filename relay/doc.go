@@ -86,7 +86,8 @@
 // package does that).
 //
 // Ordering per key. Messages with the same key go to the same partition
-// (kafka.Hash by default), and one relay writes them in the order it claims
+// (kafka.Hash by default; [JavaPartitioner] places keys as the Java
+// client does, for topics other clients write too), and one relay writes them in the order it claims
 // them: the order in which they became due, which for rows written without
 // a delay is the order they were written. Two things can reorder messages
 // of one key, and the relay does not prevent them: a message that failed and

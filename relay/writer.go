@@ -2,9 +2,12 @@ package relay
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/sagaflow/sagaflow/wire"
 )
 
 // Writer publishes messages to Kafka. *kafka.Writer satisfies it.
@@ -57,9 +60,11 @@ type WriterOpts struct {
 	AllowAutoTopicCreation bool
 	// Balancer picks a message's partition from its key (the row's
 	// aggregateid). Defaults to &kafka.Hash{} (FNV-1a, as Sarama). Use
-	// kafka.Murmur2Balancer{} to place keys as the Java client's default
-	// partitioner does, or kafka.CRC32Balancer{} as librdkafka's, when
-	// other producers write the same topics.
+	// &JavaPartitioner{} to place keys as the Java client's default
+	// partitioner does (wire.Partition: murmur2), or
+	// kafka.CRC32Balancer{} as librdkafka's, when other producers write
+	// the same topics: then a saga's messages share a partition whoever
+	// wrote them.
 	Balancer kafka.Balancer
 	// BatchTimeout is how long the writer waits to fill a partition's
 	// batch. Defaults to WriterBatchTimeoutDefault (1ms).
@@ -150,4 +155,27 @@ func setDefault[T comparable](v *T, def T) {
 	if *v == zero {
 		*v = def
 	}
+}
+
+// JavaPartitioner is a kafka.Balancer that puts a message with a key on the
+// partition the Apache Kafka Java client's default partitioner picks for
+// it: toPositive(murmur2(key)) % the number of partitions (see
+// [wire.Partition]). Set it as WriterOpts.Balancer when Java services (or
+// any client that partitions as Java does) write to the same topics, so
+// that all messages of one saga, keyed by its id, land on one partition.
+// Messages without a key are spread round robin. Its zero value is ready;
+// use it by pointer.
+type JavaPartitioner struct {
+	next atomic.Uint64
+}
+
+var _ kafka.Balancer = (*JavaPartitioner)(nil)
+
+// Balance implements kafka.Balancer. partitions are the topic's partitions
+// in order, as kafka-go passes them.
+func (b *JavaPartitioner) Balance(msg kafka.Message, partitions ...int) int {
+	if msg.Key == nil {
+		return partitions[int((b.next.Add(1)-1)%uint64(len(partitions)))]
+	}
+	return partitions[wire.Partition(msg.Key, len(partitions))]
 }

@@ -154,7 +154,7 @@ func (e *Engine) applyCancelNow(ctx context.Context, tx pgx.Tx, id uuid.UUID) (b
 		return false, fmt.Errorf("saga: cancel %s: %w", id, err)
 	}
 	// LockSagas tries the saga's execution lock without waiting.
-	sagas, err := e.st.LockSagas(ctx, tx, []uuid.UUID{id})
+	sagas, err := e.st.LockSagas(ctx, tx, []uuid.UUID{id}, "")
 	if err != nil {
 		return false, fmt.Errorf("saga: cancel %s: %w", id, err)
 	}

@@ -168,7 +168,7 @@
 //
 // A step with a [Remote] instead of an Action calls another service: the
 // step sends a command to the service's topic and the saga waits for the
-// reply, which the service (a steps.Participant) writes to its own outbox.
+// reply, which the service (a participant.Participant) writes to its own outbox.
 // A successful reply completes the step; a refusal, or no reply within the
 // step's Timeout, fails it for good and the saga compensates (after a
 // timeout, the step's own compensation included: the service may have done

@@ -24,14 +24,15 @@ import (
 	"github.com/sagaflow/sagaflow/internal/safetext"
 	"github.com/sagaflow/sagaflow/internal/store"
 	"github.com/sagaflow/sagaflow/steps"
+	"github.com/sagaflow/sagaflow/wire"
 )
 
 // Outbox types of the engine's commands.
 const (
 	// commandType runs a saga's current step.
-	commandType = "sagaflow.step"
+	commandType = wire.TypeStep
 	// cancelType asks an engine that knows the saga to cancel it.
-	cancelType = "sagaflow.cancel"
+	cancelType = wire.TypeCancel
 )
 
 // command is the payload of a step command. It points at the saga row, which
@@ -47,40 +48,25 @@ type command struct {
 }
 
 func decodeCommand(c *store.Claimed) (command, error) {
-	var cmd command
-	if c.Type != commandType && c.Type != cancelType {
-		return cmd, fmt.Errorf("message type %q is neither %q nor %q", c.Type, commandType, cancelType)
+	w, err := wire.DecodeCommand(c.Type, c.Payload)
+	if err != nil {
+		return command{}, err
 	}
-	dec := json.NewDecoder(bytes.NewReader(c.Payload))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&cmd); err != nil {
-		return cmd, fmt.Errorf("decode payload: %w", err)
-	}
-	switch {
-	case cmd.SagaID == uuid.Nil:
-		return cmd, errors.New("saga_id is missing")
-	case cmd.Saga == "" || cmd.Step == "":
-		return cmd, errors.New("saga or step is missing")
-	case !cmd.Direction.Valid():
-		return cmd, fmt.Errorf("direction %q is neither %q nor %q", cmd.Direction, steps.Forward, steps.Compensate)
-	case cmd.Version <= 0:
-		return cmd, fmt.Errorf("version %d is not positive", cmd.Version)
-	}
-	return cmd, nil
+	return command{SagaID: uuid.UUID(w.SagaID), Saga: w.Saga, Step: w.Step, Direction: w.Direction, Epoch: w.Epoch,
+		Version: w.Version}, nil
 }
 
 // cancelMessage builds the command that makes an engine that knows sg look
 // at its pending cancel request. It carries no authority of its own: an
 // engine that finds no request in the database does nothing with it.
 func (e *Engine) cancelMessage(sg *store.Saga) store.Message {
-	cmd := command{SagaID: sg.ID, Saga: sg.Name, Step: sg.StepName, Direction: steps.Direction(sg.Direction),
-		Epoch: sg.Epoch, Version: sg.Version}
-	payload, _ := json.Marshal(cmd)
+	payload := wire.EncodeCommand(wire.Command{SagaID: wire.UUID(sg.ID), Saga: sg.Name, Step: sg.StepName,
+		Direction: wire.Direction(sg.Direction), Epoch: sg.Epoch, Version: sg.Version})
 	id := uuid.Must(uuid.NewV7())
 	m := store.Message{
 		ID: id, Topic: e.commandTopic(sg.Name), Delivery: e.commandDelivery(),
 		AggregateType: aggregateType(sg.Name), AggregateID: sg.ID.String(), Type: cancelType, Payload: payload,
-		Headers: map[string]string{store.HeaderMessageID: id.String(), store.HeaderSagaID: sg.ID.String(), store.HeaderType: cancelType},
+		Headers: map[string]string{wire.HeaderMessageID: id.String(), wire.HeaderSagaID: sg.ID.String(), wire.HeaderType: cancelType},
 		SagaID:  &sg.ID,
 	}
 	e.sign(&m)
@@ -89,18 +75,18 @@ func (e *Engine) cancelMessage(sg *store.Saga) store.Message {
 
 // commandMessage builds the outbox row of the command for a saga's step.
 func (e *Engine) commandMessage(sagaID uuid.UUID, name, step string, dir steps.Direction, epoch int, version int64, delay time.Duration) store.Message {
-	cmd := command{SagaID: sagaID, Saga: name, Step: step, Direction: dir, Epoch: epoch, Version: version}
-	payload, _ := json.Marshal(cmd) // plain fields: cannot fail
-	key := steps.Key{SagaID: sagaID, Step: step, Direction: dir, Epoch: epoch}.String()
+	c := wire.Command{SagaID: wire.UUID(sagaID), Saga: name, Step: step, Direction: dir, Epoch: epoch, Version: version}
+	payload := wire.EncodeCommand(c)
+	key := c.Key().String()
 	id := uuid.Must(uuid.NewV7())
 	m := store.Message{
 		ID: id, Topic: e.commandTopic(name), Delivery: e.commandDelivery(),
 		AggregateType: aggregateType(name), AggregateID: sagaID.String(), Type: commandType, Payload: payload,
 		Headers: map[string]string{
-			store.HeaderMessageID: id.String(),
-			store.HeaderSagaID:    sagaID.String(),
-			store.HeaderStepKey:   key,
-			store.HeaderType:      commandType,
+			wire.HeaderMessageID: id.String(),
+			wire.HeaderSagaID:    sagaID.String(),
+			wire.HeaderStepKey:   key,
+			wire.HeaderType:      commandType,
 		},
 		SagaID: &sagaID, StepKey: &key, Delay: delay,
 	}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -20,6 +19,7 @@ import (
 	"github.com/sagaflow/sagaflow/internal/safetext"
 	"github.com/sagaflow/sagaflow/internal/store"
 	"github.com/sagaflow/sagaflow/steps"
+	"github.com/sagaflow/sagaflow/wire"
 )
 
 // KafkaConfig makes an engine carry step commands over Kafka instead of
@@ -262,24 +262,24 @@ func (e *Engine) holdKafkaMessage(ctx context.Context, m kafka.Message, wait wai
 			continue // only headers that are safe travel on; the protocol's were checked
 		}
 		switch name {
-		case store.HeaderHeldSince:
+		case wire.HeaderHeldSince:
 			if t, err := time.Parse(time.RFC3339Nano, value); err == nil {
 				h.HeldSince = &t
 			}
 			continue
-		case store.HeaderMessageID:
+		case wire.HeaderMessageID:
 			original = value
-		case store.HeaderType:
+		case wire.HeaderType:
 			h.Type = value
-		case store.HeaderSagaID:
+		case wire.HeaderSagaID:
 			if id, err := uuid.Parse(value); err == nil {
 				h.SagaID = &id
 			}
 		}
 		h.Headers[name] = value
 	}
-	if _, ok := h.Headers[store.HeaderHeldID]; !ok && original != "" {
-		h.Headers[store.HeaderHeldID] = original
+	if _, ok := h.Headers[wire.HeaderHeldID]; !ok && original != "" {
+		h.Headers[wire.HeaderHeldID] = original
 	}
 	held := false
 	err := pgx.BeginTxFunc(ctx, e.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
@@ -305,7 +305,7 @@ func (e *Engine) deadLetterKafka(ctx context.Context, m kafka.Message, code, rea
 	e.log.WarnContext(ctx, "sagaflow dead-lettered a Kafka message", slog.String("topic", m.Topic),
 		slog.Int("partition", m.Partition), slog.Int64("offset", m.Offset), slog.String("reason", safetext.Text(reason, 500)))
 	return pgx.BeginTxFunc(ctx, e.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
-		return e.st.InsertDeadLetter(ctx, tx, kafkaDeadLetter(&m, headerValue(&m, store.HeaderMessageID), reason))
+		return e.st.InsertDeadLetter(ctx, tx, kafkaDeadLetter(&m, headerValue(&m, wire.HeaderMessageID), reason))
 	})
 }
 
@@ -336,12 +336,12 @@ func (e *Engine) runReply(ctx context.Context, tx pgx.Tx, m kafka.Message, c *st
 	// The message id is not needed to apply a reply (the saga takes one
 	// reply per step key, and a copy finds the step done): any id will do,
 	// a Java service's included.
-	key, kerr := steps.ParseKey(headerValue(&m, store.HeaderStepKey))
+	key, kerr := steps.ParseKey(headerValue(&m, wire.HeaderStepKey))
 	if kerr == nil && c.SagaID != nil && *c.SagaID != key.SagaID {
-		kerr = fmt.Errorf("its %s header names saga %s but its step key saga %s", store.HeaderSagaID, c.SagaID, key.SagaID)
+		kerr = fmt.Errorf("its %s header names saga %s but its step key saga %s", wire.HeaderSagaID, c.SagaID, key.SagaID)
 	}
-	if kerr == nil && c.SagaID == nil && headerValue(&m, store.HeaderSagaID) != "" {
-		kerr = fmt.Errorf("its %s header is not a saga id", store.HeaderSagaID)
+	if kerr == nil && c.SagaID == nil && headerValue(&m, wire.HeaderSagaID) != "" {
+		kerr = fmt.Errorf("its %s header is not a saga id", wire.HeaderSagaID)
 	}
 	if kerr != nil {
 		if err := b.park(ctx, c, nil, CodeMalformed, "malformed reply: "+kerr.Error()); err != nil {
@@ -349,7 +349,7 @@ func (e *Engine) runReply(ctx context.Context, tx pgx.Tx, m kafka.Message, c *st
 		}
 		return runDone, e.finish(ctx, tx, b)
 	}
-	sagas, err := e.st.LockSagas(ctx, tx, []uuid.UUID{key.SagaID})
+	sagas, err := e.st.LockSagas(ctx, tx, []uuid.UUID{key.SagaID}, "")
 	if err != nil {
 		return runDone, err
 	}
@@ -379,21 +379,21 @@ func claimedFromKafka(m kafka.Message) (store.Claimed, error) {
 	seen := map[string]bool{}
 	var ambiguous error
 	for _, h := range m.Headers {
-		if strings.HasPrefix(h.Key, "sagaflow-") {
+		if wire.IsOwnHeader(h.Key) {
 			if seen[h.Key] && ambiguous == nil {
 				ambiguous = fmt.Errorf("header %q appears more than once", safetext.Text(h.Key, 100))
 			}
 			seen[h.Key] = true
 		}
 		switch h.Key {
-		case store.HeaderMessageID:
+		case wire.HeaderMessageID:
 			c.MessageID = string(h.Value)
 			c.ID, _ = uuid.Parse(c.MessageID)
-		case store.HeaderHeldID:
+		case wire.HeaderHeldID:
 			heldID = string(h.Value)
-		case store.HeaderType:
+		case wire.HeaderType:
 			c.Type = string(h.Value)
-		case store.HeaderSagaID:
+		case wire.HeaderSagaID:
 			if id, err := uuid.Parse(string(h.Value)); err == nil {
 				c.SagaID = &id
 			}
@@ -432,18 +432,20 @@ func (e *Engine) runKafkaMessage(ctx context.Context, m kafka.Message, expired b
 		}
 		return runDone, e.finish(ctx, tx, b)
 	}
-	if c.Type == steps.ReplyType {
+	if c.Type == wire.TypeReply {
 		return e.runReply(ctx, tx, m, &c)
 	}
 	cmd, derr := decodeCommand(&c)
 	if derr == nil && c.ID == uuid.Nil {
-		derr = errors.New("no valid " + store.HeaderMessageID + " header")
+		derr = errors.New("no valid " + wire.HeaderMessageID + " header")
 	}
 	var ids []uuid.UUID
+	var stepKey string
 	if derr == nil {
 		ids = []uuid.UUID{cmd.SagaID}
+		stepKey = steps.Key{SagaID: cmd.SagaID, Step: cmd.Step, Direction: cmd.Direction, Epoch: cmd.Epoch}.String()
 	}
-	sagas, err := e.st.LockSagas(ctx, tx, ids)
+	sagas, err := e.st.LockSagas(ctx, tx, ids, stepKey)
 	if err != nil {
 		return runDone, err
 	}

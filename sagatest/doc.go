@@ -74,7 +74,7 @@
 // Kafka mode: each command type gets an [Answer] ([Reply] with a result,
 // [Refuse] with a code, [NoReply], or [AnswerFunc]), which the test can
 // change as it goes, and [Participant.Calls] lists what arrived. It is the
-// real participant runtime (steps.Participant, an inbox consumer and a
+// real participant runtime (participant.Participant, an inbox consumer and a
 // relay for its replies) with your answers instead of a service's code, so
 // the saga's side is tested exactly as in production.
 //

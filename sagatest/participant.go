@@ -17,6 +17,7 @@ import (
 
 	"github.com/sagaflow/sagaflow/inbox"
 	"github.com/sagaflow/sagaflow/internal/store"
+	"github.com/sagaflow/sagaflow/participant"
 	"github.com/sagaflow/sagaflow/relay"
 	"github.com/sagaflow/sagaflow/steps"
 )
@@ -55,7 +56,7 @@ func Refuse(code, message string) Answer {
 // by its reply timeout (see [Clock.Advance] to make it pass).
 func NoReply() Answer { return Answer{silent: true} }
 
-// AnswerFunc answers with what fn returns, as a steps.Handle handler would:
+// AnswerFunc answers with what fn returns, as a participant.Handle handler would:
 // a result, an error marked steps.Permanent (a refusal), or another error,
 // which leaves the command to be retried by the consumer.
 func AnswerFunc(fn func(ctx context.Context, call Call) (any, error)) Answer {
@@ -92,7 +93,7 @@ type ParticipantConfig struct {
 	// Consumer names the participant in its inbox, and with the topic its
 	// consumer group (Consumer + "." + Topic). Defaults to ConsumerDefault.
 	Consumer string
-	// ReplyTopics and SigningKey are those of steps.ParticipantConfig: set
+	// ReplyTopics and SigningKey are those of participant.Config: set
 	// them as the engine needs (its KafkaConfig.ReplyTopic, its
 	// SigningKey).
 	ReplyTopics []string
@@ -104,7 +105,7 @@ type ParticipantConfig struct {
 
 // Participant is a fake service for a saga's remote steps: it answers the
 // commands of its topic as configured, over Kafka, through the real
-// participant runtime (steps.Participant, an inbox.Consumer and a relay on
+// participant runtime (participant.Participant, an inbox.Consumer and a relay on
 // its schema that publishes its replies). It records what it received.
 type Participant struct {
 	tb      testing.TB
@@ -135,14 +136,14 @@ func NewParticipant(tb testing.TB, cfg ParticipantConfig) *Participant {
 		cfg.Logger = slog.New(slog.NewTextHandler(tbWriter{tb}, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
 	p := &Participant{tb: tb, answers: map[string]Answer{}}
-	sp, err := steps.NewParticipant(cfg.Pool, &steps.ParticipantConfig{Consumer: cfg.Consumer, Schema: cfg.Schema,
+	sp, err := participant.New(cfg.Pool, &participant.Config{Consumer: cfg.Consumer, Schema: cfg.Schema,
 		Logger: cfg.Logger, ReplyTopics: cfg.ReplyTopics, SigningKey: cfg.SigningKey})
 	if err != nil {
 		tb.Fatalf("sagatest: participant: %v", err)
 	}
 	for typ, a := range cfg.Answers {
 		p.answers[typ] = a
-		err := steps.Handle(sp, typ, func(ctx context.Context, _ pgx.Tx, c steps.Call[json.RawMessage]) (json.RawMessage, error) {
+		err := participant.Handle(sp, typ, func(ctx context.Context, _ pgx.Tx, c participant.Call[json.RawMessage]) (json.RawMessage, error) {
 			call := Call{Type: c.Type, Key: c.Key, Direction: c.Direction, Command: c.Command, Answered: true}
 			a, _ := ctx.Value(answerKey{}).(Answer) // decided once per message, below
 			p.mu.Lock()

@@ -1,6 +1,8 @@
-// Package steps holds what a saga step and a saga participant have in common:
-// the step-scoped idempotency [Key] and the outcome helpers a handler returns
-// to steer retries.
+// Package steps is the vocabulary a saga step and a saga participant share:
+// the step-scoped idempotency [Key], the outcome helpers a handler returns
+// to steer retries, and the [Reply] a participant sends back. The wire
+// format itself (headers, the key's canonical form, the envelopes) belongs
+// to package wire; the participant runtime is package participant.
 //
 // # Step-scoped keys
 //
@@ -8,7 +10,8 @@
 //
 //	<saga id>/<step name>/<direction>/<epoch>
 //
-// for example 0193a0f4-.../charge/forward/0. The key is the same for every
+// for example 0193a0f4-.../charge/forward/0 (wire.Key is its canonical
+// form, written in Go only). The key is the same for every
 // attempt and every duplicate delivery of that step, and changes only when an
 // operator re-runs the step under a new epoch. sagaflow records it in the
 // inbox in the transaction that commits the step, so a duplicate has no
@@ -28,58 +31,4 @@
 //     error, so dashboards and bulk replay can match it after a restart.
 //
 // The helpers compose: Permanent(WithCode("card_declined", err)).
-//
-// # Participants
-//
-// A [Participant] serves the commands that sagas in other services send to
-// this service (saga steps with a Remote). [Handle] registers a typed
-// handler, command in, result out:
-//
-//	p, err := steps.NewParticipant(pool, &steps.ParticipantConfig{Consumer: "payments"})
-//	err = steps.Handle(p, "payments.charge", func(ctx context.Context, tx pgx.Tx, c steps.Call[Charge]) (Charged, error) {
-//		id, err := provider.Charge(ctx, c.Command.Amount, c.Key.String()) // the step key as idempotency key
-//		if errors.Is(err, provider.ErrDeclined) {
-//			return Charged{}, steps.Permanent(steps.WithCode("card_declined", err)) // the saga compensates
-//		}
-//		return Charged{ID: id}, err
-//	})
-//	consumer, err := p.Inbox().NewConsumer(kafkaReader, &inbox.ConsumerConfig{Handlers: p.Handlers()})
-//
-// The handler runs in the service's own transaction, which records the
-// step-scoped key first, so a command delivered twice runs once; its result
-// goes back to the saga as a [Reply] written to the service's outbox in the
-// same transaction (run a relay on the service's schema to publish it). A
-// permanent error is sent back as a refusal, and the handler's writes are
-// undone; any other error leaves the command to be retried (an error of
-// PostgreSQL refusing a value, a NUL byte in text say, fails the same way
-// every time: the command is dead-lettered at once).
-//
-// # Trust
-//
-// Anyone who can write to the command topic can send a participant a
-// command. Before a command has any effect, the participant checks it, and
-// dead-letters it, with no reply and nothing recorded, when:
-//
-//   - signing is on (ParticipantConfig.SigningKey) and its
-//     sagaflow-signature header is missing or matches no accepted key
-//     ([CodeUnverified]);
-//   - its sagaflow-reply-to names a topic outside
-//     ParticipantConfig.ReplyTopics, by default the reply topics of engines
-//     with the default names, sagaflow.commands.<saga name>.replies
-//     ([CodeReplyTopicRefused]);
-//   - its step key is missing, malformed, not storable, or disagrees with
-//     its saga id or direction header ([CodeNotASagaCommand]).
-//
-// With signing on, the replies are signed with the same key, so the saga's
-// engine can refuse forged replies in turn:
-//
-//	p, err := steps.NewParticipant(pool, &steps.ParticipantConfig{
-//		Consumer:    "payments",
-//		ReplyTopics: []string{"orders.replies"}, // the engine's KafkaConfig.ReplyTopic
-//		SigningKey:  key,                        // shared by every engine and participant
-//	})
-//
-// A compensation that arrives before its forward step's command (a relay
-// retry reordered them, or the saga timed out waiting) closes the step: the
-// forward is refused with [CodeCompensatedBeforeRun] and never runs.
 package steps

@@ -16,9 +16,9 @@ import (
 
 	"github.com/sagaflow/sagaflow/inbox"
 	"github.com/sagaflow/sagaflow/internal/fault"
+	"github.com/sagaflow/sagaflow/participant"
 	"github.com/sagaflow/sagaflow/relay"
 	"github.com/sagaflow/sagaflow/saga"
-	"github.com/sagaflow/sagaflow/steps"
 )
 
 // Roles a node process can play.
@@ -164,7 +164,7 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 		stops = append(stops, e.Stop)
 	}
 	if slices.Contains(cfg.Roles, RoleParticipant) {
-		p, err := steps.NewParticipant(pool, &steps.ParticipantConfig{Consumer: "payments", Schema: PaymentsSchema, Logger: log,
+		p, err := participant.New(pool, &participant.Config{Consumer: "payments", Schema: PaymentsSchema, Logger: log,
 			SigningKey: key})
 		if err != nil {
 			return err

@@ -16,6 +16,7 @@ import (
 	"github.com/sagaflow/sagaflow/internal/store"
 	"github.com/sagaflow/sagaflow/saga"
 	"github.com/sagaflow/sagaflow/steps"
+	"github.com/sagaflow/sagaflow/wire"
 )
 
 // Injected is one message the parent wrote straight to a topic, past every
@@ -182,7 +183,7 @@ func syntheticCharge() sample {
 }
 
 // commandType is the type of an engine's step commands.
-const commandType = "sagaflow.step"
+const commandType = wire.TypeStep
 
 // syntheticCommand is an engine's step command for a saga that does not
 // exist.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sagaflow/sagaflow/internal/pgerr"
 	"github.com/sagaflow/sagaflow/migrations"
+	"github.com/sagaflow/sagaflow/participant"
 	"github.com/sagaflow/sagaflow/saga"
 	"github.com/sagaflow/sagaflow/steps"
 )
@@ -283,8 +284,8 @@ func definition(name, topic string, x External, pid int, broken *pgxpool.Pool) *
 }
 
 // Participant registers the payments handlers on p.
-func Participant(p *steps.Participant, x External, pid int) error {
-	err := steps.Handle(p, ChargeType, func(ctx context.Context, tx pgx.Tx, c steps.Call[chargeCmd]) (struct{}, error) {
+func Participant(p *participant.Participant, x External, pid int) error {
+	err := participant.Handle(p, ChargeType, func(ctx context.Context, tx pgx.Tx, c participant.Call[chargeCmd]) (struct{}, error) {
 		if c.Command.Slow {
 			select {
 			case <-time.After(time.Until(c.Command.Sent.Add(SlowReply))):
@@ -303,7 +304,7 @@ func Participant(p *steps.Participant, x External, pid int) error {
 	if err != nil {
 		return err
 	}
-	return steps.Handle(p, RefundType, func(ctx context.Context, tx pgx.Tx, c steps.Call[chargeCmd]) (struct{}, error) {
+	return participant.Handle(p, RefundType, func(ctx context.Context, tx pgx.Tx, c participant.Call[chargeCmd]) (struct{}, error) {
 		// Refund only what was charged: after a reply timeout the charge
 		// may never have happened.
 		tag, err := tx.Exec(ctx, "DELETE FROM "+payments()+" WHERE order_key = $1", c.Command.Key)

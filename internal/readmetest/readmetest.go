@@ -74,6 +74,8 @@ var imports = map[string]string{
 	"kafka":       "github.com/segmentio/kafka-go",
 	"saga":        Module + "/saga",
 	"steps":       Module + "/steps",
+	"participant": Module + "/participant",
+	"wire":        Module + "/wire",
 	"migrations":  Module + "/migrations",
 	"outbox":      Module + "/outbox",
 	"relay":       Module + "/relay",
@@ -84,7 +86,7 @@ var imports = map[string]string{
 
 // packages are the module's packages whose names inline code is checked
 // against.
-var packages = []string{"saga", "steps", "migrations", "outbox", "relay", "inbox", "idempotency", "kafkaconfig"}
+var packages = []string{"saga", "steps", "participant", "wire", "migrations", "outbox", "relay", "inbox", "idempotency", "kafkaconfig"}
 
 // receivers are variables that prose names without declaring them, with
 // their types, for the inline check.

@@ -26,14 +26,16 @@ import (
 	"errors"
 	"strconv"
 	"strings"
+
+	"github.com/sagaflow/sagaflow/wire"
 )
 
 // Header is the header that carries the signature.
-const Header = "sagaflow-signature"
+const Header = wire.HeaderSignature
 
 // signed lists the headers the signature covers, in order.
 var signed = [...]string{
-	"sagaflow-type", "sagaflow-saga-id", "sagaflow-step-key", "sagaflow-direction", "sagaflow-reply-to",
+	wire.HeaderType, wire.HeaderSagaID, wire.HeaderStepKey, wire.HeaderDirection, wire.HeaderReplyTo,
 }
 
 const version = "v1="

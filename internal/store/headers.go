@@ -1,35 +1,23 @@
 package store
 
-// Kafka header names that sagaflow sets on every message it publishes from
-// the outbox, and that consumers read. They are the wire contract between
-// the relay, the engine and the inbox, defined once here.
+import "github.com/sagaflow/sagaflow/wire"
+
+// Kafka header names, as package wire names them (the wire protocol has
+// one owner; these keep the store's callers short).
 const (
-	// HeaderMessageID is the outbox row's id: the key consumers deduplicate on.
-	HeaderMessageID = "sagaflow-message-id"
-	// HeaderType is the row's type column: what the message is.
-	HeaderType = "sagaflow-type"
-	// HeaderSagaID is the saga the message belongs to, when it has one.
-	HeaderSagaID = "sagaflow-saga-id"
-	// HeaderStepKey is the step-scoped idempotency key, when it has one.
-	HeaderStepKey = "sagaflow-step-key"
+	HeaderMessageID = wire.HeaderMessageID
+	HeaderType      = wire.HeaderType
+	HeaderSagaID    = wire.HeaderSagaID
+	HeaderStepKey   = wire.HeaderStepKey
+	HeaderReplyTo   = wire.HeaderReplyTo
+	HeaderDirection = wire.HeaderDirection
+	// HeaderHeldSince is set on a Kafka command that an engine could not
+	// run yet and moved back to the outbox (see [Store.HoldMessage]).
+	HeaderHeldSince = wire.HeaderHeldSince
+	// HeaderHeldID is the message id a held command had when it was first
+	// consumed: the id its saga recorded for it.
+	HeaderHeldID = wire.HeaderHeldID
 )
-
-// Headers of the commands a saga sends to participants.
-const (
-	// HeaderReplyTo names the topic the participant's reply goes to.
-	HeaderReplyTo = "sagaflow-reply-to"
-	// HeaderDirection is "forward" or "compensate".
-	HeaderDirection = "sagaflow-direction"
-)
-
-// HeaderHeldSince is set on a Kafka command that an engine could not run
-// yet and moved back to the outbox (see [Store.HoldMessage]): when it was
-// first held, in the database's time (RFC 3339, UTC).
-const HeaderHeldSince = "sagaflow-held-since"
-
-// HeaderHeldID is the message id a held command had when it was first
-// consumed: the id its saga recorded for it.
-const HeaderHeldID = "sagaflow-held-id"
 
 // LegalTopic reports whether t is a name Kafka accepts for a topic: 1 to 249
 // of a-z, A-Z, 0-9, '.', '_' and '-', and neither "." nor "..".

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/sagaflow/sagaflow/wire"
 )
 
 // DBTX is what the statements run on: *pgxpool.Pool, *pgx.Conn and pgx.Tx
@@ -134,7 +135,9 @@ type LockedSaga struct {
 	// Locked is true when this transaction holds the saga's execution lock.
 	Locked bool
 	// Processed is true when the inbox already holds the key of the saga's
-	// current step.
+	// current step, and the command being run has that key (the key of a
+	// command in the outbox is its step_key column; of a command from
+	// Kafka, the one given to [Store.LockSagas]).
 	Processed bool
 	// CancelRequest is the saga's pending cancel request, or nil.
 	CancelRequest *CancelRequest
@@ -305,15 +308,15 @@ func New(schema string) (*Store, error) {
 			FOR UPDATE SKIP LOCKED`,
 		// ClaimDirect and LockSagas in one statement: claim the commands,
 		// then, per claimed row, read its saga (by the row's saga_id), try
-		// its execution lock and probe the inbox for its current step's key.
-		// The lateral join keeps the claim's order and always probes the
-		// saga's primary key.
+		// its execution lock and probe the inbox for the row's step key (its
+		// step_key column, written from Go; Go then checks that it is the
+		// saga's current step's key). The lateral join keeps the claim's
+		// order and always probes the saga's primary key.
 		claimAndLock: `SELECT c.id, c.aggregatetype, c.type, c.payload, c.saga_id, c.attempts, EXTRACT(EPOCH FROM now() - c.created_at),
 				` + prefixColumns("s.") + `, pg_try_advisory_xact_lock(hashtextextended(s.id::text, $5)),
-				(SELECT true FROM ` + s + `.inbox i WHERE i.consumer = $6
-					AND i.key = s.id::text || '/' || s.step_name || '/' || s.direction || '/' || s.epoch LIMIT 1) IS NOT NULL,
+				c.step_key, (SELECT true FROM ` + s + `.inbox i WHERE i.consumer = $6 AND i.key = c.step_key LIMIT 1) IS NOT NULL,
 				r.epoch, r.reason
-			FROM (SELECT id, aggregatetype, type, payload, saga_id, attempts, created_at, available_at
+			FROM (SELECT id, aggregatetype, type, payload, saga_id, attempts, created_at, available_at, step_key
 				FROM ` + s + `.outbox
 				WHERE topic = $1 AND delivery = 'direct' AND status = 'pending' AND available_at <= now()
 					AND (aggregatetype = ANY($3) OR created_at < now() - $4 * interval '1 microsecond')
@@ -325,14 +328,13 @@ func New(schema string) (*Store, error) {
 			ORDER BY c.available_at`,
 		// Read the claimed commands' sagas, take each saga's execution lock
 		// without waiting (an advisory transaction lock: no extra commit,
-		// gone with the transaction), and see whether the current step's key
-		// is already in the inbox.
-		// The inbox probe is a correlated subquery with LIMIT 1 so that the
-		// planner always probes the primary key; an EXISTS may be planned as
-		// a hash of every key of the consumer when statistics are stale.
+		// gone with the transaction), and see whether the step key $4 (the
+		// command's, computed in Go) is already in the inbox.
+		// The inbox probe is a subquery with LIMIT 1 so that the planner
+		// always probes the primary key; an EXISTS may be planned as a hash
+		// of every key of the consumer when statistics are stale.
 		lockSagas: `SELECT ` + prefixColumns("s.") + `, pg_try_advisory_xact_lock(hashtextextended(s.id::text, $2)),
-				(SELECT true FROM ` + s + `.inbox i WHERE i.consumer = $3
-					AND i.key = s.id::text || '/' || s.step_name || '/' || s.direction || '/' || s.epoch LIMIT 1) IS NOT NULL,
+				(SELECT true FROM ` + s + `.inbox i WHERE i.consumer = $3 AND i.key = $4 LIMIT 1) IS NOT NULL,
 				r.epoch, r.reason
 			FROM ` + s + `.saga_instances s
 			LEFT JOIN ` + s + `.saga_cancel_requests r ON r.saga_id = s.id
@@ -639,21 +641,28 @@ func (s *Store) ClaimAndLock(ctx context.Context, tx pgx.Tx, topic string, limit
 		var age float64
 		var sagaID pgtype.UUID
 		var locked *bool
+		var stepKey *string
 		var processed bool
 		var cancelEpoch *int
 		var cancelReason *string
 		n = nullSaga{} // pgx fills the pointees it finds: never share them between rows
 		args := append([]any{(*[16]byte)(&c.ID), &c.AggregateType, &c.Type, &c.Payload, &sagaID, &c.Attempts, &age}, dest...)
-		if err := rows.Scan(append(args, &locked, &processed, &cancelEpoch, &cancelReason)...); err != nil {
+		if err := rows.Scan(append(args, &locked, &stepKey, &processed, &cancelEpoch, &cancelReason)...); err != nil {
 			return nil, nil, fmt.Errorf("store: claim commands on %s: %w", topic, err)
 		}
 		c.Age = time.Duration(age * float64(time.Second))
 		c.SagaID = fromPgID(sagaID)
 		claimed = append(claimed, c)
-		if n.ID.Valid && sagas[n.ID.Bytes] == nil {
-			ls := &LockedSaga{Saga: n.saga(), Locked: locked != nil && *locked, Processed: processed,
-				CancelRequest: cancelRequest(cancelEpoch, cancelReason)}
+		if !n.ID.Valid {
+			continue
+		}
+		ls := sagas[n.ID.Bytes]
+		if ls == nil {
+			ls = &LockedSaga{Saga: n.saga(), Locked: locked != nil && *locked, CancelRequest: cancelRequest(cancelEpoch, cancelReason)}
 			sagas[ls.ID] = ls
+		}
+		if processed && stepKey != nil && *stepKey == currentKey(&ls.Saga) {
+			ls.Processed = true
 		}
 	}
 	if err := rows.Err(); err != nil {
@@ -696,8 +705,10 @@ func (n *nullSaga) saga() Saga {
 
 // LockSagas reads the given sagas as described on [LockedSaga]. It never
 // waits for a lock. Sagas that do not exist are absent from the result.
-func (s *Store) LockSagas(ctx context.Context, tx pgx.Tx, ids []uuid.UUID) (map[uuid.UUID]*LockedSaga, error) {
-	rows, err := tx.Query(ctx, s.q.lockSagas, pgIDs(ids), s.lockNS, InboxConsumerEngine)
+// stepKey is the step key of the command the caller runs, or "": a saga is
+// Processed when stepKey is its current step's key and the inbox holds it.
+func (s *Store) LockSagas(ctx context.Context, tx pgx.Tx, ids []uuid.UUID, stepKey string) (map[uuid.UUID]*LockedSaga, error) {
+	rows, err := tx.Query(ctx, s.q.lockSagas, pgIDs(ids), s.lockNS, InboxConsumerEngine, stepKey)
 	if err != nil {
 		return nil, fmt.Errorf("store: lock sagas: %w", err)
 	}
@@ -711,12 +722,19 @@ func (s *Store) LockSagas(ctx context.Context, tx pgx.Tx, ids []uuid.UUID) (map[
 			return nil, fmt.Errorf("store: lock sagas: %w", err)
 		}
 		ls.CancelRequest = cancelRequest(cancelEpoch, cancelReason)
+		ls.Processed = ls.Processed && stepKey != "" && stepKey == currentKey(&ls.Saga)
 		out[ls.ID] = ls
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("store: lock sagas: %w", err)
 	}
 	return out, nil
+}
+
+// currentKey is the step key of sg's current step, written by package wire:
+// the only encoder of step keys (SQL compares keys, never builds them).
+func currentKey(sg *Saga) string {
+	return wire.Key{SagaID: wire.UUID(sg.ID), Step: sg.StepName, Direction: wire.Direction(sg.Direction), Epoch: sg.Epoch}.String()
 }
 
 // LockSaga waits for a saga's execution lock and holds it until tx ends.

@@ -18,6 +18,7 @@ import (
 
 	"github.com/sagaflow/sagaflow/inbox"
 	"github.com/sagaflow/sagaflow/migrations"
+	"github.com/sagaflow/sagaflow/participant"
 	"github.com/sagaflow/sagaflow/relay"
 	"github.com/sagaflow/sagaflow/saga"
 	"github.com/sagaflow/sagaflow/steps"
@@ -196,7 +197,7 @@ func (s *System) startRelay(ctx context.Context, d DB) error {
 
 // consume runs a participant's consumer on topic, restarting it when it
 // crashes, until the system stops.
-func (s *System) consume(topic, group string, p *steps.Participant, crashes func() bool) {
+func (s *System) consume(topic, group string, p *participant.Participant, crashes func() bool) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -235,8 +236,8 @@ func (r *crashingReader) CommitMessages(ctx context.Context, msgs ...kafka.Messa
 	return r.Reader.CommitMessages(ctx, msgs...)
 }
 
-func (s *System) participant(d DB, name string) (*steps.Participant, error) {
-	return steps.NewParticipant(d.Pool, &steps.ParticipantConfig{Consumer: name, Schema: d.Schema, Logger: s.env.Logger,
+func (s *System) participant(d DB, name string) (*participant.Participant, error) {
+	return participant.New(d.Pool, &participant.Config{Consumer: name, Schema: d.Schema, Logger: s.env.Logger,
 		ReplyTopics: []string{TopicReplies}})
 }
 
@@ -249,7 +250,7 @@ func (s *System) startInventory(context.Context) error {
 	}
 	var crashNow atomic.Bool
 	err = errors.Join(
-		steps.Handle(p, "inventory.reserve", func(ctx context.Context, tx pgx.Tx, c steps.Call[ReserveStock]) (struct{}, error) {
+		participant.Handle(p, "inventory.reserve", func(ctx context.Context, tx pgx.Tx, c participant.Call[ReserveStock]) (struct{}, error) {
 			tag, err := tx.Exec(ctx, "UPDATE "+d.table("stock")+" SET available = available - $2 WHERE sku = $1 AND available >= $2", c.Command.SKU, c.Command.Qty)
 			if err != nil {
 				return struct{}{}, err
@@ -269,7 +270,7 @@ func (s *System) startInventory(context.Context) error {
 			}
 			return struct{}{}, nil
 		}),
-		steps.Handle(p, "inventory.release", func(ctx context.Context, tx pgx.Tx, c steps.Call[ReserveStock]) (struct{}, error) {
+		participant.Handle(p, "inventory.release", func(ctx context.Context, tx pgx.Tx, c participant.Call[ReserveStock]) (struct{}, error) {
 			var sku string
 			var qty int
 			err := tx.QueryRow(ctx, "UPDATE "+d.table("reservations")+" SET released = true WHERE order_id = $1 AND NOT released RETURNING sku, qty", c.Command.OrderID).Scan(&sku, &qty)
@@ -319,7 +320,7 @@ func (s *System) startPayments(context.Context) error {
 		return err
 	}
 	err = errors.Join(
-		steps.Handle(p, "payments.charge", func(ctx context.Context, tx pgx.Tx, c steps.Call[ChargePayment]) (PaymentCharged, error) {
+		participant.Handle(p, "payments.charge", func(ctx context.Context, tx pgx.Tx, c participant.Call[ChargePayment]) (PaymentCharged, error) {
 			status, body, err := s.callProvider(ctx, "/charges", c.Key.String(), chargeRequest{Order: c.Command.OrderID, Amount: c.Command.Amount})
 			switch {
 			case err != nil || status >= 500:
@@ -338,7 +339,7 @@ func (s *System) startPayments(context.Context) error {
 			_, err = tx.Exec(ctx, "INSERT INTO "+d.table("payments")+" (order_id, charge_id) VALUES ($1, $2)", c.Command.OrderID, res.ChargeID)
 			return PaymentCharged{ChargeID: res.ChargeID}, err
 		}),
-		steps.Handle(p, "payments.refund", func(ctx context.Context, tx pgx.Tx, c steps.Call[RefundPayment]) (struct{}, error) {
+		participant.Handle(p, "payments.refund", func(ctx context.Context, tx pgx.Tx, c participant.Call[RefundPayment]) (struct{}, error) {
 			// Refund what this service charged for the order, whatever the
 			// saga knows: after a reply timeout the saga never saw the charge
 			// id, and a late charge is processed before this refund (same
@@ -402,7 +403,7 @@ func (s *System) startShipping(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	err = steps.Handle(p, "shipping.create", func(ctx context.Context, tx pgx.Tx, c steps.Call[CreateShipment]) (struct{}, error) {
+	err = participant.Handle(p, "shipping.create", func(ctx context.Context, tx pgx.Tx, c participant.Call[CreateShipment]) (struct{}, error) {
 		if c.Command.Address == "nowhere" {
 			return struct{}{}, steps.Permanent(steps.WithCode("undeliverable", errors.New("no carrier delivers to this address")))
 		}

@@ -1,4 +1,4 @@
-package steps_test
+package participant_test
 
 import (
 	"context"
@@ -22,6 +22,7 @@ import (
 	"github.com/sagaflow/sagaflow/internal/safetext"
 	"github.com/sagaflow/sagaflow/internal/signing"
 	"github.com/sagaflow/sagaflow/internal/store"
+	"github.com/sagaflow/sagaflow/participant"
 	"github.com/sagaflow/sagaflow/saga"
 	"github.com/sagaflow/sagaflow/steps"
 )
@@ -63,7 +64,7 @@ type bench struct {
 	codes sync.Map // order id -> the code its reserve is refused with
 }
 
-func newBench(t *testing.T, cfg steps.ParticipantConfig) *bench {
+func newBench(t *testing.T, cfg participant.Config) *bench {
 	t.Helper()
 	kc := kafkatest.New(t, kafkatest.SeedTopics(1, benchTopic, benchReplies))
 	b := &bench{service: newService(t, kc), kc: kc}
@@ -72,10 +73,10 @@ func newBench(t *testing.T, cfg steps.ParticipantConfig) *bench {
 		b.table("moves")+" (order_id)")
 	require.NoError(t, err)
 	cfg.Consumer, cfg.Schema, cfg.Logger = "inventory", b.schema, quiet
-	p, err := steps.NewParticipant(b.pool, &cfg)
+	p, err := participant.New(b.pool, &cfg)
 	require.NoError(t, err)
-	move := func(kind string) func(ctx context.Context, tx pgx.Tx, c steps.Call[reserveCmd]) (struct{}, error) {
-		return func(ctx context.Context, tx pgx.Tx, c steps.Call[reserveCmd]) (struct{}, error) {
+	move := func(kind string) func(ctx context.Context, tx pgx.Tx, c participant.Call[reserveCmd]) (struct{}, error) {
+		return func(ctx context.Context, tx pgx.Tx, c participant.Call[reserveCmd]) (struct{}, error) {
 			if code, ok := b.codes.Load(c.Command.OrderID); ok {
 				return struct{}{}, steps.Permanent(steps.WithCode(code.(string), errors.New("no stock")))
 			}
@@ -83,8 +84,8 @@ func newBench(t *testing.T, cfg steps.ParticipantConfig) *bench {
 			return struct{}{}, err
 		}
 	}
-	require.NoError(t, steps.Handle(p, "inventory.reserve", move("reserve")))
-	require.NoError(t, steps.Handle(p, "inventory.release", move("release")))
+	require.NoError(t, participant.Handle(p, "inventory.reserve", move("reserve")))
+	require.NoError(t, participant.Handle(p, "inventory.release", move("release")))
 	serve(t, kc, p, benchTopic, "inventory")
 	return b
 }
@@ -247,7 +248,7 @@ func (b *bench) moves(t *testing.T, orderID, kind string) int {
 // bytes, with no effect and no reply.
 func TestParticipantPoisonNeverStopsThePartition(t *testing.T) {
 	t.Parallel()
-	b := newBench(t, steps.ParticipantConfig{})
+	b := newBench(t, participant.Config{})
 
 	type outcome int
 	const (
@@ -279,13 +280,13 @@ func TestParticipantPoisonNeverStopsThePartition(t *testing.T) {
 		})
 		add("refusal code "+p.name, refused, p.s, func(_ *command, order string) { b.codes.Store(order, p.s) })
 		add("type "+p.name, dead, "unknown message type", func(c *command, _ string) { c.typ = p.s })
-		add("saga id "+p.name, dead, steps.CodeNotASagaCommand, func(c *command, _ string) { c.sagaID = p.s })
-		add("direction "+p.name, dead, steps.CodeNotASagaCommand, func(c *command, _ string) { c.direction = p.s })
-		add("step key "+p.name, dead, steps.CodeNotASagaCommand, func(c *command, _ string) {
+		add("saga id "+p.name, dead, participant.CodeNotASagaCommand, func(c *command, _ string) { c.sagaID = p.s })
+		add("direction "+p.name, dead, participant.CodeNotASagaCommand, func(c *command, _ string) { c.direction = p.s })
+		add("step key "+p.name, dead, participant.CodeNotASagaCommand, func(c *command, _ string) {
 			c.stepKey = c.sagaID + "/" + p.s + "/forward/0"
 		})
-		add("reply-to "+p.name, dead, steps.CodeReplyTopicRefused, func(c *command, _ string) { c.replyTo = p.s })
-		add("value "+p.name, refused, steps.CodeMalformedCommand, func(c *command, _ string) { c.value = []byte(p.s) })
+		add("reply-to "+p.name, dead, participant.CodeReplyTopicRefused, func(c *command, _ string) { c.replyTo = p.s })
+		add("value "+p.name, refused, participant.CodeMalformedCommand, func(c *command, _ string) { c.value = []byte(p.s) })
 		o := dead
 		if p.name == "utf8" {
 			o = ok // encoding/json decodes invalid UTF-8 as U+FFFD
@@ -294,7 +295,7 @@ func TestParticipantPoisonNeverStopsThePartition(t *testing.T) {
 			c.value = []byte(`{"order_id":` + jsonString(p.s) + `}`)
 		})
 	}
-	add("reply-to not allowed", dead, steps.CodeReplyTopicRefused, func(c *command, _ string) { c.replyTo = "attacker.replies" })
+	add("reply-to not allowed", dead, participant.CodeReplyTopicRefused, func(c *command, _ string) { c.replyTo = "attacker.replies" })
 	add("reply-to twice", dead, "ambiguous", func(c *command, _ string) {
 		c.extra = []kgo.RecordHeader{{Key: store.HeaderReplyTo, Value: []byte("attacker.replies")}}
 	})
@@ -326,7 +327,7 @@ func TestParticipantPoisonNeverStopsThePartition(t *testing.T) {
 			require.Len(t, replies, 1, c.name)
 			require.False(t, replies[0].OK, c.name)
 			require.Equal(t, 0, b.moves(t, order, "reserve"), "%s: a refusal undoes the handler's writes", c.name)
-			if c.want == steps.CodeMalformedCommand {
+			if c.want == participant.CodeMalformedCommand {
 				require.Equal(t, c.want, replies[0].Code, c.name)
 				continue
 			}
@@ -367,7 +368,7 @@ func TestForgedCompensationBeforeItsForwardIsRefusedNotSwallowed(t *testing.T) {
 	require.NoError(t, err)
 	in := s.wait(t, id)
 	require.Equal(t, saga.StatusCompensated, in.Status)
-	require.Equal(t, steps.CodeCompensatedBeforeRun, in.LastError.Code, "refused, not timed out")
+	require.Equal(t, participant.CodeCompensatedBeforeRun, in.LastError.Code, "refused, not timed out")
 	require.Less(t, in.UpdatedAt.Sub(in.CreatedAt), reserveTimeout, "the saga did not wait for the reply timeout")
 	require.Equal(t, 0, s.inventory.count(t, "SELECT count(*) FROM "+s.inventory.table("stock_moves")+" WHERE move = 'reserve'"),
 		"the step's effect did not run after its compensation")
@@ -383,7 +384,7 @@ func TestForgedCompensationBeforeItsForwardIsRefusedNotSwallowed(t *testing.T) {
 func TestParticipantRefusesUnsignedCommandsWhenSigningIsOn(t *testing.T) {
 	t.Parallel()
 	oldKey, key := []byte("the previous key"), []byte("the current key")
-	b := newBench(t, steps.ParticipantConfig{SigningKey: key, VerifyKeys: [][]byte{oldKey}})
+	b := newBench(t, participant.Config{SigningKey: key, VerifyKeys: [][]byte{oldKey}})
 
 	step := func() steps.Key { return steps.Key{SagaID: uuid.New(), Step: "reserve", Direction: steps.Forward} }
 	target := step()
@@ -404,7 +405,7 @@ func TestParticipantRefusesUnsignedCommandsWhenSigningIsOn(t *testing.T) {
 	b.waitReplies(t, time.Now().Add(15*time.Second), signedOld.stepKey, genuine.stepKey)
 
 	for i, name := range []string{"unsigned", "signed with another key", "changed after signing"} {
-		b.requireDeadLetter(t, name, offsets[i], recs[i], steps.CodeUnverified)
+		b.requireDeadLetter(t, name, offsets[i], recs[i], participant.CodeUnverified)
 	}
 	for _, c := range []*command{forgedComp, otherKey, tampered} {
 		require.Empty(t, b.replies(t, c.stepKey))
@@ -449,29 +450,29 @@ func TestParticipantConfigIsValidated(t *testing.T) {
 	t.Parallel()
 	pool, schema := pgtest.NewSchema(t)
 	for _, tc := range []struct {
-		cfg  steps.ParticipantConfig
+		cfg  participant.Config
 		want string
 	}{
-		{steps.ParticipantConfig{ReplyTopics: []string{"ok.replies", "no spaces"}}, "ReplyTopics[1]"},
-		{steps.ParticipantConfig{VerifyKeys: [][]byte{[]byte("k")}}, "VerifyKeys needs SigningKey"},
-		{steps.ParticipantConfig{SigningKey: []byte("k"), VerifyKeys: [][]byte{nil}}, "VerifyKeys[0] is empty"},
+		{participant.Config{ReplyTopics: []string{"ok.replies", "no spaces"}}, "ReplyTopics[1]"},
+		{participant.Config{VerifyKeys: [][]byte{[]byte("k")}}, "VerifyKeys needs SigningKey"},
+		{participant.Config{SigningKey: []byte("k"), VerifyKeys: [][]byte{nil}}, "VerifyKeys[0] is empty"},
 	} {
 		tc.cfg.Consumer, tc.cfg.Schema = "inventory", schema
-		_, err := steps.NewParticipant(pool, &tc.cfg)
-		require.ErrorIs(t, err, steps.ErrInvalidConfig)
+		_, err := participant.New(pool, &tc.cfg)
+		require.ErrorIs(t, err, participant.ErrInvalidConfig)
 		require.ErrorContains(t, err, tc.want)
 	}
 }
 
 func TestDefaultReplyTopicsAreTheEnginesDefaults(t *testing.T) {
 	t.Parallel()
-	require.True(t, steps.IsDefaultReplyTopic(saga.CommandTopicDefault+".checkout.replies"))
-	require.True(t, steps.IsDefaultReplyTopic(saga.CommandTopicDefault+".orders_v2.replies"))
+	require.True(t, participant.IsDefaultReplyTopic(saga.CommandTopicDefault+".checkout.replies"))
+	require.True(t, participant.IsDefaultReplyTopic(saga.CommandTopicDefault+".orders_v2.replies"))
 	for _, topic := range []string{
 		"", "orders.replies", saga.CommandTopicDefault + ".replies", saga.CommandTopicDefault + ".checkout",
 		saga.CommandTopicDefault + ".check out.replies", saga.CommandTopicDefault + ".a\x00.replies",
 		"x" + saga.CommandTopicDefault + ".checkout.replies", saga.CommandTopicDefault + "." + strings.Repeat("a", 250) + ".replies",
 	} {
-		require.False(t, steps.IsDefaultReplyTopic(topic), "%q", topic)
+		require.False(t, participant.IsDefaultReplyTopic(topic), "%q", topic)
 	}
 }

@@ -1,4 +1,4 @@
-package steps_test
+package participant_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/sagaflow/sagaflow/internal/pgtest"
 	"github.com/sagaflow/sagaflow/internal/store"
 	"github.com/sagaflow/sagaflow/migrations"
+	"github.com/sagaflow/sagaflow/participant"
 	"github.com/sagaflow/sagaflow/steps"
 )
 
@@ -19,7 +20,7 @@ import (
 // command is handed to its handler through the participant's inbox.
 type participantOnly struct {
 	*service
-	p *steps.Participant
+	p *participant.Participant
 }
 
 func newParticipantOnly(t *testing.T) *participantOnly {
@@ -31,11 +32,11 @@ func newParticipantOnly(t *testing.T) *participantOnly {
 	s := &service{pool: pool, schema: schema}
 	_, err = pool.Exec(ctx, "CREATE TABLE "+s.table("moves")+" (move text)")
 	require.NoError(t, err)
-	p, err := steps.NewParticipant(pool, &steps.ParticipantConfig{Consumer: "inventory", Schema: schema, Logger: quiet,
+	p, err := participant.New(pool, &participant.Config{Consumer: "inventory", Schema: schema, Logger: quiet,
 		ReplyTopics: []string{"orders.replies"}})
 	require.NoError(t, err)
-	move := func(kind string) func(ctx context.Context, tx pgx.Tx, c steps.Call[reserveCmd]) (struct{}, error) {
-		return func(ctx context.Context, tx pgx.Tx, c steps.Call[reserveCmd]) (struct{}, error) {
+	move := func(kind string) func(ctx context.Context, tx pgx.Tx, c participant.Call[reserveCmd]) (struct{}, error) {
+		return func(ctx context.Context, tx pgx.Tx, c participant.Call[reserveCmd]) (struct{}, error) {
 			if c.Command.OrderID == "panic" {
 				panic("a bug in the handler")
 			}
@@ -43,8 +44,8 @@ func newParticipantOnly(t *testing.T) *participantOnly {
 			return struct{}{}, err
 		}
 	}
-	require.NoError(t, steps.Handle(p, "reserve", move("reserve")))
-	require.NoError(t, steps.Handle(p, "release", move("release")))
+	require.NoError(t, participant.Handle(p, "reserve", move("reserve")))
+	require.NoError(t, participant.Handle(p, "release", move("release")))
 	return &participantOnly{service: s, p: p}
 }
 

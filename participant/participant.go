@@ -1,4 +1,4 @@
-package steps
+package participant
 
 import (
 	"context"
@@ -16,10 +16,12 @@ import (
 	"github.com/sagaflow/sagaflow/internal/safetext"
 	"github.com/sagaflow/sagaflow/internal/signing"
 	"github.com/sagaflow/sagaflow/internal/store"
+	"github.com/sagaflow/sagaflow/steps"
+	"github.com/sagaflow/sagaflow/wire"
 )
 
-// ParticipantConfig configures a [Participant].
-type ParticipantConfig struct {
+// Config configures a [Participant].
+type Config struct {
 	// Consumer names the service in its inbox (e.g. "payments"). Required.
 	Consumer string
 	// Schema holds the service's sagaflow tables (inbox, outbox). Defaults
@@ -53,13 +55,6 @@ type ParticipantConfig struct {
 	VerifyKeys [][]byte
 }
 
-// Bounds of a refusal's text and code, so that they are storable wherever
-// the saga keeps them.
-const (
-	maxReplyErrorBytes = 2000
-	maxReplyCodeBytes  = 200
-)
-
 // Participant serves the commands that sagas in other services send to this
 // service's topic, and replies through this service's own outbox.
 //
@@ -77,10 +72,10 @@ type Participant struct {
 	handlers    map[string]inbox.HandlerFunc
 }
 
-// NewParticipant returns a participant on pool; the schema must have been
+// New returns a participant on pool; the schema must have been
 // migrated with migrations.Migrate.
-func NewParticipant(pool *pgxpool.Pool, cfg *ParticipantConfig) (*Participant, error) {
-	c := ParticipantConfig{}
+func New(pool *pgxpool.Pool, cfg *Config) (*Participant, error) {
+	c := Config{}
 	if cfg != nil {
 		c = *cfg
 	}
@@ -95,15 +90,15 @@ func NewParticipant(pool *pgxpool.Pool, cfg *ParticipantConfig) (*Participant, e
 	}
 	in, err := inbox.New(pool, &inbox.Config{Consumer: c.Consumer, Schema: c.Schema, Logger: c.Logger})
 	if err != nil {
-		return nil, fmt.Errorf("steps: participant: %w", err)
+		return nil, fmt.Errorf("participant: participant: %w", err)
 	}
 	keys, err := inbox.New(pool, &inbox.Config{Consumer: c.Consumer + "/steps", Schema: c.Schema, Logger: c.Logger})
 	if err != nil {
-		return nil, fmt.Errorf("steps: participant: %w", err)
+		return nil, fmt.Errorf("participant: participant: %w", err)
 	}
 	st, err := store.New(c.Schema)
 	if err != nil {
-		return nil, fmt.Errorf("steps: participant: %w", err)
+		return nil, fmt.Errorf("participant: participant: %w", err)
 	}
 	p := &Participant{in: in, steps: keys, st: st, outbox: pgx.Identifier{c.Schema, "outbox"}.Sanitize(), log: c.Logger,
 		keys:     signing.Keys{Current: c.SigningKey, Previous: c.VerifyKeys},
@@ -117,7 +112,7 @@ func NewParticipant(pool *pgxpool.Pool, cfg *ParticipantConfig) (*Participant, e
 	return p, nil
 }
 
-func (c *ParticipantConfig) validate() error {
+func (c *Config) validate() error {
 	for i, t := range c.ReplyTopics {
 		if !store.LegalTopic(t) {
 			return fmt.Errorf("%w: ReplyTopics[%d] %q is not a legal Kafka topic name (1 to 249 of a-z, A-Z, 0-9, '.', '_', '-')",
@@ -142,7 +137,7 @@ const defaultCommandTopic = "sagaflow.commands"
 // IsDefaultReplyTopic reports whether topic is named as an engine with the
 // default names (no KafkaConfig.ReplyTopic, the default CommandTopic)
 // names its reply topics: sagaflow.commands.<saga name>.replies. It is the
-// rule a [Participant] replies by when ParticipantConfig.ReplyTopics is not
+// rule a [Participant] replies by when Config.ReplyTopics is not
 // set.
 func IsDefaultReplyTopic(topic string) bool {
 	name, ok := strings.CutPrefix(topic, defaultCommandTopic+".")
@@ -166,9 +161,9 @@ type Call[C any] struct {
 	// Key is the step-scoped key of the saga step that sent the command:
 	// the same for every copy and re-delivery. Pass it to external
 	// services as their idempotency key.
-	Key       Key
+	Key       steps.Key
 	SagaID    uuid.UUID
-	Direction Direction
+	Direction steps.Direction
 	Type      string
 }
 
@@ -177,7 +172,7 @@ type Call[C any] struct {
 // participant's inbox, so its database effects happen once per saga step
 // whatever the duplicates; its result is sent back to the saga as the reply,
 // written to the participant's outbox in the same transaction. An error
-// marked [Permanent] is sent back as a refusal (the saga compensates); any
+// marked [steps.Permanent] is sent back as a refusal (the saga compensates); any
 // other error leaves the command to be retried, except an error of
 // PostgreSQL refusing a value (a NUL byte in text, say), which the consumer
 // dead-letters at once. A refusal is not recorded under the step key: a
@@ -189,7 +184,7 @@ type Call[C any] struct {
 // reply or any effect when it fails a check: its signature when signing is
 // on, its step key (present, well formed, storable, and agreeing with its
 // saga id and direction headers), and its reply topic (see
-// ParticipantConfig.ReplyTopics).
+// Config.ReplyTopics).
 //
 // A compensation must tolerate a forward step that never ran (after a reply
 // timeout the saga compensates a step whose command may never have arrived).
@@ -198,10 +193,10 @@ type Call[C any] struct {
 // the forward command arrives, which does nothing else.
 func Handle[C, R any](p *Participant, commandType string, fn func(ctx context.Context, tx pgx.Tx, call Call[C]) (R, error)) error {
 	if commandType == "" || fn == nil {
-		return errors.New("steps: handle: a command type and a function are required")
+		return errors.New("participant: handle: a command type and a function are required")
 	}
 	if _, dup := p.handlers[commandType]; dup {
-		return fmt.Errorf("steps: handle: a handler for %q is already registered", commandType)
+		return fmt.Errorf("participant: handle: a handler for %q is already registered", commandType)
 	}
 	p.handlers[commandType] = func(ctx context.Context, tx pgx.Tx, msg inbox.Message) error {
 		key, replyTo, err := p.admit(msg)
@@ -222,9 +217,9 @@ func Handle[C, R any](p *Participant, commandType string, fn func(ctx context.Co
 		// message.
 		fresh, err := p.steps.ProcessTx(ctx, sp, inbox.Message{ID: key.String()}, func(ctx context.Context, sptx pgx.Tx, _ inbox.Message) error {
 			if err := json.Unmarshal(msg.Value, &call.Command); err != nil {
-				return Permanent(WithCode(CodeMalformedCommand, fmt.Errorf("decode command: %w", err)))
+				return steps.Permanent(steps.WithCode(CodeMalformedCommand, fmt.Errorf("decode command: %w", err)))
 			}
-			if key.Direction == Compensate {
+			if key.Direction == steps.Compensate {
 				if err := p.closeForward(ctx, sptx, replyTo, key); err != nil {
 					return err
 				}
@@ -235,7 +230,7 @@ func Handle[C, R any](p *Participant, commandType string, fn func(ctx context.Co
 					if v := recover(); v != nil {
 						// A bug in the handler: refuse rather than crash the
 						// service (and crash again on every redelivery).
-						herr = Permanent(WithCode(CodePanic, fmt.Errorf("handler for %q panicked: %v", commandType, v)))
+						herr = steps.Permanent(steps.WithCode(CodePanic, fmt.Errorf("handler for %q panicked: %v", commandType, v)))
 					}
 				}()
 				result, herr = fn(ctx, sptx, call)
@@ -243,13 +238,13 @@ func Handle[C, R any](p *Participant, commandType string, fn func(ctx context.Co
 			return herr
 		})
 		switch {
-		case err != nil && !IsPermanent(err):
+		case err != nil && !steps.IsPermanent(err):
 			return err // retried by the consumer
 		case err != nil:
 			if rerr := sp.Rollback(ctx); rerr != nil {
 				return rerr
 			}
-			return p.sendReply(ctx, tx, replyTo, key, Reply{Error: refusalText(err), Code: Code(err)})
+			return p.sendReply(ctx, tx, replyTo, key, wire.Reply{Error: refusalText(err), Code: steps.Code(err)})
 		case !fresh:
 			// This step ran before (or, forward, was closed by its
 			// compensation). Send its reply again: the saga may have
@@ -265,9 +260,9 @@ func Handle[C, R any](p *Participant, commandType string, fn func(ctx context.Co
 		}
 		out, err := json.Marshal(result)
 		if err != nil {
-			return fmt.Errorf("steps: encode reply to %s: %w", key, err)
+			return fmt.Errorf("participant: encode reply to %s: %w", key, err)
 		}
-		return p.sendReply(ctx, tx, replyTo, key, Reply{OK: true, Result: out})
+		return p.sendReply(ctx, tx, replyTo, key, wire.Reply{OK: true, Result: out})
 	}
 	return nil
 }
@@ -275,32 +270,32 @@ func Handle[C, R any](p *Participant, commandType string, fn func(ctx context.Co
 // admit checks a command before it has any effect, and returns its step
 // key and reply topic. Its errors are permanent: the consumer dead-letters
 // the command, without recording its id, and nothing is replied.
-func (p *Participant) admit(msg inbox.Message) (Key, string, error) {
-	refuse := func(code, format string, args ...any) (Key, string, error) {
-		return Key{}, "", Permanent(WithCode(code, fmt.Errorf("command %q: "+format, append([]any{safetext.Text(msg.ID, 128)}, args...)...)))
+func (p *Participant) admit(msg inbox.Message) (steps.Key, string, error) {
+	refuse := func(code, format string, args ...any) (steps.Key, string, error) {
+		return steps.Key{}, "", steps.Permanent(steps.WithCode(code, fmt.Errorf("command %q: "+format, append([]any{safetext.Text(msg.ID, 128)}, args...)...)))
 	}
 	if err := p.keys.Verify(func(name string) string { return msg.Headers[name] }, msg.Value); err != nil {
 		return refuse(CodeUnverified, "%w", err)
 	}
-	keyText, replyTo := msg.Headers[store.HeaderStepKey], msg.Headers[store.HeaderReplyTo]
+	keyText, replyTo := msg.Headers[wire.HeaderStepKey], msg.Headers[wire.HeaderReplyTo]
 	if keyText == "" || replyTo == "" {
-		return refuse(CodeNotASagaCommand, "a saga command has the %s and %s headers", store.HeaderStepKey, store.HeaderReplyTo)
+		return refuse(CodeNotASagaCommand, "a saga command has the %s and %s headers", wire.HeaderStepKey, wire.HeaderReplyTo)
 	}
-	if err := safetext.Check(store.HeaderStepKey, keyText, safetext.MaxKeyBytes); err != nil {
+	if err := safetext.Check(wire.HeaderStepKey, keyText, safetext.MaxKeyBytes); err != nil {
 		return refuse(CodeNotASagaCommand, "%w", err)
 	}
-	key, err := ParseKey(keyText)
+	key, err := steps.ParseKey(keyText)
 	if err != nil {
 		return refuse(CodeNotASagaCommand, "%w", err)
 	}
-	if v, ok := msg.Headers[store.HeaderSagaID]; ok && v != key.SagaID.String() {
-		return refuse(CodeNotASagaCommand, "%s %q is not the saga of step key %s", store.HeaderSagaID, safetext.Text(v, 128), keyText)
+	if v, ok := msg.Headers[wire.HeaderSagaID]; ok && v != key.SagaID.String() {
+		return refuse(CodeNotASagaCommand, "%s %q is not the saga of step key %s", wire.HeaderSagaID, safetext.Text(v, 128), keyText)
 	}
-	if v, ok := msg.Headers[store.HeaderDirection]; ok && v != string(key.Direction) {
-		return refuse(CodeNotASagaCommand, "%s %q is not the direction of step key %s", store.HeaderDirection, safetext.Text(v, 128), keyText)
+	if v, ok := msg.Headers[wire.HeaderDirection]; ok && v != string(key.Direction) {
+		return refuse(CodeNotASagaCommand, "%s %q is not the direction of step key %s", wire.HeaderDirection, safetext.Text(v, 128), keyText)
 	}
 	if !p.repliesTo(replyTo) {
-		return refuse(CodeReplyTopicRefused, "this participant does not reply to topic %q (ParticipantConfig.ReplyTopics)",
+		return refuse(CodeReplyTopicRefused, "this participant does not reply to topic %q (Config.ReplyTopics)",
 			safetext.Text(replyTo, 256))
 	}
 	return key, replyTo, nil
@@ -319,23 +314,23 @@ func (p *Participant) repliesTo(topic string) bool {
 // compensation was sent after a reply timeout), finds its key and is
 // answered with the refusal written here, instead of doing what was just
 // undone.
-func (p *Participant) closeForward(ctx context.Context, tx pgx.Tx, replyTo string, key Key) error {
-	forward := Key{SagaID: key.SagaID, Step: key.Step, Direction: Forward, Epoch: key.Epoch}
+func (p *Participant) closeForward(ctx context.Context, tx pgx.Tx, replyTo string, key steps.Key) error {
+	forward := steps.Key{SagaID: key.SagaID, Step: key.Step, Direction: steps.Forward, Epoch: key.Epoch}
 	notRun, err := p.steps.ProcessTx(ctx, tx, inbox.Message{ID: forward.String()},
 		func(context.Context, pgx.Tx, inbox.Message) error { return nil })
 	if err != nil || !notRun {
 		return err
 	}
-	return p.sendReply(ctx, tx, replyTo, forward, Reply{Code: CodeCompensatedBeforeRun,
+	return p.sendReply(ctx, tx, replyTo, forward, wire.Reply{Code: CodeCompensatedBeforeRun,
 		Error: "the step's compensation ran before its command arrived; the step was not run"})
 }
 
 func refusalText(err error) string {
-	var pe *PermanentError
+	var pe *steps.PermanentError
 	if errors.As(err, &pe) && pe.Err != nil {
 		err = pe.Err
 	}
-	var ce *CodedError
+	var ce *steps.CodedError
 	if errors.As(err, &ce) && ce.Err != nil {
 		err = ce.Err
 	}
@@ -344,10 +339,10 @@ func refusalText(err error) string {
 
 // resendLast sends the latest reply recorded for key's step again, under a
 // new message id (and so a new signature).
-func (p *Participant) resendLast(ctx context.Context, tx pgx.Tx, replyTo string, key Key) error {
+func (p *Participant) resendLast(ctx context.Context, tx pgx.Tx, replyTo string, key steps.Key) error {
 	var payload []byte
 	err := tx.QueryRow(ctx, "SELECT payload FROM "+p.outbox+" WHERE step_key = $1 AND type = $2 ORDER BY created_at DESC LIMIT 1",
-		key.String(), ReplyType).Scan(&payload)
+		key.String(), wire.TypeReply).Scan(&payload)
 	if errors.Is(err, pgx.ErrNoRows) {
 		// Retention has deleted it.
 		p.log.WarnContext(ctx, "sagaflow participant: a step ran before, but its reply is gone; nothing to send again",
@@ -355,19 +350,19 @@ func (p *Participant) resendLast(ctx context.Context, tx pgx.Tx, replyTo string,
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("steps: read the last reply for %s: %w", key, err)
+		return fmt.Errorf("participant: read the last reply for %s: %w", key, err)
 	}
 	return p.writeReply(ctx, tx, replyTo, key, payload)
 }
 
 // sendReply writes r to the outbox, for the relay to publish to topic. The
 // text of a refusal is made storable first: it comes from a handler.
-func (p *Participant) sendReply(ctx context.Context, tx pgx.Tx, topic string, key Key, r Reply) error {
-	r.Error = safetext.Text(r.Error, maxReplyErrorBytes)
-	r.Code = safetext.Text(r.Code, maxReplyCodeBytes)
+func (p *Participant) sendReply(ctx context.Context, tx pgx.Tx, topic string, key steps.Key, r wire.Reply) error {
+	r.Error = safetext.Text(r.Error, wire.MaxReplyErrorBytes)
+	r.Code = safetext.Text(r.Code, wire.MaxReplyCodeBytes)
 	payload, err := json.Marshal(r)
 	if err != nil {
-		return fmt.Errorf("steps: encode reply to %s: %w", key, err)
+		return fmt.Errorf("participant: encode reply to %s: %w", key, err)
 	}
 	return p.writeReply(ctx, tx, topic, key, payload)
 }
@@ -375,11 +370,11 @@ func (p *Participant) sendReply(ctx context.Context, tx pgx.Tx, topic string, ke
 // writeReply writes a reply's row, signed when signing is on. The relay
 // sets the message id, type, saga id and step key headers from the row's
 // columns, to the values signed here, and copies the signature header.
-func (p *Participant) writeReply(ctx context.Context, tx pgx.Tx, topic string, key Key, payload []byte) error {
+func (p *Participant) writeReply(ctx context.Context, tx pgx.Tx, topic string, key steps.Key, payload []byte) error {
 	id := uuid.Must(uuid.NewV7())
 	keyText := key.String()
-	headers := map[string]string{store.HeaderMessageID: id.String(), store.HeaderType: ReplyType,
-		store.HeaderSagaID: key.SagaID.String(), store.HeaderStepKey: keyText}
+	headers := map[string]string{wire.HeaderMessageID: id.String(), wire.HeaderType: wire.TypeReply,
+		wire.HeaderSagaID: key.SagaID.String(), wire.HeaderStepKey: keyText}
 	p.keys.SignMap(headers, payload)
 	// Wake the service's relay when the transaction commits.
 	if err := p.st.Notify(ctx, tx, topic); err != nil {
@@ -387,6 +382,6 @@ func (p *Participant) writeReply(ctx context.Context, tx pgx.Tx, topic string, k
 	}
 	return p.st.InsertMessage(ctx, tx, &store.Message{
 		ID: id, Topic: topic, Delivery: store.DeliveryRelay, AggregateType: "saga.reply", AggregateID: key.SagaID.String(),
-		Type: ReplyType, Payload: payload, SagaID: &key.SagaID, StepKey: &keyText, Headers: headers,
+		Type: wire.TypeReply, Payload: payload, SagaID: &key.SagaID, StepKey: &keyText, Headers: headers,
 	})
 }

@@ -1,4 +1,4 @@
-package steps_test
+package participant_test
 
 import (
 	"context"
@@ -20,6 +20,7 @@ import (
 	"github.com/sagaflow/sagaflow/internal/kafkatest"
 	"github.com/sagaflow/sagaflow/internal/pgtest"
 	"github.com/sagaflow/sagaflow/migrations"
+	"github.com/sagaflow/sagaflow/participant"
 	"github.com/sagaflow/sagaflow/relay"
 	"github.com/sagaflow/sagaflow/saga"
 	"github.com/sagaflow/sagaflow/sagatest"
@@ -63,7 +64,7 @@ func (s *service) count(t *testing.T, q string, args ...any) int {
 }
 
 // serve runs a participant's consumer on topic until the test ends.
-func serve(t *testing.T, kc *kafkatest.Cluster, p *steps.Participant, topic, group string) {
+func serve(t *testing.T, kc *kafkatest.Cluster, p *participant.Participant, topic, group string) {
 	t.Helper()
 	r := kafka.NewReader(kafka.ReaderConfig{Brokers: kc.Addrs(), GroupID: group, Topic: topic, MinBytes: 1, MaxBytes: 1 << 20,
 		MaxWait: 100 * time.Millisecond, StartOffset: kafka.FirstOffset, CommitInterval: 0})
@@ -127,17 +128,17 @@ func newSystem(t *testing.T, paymentsRunning bool, key ...byte) *system {
 	// Inventory: reserve, and release as its compensation.
 	_, err := s.inventory.pool.Exec(ctx, "CREATE TABLE "+s.inventory.table("stock_moves")+" (order_id text, move text, step_key text)")
 	require.NoError(t, err)
-	inv, err := steps.NewParticipant(s.inventory.pool, &steps.ParticipantConfig{Consumer: "inventory", Schema: s.inventory.schema, Logger: quiet,
+	inv, err := participant.New(s.inventory.pool, &participant.Config{Consumer: "inventory", Schema: s.inventory.schema, Logger: quiet,
 		SigningKey: key})
 	require.NoError(t, err)
-	move := func(kind string) func(ctx context.Context, tx pgx.Tx, c steps.Call[reserveCmd]) (struct{}, error) {
-		return func(ctx context.Context, tx pgx.Tx, c steps.Call[reserveCmd]) (struct{}, error) {
+	move := func(kind string) func(ctx context.Context, tx pgx.Tx, c participant.Call[reserveCmd]) (struct{}, error) {
+		return func(ctx context.Context, tx pgx.Tx, c participant.Call[reserveCmd]) (struct{}, error) {
 			_, err := tx.Exec(ctx, "INSERT INTO "+s.inventory.table("stock_moves")+" VALUES ($1, $2, $3)", c.Command.OrderID, kind, c.Key.String())
 			return struct{}{}, err
 		}
 	}
-	require.NoError(t, steps.Handle(inv, "inventory.reserve", move("reserve")))
-	require.NoError(t, steps.Handle(inv, "inventory.release", func(ctx context.Context, tx pgx.Tx, c steps.Call[reserveCmd]) (struct{}, error) {
+	require.NoError(t, participant.Handle(inv, "inventory.reserve", move("reserve")))
+	require.NoError(t, participant.Handle(inv, "inventory.release", func(ctx context.Context, tx pgx.Tx, c participant.Call[reserveCmd]) (struct{}, error) {
 		if s.inventoryDown.Load() {
 			return struct{}{}, steps.Permanent(steps.WithCode("warehouse_closed", errors.New("the warehouse is closed")))
 		}
@@ -151,10 +152,10 @@ func newSystem(t *testing.T, paymentsRunning bool, key ...byte) *system {
 	// Payments: charge, refusing large amounts.
 	_, err = s.payments.pool.Exec(ctx, "CREATE TABLE "+s.payments.table("charges")+" (order_id text, amount int, charge_id text)")
 	require.NoError(t, err)
-	pay, err := steps.NewParticipant(s.payments.pool, &steps.ParticipantConfig{Consumer: "payments", Schema: s.payments.schema, Logger: quiet,
+	pay, err := participant.New(s.payments.pool, &participant.Config{Consumer: "payments", Schema: s.payments.schema, Logger: quiet,
 		SigningKey: key})
 	require.NoError(t, err)
-	require.NoError(t, steps.Handle(pay, "payments.charge", func(ctx context.Context, tx pgx.Tx, c steps.Call[chargeCmd]) (charged, error) {
+	require.NoError(t, participant.Handle(pay, "payments.charge", func(ctx context.Context, tx pgx.Tx, c participant.Call[chargeCmd]) (charged, error) {
 		id := "ch_" + c.Command.OrderID
 		if _, err := tx.Exec(ctx, "INSERT INTO "+s.payments.table("charges")+" VALUES ($1, $2, $3)", c.Command.OrderID, c.Command.Amount, id); err != nil {
 			return charged{}, err

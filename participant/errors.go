@@ -1,0 +1,7 @@
+package participant
+
+import "errors"
+
+// ErrInvalidConfig wraps every configuration problem found by
+// [New].
+var ErrInvalidConfig = errors.New("participant: invalid config")

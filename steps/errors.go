@@ -1,7 +1,0 @@
-package steps
-
-import "errors"
-
-// ErrInvalidConfig wraps every configuration problem found by
-// [NewParticipant].
-var ErrInvalidConfig = errors.New("steps: invalid participant config")
