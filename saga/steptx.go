@@ -12,61 +12,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/sagaflow/sagaflow/internal/pgerr"
 	"github.com/sagaflow/sagaflow/internal/store"
 )
-
-// pendingOp is what a batch queued and has not sent: a savepoint to open,
-// or a command's outcome.
-type pendingOp struct {
-	open string        // a savepoint to open, or ""
-	w    *pendingWrite // a command's outcome, or nil
-}
-
-// pendingWrite is a command's fenced transition, queued. The savepoints of
-// the writes queued after the first one of a flush have nothing of their
-// handlers behind them: a handler that uses the transaction sends the
-// queue first.
-type pendingWrite struct {
-	sg *store.Saga
-	tr *store.Transition
-	// sp is the savepoint taken before the command's writes, its handler's
-	// included; rollback says to roll back to it before writing (the
-	// handler failed).
-	sp       string
-	rollback bool
-	// next is the savepoint opened after the writes for the next command,
-	// or "" after the batch's last command.
-	next string
-	// onFailure, for a step that succeeded, gives the failure to record
-	// instead when the writes fail inside the transaction (the handler left
-	// it aborted); nil when there is nothing to fall back to.
-	onFailure func(err error) (*store.Transition, func())
-	// done runs once the fence held.
-	done func()
-	// The saga's version and status before the write, which moved them.
-	version int64
-	status  string
-	// last marks the last resort for a saga whose outcome could not be
-	// stored (see [invalidOutcome]): if it fails too, the batch is
-	// lost.
-	last bool
-	// Filled while sending: how many statements, which one is the update,
-	// and whether it matched the saga.
-	n, update int
-	fenced    bool
-}
-
-// beginQuery starts a batch transaction. READ COMMITTED whatever the
-// server's default; the lease in database time (a worker that stops talking
-// to PostgreSQL while it holds claims, paused or partitioned, loses its
-// session and with it the claims and the uncommitted steps); and a check
-// that notices a vanished client while a statement runs.
-func (e *Engine) beginQuery() string {
-	lease := e.maxStepTimeout() + e.cfg.HandlerGrace + 5*time.Second
-	return "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL idle_in_transaction_session_timeout = " +
-		strconv.FormatInt(lease.Milliseconds(), 10) + "; SET LOCAL client_connection_check_interval = 1000"
-}
 
 // batchTx is a batch's pipelined savepoint transaction, on a connection of
 // its own, which can be given up to a handler that will not let go of it.
@@ -103,6 +52,17 @@ type batchTx struct {
 	// the batch's earlier writes to be sent; nil between steps. Atomic: an
 	// abandoned handler may still use the transaction.
 	clock atomic.Pointer[stepClock]
+}
+
+// beginQuery starts a batch transaction. READ COMMITTED whatever the
+// server's default; the lease in database time (a worker that stops talking
+// to PostgreSQL while it holds claims, paused or partitioned, loses its
+// session and with it the claims and the uncommitted steps); and a check
+// that notices a vanished client while a statement runs.
+func (e *Engine) beginQuery() string {
+	lease := e.maxStepTimeout() + e.cfg.HandlerGrace + 5*time.Second
+	return "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL idle_in_transaction_session_timeout = " +
+		strconv.FormatInt(lease.Milliseconds(), 10) + "; SET LOCAL client_connection_check_interval = 1000"
 }
 
 // beginBatch acquires a connection (waiting at most as long as acquire
@@ -150,89 +110,6 @@ func (t *batchTx) nextSavepoint() string {
 	t.seq++
 	return "sagaflow_step_" + strconv.Itoa(t.seq)
 }
-
-// stepTx is the transaction handed to a step: the step may use it, and nest
-// savepoints with Begin, but it must not end it. Before the step's first
-// statement it sends the writes its batch queued, so that they come first.
-type stepTx struct {
-	pgx.Tx
-	bt *batchTx
-}
-
-var errStepTxEnd = errors.New("saga: a step must not commit or roll back its transaction; return an error to fail the step")
-
-func (stepTx) Commit(context.Context) error   { return errStepTxEnd }
-func (stepTx) Rollback(context.Context) error { return errStepTxEnd }
-
-func (t stepTx) Begin(ctx context.Context) (pgx.Tx, error) {
-	if err := t.flush(); err != nil {
-		return nil, err
-	}
-	return t.Tx.Begin(ctx)
-}
-
-func (t stepTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if err := t.flush(); err != nil {
-		return pgconn.CommandTag{}, err
-	}
-	return t.Tx.Exec(ctx, sql, args...)
-}
-
-// When the queue cannot be sent, the transaction is aborted or its
-// connection gone (and the batch lost): Query and SendBatch then hand over
-// the results of the step's statements on it, which carry their own errors.
-
-func (t stepTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if err := t.flush(); err != nil {
-		rows, _ := t.Tx.Query(ctx, sql, args...)
-		rows.Close()
-		return rows, err
-	}
-	return t.Tx.Query(ctx, sql, args...)
-}
-
-func (t stepTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if err := t.flush(); err != nil {
-		return errRow{err}
-	}
-	return t.Tx.QueryRow(ctx, sql, args...)
-}
-
-func (t stepTx) SendBatch(ctx context.Context, q *pgx.Batch) pgx.BatchResults {
-	_ = t.flush()
-	return t.Tx.SendBatch(ctx, q)
-}
-
-func (t stepTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
-	if err := t.flush(); err != nil {
-		return 0, err
-	}
-	return t.Tx.CopyFrom(ctx, table, columns, src)
-}
-
-func (t stepTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
-	if err := t.flush(); err != nil {
-		return nil, err
-	}
-	return t.Tx.Prepare(ctx, name, sql)
-}
-
-// LargeObjects and Conn hand out what runs statements without this wrapper:
-// the queue is sent first; if that fails, the batch is lost.
-func (t stepTx) LargeObjects() pgx.LargeObjects {
-	_ = t.flush()
-	return t.Tx.LargeObjects()
-}
-
-func (t stepTx) Conn() *pgx.Conn {
-	_ = t.flush()
-	return t.Tx.Conn()
-}
-
-// errRow is the result of a query that was never sent.
-type errRow struct{ err error }
-
-func (r errRow) Scan(...any) error { return r.err }
 
 // write queues the fenced transition tr of a command whose savepoint is sp,
 // after rolling back to sp when rollback is set, and the next command's
@@ -436,6 +313,128 @@ func (t *batchTx) sendQueued(ctx context.Context, tail func(*pgx.Batch)) error {
 	}
 }
 
+// pendingOp is what a batch queued and has not sent: a savepoint to open,
+// or a command's outcome.
+type pendingOp struct {
+	open string        // a savepoint to open, or ""
+	w    *pendingWrite // a command's outcome, or nil
+}
+
+// pendingWrite is a command's fenced transition, queued. The savepoints of
+// the writes queued after the first one of a flush have nothing of their
+// handlers behind them: a handler that uses the transaction sends the
+// queue first.
+type pendingWrite struct {
+	sg *store.Saga
+	tr *store.Transition
+	// sp is the savepoint taken before the command's writes, its handler's
+	// included; rollback says to roll back to it before writing (the
+	// handler failed).
+	sp       string
+	rollback bool
+	// next is the savepoint opened after the writes for the next command,
+	// or "" after the batch's last command.
+	next string
+	// onFailure, for a step that succeeded, gives the failure to record
+	// instead when the writes fail inside the transaction (the handler left
+	// it aborted); nil when there is nothing to fall back to.
+	onFailure func(err error) (*store.Transition, func())
+	// done runs once the fence held.
+	done func()
+	// The saga's version and status before the write, which moved them.
+	version int64
+	status  string
+	// last marks the last resort for a saga whose outcome could not be
+	// stored (see [invalidOutcome]): if it fails too, the batch is
+	// lost.
+	last bool
+	// Filled while sending: how many statements, which one is the update,
+	// and whether it matched the saga.
+	n, update int
+	fenced    bool
+}
+
+// step returns the transaction handed to a step.
+func (t *batchTx) step() stepTx { return stepTx{Tx: t.tx, bt: t} }
+
+// stepTx is the transaction handed to a step: the step may use it, and nest
+// savepoints with Begin, but it must not end it. Before the step's first
+// statement it sends the writes its batch queued, so that they come first.
+type stepTx struct {
+	pgx.Tx
+	bt *batchTx
+}
+
+var errStepTxEnd = errors.New("saga: a step must not commit or roll back its transaction; return an error to fail the step")
+
+func (stepTx) Commit(context.Context) error   { return errStepTxEnd }
+func (stepTx) Rollback(context.Context) error { return errStepTxEnd }
+
+func (t stepTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	if err := t.flush(); err != nil {
+		return nil, err
+	}
+	return t.Tx.Begin(ctx)
+}
+
+func (t stepTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if err := t.flush(); err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	return t.Tx.Exec(ctx, sql, args...)
+}
+
+// When the queue cannot be sent, the transaction is aborted or its
+// connection gone (and the batch lost): Query and SendBatch then hand over
+// the results of the step's statements on it, which carry their own errors.
+
+func (t stepTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if err := t.flush(); err != nil {
+		rows, _ := t.Tx.Query(ctx, sql, args...)
+		rows.Close()
+		return rows, err
+	}
+	return t.Tx.Query(ctx, sql, args...)
+}
+
+func (t stepTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if err := t.flush(); err != nil {
+		return errRow{err}
+	}
+	return t.Tx.QueryRow(ctx, sql, args...)
+}
+
+func (t stepTx) SendBatch(ctx context.Context, q *pgx.Batch) pgx.BatchResults {
+	_ = t.flush()
+	return t.Tx.SendBatch(ctx, q)
+}
+
+func (t stepTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	if err := t.flush(); err != nil {
+		return 0, err
+	}
+	return t.Tx.CopyFrom(ctx, table, columns, src)
+}
+
+func (t stepTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if err := t.flush(); err != nil {
+		return nil, err
+	}
+	return t.Tx.Prepare(ctx, name, sql)
+}
+
+// LargeObjects and Conn hand out what runs statements without this wrapper:
+// the queue is sent first; if that fails, the batch is lost.
+func (t stepTx) LargeObjects() pgx.LargeObjects {
+	_ = t.flush()
+	return t.Tx.LargeObjects()
+}
+
+func (t stepTx) Conn() *pgx.Conn {
+	_ = t.flush()
+	return t.Tx.Conn()
+}
+
 // flush sends the batch's queued writes before the step's own statement,
 // with the step's clock stopped: the step is not charged for them.
 func (t stepTx) flush() error {
@@ -448,5 +447,7 @@ func (t stepTx) flush() error {
 	return t.bt.flush()
 }
 
-// step returns the transaction handed to a step.
-func (t *batchTx) step() stepTx { return stepTx{Tx: t.tx, bt: t} }
+// errRow is the result of a query that was never sent.
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
