@@ -86,6 +86,9 @@ func (e *Engine) rescuePass(ctx context.Context, names []string, res *RescueResu
 			}
 			dec := e.machine.rescue(s, e.lookupName(s.Name))
 			if dec.supersede {
+				// No reply came in time: a command the relay has not
+				// published yet never will be, so the compensation cannot
+				// overtake it.
 				if _, err := e.st.SupersedeMessage(ctx, tx, *s.CommandID,
 					"superseded: the step timed out waiting for its reply before this command was published"); err != nil {
 					return err
