@@ -360,8 +360,8 @@ func (r *registry) with(defs []*compiled) *registry {
 	return out
 }
 
-// registry returns the snapshot of the registered definitions.
-func (e *Engine) registry() *registry { return e.defs.Load() }
+// registered returns the snapshot of the registered definitions.
+func (e *Engine) registered() *registry { return e.defs.Load() }
 
 // Register adds saga definitions. It rejects an invalid definition and a
 // name that is already registered, and fails once the engine has been
@@ -375,7 +375,7 @@ func (e *Engine) Register(defs ...AnyDefinition) error {
 	if e.frozen {
 		return ErrEngineStarted
 	}
-	reg := e.registry()
+	reg := e.registered()
 	compiledDefs := make([]*compiled, 0, len(defs))
 	seen := map[string]bool{}
 	for _, d := range defs {
@@ -411,12 +411,12 @@ func (e *Engine) ready(op string) error {
 // aggregateType is the outbox aggregatetype of a saga's commands.
 func aggregateType(name string) string { return "saga." + name }
 
-func (e *Engine) registeredNameList() []string { return e.registry().names }
+func (e *Engine) registeredNameList() []string { return e.registered().names }
 
-func (e *Engine) knownAggregates() []string { return e.registry().known }
+func (e *Engine) knownAggregates() []string { return e.registered().known }
 
 func (e *Engine) lookupOwner(owner any, name string) (*compiled, error) {
-	reg := e.registry()
+	reg := e.registered()
 	c := reg.byOwner[owner]
 	if c == nil {
 		if reg.byName[name] != nil {
@@ -427,15 +427,15 @@ func (e *Engine) lookupOwner(owner any, name string) (*compiled, error) {
 	return c, nil
 }
 
-func (e *Engine) lookupName(name string) *compiled { return e.registry().byName[name] }
+func (e *Engine) lookupName(name string) *compiled { return e.registered().byName[name] }
 
 func (e *Engine) registeredNames() string {
-	names := slices.Sorted(slices.Values(e.registry().names))
+	names := slices.Sorted(slices.Values(e.registered().names))
 	return strings.Join(names, ", ")
 }
 
 // maxStepTimeout is the longest timeout of any registered step.
-func (e *Engine) maxStepTimeout() time.Duration { return e.registry().maxTimeout }
+func (e *Engine) maxStepTimeout() time.Duration { return e.registered().maxTimeout }
 
 // Start launches the engine's workers, its notification listener and its
 // scheduler, and returns at once. Calling it on a running engine does
