@@ -170,7 +170,7 @@ func (e *Engine) applyCancelNow(ctx context.Context, tx pgx.Tx, id uuid.UUID) (b
 	if !ok {
 		return false, nil
 	}
-	tr := e.cancelTransition(&ls.Saga, def, idx, ls.CancelRequest.Reason)
+	tr := e.transition(&ls.Saga, e.machine.cancel(&ls.Saga, def, idx, ls.CancelRequest.Reason))
 	fenced, err := e.st.ApplyTransition(ctx, tx, tr, "sagaflow_cancel")
 	if err != nil {
 		return false, fmt.Errorf("saga: cancel %s: %w", id, err)
@@ -186,22 +186,6 @@ func (e *Engine) applyCancelNow(ctx context.Context, tx pgx.Tx, id uuid.UUID) (b
 	return true, nil
 }
 
-// cancelTransition is the transition that applies a cancel request to a
-// running saga at step idx: compensate the steps that completed, from the
-// one before idx (or idx itself, for a remote step whose command went out),
-// and delete the request.
-func (e *Engine) cancelTransition(sg *store.Saga, def *compiled, idx int, reason string) *store.Transition {
-	code := CodeCancelled
-	tr := transitionFrom(sg)
-	tr.LastError, tr.LastErrorCode = &reason, &code
-	tr.AwaitingReply = false
-	tr.ClearCancel = true
-	tr.History = append(tr.History, store.HistoryEntry{SagaID: sg.ID, Event: EventSagaCancelled, StepName: sg.StepName,
-		Direction: sg.Direction, Epoch: sg.Epoch, Error: reason, ErrorCode: code})
-	e.startCompensation(tr, sg, def, idx)
-	return tr
-}
-
 // applyCancel deals with the pending cancel request of a saga whose lock
 // the batch holds, before its command runs. It reports handled when the
 // command is consumed by it (the request was applied); a refused request
@@ -211,33 +195,24 @@ func (b *batch) applyCancel(ctx context.Context, c *store.Claimed, ls *store.Loc
 	r := ls.CancelRequest
 	ls.CancelRequest = nil // once per batch
 	b.e.running.forget(ls.ID)
-	var why string
-	switch {
-	case Status(ls.Status).Terminal():
-		why = "the saga had ended: " + ls.Status
-	case Status(ls.Status) == StatusCompensating:
-		why = "the saga was compensating already"
-	case r.Epoch != ls.Epoch:
-		why = fmt.Sprintf("requested for run %d; the saga is in run %d", r.Epoch, ls.Epoch)
-	}
-	if why != "" {
-		if err := b.flush(); err != nil {
+	if why := cancelRefusal(&ls.Saga, r); why != "" {
+		if err := b.tx.flush(); err != nil {
 			return false, err
 		}
-		b.clean = ""
+		b.tx.clean = ""
 		b.e.log.InfoContext(ctx, "sagaflow refused a cancel request", slog.String("saga_id", ls.ID.String()), slog.String("why", why))
-		return false, b.e.st.RefuseCancel(ctx, b.tx, ls.ID, EventCancelRefused, CodeCancelRefused, why)
+		return false, b.e.st.RefuseCancel(ctx, b.tx.tx, ls.ID, EventCancelRefused, CodeCancelRefused, why)
 	}
 	idx, known := def.byName[ls.StepName]
 	if !known {
 		return false, nil // the command's own handling parks or defers it
 	}
-	sp := b.savepoint()
+	sp := b.tx.savepoint()
 	if c.ID != uuid.Nil {
 		b.delivered = append(b.delivered, c.ID)
 	}
-	tr := b.e.cancelTransition(&ls.Saga, def, idx, r.Reason)
-	b.write(&ls.Saga, tr, sp, false, last, nil, func() { b.e.stats.cancelled.Add(1) })
+	tr := b.e.transition(&ls.Saga, b.e.machine.cancel(&ls.Saga, def, idx, r.Reason))
+	b.tx.write(&ls.Saga, tr, sp, false, last, nil, func() { b.e.stats.cancelled.Add(1) })
 	return true, nil
 }
 

@@ -5,7 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -256,11 +257,15 @@ type Engine struct {
 	outbox *outbox.Outbox
 	log    *slog.Logger
 
+	// machine makes the sagas' decisions (see machine.go).
+	machine machine
+
+	// defs is the snapshot of the registered definitions. It never
+	// changes: Register replaces it, under mu, until the first Start
+	// freezes it; readers load it without a lock.
+	defs atomic.Pointer[registry]
+
 	mu        sync.Mutex
-	defs      map[string]*compiled
-	byOwner   map[any]*compiled
-	known     []string   // aggregatetype of the commands of registered sagas
-	names     []string   // registered saga names
 	schedules []schedule // from Schedule, started with the engine
 	frozen    bool       // set at the first Start: definitions no longer change
 
@@ -316,11 +321,47 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	if c.Kafka != nil {
 		signer = signing.Keys{Current: c.Kafka.SigningKey, Previous: c.Kafka.VerifyKeys}
 	}
-	return &Engine{
+	e := &Engine{
 		pool: pool, cfg: c, st: st, outbox: ob, log: c.Logger, signer: signer,
-		defs: map[string]*compiled{}, byOwner: map[any]*compiled{},
-	}, nil
+		machine: machine{slack: c.RescueSlack, maxState: c.MaxStateBytes},
+	}
+	e.defs.Store(&registry{byName: map[string]*compiled{}, byOwner: map[any]*compiled{}})
+	return e, nil
 }
+
+// registry is a snapshot of the definitions registered with an engine.
+// Nothing changes it once it is stored: Register makes a new one.
+type registry struct {
+	byName  map[string]*compiled
+	byOwner map[any]*compiled
+	known   []string // aggregatetype of the commands of registered sagas
+	names   []string // registered saga names, in the order of registration
+	// maxTimeout is the longest timeout of any registered step.
+	maxTimeout time.Duration
+}
+
+// with returns a registry with defs added to r's.
+func (r *registry) with(defs []*compiled) *registry {
+	out := &registry{
+		byName: make(map[string]*compiled, len(r.byName)+len(defs)), byOwner: make(map[any]*compiled, len(r.byOwner)+len(defs)),
+		known: slices.Clone(r.known), names: slices.Clone(r.names), maxTimeout: r.maxTimeout,
+	}
+	maps.Copy(out.byName, r.byName)
+	maps.Copy(out.byOwner, r.byOwner)
+	for _, c := range defs {
+		out.byName[c.name] = c
+		out.byOwner[c.owner] = c
+		out.known = append(out.known, aggregateType(c.name))
+		out.names = append(out.names, c.name)
+		for _, s := range c.steps {
+			out.maxTimeout = max(out.maxTimeout, s.timeout)
+		}
+	}
+	return out
+}
+
+// registered returns the snapshot of the registered definitions.
+func (e *Engine) registered() *registry { return e.defs.Load() }
 
 // Register adds saga definitions. It rejects an invalid definition and a
 // name that is already registered, and fails once the engine has been
@@ -334,6 +375,7 @@ func (e *Engine) Register(defs ...AnyDefinition) error {
 	if e.frozen {
 		return ErrEngineStarted
 	}
+	reg := e.registered()
 	compiledDefs := make([]*compiled, 0, len(defs))
 	seen := map[string]bool{}
 	for _, d := range defs {
@@ -347,18 +389,13 @@ func (e *Engine) Register(defs ...AnyDefinition) error {
 		if c.hasRemote() && e.cfg.Kafka == nil {
 			return fmt.Errorf("%w: saga %q has Remote steps, which need an engine in Kafka mode (Config.Kafka)", ErrInvalidDefinition, c.name)
 		}
-		if _, dup := e.defs[c.name]; dup || seen[c.name] {
+		if _, dup := reg.byName[c.name]; dup || seen[c.name] {
 			return fmt.Errorf("%w: a saga named %q is already registered", ErrInvalidDefinition, c.name)
 		}
 		seen[c.name] = true
 		compiledDefs = append(compiledDefs, c)
 	}
-	for _, c := range compiledDefs {
-		e.defs[c.name] = c
-		e.byOwner[c.owner] = c
-		e.known = append(e.known, aggregateType(c.name))
-		e.names = append(e.names, c.name)
-	}
+	e.defs.Store(reg.with(compiledDefs))
 	return nil
 }
 
@@ -374,24 +411,15 @@ func (e *Engine) ready(op string) error {
 // aggregateType is the outbox aggregatetype of a saga's commands.
 func aggregateType(name string) string { return "saga." + name }
 
-func (e *Engine) registeredNameList() []string {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.names
-}
+func (e *Engine) registeredNameList() []string { return e.registered().names }
 
-func (e *Engine) knownAggregates() []string {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.known
-}
+func (e *Engine) knownAggregates() []string { return e.registered().known }
 
 func (e *Engine) lookupOwner(owner any, name string) (*compiled, error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	c := e.byOwner[owner]
+	reg := e.registered()
+	c := reg.byOwner[owner]
 	if c == nil {
-		if e.defs[name] != nil {
+		if reg.byName[name] != nil {
 			return nil, fmt.Errorf("%w: %q: a different Definition value with that name is registered; start sagas with the value you registered", ErrNotRegistered, name)
 		}
 		return nil, fmt.Errorf("%w: %q", ErrNotRegistered, name)
@@ -399,35 +427,15 @@ func (e *Engine) lookupOwner(owner any, name string) (*compiled, error) {
 	return c, nil
 }
 
-func (e *Engine) lookupName(name string) *compiled {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.defs[name]
-}
+func (e *Engine) lookupName(name string) *compiled { return e.registered().byName[name] }
 
 func (e *Engine) registeredNames() string {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	names := make([]string, 0, len(e.defs))
-	for n := range e.defs {
-		names = append(names, n)
-	}
-	sort.Strings(names)
+	names := slices.Sorted(slices.Values(e.registered().names))
 	return strings.Join(names, ", ")
 }
 
 // maxStepTimeout is the longest timeout of any registered step.
-func (e *Engine) maxStepTimeout() time.Duration {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	var m time.Duration
-	for _, c := range e.defs {
-		for _, s := range c.steps {
-			m = max(m, s.timeout)
-		}
-	}
-	return m
-}
+func (e *Engine) maxStepTimeout() time.Duration { return e.registered().maxTimeout }
 
 // Start launches the engine's workers, its notification listener and its
 // scheduler, and returns at once. Calling it on a running engine does
@@ -447,6 +455,8 @@ func (e *Engine) Start(ctx context.Context) error {
 		return err
 	}
 	e.mu.Lock()
+	// The registry snapshot is final from here on: Register refuses, and
+	// the workers read the snapshot without a lock.
 	e.frozen = true
 	schedules := e.schedules
 	e.mu.Unlock()

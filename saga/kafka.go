@@ -330,9 +330,9 @@ func headerValue(m *kafka.Message, name string) string {
 	return ""
 }
 
-// runReply applies a participant's reply in tx and commits.
-func (e *Engine) runReply(ctx context.Context, tx pgx.Tx, m kafka.Message, c *store.Claimed) (waitKind, error) {
-	b := &batch{e: e, tx: tx, msg: &m, ctx: ctx}
+// runReply applies a participant's reply in bt and commits.
+func (e *Engine) runReply(ctx context.Context, bt *batchTx, m kafka.Message, c *store.Claimed) (waitKind, error) {
+	b := e.newBatch(bt, &m)
 	// The message id is not needed to apply a reply (the saga takes one
 	// reply per step key, and a copy finds the step done): any id will do,
 	// a Java service's included.
@@ -347,9 +347,9 @@ func (e *Engine) runReply(ctx context.Context, tx pgx.Tx, m kafka.Message, c *st
 		if err := b.park(ctx, c, nil, CodeMalformed, "malformed reply: "+kerr.Error()); err != nil {
 			return runDone, err
 		}
-		return runDone, e.finish(ctx, tx, b)
+		return runDone, e.finish(ctx, b)
 	}
-	sagas, err := e.st.LockSagas(ctx, tx, []uuid.UUID{key.SagaID}, "")
+	sagas, err := e.st.LockSagas(ctx, bt.tx, []uuid.UUID{key.SagaID}, "")
 	if err != nil {
 		return runDone, err
 	}
@@ -366,7 +366,7 @@ func (e *Engine) runReply(ctx context.Context, tx pgx.Tx, m kafka.Message, c *st
 			return runDone, err
 		}
 	}
-	return runDone, e.finish(ctx, tx, b)
+	return runDone, e.finish(ctx, b)
 }
 
 // claimedFromKafka describes a Kafka message as the executor's input. A
@@ -422,7 +422,7 @@ func (e *Engine) runKafkaMessage(ctx context.Context, m kafka.Message, expired b
 	}
 	verr := e.signer.Verify(func(n string) string { return headerValue(&m, n) }, m.Value)
 	if aerr != nil || verr != nil {
-		b := &batch{e: e, tx: tx, msg: &m, ctx: ctx}
+		b := e.newBatch(bt, &m)
 		code, why := CodeMalformed, "ambiguous: "+errString(aerr)
 		if verr != nil {
 			code, why = CodeUnverified, "refused before any effect: "+verr.Error()
@@ -430,10 +430,10 @@ func (e *Engine) runKafkaMessage(ctx context.Context, m kafka.Message, expired b
 		if err := b.park(ctx, &c, nil, code, why); err != nil {
 			return runDone, err
 		}
-		return runDone, e.finish(ctx, tx, b)
+		return runDone, e.finish(ctx, b)
 	}
 	if c.Type == wire.TypeReply {
-		return e.runReply(ctx, tx, m, &c)
+		return e.runReply(ctx, bt, m, &c)
 	}
 	cmd, derr := decodeCommand(&c)
 	if derr == nil && c.ID == uuid.Nil {
@@ -453,7 +453,7 @@ func (e *Engine) runKafkaMessage(ctx context.Context, m kafka.Message, expired b
 	e.running.claim(held...)
 	defer e.running.release(held...)
 	fault.Hit(fault.EngineAfterClaim)
-	b := &batch{e: e, tx: tx, msg: &m, ctx: ctx}
+	b := e.newBatch(bt, &m)
 	err = b.handle(ctx, &c, cmd, derr, sagas, true)
 	if errors.Is(err, errAbandoned) {
 		// The attempt is recorded with its retry; this message is spent.
@@ -468,7 +468,7 @@ func (e *Engine) runKafkaMessage(ctx context.Context, m kafka.Message, expired b
 		}
 		return waitBusy, nil
 	}
-	if err := e.finish(ctx, tx, b); err != nil {
+	if err := e.finish(ctx, b); err != nil {
 		return runDone, err
 	}
 	return runDone, nil

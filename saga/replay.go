@@ -2,7 +2,6 @@ package saga
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -39,50 +38,20 @@ func (e *Engine) Resume(ctx context.Context, id uuid.UUID, reason string) error 
 func (e *Engine) resume(ctx context.Context, id uuid.UUID, reason string, expect int64) error {
 	reason = safetext.Text(reason, maxReasonBytes)
 	return e.replay(ctx, id, "resume", expect, func(tx pgx.Tx, sg *store.Saga) (*store.Transition, error) {
-		if Status(sg.Status) != StatusFailed {
-			return nil, fmt.Errorf("status is %s, and only failed sagas resume: %w", sg.Status, ErrNotReplayable)
-		}
-		dir := steps.Direction(sg.Direction)
-		if !dir.Valid() {
-			return nil, fmt.Errorf("direction %q is not valid", sg.Direction)
-		}
-		tr := transitionFrom(sg)
-		tr.Status = statusFor(dir)
-		tr.Attempt = 0
-		tr.CheckAfter = e.stepTimeout(sg.Name, sg.StepName) + e.cfg.RescueSlack
-		if dir == steps.Compensate {
-			hist, err := e.st.History(ctx, tx, sg.ID)
-			if err != nil {
+		var hist []store.History
+		if Status(sg.Status) == StatusFailed && steps.Direction(sg.Direction) == steps.Compensate {
+			// What made it compensate becomes its last error again.
+			var err error
+			if hist, err = e.st.History(ctx, tx, sg.ID); err != nil {
 				return nil, err
 			}
-			if c := compensationCause(hist, sg.Epoch); c != nil {
-				tr.LastError, tr.LastErrorCode, tr.FailedStep = c.Error, c.ErrorCode, nil
-				if c.Event == EventStepFailed {
-					tr.FailedStep = c.StepName
-				}
-			}
 		}
-		detail, _ := json.Marshal(map[string]string{"reason": reason, "from_status": sg.Status, "failed_step": deref(sg.FailedStep)})
-		tr.History = []store.HistoryEntry{{SagaID: sg.ID, Event: EventSagaResumed, StepName: sg.StepName,
-			Direction: sg.Direction, Epoch: sg.Epoch, Error: deref(sg.LastError), ErrorCode: deref(sg.LastErrorCode), Detail: detail}}
-		tr.Messages = []store.Message{e.commandMessage(sg.ID, sg.Name, sg.StepName, dir, sg.Epoch, sg.Version+1, 0)}
-		return tr, nil
+		d, err := e.machine.resume(sg, e.lookupName(sg.Name), hist, reason)
+		if err != nil {
+			return nil, err
+		}
+		return e.transition(sg, d), nil
 	})
-}
-
-// compensationCause returns the entry of a saga's history that made epoch
-// compensate: the last entry of the epoch that records an error while the
-// saga ran forward (a step's final failure, a cancel). Nothing runs forward
-// once an epoch compensates, so no later forward error can follow it. It
-// returns nil when the history has no such entry.
-func compensationCause(hist []store.History, epoch int) *store.History {
-	for i := len(hist) - 1; i >= 0; i-- {
-		h := &hist[i]
-		if deref(h.Epoch) == epoch && deref(h.Direction) == string(steps.Forward) && deref(h.ErrorCode) != "" {
-			return h
-		}
-	}
-	return nil
 }
 
 // Rerun runs an ended saga (completed, compensated or failed) forward again
@@ -101,53 +70,21 @@ func (e *Engine) rerun(ctx context.Context, id uuid.UUID, from, reason string, e
 		return err
 	}
 	return e.replay(ctx, id, "rerun", expect, func(tx pgx.Tx, sg *store.Saga) (*store.Transition, error) {
-		if !Status(sg.Status).Terminal() {
-			return nil, fmt.Errorf("status is %s, and only ended sagas re-run: %w", sg.Status, ErrNotReplayable)
+		// A saga that has not ended is refused before its step is looked
+		// for, which may read its history.
+		if err := rerunnable(sg); err != nil {
+			return nil, err
 		}
 		idx, first, err := e.stepIndex(ctx, tx, sg, from)
 		if err != nil {
 			return nil, err
 		}
-		switch {
-		case Status(sg.Status) == StatusCompensated && from != first:
-			// Every completed step was compensated: running from a later
-			// step would leave the earlier ones undone, and a later failure
-			// would compensate them twice.
-			return nil, fmt.Errorf("status is compensated: it can only re-run from its first step %q, not %q: %w",
-				first, from, ErrNotReplayable)
-		case Status(sg.Status) == StatusFailed && steps.Direction(sg.Direction) == steps.Compensate:
-			// The compensation of the failed step gave up: the steps after it
-			// were undone, the steps up to it are still in effect. Only a
-			// step after it can run again without repeating an effect.
-			def := e.lookupName(sg.Name)
-			if def == nil {
-				return nil, fmt.Errorf("it failed while compensating step %q, and only an engine that knows saga %q can tell "+
-					"which steps after it may run again; resume it, or re-run it from such an engine: %w", sg.StepName, sg.Name, ErrNotReplayable)
-			}
-			if failedAt := def.byName[sg.StepName]; idx <= failedAt {
-				return nil, fmt.Errorf("it failed while compensating step %q, whose effects (and those of the steps before it) are still in effect: "+
-					"re-run it from a later step: %w", sg.StepName, ErrNotReplayable)
-			}
+		d, err := e.machine.rerun(sg, e.lookupName(sg.Name), idx, first, from, reason)
+		if err != nil {
+			return nil, err
 		}
-		tr := transitionFrom(sg)
-		tr.Status, tr.StepIndex, tr.StepName, tr.Direction = store.StatusRunning, idx, from, string(steps.Forward)
-		tr.Epoch, tr.Attempt = sg.Epoch+1, 0
-		tr.LastError, tr.LastErrorCode, tr.FailedStep = nil, nil, nil
-		tr.CheckAfter = e.stepTimeout(sg.Name, from) + e.cfg.RescueSlack
-		detail, _ := json.Marshal(map[string]any{"reason": reason, "from_status": sg.Status, "from_step": from})
-		tr.History = []store.HistoryEntry{{SagaID: sg.ID, Event: EventSagaRerun, StepName: from,
-			Direction: string(steps.Forward), Epoch: sg.Epoch + 1, Detail: detail}}
-		tr.Messages = []store.Message{e.commandMessage(sg.ID, sg.Name, from, steps.Forward, sg.Epoch+1, sg.Version+1, 0)}
-		return tr, nil
+		return e.transition(sg, d), nil
 	})
-}
-
-// statusFor is the status of a saga moving in direction dir.
-func statusFor(dir steps.Direction) string {
-	if dir == steps.Compensate {
-		return store.StatusCompensating
-	}
-	return store.StatusRunning
 }
 
 // replay applies the transition plan returns for saga id, under the saga's
@@ -232,15 +169,6 @@ func stepNames(def *compiled) string {
 		names[i] = s.name
 	}
 	return fmt.Sprint(names)
-}
-
-func (e *Engine) stepTimeout(sagaName, step string) time.Duration {
-	if def := e.lookupName(sagaName); def != nil {
-		if idx, ok := def.byName[step]; ok {
-			return def.steps[idx].timeout
-		}
-	}
-	return StepTimeoutDefault
 }
 
 // Bulk replay limits.

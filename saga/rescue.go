@@ -2,8 +2,6 @@ package saga
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -14,7 +12,6 @@ import (
 	"github.com/sagaflow/sagaflow/internal/fault"
 	"github.com/sagaflow/sagaflow/internal/pgerr"
 	"github.com/sagaflow/sagaflow/internal/store"
-	"github.com/sagaflow/sagaflow/steps"
 )
 
 // RescueResult says what one [Engine.RescueNow] did.
@@ -83,63 +80,26 @@ func (e *Engine) rescuePass(ctx context.Context, names []string, res *RescueResu
 		notify := false
 		for i := range stuck {
 			s := &stuck[i]
-			def := e.lookupName(s.Name)
-			idx, known := 0, false
-			if def != nil {
-				idx, known = def.byName[s.StepName]
-			}
 			sp := fmt.Sprintf("sagaflow_rescue_%d", i)
 			if _, err := tx.Exec(ctx, "SAVEPOINT "+sp); err != nil {
 				return err
 			}
-			var outcome *int
+			dec := e.machine.rescue(s, e.lookupName(s.Name))
+			if dec.supersede {
+				// No reply came in time: a command the relay has not
+				// published yet never will be, so the compensation cannot
+				// overtake it.
+				if _, err := e.st.SupersedeMessage(ctx, tx, *s.CommandID,
+					"superseded: the step timed out waiting for its reply before this command was published"); err != nil {
+					return err
+				}
+			}
 			var tr *store.Transition
-			failover := false
-			switch {
-			case !s.Locked:
-				// A step is running right now: the saga is alive. Look
-				// again later, so that this pass and the next reach others.
-				outcome = &res.Busy
-			case known && s.AwaitingReply:
-				// The participant did not reply in time: the step fails for
-				// good, and the compensation includes it (it may have run).
-				// A command the relay has not published yet never will be,
-				// so the compensation cannot overtake it.
-				if s.CommandID != nil {
-					if _, err := e.st.SupersedeMessage(ctx, tx, *s.CommandID,
-						"superseded: the step timed out waiting for its reply before this command was published"); err != nil {
-						return err
-					}
+			if dec.action == rescueRedrive || dec.action == rescueFailOver {
+				tr = e.transition(&s.Saga, dec.d)
+				if h := e.hooks.beforeRescueUpdate; h != nil {
+					h(&s.Saga)
 				}
-				//
-				// A compensation is retried instead, like any other: the
-				// command goes again under the same step key (the
-				// participant runs it once, or sends its reply again), until
-				// the step's CompensateRetry attempts are spent.
-				timeout := steps.WithCode(CodeReplyTimeout, fmt.Errorf("no reply to step %q within its timeout (%s)",
-					s.StepName, def.steps[idx].timeout))
-				dir := steps.Direction(s.Direction)
-				if dir == steps.Forward {
-					timeout = steps.Permanent(timeout)
-				}
-				tr = e.failureTransition(&s.Saga, def, idx, dir, s.Attempt+1, timeout, 0)
-				failover = tr.Status == store.StatusFailed || dir == steps.Forward
-			case s.CommandStatus == store.OutboxPending || s.CommandStatus == "in_flight":
-				// Waiting in the queue (workers down or busy), or published
-				// lately to a consumer that may be behind: not lost.
-				outcome = &res.Waiting
-			case !known:
-				// At a step only another engine knows, its command lost:
-				// re-drive it; an engine that knows the step runs it, or
-				// the command is parked after UnknownSagaGrace.
-				tr = e.redrive(s, StepTimeoutDefault, s.Attempt)
-			default:
-				tr, failover = e.rescueTransition(s, def, idx)
-			}
-			if h := e.hooks.beforeRescueUpdate; h != nil && tr != nil {
-				h(&s.Saga)
-			}
-			if tr != nil {
 				fault.Hit(fault.RescueAfterRead)
 			}
 			var fenced bool
@@ -160,11 +120,14 @@ func (e *Engine) rescuePass(ctx context.Context, names []string, res *RescueResu
 				res.Busy++
 				continue
 			}
+			failover := dec.action == rescueFailOver
 			switch {
 			case !fenced:
 				res.Superseded++
-			case outcome != nil:
-				*outcome++
+			case dec.action == rescueBusy:
+				res.Busy++
+			case dec.action == rescueWaiting:
+				res.Waiting++
 			case failover:
 				res.FailedOver++
 				e.stats.failedOver.Add(1)
@@ -187,41 +150,4 @@ func (e *Engine) rescuePass(ctx context.Context, names []string, res *RescueResu
 		return 0, fmt.Errorf("saga: rescue: %w", err)
 	}
 	return found, nil
-}
-
-// rescueTransition re-drives a stuck saga's current step with the same key,
-// counting the lost attempt, or fails it over when its attempts are spent.
-func (e *Engine) rescueTransition(s *store.StuckSaga, def *compiled, idx int) (tr *store.Transition, failover bool) {
-	dir := steps.Direction(s.Direction)
-	attempt := s.Attempt + 1
-	what := "was deleted or consumed without progress"
-	if s.CommandStatus != "" {
-		what = "is " + s.CommandStatus
-	}
-	reason := fmt.Sprintf("no progress %s past the deadline; the step's command %s", s.Overdue.Round(1e6), what)
-	detail, _ := json.Marshal(map[string]any{"reason": reason, "attempt": attempt})
-	rescued := store.HistoryEntry{SagaID: s.ID, Event: EventSagaRescued, StepName: s.StepName,
-		Direction: s.Direction, Epoch: s.Epoch, Attempt: attempt, Detail: detail}
-	if attempt >= def.policy(idx, dir).MaxAttempts {
-		tr = e.failureTransition(&s.Saga, def, idx, dir, attempt,
-			steps.Permanent(steps.WithCode(CodeRescueExhausted, errors.New(reason))), 0)
-		tr.History = append([]store.HistoryEntry{rescued}, tr.History...)
-		return tr, true
-	}
-	tr = e.redrive(s, def.steps[idx].timeout, attempt)
-	tr.History = []store.HistoryEntry{rescued}
-	return tr, false
-}
-
-// redrive writes a new command for a stuck saga's current step, under the
-// same step-scoped key.
-func (e *Engine) redrive(s *store.StuckSaga, timeout time.Duration, attempt int) *store.Transition {
-	tr := transitionFrom(&s.Saga)
-	tr.Attempt = attempt
-	tr.CheckAfter = timeout + e.cfg.RescueSlack
-	detail, _ := json.Marshal(map[string]any{"reason": "command lost; re-driven", "attempt": attempt})
-	tr.History = []store.HistoryEntry{{SagaID: s.ID, Event: EventSagaRescued, StepName: s.StepName,
-		Direction: s.Direction, Epoch: s.Epoch, Attempt: attempt, Detail: detail}}
-	tr.Messages = []store.Message{e.commandMessage(s.ID, s.Name, s.StepName, steps.Direction(s.Direction), s.Epoch, s.Version+1, 0)}
-	return tr
 }

@@ -1,0 +1,453 @@
+package saga
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/sagaflow/sagaflow/internal/fault"
+	"github.com/sagaflow/sagaflow/internal/safetext"
+	"github.com/sagaflow/sagaflow/internal/store"
+	"github.com/sagaflow/sagaflow/steps"
+	"github.com/sagaflow/sagaflow/wire"
+)
+
+type batchResult struct {
+	claimed      int
+	readyCreated bool // a command that is due now was written
+}
+
+// batch is the work of one transaction: it dispatches each command it was
+// given (see [batch.handle]) and writes what the state machine decides
+// ([machine]) in its transaction.
+type batch struct {
+	e *Engine
+	// tx is the batch's transaction, which queues the commands' writes.
+	tx        *batchTx
+	delivered []uuid.UUID
+	deferred  []deferral
+	// abandoned is set when a handler overran; the transaction is lost.
+	abandoned *abandonedStep
+	// msg is the Kafka message being run, in Kafka mode; nil when commands
+	// come straight from the outbox.
+	msg *kafka.Message
+}
+
+// newBatch returns a batch in tx; msg is the Kafka message it runs, or nil
+// for commands claimed from the outbox.
+func (e *Engine) newBatch(tx *batchTx, msg *kafka.Message) *batch {
+	return &batch{e: e, tx: tx, msg: msg}
+}
+
+// transition is the fenced update that applies d to sg, with the command of
+// the saga's next position, written for its next version.
+func (e *Engine) transition(sg *store.Saga, d decision) *store.Transition {
+	if c := d.next; c != nil {
+		d.tr.Messages = append(d.tr.Messages, e.commandMessage(sg.ID, sg.Name, c.step, c.dir, c.epoch, sg.Version+1, c.delay))
+	}
+	return d.tr
+}
+
+type deferral struct {
+	id     uuid.UUID
+	reason string
+}
+
+// runBatch claims up to BatchSize commands, runs their steps in one
+// transaction (each under its own savepoint) and commits once.
+func (e *Engine) runBatch(fetchCtx, ctx context.Context) (res batchResult, err error) {
+	bt, err := e.beginBatch(fetchCtx, ctx)
+	if err != nil {
+		return res, err
+	}
+	defer bt.end(ctx)
+	// Claim, read the sagas and try their locks in one statement: the
+	// sagas are found by the rows' saga_id, which handle checks against the
+	// payload before it uses them.
+	claimed, sagas, err := e.st.ClaimAndLock(ctx, bt.tx, e.cfg.CommandTopic, e.cfg.BatchSize, e.knownAggregates(), e.cfg.UnknownSagaGrace)
+	if err != nil {
+		return res, err
+	}
+	res.claimed = len(claimed)
+	if len(claimed) == 0 {
+		return res, nil
+	}
+	held := heldSagas(sagas)
+	e.running.claim(held...)
+	defer e.running.release(held...)
+
+	b := e.newBatch(bt, nil)
+	cmds := make([]command, len(claimed))
+	derrs := make([]error, len(claimed))
+	for i := range claimed {
+		cmds[i], derrs[i] = decodeCommand(&claimed[i])
+	}
+	fault.Hit(fault.EngineAfterClaim)
+	for i := range claimed {
+		err := b.handle(ctx, &claimed[i], cmds[i], derrs[i], sagas, i == len(claimed)-1)
+		if errors.Is(err, errAbandoned) {
+			return res, e.abandon(ctx, bt, b)
+		}
+		if err != nil {
+			return res, err
+		}
+	}
+
+	if err := e.finish(ctx, b); err != nil {
+		return res, err
+	}
+	res.readyCreated = bt.ready
+	return res, nil
+}
+
+// finish ends a batch: it sends the queued outcomes; then, in one round
+// trip, it leaves the steps' savepoints, deletes the consumed direct
+// commands and defers the ones whose saga was busy; it commits; and it
+// announces new commands (see [Engine.announce]).
+//
+// The commands are deleted outside every savepoint: a row locked by the
+// transaction (the claim) and deleted by one of its subtransactions gets a
+// MultiXact as its deleter, and index scans never mark such a row's entries
+// dead, so every claim would step over every consumed command until vacuum
+// removed it.
+func (e *Engine) finish(ctx context.Context, b *batch) error {
+	t := b.tx
+	if err := t.flush(); err != nil {
+		return fmt.Errorf("saga: finish batch: %w", err)
+	}
+	tail := func(end *pgx.Batch) {
+		if t.outer != "" {
+			end.Queue("RELEASE SAVEPOINT " + t.outer)
+		}
+		if len(b.delivered) > 0 && b.msg == nil {
+			e.st.QueueDeleteDelivered(end, b.delivered)
+		}
+		for _, d := range b.deferred {
+			e.st.QueueDefer(end, []uuid.UUID{d.id}, deferDelay, deferDelayMax, d.reason)
+		}
+	}
+	if err := t.flushWith(tail); err != nil {
+		return fmt.Errorf("saga: finish batch: %w", err)
+	}
+	if h := e.hooks.beforeCommit; h != nil {
+		if err := h(ctx, t.tx); err != nil {
+			return err
+		}
+	}
+	fault.Hit(fault.EngineBeforeCommit)
+	if err := t.tx.Commit(ctx); err != nil {
+		return fmt.Errorf("saga: commit batch: %w", err)
+	}
+	fault.Hit(fault.EngineAfterCommit)
+	if t.ready {
+		// Wakes direct workers, or the relay that publishes Kafka commands.
+		e.announce()
+	}
+	return nil
+}
+
+// A command whose saga another transaction holds waits deferDelay, doubling
+// per deferral up to deferDelayMax. The first wait is short because the usual
+// holder is a transaction that has just committed: PostgreSQL makes a commit
+// visible a moment before it releases the committer's locks.
+const (
+	deferDelay    = 5 * time.Millisecond
+	deferDelayMax = 2 * time.Second
+)
+
+// park marks a command dead with its reason and, when its saga exists, says so
+// in the saga's history. Nothing is dropped: the row stays for an operator.
+func (b *batch) park(ctx context.Context, c *store.Claimed, sagaID *uuid.UUID, code, reason string) error {
+	reason = safetext.Text(reason, 2000)
+	if err := b.tx.flush(); err != nil {
+		return err
+	}
+	// What follows is written after the clean savepoint, if there is one:
+	// the next command must not roll back to it.
+	b.tx.clean = ""
+	b.e.stats.parked.Add(1)
+	b.e.log.WarnContext(ctx, "sagaflow parked a command", slog.String("message_id", safetext.Text(c.IDText(), 200)),
+		slog.String("code", code), slog.String("reason", reason))
+	if b.msg != nil {
+		// From Kafka: the command's bytes go to the dead letters.
+		if err := b.e.st.InsertDeadLetter(ctx, b.tx.tx, kafkaDeadLetter(b.msg, c.IDText(), code+": "+reason)); err != nil {
+			return err
+		}
+	} else if err := b.e.st.MarkDead(ctx, b.tx.tx, c.ID, reason); err != nil {
+		return err
+	}
+	if sagaID == nil {
+		return nil
+	}
+	detail, _ := json.Marshal(map[string]string{"message_id": safetext.Text(c.IDText(), 200)})
+	return b.e.st.InsertHistory(ctx, b.tx.tx, &store.HistoryEntry{
+		SagaID: *sagaID, Event: EventCommandParked, Error: reason, ErrorCode: code, Detail: detail,
+	})
+}
+
+// unknown defers a command that this engine cannot run (another engine,
+// newer or older, may know its saga or step), and parks it once it is older
+// than UnknownSagaGrace.
+func (b *batch) unknown(ctx context.Context, c *store.Claimed, sagaID *uuid.UUID, code, reason string) (parked bool, err error) {
+	if c.Age < b.e.cfg.UnknownSagaGrace {
+		b.e.stats.deferred.Add(1)
+		b.deferred = append(b.deferred, deferral{id: c.ID, reason: reason})
+		return false, nil
+	}
+	return true, b.park(ctx, c, sagaID, code, fmt.Sprintf("%s; no engine ran it within UnknownSagaGrace (%s)", reason, b.e.cfg.UnknownSagaGrace))
+}
+
+// handle runs one claimed command. A returned error aborts the batch.
+func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, derr error, sagas map[uuid.UUID]*store.LockedSaga, last bool) error {
+	e := b.e
+	if derr != nil {
+		return b.park(ctx, c, c.SagaID, CodeMalformed, "malformed command: "+derr.Error())
+	}
+	if c.SagaID == nil || *c.SagaID != cmd.SagaID {
+		return b.park(ctx, c, nil, CodeMalformed, fmt.Sprintf("malformed command: payload names saga %s but the row's saga_id is %v", cmd.SagaID, c.SagaID))
+	}
+	ls := sagas[cmd.SagaID]
+	if ls == nil {
+		return b.park(ctx, c, nil, CodeUnknownSaga, fmt.Sprintf("saga %s does not exist", cmd.SagaID))
+	}
+	if ls.Name != cmd.Saga {
+		return b.park(ctx, c, &ls.ID, CodeMalformed, fmt.Sprintf("command names saga %q but saga %s is a %q", cmd.Saga, ls.ID, ls.Name))
+	}
+	def := e.lookupName(ls.Name)
+	if def == nil {
+		_, err := b.unknown(ctx, c, &ls.ID, CodeUnknownSaga,
+			fmt.Sprintf("no definition named %q is registered with this engine (registered: %s)", ls.Name, e.registeredNames()))
+		return err
+	}
+	if !ls.Locked {
+		// Another transaction runs a step of this saga right now. A cancel
+		// command waits too: the engine running the step was told of the
+		// request, and applies it in the step's place.
+		e.stats.deferred.Add(1)
+		b.deferred = append(b.deferred, deferral{id: c.ID})
+		return nil
+	}
+	if ls.CancelRequest == nil {
+		// A request recorded since the claim, heard of while earlier
+		// commands of the batch ran.
+		ls.CancelRequest = e.running.pending(ls.ID)
+	}
+	if ls.CancelRequest != nil {
+		// A pending cancel request goes ahead of whatever this command is.
+		handled, err := b.applyCancel(ctx, c, ls, def, last)
+		if err != nil || handled {
+			return err
+		}
+	}
+	if c.Type == cancelType {
+		// Applied or refused already, or forged: the request in the
+		// database is what counts, and there is none.
+		e.stats.stale.Add(1)
+		b.delivered = append(b.delivered, c.ID)
+		return nil
+	}
+	if ls.Version != cmd.Version || Status(ls.Status).Terminal() {
+		e.stats.stale.Add(1)
+		b.delivered = append(b.delivered, c.ID)
+		return nil
+	}
+	idx, known := def.byName[ls.StepName]
+	dir := steps.Direction(ls.Direction)
+	if !known || !dir.Valid() {
+		reason := fmt.Sprintf("saga %q has no step %q (direction %q)", ls.Name, ls.StepName, ls.Direction)
+		parked, err := b.unknown(ctx, c, &ls.ID, CodeUnknownStep, reason)
+		if err != nil || !parked {
+			return err
+		}
+		sp := b.tx.savepoint()
+		b.tx.write(&ls.Saga, e.transition(&ls.Saga, unknownStep(&ls.Saga, reason)), sp, false, last, nil, nil)
+		return nil
+	}
+	if !cmd.current(c, ls) {
+		e.stats.stale.Add(1)
+		b.delivered = append(b.delivered, c.ID)
+		e.log.WarnContext(ctx, "sagaflow refused a command that is not the saga's current one",
+			slog.String("saga_id", ls.ID.String()), slog.String("step", safetext.Text(cmd.Step, 200)), slog.String("saga_step", ls.StepName))
+		return nil
+	}
+	b.delivered = append(b.delivered, c.ID)
+	ls.StepIndex = idx // a tool that re-ran the saga without its definition may have left -1
+	processed := ls.Processed
+	ls.Processed = false // only true for the state it was read in
+	return b.execute(ctx, &ls.Saga, def, idx, dir, processed, last)
+}
+
+// execute runs step idx of the saga in direction dir under a savepoint and
+// writes its outcome.
+func (b *batch) execute(ctx context.Context, sg *store.Saga, def *compiled, idx int, dir steps.Direction, processed, last bool) error {
+	e := b.e
+	sp := b.tx.savepoint()
+	key := steps.Key{SagaID: sg.ID, Step: sg.StepName, Direction: dir, Epoch: sg.Epoch}
+	if processed {
+		// The key is in the inbox: this step's effects were committed before.
+		// Move on without running it twice.
+		tr := e.transition(sg, e.machine.deduplicated(sg, def, idx, dir))
+		b.tx.write(sg, tr, sp, false, last, nil, func() { e.stats.dedup.Add(1) })
+		return nil
+	}
+	if topic, typ, ok := def.remote(idx, dir); ok {
+		return b.send(ctx, sg, def, idx, dir, key, sp, topic, typ, last)
+	}
+	attempt := sg.Attempt + 1
+	timeout := def.steps[idx].timeout
+	run := &StepRun{
+		Tx: b.tx.step(), Key: key, SagaID: sg.ID, SagaName: sg.Name, Step: sg.StepName, Direction: dir,
+		Epoch: sg.Epoch, Attempt: attempt,
+	}
+	if sg.BusinessKey != nil {
+		run.BusinessKey = *sg.BusinessKey
+	}
+	started := time.Now()
+	newState, herr := e.callHandler(ctx, b.tx, def, run, idx, dir, sg.State, timeout)
+	elapsed := time.Since(started)
+	fault.Hit(fault.EngineAfterHandler)
+	var ab *abandonedError
+	if errors.As(herr, &ab) {
+		b.abandoned = &abandonedStep{saga: *sg, def: def, idx: idx, dir: dir, attempt: attempt, elapsed: elapsed,
+			err: steps.WithCode(CodeAbandonedRunOn, fmt.Errorf("step %q ignored its context, cancelled by %s, for %s; its worker abandoned it",
+				sg.StepName, ab.why, e.cfg.HandlerGrace))}
+		return errAbandoned
+	}
+	if reason, ok := interruptedBy(herr, sg, dir); ok {
+		// A cancel request interrupted the step: its writes are rolled back
+		// and the request applied in its place.
+		e.running.forget(sg.ID)
+		tr := e.transition(sg, e.machine.cancel(sg, def, idx, reason))
+		b.tx.write(sg, tr, sp, true, last, nil, func() { e.stats.cancelled.Add(1) })
+		return nil
+	}
+	if herr == nil {
+		herr = e.machine.checkState(sg.StepName, newState)
+	}
+	fail := func(herr error) (*store.Transition, func()) {
+		d := e.machine.failure(sg, def, idx, dir, attempt, herr, elapsed)
+		return e.transition(sg, d), func() {
+			e.stats.failed.Add(1)
+			if d.retry {
+				e.stats.retries.Add(1)
+			}
+		}
+	}
+	if herr == nil {
+		tr := e.transition(sg, e.machine.success(sg, def, idx, dir, newState, elapsed, key.String()))
+		// If the step's own writes or ours fail inside the transaction (the
+		// handler left it aborted, say), the step is undone and a failure
+		// recorded instead.
+		b.tx.write(sg, tr, sp, false, last, func(err error) (*store.Transition, func()) {
+			return fail(steps.WithCode(CodeTxAborted, fmt.Errorf("commit step: %w", err)))
+		}, func() { e.stats.succeeded.Add(1) })
+		return nil
+	}
+	tr, done := fail(herr)
+	b.tx.write(sg, tr, sp, true, last, nil, done)
+	return nil
+}
+
+// send runs a remote step: it builds the command, writes it to the outbox
+// for the participant, and leaves the saga waiting for the reply, whose
+// deadline is the step's Timeout.
+func (b *batch) send(ctx context.Context, sg *store.Saga, def *compiled, idx int, dir steps.Direction, key steps.Key, sp, topic, typ string, last bool) error {
+	e := b.e
+	run := &StepRun{Tx: b.tx.step(), Key: key, SagaID: sg.ID, SagaName: sg.Name, Step: sg.StepName, Direction: dir,
+		Epoch: sg.Epoch, Attempt: sg.Attempt + 1}
+	if sg.BusinessKey != nil {
+		run.BusinessKey = *sg.BusinessKey
+	}
+	payload, err := recovered(func() ([]byte, error) { return def.send(ctx, run, idx, dir, sg.State) })
+	if err != nil {
+		tr := e.transition(sg, e.machine.failure(sg, def, idx, dir, sg.Attempt+1, err, 0))
+		b.tx.write(sg, tr, sp, true, last, nil, func() { e.stats.failed.Add(1) })
+		return nil
+	}
+	id := uuid.Must(uuid.NewV7())
+	keyText := key.String()
+	msg := store.Message{
+		ID: id, Topic: topic, Delivery: store.DeliveryRelay, AggregateType: aggregateType(sg.Name),
+		AggregateID: sg.ID.String(), Type: typ, Payload: payload, SagaID: &sg.ID, StepKey: &keyText,
+		Headers: map[string]string{
+			wire.HeaderMessageID: id.String(), wire.HeaderType: typ, wire.HeaderSagaID: sg.ID.String(),
+			wire.HeaderStepKey: keyText, wire.HeaderReplyTo: e.replyTopic(sg.Name), wire.HeaderDirection: string(dir),
+		},
+	}
+	e.sign(&msg)
+	tr := e.transition(sg, e.machine.sent(sg, def, idx, dir, msg))
+	b.tx.write(sg, tr, sp, false, last, nil, func() { sg.AwaitingReply = true })
+	return nil
+}
+
+// reply applies a participant's reply to the saga waiting for it: the step
+// completes, or, refused, fails for good. A reply for a step the saga is not
+// waiting on (late, duplicate, after a cancel) is dropped.
+func (b *batch) reply(ctx context.Context, c *store.Claimed, ls *store.LockedSaga, key steps.Key, last bool) error {
+	e := b.e
+	b.delivered = append(b.delivered, c.ID)
+	sg := &ls.Saga
+	def := e.lookupName(sg.Name)
+	idx, known := 0, false
+	if def != nil {
+		idx, known = def.byName[sg.StepName]
+	}
+	if !known || !sg.AwaitingReply || sg.StepName != key.Step || sg.Direction != string(key.Direction) || sg.Epoch != key.Epoch {
+		e.stats.stale.Add(1)
+		return nil
+	}
+	var r steps.Reply
+	if err := json.Unmarshal(c.Payload, &r); err != nil {
+		return b.park(ctx, c, &sg.ID, CodeMalformed, "malformed reply: "+err.Error())
+	}
+	sp := b.tx.savepoint()
+	dir := key.Direction
+	attempt := sg.Attempt + 1
+	if !r.OK {
+		tr := e.transition(sg, e.machine.refused(sg, def, idx, dir, r))
+		sg.AwaitingReply = false // refused: the participant did nothing to undo
+		b.tx.write(sg, tr, sp, false, last, nil, func() { e.stats.failed.Add(1) })
+		return nil
+	}
+	run := &StepRun{Tx: b.tx.step(), Key: key, SagaID: sg.ID, SagaName: sg.Name, Step: sg.StepName, Direction: dir,
+		Epoch: sg.Epoch, Attempt: attempt}
+	newState, herr := recovered(func() ([]byte, error) { return def.reply(ctx, run, idx, sg.State, r.Result) })
+	if herr == nil {
+		herr = e.machine.checkState(sg.StepName, newState)
+	}
+	fail := func(herr error) (*store.Transition, func()) {
+		tr := e.transition(sg, e.machine.failure(sg, def, idx, dir, attempt, steps.Permanent(herr), 0))
+		return tr, func() { e.stats.failed.Add(1) }
+	}
+	if herr == nil {
+		tr := e.transition(sg, e.machine.replied(sg, def, idx, dir, newState, key.String()))
+		// If OnReply left the transaction unusable, it is undone and a
+		// failure recorded instead.
+		b.tx.write(sg, tr, sp, false, last, func(err error) (*store.Transition, func()) {
+			return fail(steps.WithCode(CodeTxAborted, fmt.Errorf("apply reply: %w", err)))
+		}, func() { e.stats.succeeded.Add(1) })
+		return nil
+	}
+	// OnReply failed: its writes are rolled back with the savepoint.
+	tr, done := fail(herr)
+	b.tx.write(sg, tr, sp, true, last, nil, done)
+	return nil
+}
+
+// heldSagas lists the sagas whose execution lock a batch holds.
+func heldSagas(sagas map[uuid.UUID]*store.LockedSaga) []uuid.UUID {
+	out := make([]uuid.UUID, 0, len(sagas))
+	for id, ls := range sagas {
+		if ls.Locked {
+			out = append(out, id)
+		}
+	}
+	return out
+}

@@ -1,0 +1,91 @@
+package saga
+
+import (
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/sagaflow/sagaflow/internal/store"
+	"github.com/sagaflow/sagaflow/steps"
+	"github.com/sagaflow/sagaflow/wire"
+)
+
+// Outbox types of the engine's commands.
+const (
+	// commandType runs a saga's current step.
+	commandType = wire.TypeStep
+	// cancelType asks an engine that knows the saga to cancel it.
+	cancelType = wire.TypeCancel
+)
+
+// command is the payload of a step command. It points at the saga row, which
+// holds the state; Version is the saga's version when the command was
+// written, so a command is current exactly while the saga still has it.
+type command struct {
+	SagaID    uuid.UUID       `json:"saga_id"`
+	Saga      string          `json:"saga"`
+	Step      string          `json:"step"`
+	Direction steps.Direction `json:"direction"`
+	Epoch     int             `json:"epoch"`
+	Version   int64           `json:"version"`
+}
+
+func decodeCommand(c *store.Claimed) (command, error) {
+	w, err := wire.DecodeCommand(c.Type, c.Payload)
+	if err != nil {
+		return command{}, err
+	}
+	return command{SagaID: uuid.UUID(w.SagaID), Saga: w.Saga, Step: w.Step, Direction: w.Direction, Epoch: w.Epoch,
+		Version: w.Version}, nil
+}
+
+// cancelMessage builds the command that makes an engine that knows sg look
+// at its pending cancel request. It carries no authority of its own: an
+// engine that finds no request in the database does nothing with it.
+func (e *Engine) cancelMessage(sg *store.Saga) store.Message {
+	payload := wire.EncodeCommand(wire.Command{SagaID: wire.UUID(sg.ID), Saga: sg.Name, Step: sg.StepName,
+		Direction: wire.Direction(sg.Direction), Epoch: sg.Epoch, Version: sg.Version})
+	id := uuid.Must(uuid.NewV7())
+	m := store.Message{
+		ID: id, Topic: e.commandTopic(sg.Name), Delivery: e.commandDelivery(),
+		AggregateType: aggregateType(sg.Name), AggregateID: sg.ID.String(), Type: cancelType, Payload: payload,
+		Headers: map[string]string{wire.HeaderMessageID: id.String(), wire.HeaderSagaID: sg.ID.String(), wire.HeaderType: cancelType},
+		SagaID:  &sg.ID,
+	}
+	e.sign(&m)
+	return m
+}
+
+// commandMessage builds the outbox row of the command for a saga's step.
+func (e *Engine) commandMessage(sagaID uuid.UUID, name, step string, dir steps.Direction, epoch int, version int64, delay time.Duration) store.Message {
+	c := wire.Command{SagaID: wire.UUID(sagaID), Saga: name, Step: step, Direction: dir, Epoch: epoch, Version: version}
+	payload := wire.EncodeCommand(c)
+	key := c.Key().String()
+	id := uuid.Must(uuid.NewV7())
+	m := store.Message{
+		ID: id, Topic: e.commandTopic(name), Delivery: e.commandDelivery(),
+		AggregateType: aggregateType(name), AggregateID: sagaID.String(), Type: commandType, Payload: payload,
+		Headers: map[string]string{
+			wire.HeaderMessageID: id.String(),
+			wire.HeaderSagaID:    sagaID.String(),
+			wire.HeaderStepKey:   key,
+			wire.HeaderType:      commandType,
+		},
+		SagaID: &sagaID, StepKey: &key, Delay: delay,
+	}
+	e.sign(&m)
+	return m
+}
+
+// current reports whether cmd, which carries the saga's version, is the
+// saga's current command in every other respect too: its step, direction
+// and epoch, and, when the saga records it, the outbox id of the command
+// written for this version. A command that passes the version fence but
+// names another step, or is not the one the saga wrote (a forgery, or a
+// copy sent early to skip a retry's backoff), is refused.
+func (cmd command) current(c *store.Claimed, ls *store.LockedSaga) bool {
+	if cmd.Step != ls.StepName || string(cmd.Direction) != ls.Direction || cmd.Epoch != ls.Epoch {
+		return false
+	}
+	return ls.CommandID == nil || c.ID == uuid.Nil || c.ID == *ls.CommandID
+}

@@ -1,0 +1,287 @@
+package saga
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sagaflow/sagaflow/internal/store"
+	"github.com/sagaflow/sagaflow/steps"
+)
+
+// abandonedStep is what is needed to record an abandoned attempt after its
+// transaction is gone.
+type abandonedStep struct {
+	saga    store.Saga
+	def     *compiled
+	idx     int
+	dir     steps.Direction
+	attempt int
+	err     error
+	elapsed time.Duration
+}
+
+// abandon gives the connection up to a handler that ignored its cancelled
+// context: it is closed, which ends the transaction on the server, and never
+// touched again (the handler may still be using it). The abandoned attempt
+// is then recorded, with its retry, in a transaction of its own.
+func (e *Engine) abandon(ctx context.Context, t *batchTx, b *batch) error {
+	t.abandoned = true
+	_ = t.conn.Hijack().PgConn().Conn().Close()
+	if err := e.recordAbandoned(context.WithoutCancel(ctx), b.abandoned); !errors.Is(err, errAbandoned) {
+		return err
+	}
+	return nil
+}
+
+// recordAbandoned writes the failure of an abandoned attempt in a
+// transaction of its own, fenced on the version the attempt started from,
+// so that the attempt counts, is retried after its backoff or compensated,
+// and never blocks its saga. It first waits for the saga's execution lock:
+// the abandoned transaction holds it until its server process notices the
+// closed connection, and whoever runs the saga next must see this record.
+func (e *Engine) recordAbandoned(ctx context.Context, a *abandonedStep) error {
+	tr := e.transition(&a.saga, e.machine.failure(&a.saga, a.def, a.idx, a.dir, a.attempt, a.err, a.elapsed))
+	err := pgx.BeginTxFunc(ctx, e.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		wait := e.maxStepTimeout() + e.cfg.HandlerGrace
+		if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = "+strconv.FormatInt(wait.Milliseconds(), 10)+"; SAVEPOINT sagaflow_abandoned"); err != nil {
+			return err
+		}
+		if err := e.st.LockSaga(ctx, tx, a.saga.ID); err != nil {
+			return err
+		}
+		fenced, err := e.st.ApplyTransition(ctx, tx, tr, "sagaflow_abandoned")
+		switch {
+		case err != nil:
+			return err
+		case !fenced:
+			// Another worker ran the step meanwhile; the timeline still
+			// shows the abandoned attempt.
+			failed := tr.History[0]
+			failed.Detail = durationDetail(a.elapsed, map[string]any{"superseded": true})
+			return e.st.InsertHistory(ctx, tx, &failed)
+		case len(tr.Messages) > 0:
+			return e.st.Notify(ctx, tx, e.cfg.CommandTopic)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("saga: record abandoned step of saga %s: %w", a.saga.ID, err)
+	}
+	return errAbandoned
+}
+
+// recovered runs f, turning a panic into a *panicError with the stack.
+func recovered(f func() ([]byte, error)) (out []byte, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			out, err = nil, &panicError{value: v, stack: debug.Stack()}
+		}
+	}()
+	return f()
+}
+
+var errAbandoned = errors.New("saga: handler ignored its cancelled context past the grace period; its connection was closed")
+
+// abandonedError is callHandler's errAbandoned, saying what cancelled the
+// context the handler ignored.
+type abandonedError struct{ why string }
+
+func (e *abandonedError) Error() string {
+	return errAbandoned.Error() + " (cancelled by " + e.why + ")"
+}
+func (e *abandonedError) Unwrap() error { return errAbandoned }
+
+type panicError struct {
+	value any
+	stack []byte
+}
+
+func (p *panicError) Error() string { return fmt.Sprintf("panic: %v", p.value) }
+
+// callHandler runs the step function, recovering panics and enforcing the
+// timeout. A handler that ignores its cancelled context for longer than
+// HandlerGrace is abandoned: callHandler returns errAbandoned and the caller
+// must not use the transaction again.
+//
+// The step is charged only for its own time: while its first statement
+// waits for the batch to send the writes of earlier steps (which may wait on
+// row locks held elsewhere), its clock stops. A cancel request for the saga
+// cancels the handler's context with a [cancelRequested] cause.
+func (e *Engine) callHandler(ctx context.Context, t *batchTx, def *compiled, run *StepRun, idx int, dir steps.Direction, state []byte, timeout time.Duration) ([]byte, error) {
+	base, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	clock := newStepClock(timeout, func() { cancel(errStepTimedOut) })
+	defer clock.stop()
+	stepCtx := &stepContext{Context: base, clock: clock}
+	t.clock.Store(clock)
+	defer t.clock.Store(nil)
+	if dir == steps.Forward {
+		e.running.start(run.SagaID, cancel)
+		defer e.running.stop(run.SagaID)
+	}
+	type result struct {
+		state []byte
+		err   error
+	}
+	done := make(chan result, 1)
+	go func() {
+		var r result
+		defer func() {
+			if v := recover(); v != nil {
+				r = result{err: &panicError{value: v, stack: debug.Stack()}}
+			}
+			done <- r
+		}()
+		r.state, r.err = def.run(stepCtx, run, idx, dir, state)
+	}()
+	var r result
+	select {
+	case r = <-done:
+	case <-base.Done():
+		grace := time.NewTimer(e.cfg.HandlerGrace)
+		defer grace.Stop()
+		select {
+		case r = <-done:
+		case <-grace.C:
+			e.stats.abandoned.Add(1)
+			why := "its timeout"
+			var cr *cancelRequested
+			if errors.As(context.Cause(base), &cr) {
+				why = "a cancel request"
+			} else if !errors.Is(context.Cause(base), errStepTimedOut) {
+				why = "the engine's stop"
+			}
+			e.log.ErrorContext(ctx, "sagaflow abandoned a step handler that ignored its cancelled context",
+				slog.String("step_key", run.Key.String()), slog.String("cancelled_by", why), slog.Duration("timeout", timeout))
+			return nil, &abandonedError{why: why}
+		}
+	}
+	cause := context.Cause(base)
+	timedOut := errors.Is(cause, errStepTimedOut) && ctx.Err() == nil
+	if r.err != nil && timedOut {
+		// The attempt ran out of time; whatever it returned, say so.
+		if steps.Code(r.err) == "" {
+			r.err = steps.WithCode(CodeTimeout, fmt.Errorf("step %q timed out after %s: %w", run.Step, timeout, r.err))
+		}
+	}
+	var cr *cancelRequested
+	if r.err != nil && errors.As(cause, &cr) && ctx.Err() == nil {
+		// Interrupted by a cancel request: the request takes the
+		// failure's place.
+		return r.state, cr
+	}
+	if r.err == nil && base.Err() != nil && ctx.Err() == nil {
+		// Finished after its deadline (or a cancel request) but without
+		// error: accept the result; its writes are still in the transaction
+		// and commit with it.
+		return r.state, nil
+	}
+	return r.state, r.err
+}
+
+// errStepTimedOut is the cause of a step context whose time ran out.
+var errStepTimedOut = errors.New("saga: step timed out")
+
+// stepContext is a step's context: its Err reports a timeout as
+// context.DeadlineExceeded, and its Deadline is the step clock's, which
+// moves while the clock is stopped.
+type stepContext struct {
+	context.Context
+	clock *stepClock
+}
+
+func (c *stepContext) Deadline() (time.Time, bool) { return c.clock.deadline() }
+
+func (c *stepContext) Err() error {
+	err := c.Context.Err()
+	if err != nil && errors.Is(context.Cause(c.Context), errStepTimedOut) {
+		return context.DeadlineExceeded
+	}
+	return err
+}
+
+// stepClock is a step's timeout that can be stopped while the engine, not
+// the step, holds the step up.
+type stepClock struct {
+	mu       sync.Mutex
+	end      time.Time // when the time runs out, while running
+	left     time.Duration
+	paused   int // nested pauses
+	timer    *time.Timer
+	expired  bool
+	onExpire func()
+}
+
+func newStepClock(timeout time.Duration, onExpire func()) *stepClock {
+	c := &stepClock{end: time.Now().Add(timeout), onExpire: onExpire}
+	c.timer = time.AfterFunc(timeout, c.fire)
+	return c
+}
+
+func (c *stepClock) fire() {
+	c.mu.Lock()
+	if c.paused > 0 || c.expired {
+		c.mu.Unlock()
+		return
+	}
+	if d := time.Until(c.end); d > 0 {
+		// Resumed after a pause: the deadline moved.
+		c.timer.Reset(d)
+		c.mu.Unlock()
+		return
+	}
+	c.expired = true
+	c.mu.Unlock()
+	c.onExpire()
+}
+
+// pause stops the clock until the matching resume.
+func (c *stepClock) pause() {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.paused == 0 && !c.expired {
+		c.left = time.Until(c.end)
+	}
+	c.paused++
+}
+
+func (c *stepClock) resume() {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.paused--
+	if c.paused > 0 || c.expired {
+		return
+	}
+	c.end = time.Now().Add(c.left)
+	c.timer.Reset(max(c.left, 0))
+}
+
+func (c *stepClock) deadline() (time.Time, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.paused > 0 {
+		return time.Now().Add(c.left), true
+	}
+	return c.end, true
+}
+
+func (c *stepClock) stop() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.expired = true
+	c.timer.Stop()
+}

@@ -1,0 +1,453 @@
+package saga
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sagaflow/sagaflow/internal/pgerr"
+	"github.com/sagaflow/sagaflow/internal/store"
+)
+
+// batchTx is a batch's pipelined savepoint transaction, on a connection of
+// its own, which can be given up to a handler that will not let go of it.
+//
+// Each command runs under a savepoint ([batchTx.savepoint]); its fenced
+// writes are queued ([batchTx.write]), not sent: the queue goes out in one
+// round trip when something needs the transaction (a step's first
+// statement, see [stepTx]) or when the batch ends ([batchTx.flushWith]).
+type batchTx struct {
+	e    *Engine
+	conn *pgxpool.Conn
+	tx   pgx.Tx
+	// ctx is the batch's context: the queued writes are sent with it, also
+	// when a step's statement is what sends them. A step's own context ends
+	// with its timeout; the batch's writes must not.
+	ctx context.Context
+	// abandoned is set when the connection was given up to a handler.
+	abandoned bool
+	// pending are the writes queued on tx but not sent yet.
+	pending []pendingOp
+	// broken is set when a flush failed where no error could be returned
+	// (a step took the bare connection); the batch is then lost.
+	broken error
+	// clean names a savepoint with nothing written after it, ready for the
+	// next command, or is "" when there is none.
+	clean string
+	seq   int
+	// outer is the batch's first savepoint, which every later one is
+	// nested in, or "" when none was opened.
+	outer string
+	// ready is set when a command that is due now was written.
+	ready bool
+	// clock is the running step's clock, stopped while the step waits for
+	// the batch's earlier writes to be sent; nil between steps. Atomic: an
+	// abandoned handler may still use the transaction.
+	clock atomic.Pointer[stepClock]
+}
+
+// beginQuery starts a batch transaction. READ COMMITTED whatever the
+// server's default; the lease in database time (a worker that stops talking
+// to PostgreSQL while it holds claims, paused or partitioned, loses its
+// session and with it the claims and the uncommitted steps); and a check
+// that notices a vanished client while a statement runs.
+func (e *Engine) beginQuery() string {
+	lease := e.maxStepTimeout() + e.cfg.HandlerGrace + 5*time.Second
+	return "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL idle_in_transaction_session_timeout = " +
+		strconv.FormatInt(lease.Milliseconds(), 10) + "; SET LOCAL client_connection_check_interval = 1000"
+}
+
+// beginBatch acquires a connection (waiting at most as long as acquire
+// allows) and begins a batch transaction on it.
+func (e *Engine) beginBatch(acquire, ctx context.Context) (*batchTx, error) {
+	conn, err := e.pool.Acquire(acquire)
+	if err != nil {
+		return nil, fmt.Errorf("saga: acquire connection: %w", err)
+	}
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: e.beginQuery()})
+	if err != nil {
+		conn.Release()
+		return nil, fmt.Errorf("saga: begin batch: %w", err)
+	}
+	return &batchTx{e: e, conn: conn, tx: tx, ctx: ctx}, nil
+}
+
+// end rolls back what was not committed and releases the connection,
+// unless it was abandoned.
+func (t *batchTx) end(ctx context.Context) {
+	if t.abandoned {
+		return
+	}
+	_ = t.tx.Rollback(context.WithoutCancel(ctx))
+	t.conn.Release()
+}
+
+// savepoint returns a savepoint with nothing written after it, opening one
+// (queued, sent with the next flush) if needed.
+func (t *batchTx) savepoint() string {
+	if t.clean != "" {
+		sp := t.clean
+		t.clean = ""
+		return sp
+	}
+	sp := t.nextSavepoint()
+	if t.outer == "" {
+		t.outer = sp
+	}
+	t.pending = append(t.pending, pendingOp{open: sp})
+	return sp
+}
+
+func (t *batchTx) nextSavepoint() string {
+	t.seq++
+	return "sagaflow_step_" + strconv.Itoa(t.seq)
+}
+
+// write queues the fenced transition tr of a command whose savepoint is sp,
+// after rolling back to sp when rollback is set, and the next command's
+// savepoint unless this was the batch's last command. Nothing is sent: the
+// queue goes out in one round trip when a handler needs the transaction or
+// when the batch ends (see [batchTx.flush]). The saga's version and status
+// move at once, so that a later command of the same saga in this batch sees
+// them; if the saga had moved on (the fence did not hold), everything since
+// sp is rolled back when the queue is sent, and done does not run.
+func (t *batchTx) write(sg *store.Saga, tr *store.Transition, sp string, rollback, last bool,
+	onFailure func(error) (*store.Transition, func()), done func()) {
+	if h := t.e.hooks.outcome; h != nil {
+		h(tr)
+	}
+	w := &pendingWrite{sg: sg, tr: tr, sp: sp, rollback: rollback, onFailure: onFailure, done: done,
+		version: sg.Version, status: sg.Status}
+	if !last {
+		w.next = t.nextSavepoint()
+	}
+	t.clean = w.next
+	t.pending = append(t.pending, pendingOp{w: w})
+	t.applied(w)
+}
+
+// applied moves the saga of w as its write will, once the write is sent.
+func (t *batchTx) applied(w *pendingWrite) {
+	w.sg.Version = w.version + 1
+	w.sg.Status = w.tr.Status
+	for _, m := range w.tr.Messages {
+		if m.Delay <= 0 {
+			t.ready = true
+		}
+	}
+}
+
+// flush sends the queued writes in one round trip. See [batchTx.flushWith].
+func (t *batchTx) flush() error {
+	if len(t.pending) == 0 {
+		return t.broken
+	}
+	return t.flushWith(nil)
+}
+
+// flushWith sends the queued writes, followed by what tail queues, in one
+// round trip, and deals with what went wrong, in order:
+//
+//   - a write whose fence did not hold (the saga moved on) is rolled back to
+//     its savepoint, with its handler's writes;
+//   - a write of a step that succeeded but failed inside the transaction is
+//     rolled back to its savepoint and replaced by the step's failure;
+//
+// and the writes after it, and tail, are sent again: rolling back to a
+// savepoint undoes everything after it. Only the first write of a round
+// trip can have its handler's statements behind it (a handler that uses the
+// transaction sends the queue first), so the writes sent again lose
+// nothing. Any other error is returned, and the batch is lost.
+func (t *batchTx) flushWith(tail func(*pgx.Batch)) error {
+	if t.broken != nil {
+		return t.broken
+	}
+	if err := t.sendQueued(t.ctx, tail); err != nil {
+		t.broken = err
+		return err
+	}
+	return nil
+}
+
+func (t *batchTx) sendQueued(ctx context.Context, tail func(*pgx.Batch)) error {
+	e := t.e
+	for {
+		// A failed step whose handler left the transaction aborted is rolled
+		// back to its savepoint on its own, before the rest: pgx prepares a
+		// pipeline's new statements before any of them runs, and PostgreSQL
+		// refuses to prepare in an aborted transaction. Only the first write
+		// of a round trip can have its handler's statements behind it.
+		if len(t.pending) > 0 && t.pending[0].w != nil && t.pending[0].w.rollback {
+			w := t.pending[0].w
+			if _, err := t.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+w.sp); err != nil {
+				return fmt.Errorf("saga: roll back step of saga %s: %w", w.sg.ID, err)
+			}
+			w.rollback = false
+		}
+		q := &pgx.Batch{}
+		for _, op := range t.pending {
+			if op.open != "" {
+				q.Queue("SAVEPOINT " + op.open)
+				continue
+			}
+			w := op.w
+			start := q.Len()
+			if w.rollback {
+				q.Queue("ROLLBACK TO SAVEPOINT " + w.sp)
+			}
+			w.update = q.Len() - start
+			e.st.QueueTransition(q, w.tr)
+			if w.next != "" {
+				q.Queue("SAVEPOINT " + w.next)
+			}
+			w.n = q.Len() - start
+		}
+		tailFrom := q.Len()
+		if tail != nil {
+			tail(q)
+		}
+		if q.Len() == 0 {
+			return nil
+		}
+		br := t.tx.SendBatch(ctx, q)
+		failed, ferr := -1, error(nil)
+	read:
+		for i, op := range t.pending {
+			n := 1
+			if op.w != nil {
+				n = op.w.n
+			}
+			for j := range n {
+				tag, err := br.Exec()
+				if err != nil {
+					failed, ferr = i, err
+					break read
+				}
+				if op.w != nil && j == op.w.update {
+					op.w.fenced = tag.RowsAffected() == 1
+				}
+			}
+			if op.w != nil && !op.w.fenced {
+				failed = i
+				break
+			}
+		}
+		if failed < 0 {
+			for range q.Len() - tailFrom {
+				if _, err := br.Exec(); err != nil {
+					ferr = err
+					break
+				}
+			}
+		}
+		cerr := br.Close()
+		done := t.pending
+		if failed >= 0 {
+			done = t.pending[:failed]
+		}
+		for _, op := range done {
+			if op.w != nil && op.w.done != nil {
+				op.w.done()
+			}
+		}
+		switch {
+		case failed < 0 && ferr == nil && cerr == nil:
+			t.pending = nil
+			return nil
+		case failed < 0:
+			t.pending = nil
+			return errors.Join(ferr, cerr)
+		case ferr != nil && !pgerr.Statement(ferr):
+			return ferr
+		}
+		// The op at failed: every op before it is done; roll back to its
+		// savepoint and send what follows again.
+		op := t.pending[failed]
+		rest := t.pending[failed+1:]
+		if op.w == nil {
+			return fmt.Errorf("saga: open savepoint %s: %w", op.open, ferr)
+		}
+		w := op.w
+		if _, err := t.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+w.sp); err != nil {
+			return fmt.Errorf("saga: roll back outcome of saga %s: %w", w.sg.ID, errors.Join(ferr, err))
+		}
+		w.sg.Version, w.sg.Status = w.version, w.status
+		var again []pendingOp
+		switch {
+		case ferr == nil:
+			// The saga moved on while the step ran: undo the step and ours.
+			e.stats.stale.Add(1)
+			e.log.InfoContext(ctx, "sagaflow refused a step commit: the saga moved on",
+				slog.String("saga_id", w.sg.ID.String()), slog.Int64("version", w.version))
+			if w.next != "" {
+				// The next command's savepoint went with the rollback.
+				again = append(again, pendingOp{open: w.next})
+			}
+		case w.onFailure != nil:
+			tr, done := w.onFailure(fmt.Errorf("saga: write outcome of saga %s: %w", w.sg.ID, ferr))
+			f := &pendingWrite{sg: w.sg, tr: tr, sp: w.sp, next: w.next, done: done, version: w.version, status: w.status}
+			t.applied(f)
+			again = append(again, pendingOp{w: f})
+		case pgerr.Content(ferr) && !w.last:
+			// PostgreSQL refused this saga's outcome itself: park the saga
+			// with a fixed, storable error rather than lose the batch (and
+			// every other saga in it) on every retry.
+			e.log.ErrorContext(ctx, "sagaflow parked a saga whose outcome PostgreSQL refused",
+				slog.String("saga_id", w.sg.ID.String()), slog.Any("error", ferr))
+			f := &pendingWrite{sg: w.sg, tr: e.transition(w.sg, invalidOutcome(w.sg, ferr)), sp: w.sp, next: w.next, version: w.version, status: w.status,
+				last: true, done: func() { e.stats.failed.Add(1) }}
+			t.applied(f)
+			again = append(again, pendingOp{w: f})
+		default:
+			return fmt.Errorf("saga: write outcome of saga %s: %w", w.sg.ID, ferr)
+		}
+		t.pending = append(again, rest...)
+	}
+}
+
+// pendingOp is what a batch queued and has not sent: a savepoint to open,
+// or a command's outcome.
+type pendingOp struct {
+	open string        // a savepoint to open, or ""
+	w    *pendingWrite // a command's outcome, or nil
+}
+
+// pendingWrite is a command's fenced transition, queued. The savepoints of
+// the writes queued after the first one of a flush have nothing of their
+// handlers behind them: a handler that uses the transaction sends the
+// queue first.
+type pendingWrite struct {
+	sg *store.Saga
+	tr *store.Transition
+	// sp is the savepoint taken before the command's writes, its handler's
+	// included; rollback says to roll back to it before writing (the
+	// handler failed).
+	sp       string
+	rollback bool
+	// next is the savepoint opened after the writes for the next command,
+	// or "" after the batch's last command.
+	next string
+	// onFailure, for a step that succeeded, gives the failure to record
+	// instead when the writes fail inside the transaction (the handler left
+	// it aborted); nil when there is nothing to fall back to.
+	onFailure func(err error) (*store.Transition, func())
+	// done runs once the fence held.
+	done func()
+	// The saga's version and status before the write, which moved them.
+	version int64
+	status  string
+	// last marks the last resort for a saga whose outcome could not be
+	// stored (see [invalidOutcome]): if it fails too, the batch is
+	// lost.
+	last bool
+	// Filled while sending: how many statements, which one is the update,
+	// and whether it matched the saga.
+	n, update int
+	fenced    bool
+}
+
+// step returns the transaction handed to a step.
+func (t *batchTx) step() stepTx { return stepTx{Tx: t.tx, bt: t} }
+
+// stepTx is the transaction handed to a step: the step may use it, and nest
+// savepoints with Begin, but it must not end it. Before the step's first
+// statement it sends the writes its batch queued, so that they come first.
+type stepTx struct {
+	pgx.Tx
+	bt *batchTx
+}
+
+var errStepTxEnd = errors.New("saga: a step must not commit or roll back its transaction; return an error to fail the step")
+
+func (stepTx) Commit(context.Context) error   { return errStepTxEnd }
+func (stepTx) Rollback(context.Context) error { return errStepTxEnd }
+
+func (t stepTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	if err := t.flush(); err != nil {
+		return nil, err
+	}
+	return t.Tx.Begin(ctx)
+}
+
+func (t stepTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if err := t.flush(); err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	return t.Tx.Exec(ctx, sql, args...)
+}
+
+// When the queue cannot be sent, the transaction is aborted or its
+// connection gone (and the batch lost): Query and SendBatch then hand over
+// the results of the step's statements on it, which carry their own errors.
+
+func (t stepTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if err := t.flush(); err != nil {
+		rows, _ := t.Tx.Query(ctx, sql, args...)
+		rows.Close()
+		return rows, err
+	}
+	return t.Tx.Query(ctx, sql, args...)
+}
+
+func (t stepTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if err := t.flush(); err != nil {
+		return errRow{err}
+	}
+	return t.Tx.QueryRow(ctx, sql, args...)
+}
+
+func (t stepTx) SendBatch(ctx context.Context, q *pgx.Batch) pgx.BatchResults {
+	_ = t.flush()
+	return t.Tx.SendBatch(ctx, q)
+}
+
+func (t stepTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	if err := t.flush(); err != nil {
+		return 0, err
+	}
+	return t.Tx.CopyFrom(ctx, table, columns, src)
+}
+
+func (t stepTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if err := t.flush(); err != nil {
+		return nil, err
+	}
+	return t.Tx.Prepare(ctx, name, sql)
+}
+
+// LargeObjects and Conn hand out what runs statements without this wrapper:
+// the queue is sent first; if that fails, the batch is lost.
+func (t stepTx) LargeObjects() pgx.LargeObjects {
+	_ = t.flush()
+	return t.Tx.LargeObjects()
+}
+
+func (t stepTx) Conn() *pgx.Conn {
+	_ = t.flush()
+	return t.Tx.Conn()
+}
+
+// flush sends the batch's queued writes before the step's own statement,
+// with the step's clock stopped: the step is not charged for them.
+func (t stepTx) flush() error {
+	if len(t.bt.pending) == 0 {
+		return t.bt.broken
+	}
+	clock := t.bt.clock.Load()
+	clock.pause()
+	defer clock.resume()
+	return t.bt.flush()
+}
+
+// errRow is the result of a query that was never sent.
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
