@@ -85,6 +85,7 @@ type Consumer struct {
 	in   *Inbox
 	r    Reader
 	cfg  ConsumerConfig
+	loop *consume.Loop // one for the consumer's life: it keeps a message a stop gave up
 	life lifecycle.Lifecycle
 }
 
@@ -121,7 +122,15 @@ func (in *Inbox) NewConsumer(r Reader, cfg *ConsumerConfig) (*Consumer, error) {
 	if c.RetryMax == 0 {
 		c.RetryMax = RetryMaxDefault
 	}
-	return &Consumer{in: in, r: r, cfg: c}, nil
+	cons := &Consumer{in: in, r: r, cfg: c}
+	cons.loop = &consume.Loop{
+		Reader: r, Log: in.log, What: "sagaflow inbox", Attrs: []any{slog.String("consumer", in.consumer)},
+		Handle: func(fetch, work context.Context, m kafka.Message) bool { return cons.handle(fetch, work, FromKafka(m)) },
+		// The offset moves only after the transaction committed; if this
+		// commit is lost, the redelivery is a duplicate the inbox skips.
+		CommitLost: "the message will be redelivered and skipped",
+	}
+	return cons, nil
 }
 
 // FromKafka converts a kafka-go message. Its bytes are kept as they are:
@@ -146,17 +155,27 @@ func FromKafka(m kafka.Message) Message {
 // processes (or dead-letters) it and only then commits its offset; a
 // message whose processing keeps failing is retried with backoff and holds
 // its partition, so order is kept, until MaxAttempts. Meanwhile it deletes
-// the consumer's keys older than Retention.
+// the consumer's keys older than Retention. Run on a consumer that runs
+// already (started, or in another Run) returns an error at once.
 func (c *Consumer) Run(ctx context.Context) error {
-	var wg sync.WaitGroup
-	c.launch(ctx, ctx, &wg)
-	wg.Wait()
+	started, err := c.life.Start(ctx, c.launch)
+	if err != nil {
+		return fmt.Errorf("inbox: consumer %s: %w", logText(c.in.consumer), err)
+	}
+	if !started {
+		return fmt.Errorf("inbox: consumer %s: already running", logText(c.in.consumer))
+	}
+	<-ctx.Done()
+	// ctx was the run's context: its goroutines are ending; wait for them.
+	_, _ = c.life.Stop(context.WithoutCancel(ctx), true)
 	return nil
 }
 
 // Start runs the consumer in the background and returns at once. Calling it
 // on a running consumer does nothing; calling it while Stop is in progress
-// returns an error. Cancelling ctx stops the consumer hard.
+// returns an error. Cancelling ctx stops the consumer hard. A consumer
+// stopped and started again on the same reader first takes up the message
+// the stop gave up, if any.
 func (c *Consumer) Start(ctx context.Context) error {
 	if _, err := c.life.Start(ctx, c.launch); err != nil {
 		return fmt.Errorf("inbox: consumer %s: %w", logText(c.in.consumer), err)
@@ -164,25 +183,21 @@ func (c *Consumer) Start(ctx context.Context) error {
 	return nil
 }
 
-// Stop stops fetching, lets the message in flight finish (and its offset be
-// committed), and returns once the consumer's goroutines have exited; if ctx
-// ends first, the message in flight is abandoned (its transaction rolls
-// back and it is redelivered) and Stop returns ctx.Err(). Stop on a
-// consumer that is not running returns nil.
+// Stop stops fetching and ends any wait between retries (that message is
+// given up: its offset is not committed, and it comes again), lets a handler
+// that is running finish and its offset be committed, and returns once the
+// consumer's goroutines have exited. If ctx ends first, the handler's
+// context is cancelled (its transaction rolls back and the message comes
+// again) and Stop returns ctx.Err() once the handler has returned: a
+// handler that ignores its context holds Stop up. Stop on a consumer that
+// is not running returns nil.
 func (c *Consumer) Stop(ctx context.Context) error {
 	_, err := c.life.Stop(ctx, false)
 	return err
 }
 
 func (c *Consumer) launch(fetch, work context.Context, wg *sync.WaitGroup) {
-	loop := consume.Loop{
-		Reader: c.r, Log: c.in.log, What: "sagaflow inbox", Attrs: []any{slog.String("consumer", c.in.consumer)},
-		Handle: func(_, work context.Context, m kafka.Message) bool { return c.handle(work, FromKafka(m)) },
-		// The offset moves only after the transaction committed; if this
-		// commit is lost, the redelivery is a duplicate the inbox skips.
-		CommitLost: "the message will be redelivered and skipped",
-	}
-	wg.Go(func() { loop.Run(fetch, work) })
+	wg.Go(func() { c.loop.Run(fetch, work) })
 	if c.cfg.Retention > 0 {
 		wg.Go(func() { c.retain(fetch) })
 	}
@@ -209,7 +224,7 @@ func (c *Consumer) retain(ctx context.Context) {
 
 // handle processes msg until it is done (processed, skipped as a duplicate
 // or dead-lettered); it reports false when ctx ended first.
-func (c *Consumer) handle(ctx context.Context, msg Message) bool {
+func (c *Consumer) handle(fetch, ctx context.Context, msg Message) bool {
 	for attempt := 1; ; attempt++ {
 		reason, err := c.process(ctx, msg)
 		if err != nil && reason == "" && attempt >= c.cfg.MaxAttempts {
@@ -226,7 +241,9 @@ func (c *Consumer) handle(ctx context.Context, msg Message) bool {
 		}
 		c.in.log.WarnContext(ctx, "sagaflow inbox: processing failed; retrying", slog.String("consumer", c.in.consumer),
 			slog.String("message_id", logText(msg.ID)), slog.Int("attempt", attempt), slog.Any("error", err))
-		if !c.pause(ctx, attempt) {
+		// A stop ends the wait: the message is given up, not committed,
+		// and comes again.
+		if !c.pause(fetch, attempt) {
 			return false
 		}
 	}

@@ -37,7 +37,8 @@ func (m Migration) SQL(schema string) (string, error) {
 // each version on its own (goose, atlas, tern): it creates the schema when it
 // does not exist and the version table, runs the migration's statements and
 // records the version, so that [Check] and the engine see it applied. Run
-// the versions in order, each once.
+// the versions in order, each once: unlike [Migrate], a script run a second
+// time fails (on its CREATE statements or its version row).
 func (m Migration) Script(schema string) (string, error) {
 	body, err := m.SQL(schema)
 	if err != nil {
@@ -60,7 +61,9 @@ func recordSQL(schema string, m Migration) string {
 // Export writes each migration's [Migration.Script] for schema into dir, one
 // file per version named as [Migration.FileName], and returns the paths in
 // order. It creates dir when needed and refuses to overwrite a file that
-// exists with other content.
+// exists with other content; the files written before such a refusal stay.
+// Each file appears whole or not at all (written aside, then renamed), so a
+// tool reading dir meanwhile never sees half a file.
 func Export(dir, schema string) ([]string, error) {
 	ms, err := All()
 	if err != nil {
@@ -79,7 +82,7 @@ func Export(dir, schema string) ([]string, error) {
 		if old, err := os.ReadFile(path); err == nil && string(old) != body {
 			return paths, fmt.Errorf("migrations: export: %s exists with other content; remove it or export into an empty directory", path)
 		}
-		if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+		if err := writeAtomically(dir, path, body); err != nil {
 			return paths, fmt.Errorf("migrations: export: %w", err)
 		}
 		paths = append(paths, path)
@@ -121,7 +124,8 @@ func All() ([]Migration, error) {
 // Script returns every migration for schema as one script, for teams
 // that apply migrations with their own tool. The script creates the schema
 // and the version table and records each version, so [Migrate] later sees the
-// schema as up to date.
+// schema as up to date. It is for a schema never migrated: on a migrated one
+// it fails, where [Migrate] would do nothing.
 func Script(schema string) (string, error) {
 	ms, err := All()
 	if err != nil {
@@ -305,4 +309,28 @@ func migrateLockKey(schema string) int64 {
 	h := fnv.New64a()
 	h.Write([]byte("sagaflow.migrate\x00" + schema))
 	return int64(h.Sum64())
+}
+
+// writeAtomically writes body to path through a temporary file in dir and a
+// rename.
+func writeAtomically(dir, path, body string) error {
+	f, err := os.CreateTemp(dir, ".sagaflow-export-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	_, err = f.WriteString(body)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(tmp, 0o644)
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+	}
+	return err
 }

@@ -148,3 +148,27 @@ func TestExportWritesOneFilePerVersion(t *testing.T) {
 	_, err = migrations.Export(t.TempDir(), "pg_x")
 	require.ErrorIs(t, err, migrations.ErrInvalidSchema)
 }
+
+// Exports running at once into one directory never see each other's half
+// written files: identical content is not taken for a conflict.
+func TestConcurrentExportsOfTheSameContentAgree(t *testing.T) {
+	t.Parallel()
+	for range 5 {
+		dir := t.TempDir()
+		errs := make(chan error, 8)
+		for range 8 {
+			go func() {
+				_, err := migrations.Export(dir, "shop")
+				errs <- err
+			}()
+		}
+		for range 8 {
+			require.NoError(t, <-errs)
+		}
+		entries, err := os.ReadDir(dir)
+		require.NoError(t, err)
+		ms, err := migrations.All()
+		require.NoError(t, err)
+		require.Len(t, entries, len(ms), "no temporary file is left behind")
+	}
+}

@@ -32,6 +32,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sagaflow/sagaflow/internal/pace"
+	"github.com/sagaflow/sagaflow/internal/pgerr"
 	"github.com/sagaflow/sagaflow/internal/safetext"
 	"github.com/sagaflow/sagaflow/internal/store"
 	"github.com/sagaflow/sagaflow/migrations"
@@ -57,16 +58,27 @@ const ReservedHeaderPrefix = wire.HeaderPrefix
 // transaction stays usable.
 var ErrInvalidMessage = errors.New("outbox: invalid message")
 
+// ErrDuplicateID is returned, wrapped, when a message's ID is in the
+// outbox already.
+var ErrDuplicateID = errors.New("outbox: message id already in the outbox")
+
 // Message is an integration event for the relay to publish.
 type Message struct {
 	// ID identifies the message to consumers, which deduplicate by it.
-	// Zero: a new time-ordered UUID.
+	// Zero: a new time-ordered UUID. An ID already in the outbox fails with
+	// ErrDuplicateID, and aborts the transaction as any failed statement
+	// does.
 	ID uuid.UUID
 	// Topic is the Kafka topic (letters, digits, '.', '_', '-'; at most
 	// 249 bytes).
 	Topic string
-	// Key is the partition key: messages with the same key are published in
-	// the order they were committed.
+	// Key is the partition key: messages with the same key go to the same
+	// partition, and one relay publishes them in the order they were
+	// written (rows of one transaction in insert order). Transactions that
+	// write the same key concurrently are ordered by when each wrote, not
+	// by when it committed; a retry or several relays can reorder too (see
+	// package relay). Write one key's events from one transaction at a time
+	// when their order matters.
 	Key string
 	// Type names the event, e.g. "OrderPaid"; it travels as a header.
 	Type string
@@ -172,6 +184,9 @@ func (o *Outbox) InsertTx(ctx context.Context, tx pgx.Tx, m Message) error {
 		ID: m.ID, Topic: m.Topic, Delivery: store.DeliveryRelay, AggregateType: m.AggregateType, AggregateID: m.Key,
 		Type: m.Type, Payload: m.Payload, Headers: m.Headers, Delay: m.Delay,
 	}); err != nil {
+		if pgerr.Unique(err) {
+			return fmt.Errorf("%w: %s (the transaction is aborted)", ErrDuplicateID, m.ID)
+		}
 		return fmt.Errorf("outbox: %w", err)
 	}
 	if err := o.st.Notify(ctx, tx, m.Topic); err != nil {
@@ -237,8 +252,9 @@ var replayLimits = pace.Limits{MaxDefault: ReplayMaxDefault, MaxLimit: ReplayMax
 // ReplayOpts selects published messages for [Outbox.Replay].
 type ReplayOpts struct {
 	Filter
-	// Max caps how many messages are published again. Defaults to
-	// ReplayMaxDefault; at most ReplayMaxLimit.
+	// Max caps how many messages are published again, oldest first.
+	// Defaults to ReplayMaxDefault; a Max above ReplayMaxLimit, or a
+	// negative Max or RatePerSecond, is refused.
 	Max int
 	// RatePerSecond limits messages per second. Defaults to
 	// ReplayRateDefault.
@@ -259,7 +275,8 @@ type ReplayResult struct {
 // Messages are selected by topic, type, key and publication time, oldest
 // first, capped and rate limited. Only messages still kept (within the
 // engine's OutboxRetention) can be replayed; the engine's own direct
-// commands never are.
+// commands never are. If ctx ends or a statement fails midway, the error
+// comes with the result so far: Republished counts what was done.
 func (o *Outbox) Replay(ctx context.Context, opts ReplayOpts) (*ReplayResult, error) {
 	if o.pool == nil {
 		return nil, errors.New("outbox: Replay needs the pool given to outbox.New")
@@ -296,8 +313,9 @@ func (o *Outbox) Replay(ctx context.Context, opts ReplayOpts) (*ReplayResult, er
 }
 
 // DeletePublished deletes the messages published longer than olderThan
-// ago, at most batch rows per statement, and returns how many it deleted.
-// Pending and dead messages are never deleted. A relay does this itself
+// ago, at most batch rows per statement, and returns how many it deleted;
+// olderThan and batch must be positive. Pending and dead messages are never
+// deleted. A relay does this itself
 // (relay.Config.Retention), and so does a saga engine's retention; call it
 // for a schedule of your own.
 func (o *Outbox) DeletePublished(ctx context.Context, olderThan time.Duration, batch int) (int64, error) {

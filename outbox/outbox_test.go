@@ -270,3 +270,17 @@ func TestRelayDeletesOldPublishedRows(t *testing.T) {
 	_, err = relay.New(pool, w, &relay.Config{Schema: schema, RetentionInterval: -1})
 	require.ErrorIs(t, err, relay.ErrInvalidConfig)
 }
+
+// An id already in the outbox is refused with ErrDuplicateID: nothing is
+// written twice.
+func TestInsertTxRefusesATakenID(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema, ob := newOutbox(t)
+	msg := outbox.Message{ID: uuid.Must(uuid.NewV7()), Topic: "t", Key: "k", Type: "T"}
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return ob.InsertTx(ctx, tx, msg) }))
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return ob.InsertTx(ctx, tx, msg) })
+	require.ErrorIs(t, err, outbox.ErrDuplicateID)
+	require.ErrorContains(t, err, msg.ID.String())
+	require.Equal(t, 1, count(t, pool, schema))
+}

@@ -38,17 +38,33 @@ type Loop struct {
 	// CommitLost says, for the log, what a lost offset commit means: the
 	// message comes again and the caller's deduplication skips it.
 	CommitLost string
+
+	// pending is the message Handle gave up on: the reader has moved past
+	// it, so the next Run on the same reader handles it before fetching
+	// (committing a later offset first would skip it for good).
+	pending *kafka.Message
 }
 
 // Run consumes until fetch ends (stop fetching) or work ends (stop at
 // once). A failed fetch is retried with backoff. Offsets are committed one
 // message at a time, after Handle, in order, so a partition's order is
-// kept and nothing is committed that was not dealt with.
+// kept and nothing is committed that was not dealt with. A message Handle
+// gave up on is handled first by the next Run of the same Loop. Run is not
+// safe for concurrent use.
 func (l *Loop) Run(fetch, work context.Context) {
 	failures := 0
 	for fetch.Err() == nil {
-		m, err := l.Reader.FetchMessage(fetch)
+		var m kafka.Message
+		var err error
+		if l.pending != nil {
+			m, l.pending = *l.pending, nil
+		} else {
+			m, err = l.Reader.FetchMessage(fetch)
+		}
 		if fetch.Err() != nil {
+			if err == nil {
+				l.pending = &m // fetched, or kept, and not dealt with
+			}
 			return
 		}
 		if err != nil {
@@ -61,6 +77,7 @@ func (l *Loop) Run(fetch, work context.Context) {
 		}
 		failures = 0
 		if !l.Handle(fetch, work, m) {
+			l.pending = &m
 			return
 		}
 		if err := l.Reader.CommitMessages(work, m); err != nil && work.Err() == nil {
