@@ -147,7 +147,9 @@ func committedOffset(t *testing.T, kc *kafkatest.Cluster, group, topic string) i
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	cl := &kafka.Client{Addr: kafka.TCP(kc.Addrs()...)}
+	tr := &kafka.Transport{}
+	defer tr.CloseIdleConnections()
+	cl := &kafka.Client{Addr: kafka.TCP(kc.Addrs()...), Transport: tr}
 	res, err := cl.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: {0}}})
 	require.NoError(t, err)
 	require.NoError(t, res.Error)
