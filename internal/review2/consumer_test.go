@@ -387,3 +387,45 @@ func TestConsumerStopDuringRetryBackoff(t *testing.T) {
 	}
 	require.Less(t, took, 2*time.Second)
 }
+
+// Two goroutines stop one consumer while its handler runs (a signal handler
+// and a deferred Stop): the relay promises this is safe; the consumer's docs
+// do not say. Both must return once the message committed.
+func TestConsumerConcurrentStops(t *testing.T) {
+	t.Parallel()
+	r := newConsumerRig(t)
+	ctx := context.Background()
+	started, release := make(chan struct{}, 1), make(chan struct{})
+	c := r.consumer(func(ctx context.Context, tx pgx.Tx, m inbox.Message) error {
+		started <- struct{}{}
+		<-release
+		return r.charge(ctx, tx, m)
+	})
+	require.NoError(t, c.Start(ctx))
+	id := r.send()
+	select {
+	case <-started:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the handler never ran")
+	}
+	errs := make(chan error, 2)
+	for range 2 {
+		go func() {
+			stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			errs <- c.Stop(stopCtx)
+		}()
+	}
+	time.Sleep(100 * time.Millisecond)
+	close(release)
+	for range 2 {
+		select {
+		case err := <-errs:
+			require.NoError(t, err)
+		case <-time.After(15 * time.Second):
+			t.Fatal("a concurrent Stop did not return")
+		}
+	}
+	require.Equal(t, 1, r.charges(id))
+	require.Equal(t, int64(1), committedOffset(t, r.kc, "pay", "payments"))
+}
