@@ -77,8 +77,8 @@ func TestCheckNamesSchemaAndVersions(t *testing.T) {
 	err := migrations.Check(ctx, pool, schema)
 	require.ErrorIs(t, err, migrations.ErrNotMigrated)
 	require.Contains(t, err.Error(), schema)
-	require.Contains(t, err.Error(), "0")
-	require.Contains(t, err.Error(), want)
+	require.Regexp(t, `\b0\b`, err.Error(), "the version found")
+	require.Regexp(t, `\b`+want+`\b`, err.Error(), "the version needed")
 
 	all, err := migrations.All()
 	require.NoError(t, err)

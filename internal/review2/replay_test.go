@@ -105,6 +105,12 @@ func TestReplayFilterBoundsAndStates(t *testing.T) {
 	require.Equal(t, []uuid.UUID{c}, replay(outbox.Filter{Type: "OrderShipped"}, 0))
 	require.Equal(t, []uuid.UUID{d}, replay(outbox.Filter{Topic: "other"}, 0))
 	require.Equal(t, []uuid.UUID{a, b}, replay(outbox.Filter{}, 2), "Max keeps the oldest")
+	// Filters are values, not patterns.
+	require.Empty(t, replay(outbox.Filter{Key: "%"}, 0))
+	require.Empty(t, replay(outbox.Filter{Key: "_"}, 0))
+	require.Empty(t, replay(outbox.Filter{Type: "Order%"}, 0))
+	require.Empty(t, replay(outbox.Filter{Topic: "ord%"}, 0))
+	require.Empty(t, replay(outbox.Filter{PublishedAfter: base.Add(time.Hour), PublishedBefore: base}, 0), "an inverted window")
 
 	res, err := ob.Replay(ctx, outbox.ReplayOpts{RatePerSecond: 1000})
 	require.NoError(t, err)
