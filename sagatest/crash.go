@@ -120,8 +120,8 @@ type CrashOpts struct {
 // "dies" at the Crossing-th time one of its workers reaches the boundary:
 // that worker and every other one that reaches a boundary after it stop
 // there for good, the engine's connections to PostgreSQL are terminated
-// (what was not committed is rolled back, as when a process dies), and the
-// engine is stopped. Then a new engine starts on the same schema, as a
+// (pg_terminate_backend, as the pool's role; what was not committed is
+// rolled back, as when a process dies), and the engine is stopped. Then a new engine starts on the same schema, as a
 // restarted service would, every saga must end within Timeout, and Effects
 // counts what each one did. A boundary that the sagas never crossed often
 // enough is reported (the subtest is skipped): nothing was crashed there.
@@ -169,13 +169,18 @@ type matrix struct {
 }
 
 func newMatrix(pool *pgxpool.Pool, def saga.AnyDefinition, opts *CrashOpts) (*matrix, error) {
-	if pool == nil || def == nil || opts == nil {
-		return nil, fmt.Errorf("pool, definition and opts are required (pool %v, definition %v, opts %v)", pool != nil, def != nil, opts != nil)
+	var missing []string
+	for what, ok := range map[string]bool{"pool": pool != nil, "definition": def != nil, "opts": opts != nil,
+		"CrashOpts.Start": opts != nil && opts.Start != nil, "CrashOpts.Effects": opts != nil && opts.Effects != nil} {
+		if !ok {
+			missing = append(missing, what)
+		}
+	}
+	if len(missing) > 0 {
+		slices.Sort(missing)
+		return nil, fmt.Errorf("%s: required, and nil", strings.Join(missing, ", "))
 	}
 	o := *opts
-	if o.Start == nil || o.Effects == nil {
-		return nil, fmt.Errorf("CrashOpts.Start and CrashOpts.Effects are required")
-	}
 	if o.Config == nil {
 		o.Config = &saga.Config{}
 	}
