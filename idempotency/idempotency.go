@@ -86,7 +86,7 @@ type Config struct {
 	// it to [SharedIdentity] to share keys among all callers deliberately.
 	Identity IdentityFunc
 	// Schema holds the idempotency_keys table (migration 004). Defaults to
-	// store.SchemaDefault.
+	// migrations.SchemaDefault.
 	Schema string
 	// Header is the request header that carries the key. Defaults to
 	// HeaderDefault ("Idempotency-Key").

@@ -6,13 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/sagaflow/sagaflow/internal/consume"
 	"github.com/sagaflow/sagaflow/internal/lifecycle"
 	"github.com/sagaflow/sagaflow/internal/pgerr"
 	"github.com/sagaflow/sagaflow/internal/safetext"
@@ -26,6 +27,8 @@ type Reader interface {
 	CommitMessages(ctx context.Context, msgs ...kafka.Message) error
 }
 
+var _ consume.Reader = Reader(nil)
+
 // Retry defaults of a [Consumer].
 const (
 	RetryInitialDefault = 100 * time.Millisecond
@@ -33,6 +36,15 @@ const (
 	// MaxAttemptsDefault bounds how often a failing message is tried
 	// before it is dead-lettered: about an hour at the default backoff.
 	MaxAttemptsDefault = 130
+	// RetentionDefault is how long a running consumer keeps its processed
+	// keys: longer than the engine's default OutboxRetention (7 days), so a
+	// replayed message is still recognised.
+	RetentionDefault = 14 * 24 * time.Hour
+	// RetentionIntervalDefault is how often a running consumer deletes its
+	// old keys.
+	RetentionIntervalDefault = time.Hour
+	// retentionBatch bounds the rows of one delete statement.
+	retentionBatch = 1000
 )
 
 // ConsumerConfig configures a [Consumer].
@@ -54,13 +66,25 @@ type ConsumerConfig struct {
 	// message cannot hold its partition (and everything behind it) forever.
 	// Defaults to MaxAttemptsDefault.
 	MaxAttempts int
+	// Retention is how long this consumer's processed keys are kept: a
+	// running consumer deletes older ones every RetentionInterval, so a
+	// service without a saga engine (a participant) cleans its own inbox.
+	// Defaults to RetentionDefault; negative keeps them (an engine on the
+	// same schema deletes every consumer's keys after its InboxRetention).
+	Retention time.Duration
+	// RetentionInterval is how often old keys are deleted. Defaults to
+	// RetentionIntervalDefault.
+	RetentionInterval time.Duration
 }
 
-// Consumer is a Kafka consume loop built on [Inbox.Process].
+// Consumer is a Kafka consume loop built on [Inbox.Process]. Run it with
+// [Consumer.Run], or in the background with [Consumer.Start] and
+// [Consumer.Stop].
 type Consumer struct {
-	in  *Inbox
-	r   Reader
-	cfg ConsumerConfig
+	in   *Inbox
+	r    Reader
+	cfg  ConsumerConfig
+	life lifecycle.Lifecycle
 }
 
 // NewConsumer returns a consumer of r's messages into in.
@@ -75,8 +99,14 @@ func (in *Inbox) NewConsumer(r Reader, cfg *ConsumerConfig) (*Consumer, error) {
 	if len(c.Handlers) == 0 && c.Default == nil {
 		return nil, fmt.Errorf("%w: no Handlers and no Default: every message would be dead-lettered", ErrInvalidConfig)
 	}
-	if c.MaxMessageBytes < 0 || c.RetryInitial < 0 || c.RetryMax < 0 || c.MaxAttempts < 0 {
-		return nil, fmt.Errorf("%w: MaxMessageBytes, RetryInitial, RetryMax and MaxAttempts must not be negative", ErrInvalidConfig)
+	if c.MaxMessageBytes < 0 || c.RetryInitial < 0 || c.RetryMax < 0 || c.MaxAttempts < 0 || c.RetentionInterval < 0 {
+		return nil, fmt.Errorf("%w: MaxMessageBytes, RetryInitial, RetryMax, MaxAttempts and RetentionInterval must not be negative", ErrInvalidConfig)
+	}
+	if c.Retention == 0 {
+		c.Retention = RetentionDefault
+	}
+	if c.RetentionInterval == 0 {
+		c.RetentionInterval = RetentionIntervalDefault
 	}
 	if c.MaxAttempts == 0 {
 		c.MaxAttempts = MaxAttemptsDefault
@@ -98,10 +128,10 @@ func (in *Inbox) NewConsumer(r Reader, cfg *ConsumerConfig) (*Consumer, error) {
 // header in order.
 func FromKafka(m kafka.Message) Message {
 	msg := Message{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: m.Key, Value: m.Value,
-		Headers: make(map[string]string, len(m.Headers)), RawHeaders: make([]store.RawHeader, 0, len(m.Headers))}
+		Headers: make(map[string]string, len(m.Headers)), RawHeaders: make([]RawHeader, 0, len(m.Headers))}
 	for _, h := range m.Headers {
 		msg.Headers[h.Key] = string(h.Value)
-		msg.RawHeaders = append(msg.RawHeaders, store.RawHeader{Key: []byte(h.Key), Value: h.Value})
+		msg.RawHeaders = append(msg.RawHeaders, RawHeader{Key: []byte(h.Key), Value: h.Value})
 	}
 	msg.ID = msg.Headers[store.HeaderMessageID]
 	if msg.ID == "" {
@@ -114,32 +144,64 @@ func FromKafka(m kafka.Message) Message {
 // Run consumes until ctx ends, then returns nil. For each message it
 // processes (or dead-letters) it and only then commits its offset; a
 // message whose processing keeps failing is retried with backoff and holds
-// its partition, so order is kept.
+// its partition, so order is kept, until MaxAttempts. Meanwhile it deletes
+// the consumer's keys older than Retention.
 func (c *Consumer) Run(ctx context.Context) error {
-	failures := 0
-	for {
-		m, err := c.r.FetchMessage(ctx)
-		if ctx.Err() != nil {
-			return nil
-		}
-		if err != nil {
-			failures++
-			c.in.log.WarnContext(ctx, "sagaflow inbox: fetch failed", slog.String("consumer", c.in.consumer), slog.Any("error", err))
-			if !c.pause(ctx, failures) {
-				return nil
-			}
-			continue
-		}
-		failures = 0
-		msg := FromKafka(m)
-		if !c.handle(ctx, msg) {
-			return nil
-		}
+	var wg sync.WaitGroup
+	c.launch(ctx, ctx, &wg)
+	wg.Wait()
+	return nil
+}
+
+// Start runs the consumer in the background and returns at once. Calling it
+// on a running consumer does nothing; calling it while Stop is in progress
+// returns an error. Cancelling ctx stops the consumer hard.
+func (c *Consumer) Start(ctx context.Context) error {
+	if _, err := c.life.Start(ctx, c.launch); err != nil {
+		return fmt.Errorf("inbox: consumer %s: %w", logText(c.in.consumer), err)
+	}
+	return nil
+}
+
+// Stop stops fetching, lets the message in flight finish (and its offset be
+// committed), and returns once the consumer's goroutines have exited; if ctx
+// ends first, the message in flight is abandoned (its transaction rolls
+// back and it is redelivered) and Stop returns ctx.Err(). Stop on a
+// consumer that is not running returns nil.
+func (c *Consumer) Stop(ctx context.Context) error {
+	_, err := c.life.Stop(ctx, false)
+	return err
+}
+
+func (c *Consumer) launch(fetch, work context.Context, wg *sync.WaitGroup) {
+	loop := consume.Loop{
+		Reader: c.r, Log: c.in.log, What: "sagaflow inbox", Attrs: []any{slog.String("consumer", c.in.consumer)},
+		Handle: func(_, work context.Context, m kafka.Message) bool { return c.handle(work, FromKafka(m)) },
 		// The offset moves only after the transaction committed; if this
 		// commit is lost, the redelivery is a duplicate the inbox skips.
-		if err := c.r.CommitMessages(ctx, m); err != nil && ctx.Err() == nil {
-			c.in.log.WarnContext(ctx, "sagaflow inbox: commit offset failed; the message will be redelivered and skipped",
-				slog.String("consumer", c.in.consumer), slog.String("message_id", logText(msg.ID)), slog.Any("error", err))
+		CommitLost: "the message will be redelivered and skipped",
+	}
+	wg.Go(func() { loop.Run(fetch, work) })
+	if c.cfg.Retention > 0 {
+		wg.Go(func() { c.retain(fetch) })
+	}
+}
+
+// retain deletes old keys at once and then every RetentionInterval, until
+// ctx ends.
+func (c *Consumer) retain(ctx context.Context) {
+	for {
+		n, err := c.in.DeleteProcessed(ctx, c.cfg.Retention, retentionBatch)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			c.in.log.WarnContext(ctx, "sagaflow inbox: retention failed; it runs again later",
+				slog.String("consumer", c.in.consumer), slog.Any("error", err))
+		case n > 0:
+			c.in.log.InfoContext(ctx, "sagaflow inbox: retention deleted old keys",
+				slog.String("consumer", c.in.consumer), slog.Int64("keys", n))
+		}
+		if !lifecycle.Sleep(ctx, c.cfg.RetentionInterval) {
+			return
 		}
 	}
 }
@@ -205,7 +267,7 @@ func (c *Consumer) process(ctx context.Context, msg Message) (deadReason string,
 // appears more than once, or "". A consumer that reads the first copy and
 // one that reads the last would see two different messages, so such a
 // message is refused rather than read either way.
-func repeatedOwnHeader(hs []store.RawHeader) string {
+func repeatedOwnHeader(hs []RawHeader) string {
 	for i, h := range hs {
 		if !strings.HasPrefix(string(h.Key), "sagaflow-") {
 			continue
@@ -240,13 +302,7 @@ func (c *Consumer) handled() string {
 }
 
 func (c *Consumer) pause(ctx context.Context, attempt int) bool {
-	d := c.cfg.RetryInitial
-	for i := 1; i < attempt && d < c.cfg.RetryMax; i++ {
-		d *= 2
-	}
-	d = min(d, c.cfg.RetryMax)
-	d += time.Duration(rand.Int64N(int64(d)/5 + 1))
-	return lifecycle.Sleep(ctx, d)
+	return lifecycle.Sleep(ctx, lifecycle.Jitter(lifecycle.Exponential(c.cfg.RetryInitial, c.cfg.RetryMax, attempt), 0, 0.2))
 }
 
 // IsPermanent reports whether err, or an error it wraps, says it is

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -27,7 +28,7 @@ type Config struct {
 	// consumer, so two services (or two handlers) can process one message
 	// each once. Required.
 	Consumer string
-	// Schema holds the tables. Defaults to store.SchemaDefault.
+	// Schema holds the tables. Defaults to migrations.SchemaDefault.
 	Schema string
 	// Logger receives logs. Defaults to slog.Default().
 	Logger *slog.Logger
@@ -90,7 +91,25 @@ type Message struct {
 	Headers map[string]string
 	// RawHeaders are the headers as received, in order, duplicates
 	// included. A dead letter keeps them byte for byte.
-	RawHeaders []store.RawHeader
+	RawHeaders []RawHeader
+}
+
+// RawHeader is one header as received, its name and value byte for byte.
+type RawHeader struct {
+	Key   []byte
+	Value []byte
+}
+
+// storeHeaders converts hs for a dead letter; nil stays nil.
+func storeHeaders(hs []RawHeader) []store.RawHeader {
+	if hs == nil {
+		return nil
+	}
+	out := make([]store.RawHeader, len(hs))
+	for i, h := range hs {
+		out[i] = store.RawHeader(h)
+	}
+	return out
 }
 
 // HandlerFunc processes a message inside the transaction that records it.
@@ -171,6 +190,25 @@ func (in *Inbox) deadLetter(msg Message, reason string) *store.DeadLetter {
 	p, o := msg.Partition, msg.Offset
 	return &store.DeadLetter{
 		Consumer: in.consumer, MessageID: msg.ID, Topic: msg.Topic, Partition: &p, Offset: &o,
-		Key: msg.Key, Value: msg.Value, Headers: msg.Headers, RawHeaders: msg.RawHeaders, Reason: reason,
+		Key: msg.Key, Value: msg.Value, Headers: msg.Headers, RawHeaders: storeHeaders(msg.RawHeaders), Reason: reason,
 	}
+}
+
+// DeleteProcessed deletes this consumer's inbox keys processed longer than
+// olderThan ago, at most batch rows per statement, and returns how many it
+// deleted. Keep keys longer than the producers' outbox keeps published
+// messages: a message replayed from the outbox after its key is gone would
+// be processed again. A running [Consumer] does this itself
+// (ConsumerConfig.Retention).
+func (in *Inbox) DeleteProcessed(ctx context.Context, olderThan time.Duration, batch int) (int64, error) {
+	if olderThan <= 0 || batch <= 0 {
+		return 0, fmt.Errorf("%w: DeleteProcessed: olderThan (%v) and batch (%d) must be positive", ErrInvalidConfig, olderThan, batch)
+	}
+	n, err := store.DeleteInBatches(batch, func(limit int) (int64, error) {
+		return in.st.DeleteInboxKeys(ctx, in.pool, in.consumer, olderThan, limit)
+	})
+	if err != nil {
+		return n, fmt.Errorf("inbox: delete processed keys of %s: %w", logText(in.consumer), err)
+	}
+	return n, nil
 }

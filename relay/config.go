@@ -3,9 +3,9 @@ package relay
 import (
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"time"
 
+	"github.com/sagaflow/sagaflow/internal/lifecycle"
 	"github.com/sagaflow/sagaflow/internal/store"
 )
 
@@ -45,16 +45,14 @@ type BackoffFunc func(attempt int) time.Duration
 // minutes, with ±20% jitter so that rows that failed together do not come
 // back together.
 func DefaultBackoff(attempt int) time.Duration {
-	d := BackoffMinDefault << min(max(attempt-1, 0), 20)
-	d = min(d, BackoffMaxDefault)
-	jitter := time.Duration(rand.Int64N(int64(d)*2/5+1)) - d/5
-	return min(d+jitter, BackoffMaxDefault)
+	d := lifecycle.Exponential(BackoffMinDefault, BackoffMaxDefault, attempt)
+	return min(lifecycle.Jitter(d, -0.2, 0.2), BackoffMaxDefault)
 }
 
 // Config configures a [Relay]. A nil *Config, and every zero field, means
 // the default.
 type Config struct {
-	// Schema holds sagaflow's tables. Defaults to store.SchemaDefault
+	// Schema holds sagaflow's tables. Defaults to migrations.SchemaDefault
 	// ("sagaflow").
 	Schema string
 	// BatchSize is how many rows one cycle claims (FOR UPDATE SKIP
@@ -62,10 +60,10 @@ type Config struct {
 	// transaction. Defaults to BatchSizeDefault; at most BatchSizeMax.
 	BatchSize int
 	// PollInterval is the longest an idle relay waits before it looks for
-	// due rows again. A notification on the schema's channel
-	// (store.Store.Channel, which the engine notifies when it writes
-	// messages), a call to [Relay.Wake], or the next retry coming due
-	// wakes it sooner. Defaults to PollIntervalDefault.
+	// due rows again. A notification on the schema's channel (the engine
+	// and outbox.InsertTx notify it when they write messages), a call to
+	// [Relay.Wake], or the next retry coming due wakes it sooner. Defaults
+	// to PollIntervalDefault.
 	PollInterval time.Duration
 	// MaxAttempts is how many failed publish attempts a row gets; the row
 	// that fails the last one is parked as dead with its last error.
@@ -94,10 +92,31 @@ type Config struct {
 	// the batch's rows wait, without spending an attempt. Defaults to
 	// PublishTimeoutDefault.
 	PublishTimeout time.Duration
+	// Retention is how long published rows are kept (the window in which
+	// they can be replayed): a running relay deletes older ones every
+	// RetentionInterval, so a service without a saga engine cleans its own
+	// outbox. Defaults to RetentionDefault; negative keeps them (an engine
+	// on the same schema deletes them after its OutboxRetention). Pending
+	// and dead rows are never deleted.
+	Retention time.Duration
+	// RetentionInterval is how often old published rows are deleted.
+	// Defaults to RetentionIntervalDefault.
+	RetentionInterval time.Duration
 	// Logger receives the relay's logs (never payloads). Defaults to
 	// slog.Default().
 	Logger *slog.Logger
 }
+
+// Retention defaults of a [Relay].
+const (
+	// RetentionDefault keeps published rows 7 days, like the engine's
+	// default OutboxRetention.
+	RetentionDefault = 7 * 24 * time.Hour
+	// RetentionIntervalDefault is how often a relay deletes old rows.
+	RetentionIntervalDefault = time.Hour
+	// retentionBatch bounds the rows of one delete statement.
+	retentionBatch = 1000
+)
 
 func (c *Config) withDefaults() (Config, error) {
 	out := Config{}
@@ -120,6 +139,7 @@ func (c *Config) withDefaults() (Config, error) {
 		{out.MaxMessageBytes < 0, "MaxMessageBytes must not be negative"},
 		{out.PublishTimeout < 0, "PublishTimeout must not be negative"},
 		{out.OutageBackoffMax < 0, "OutageBackoffMax must not be negative"},
+		{out.RetentionInterval < 0, "RetentionInterval must not be negative"},
 	} {
 		if ch.bad {
 			return out, fmt.Errorf("%w: %s", ErrInvalidConfig, ch.what)
@@ -127,6 +147,12 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if out.BatchSize == 0 {
 		out.BatchSize = BatchSizeDefault
+	}
+	if out.Retention == 0 {
+		out.Retention = RetentionDefault
+	}
+	if out.RetentionInterval == 0 {
+		out.RetentionInterval = RetentionIntervalDefault
 	}
 	if out.PollInterval == 0 {
 		out.PollInterval = PollIntervalDefault

@@ -2,7 +2,7 @@
 // github.com/segmentio/kafka-go.
 //
 // Rows written to the outbox with delivery 'relay' (by the saga engine, or
-// by your own code through store.Store.InsertMessage in your transaction)
+// by your own code through outbox.InsertTx in your transaction)
 // commit together with the business data that produced them. A [Relay]
 // turns them into Kafka messages afterwards:
 //
@@ -28,10 +28,6 @@
 //
 //	// In a request handler: the order and its event commit together, and
 //	// the relay publishes the event once they have.
-//	st, err := store.New("sagaflow")
-//	if err != nil {
-//		return err
-//	}
 //	tx, err := pool.Begin(ctx)
 //	if err != nil {
 //		return err
@@ -40,20 +36,18 @@
 //	if _, err := tx.Exec(ctx, `INSERT INTO shop.orders (id) VALUES ($1)`, orderID); err != nil {
 //		return err
 //	}
-//	if err := st.InsertMessage(ctx, tx, &store.Message{
-//		ID:          uuid.Must(uuid.NewV7()), // the sagaflow-message-id consumers deduplicate on
-//		Topic:       "orders",
-//		AggregateID: orderID, // the partition key
-//		Type:        "order.created",
-//		Payload:     payload,
-//		Headers:     map[string]string{"traceparent": traceparent},
+//	if err := outbox.InsertTx(ctx, tx, outbox.Message{ // wakes the relay at commit
+//		Topic:   "orders",
+//		Key:     orderID, // the partition key
+//		Type:    "order.created",
+//		Payload: payload,
+//		Headers: map[string]string{"traceparent": traceparent},
 //	}); err != nil {
 //		return err
 //	}
 //	if err := tx.Commit(ctx); err != nil {
 //		return err
 //	}
-//	r.Wake() // optional: publish now rather than at the next poll
 //
 // The package's Example is the same program, compiled with the tests.
 //
@@ -132,8 +126,8 @@
 // them back with `sagaflow dead requeue` (saga.Engine.RequeueDead): a dead
 // row becomes pending again with its attempts reset.
 //
-// Requeued dead letters. A row whose headers column holds only
-// store.RawHeadersKey carries another producer's headers, byte for byte: the
+// Requeued dead letters. A row whose headers column holds only the key
+// "sagaflow-raw-headers" carries another producer's headers, byte for byte: the
 // relay publishes it with exactly those headers, in order, and adds none of
 // its own, so the message keeps its original sagaflow-message-id and the
 // consumers that processed it skip it. (A letter that had no message id is
@@ -152,8 +146,8 @@
 //
 // A running relay looks for due rows after every cycle that filled its
 // batch; otherwise it waits for the first of: a notification on the
-// schema's channel (store.Store.Channel; the engine notifies it when it
-// writes messages, and so can you, with store.Store.Notify), [Relay.Wake],
+// schema's channel (the engine and outbox.InsertTx notify it when they
+// write messages), [Relay.Wake],
 // the next row coming due (a retry, or a row written with a delay), or
 // PollInterval.
 //

@@ -18,6 +18,7 @@ import (
 	"github.com/sagaflow/sagaflow/internal/fault"
 	"github.com/sagaflow/sagaflow/internal/lifecycle"
 	"github.com/sagaflow/sagaflow/internal/store"
+	"github.com/sagaflow/sagaflow/outbox"
 )
 
 // Relay publishes the outbox's relay rows to Kafka. See the package
@@ -27,8 +28,10 @@ type Relay struct {
 	w    Writer
 	cfg  Config
 	st   *store.Store
-	log  *slog.Logger
-	wake chan struct{}
+	// outbox deletes published rows past Retention.
+	outbox *outbox.Outbox
+	log    *slog.Logger
+	wake   chan struct{}
 
 	cycleMu sync.Mutex // one cycle at a time per Relay
 
@@ -71,7 +74,11 @@ func New(pool *pgxpool.Pool, w Writer, cfg *Config) (*Relay, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: Schema: %w", ErrInvalidConfig, err)
 	}
-	return &Relay{pool: pool, w: w, cfg: c, st: st, log: c.Logger, wake: make(chan struct{}, 1)}, nil
+	ob, err := outbox.New(pool, c.Schema)
+	if err != nil {
+		return nil, fmt.Errorf("%w: Schema: %w", ErrInvalidConfig, err)
+	}
+	return &Relay{pool: pool, w: w, cfg: c, st: st, outbox: ob, log: c.Logger, wake: make(chan struct{}, 1)}, nil
 }
 
 // Wake makes a running relay look for due rows now instead of at its next
@@ -92,6 +99,9 @@ func (r *Relay) Start(ctx context.Context) error {
 	started, err := r.life.Start(ctx, func(fetch, work context.Context, wg *sync.WaitGroup) {
 		wg.Go(func() { r.listen(fetch) })
 		wg.Go(func() { r.loop(fetch, work) })
+		if r.cfg.Retention > 0 {
+			wg.Go(func() { r.retain(fetch) })
+		}
 	})
 	if err != nil {
 		return fmt.Errorf("relay: %w", err)
@@ -530,4 +540,23 @@ func (r *Relay) Health(ctx context.Context) (Health, error) {
 	}
 	h.Pending, h.OldestPendingAge, h.Dead, h.DeadLetters = st.Pending, st.OldestPendingAge, st.Dead, st.DeadLetters
 	return h, nil
+}
+
+// retain deletes published rows older than Retention at once and then every
+// RetentionInterval, until ctx ends.
+func (r *Relay) retain(ctx context.Context) {
+	for {
+		n, err := r.outbox.DeletePublished(ctx, r.cfg.Retention, retentionBatch)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			r.log.WarnContext(ctx, "sagaflow relay: retention failed; it runs again later",
+				slog.String("schema", r.cfg.Schema), slog.Any("error", err))
+		case n > 0:
+			r.log.InfoContext(ctx, "sagaflow relay: retention deleted published rows",
+				slog.String("schema", r.cfg.Schema), slog.Int64("rows", n))
+		}
+		if !lifecycle.Sleep(ctx, r.cfg.RetentionInterval) {
+			return
+		}
+	}
 }

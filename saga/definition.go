@@ -4,12 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/sagaflow/sagaflow/internal/lifecycle"
 	"github.com/sagaflow/sagaflow/steps"
 )
 
@@ -62,13 +62,7 @@ type BackoffFunc func(attempt int) time.Duration
 // maxDelay, with up to 20% random jitter either way.
 func ExponentialBackoff(initial, maxDelay time.Duration) BackoffFunc {
 	return func(attempt int) time.Duration {
-		d := initial
-		for i := 1; i < attempt && d < maxDelay; i++ {
-			d *= 2
-		}
-		d = min(d, maxDelay)
-		jitter := time.Duration((rand.Float64()*0.4 - 0.2) * float64(d))
-		return max(d+jitter, 0)
+		return lifecycle.Jitter(lifecycle.Exponential(initial, maxDelay, attempt), -0.2, 0.2)
 	}
 }
 

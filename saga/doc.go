@@ -41,8 +41,9 @@
 //		&saga.StartOpts{BusinessKey: orderID})
 //	tx.Commit(ctx)
 //
-// The tables come from package store: run migrations.Migrate (or apply
-// migrations.Script with your own tool) before the engine.
+// The tables come from package migrations: run migrations.Migrate (or apply
+// migrations.Script, or each version's Migration.Script, with your own tool)
+// before the engine.
 //
 // # Guarantees
 //

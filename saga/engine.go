@@ -18,6 +18,7 @@ import (
 	"github.com/sagaflow/sagaflow/internal/signing"
 	"github.com/sagaflow/sagaflow/internal/store"
 	"github.com/sagaflow/sagaflow/migrations"
+	"github.com/sagaflow/sagaflow/outbox"
 )
 
 // Configuration defaults.
@@ -70,7 +71,7 @@ const (
 // Config configures an [Engine]. The zero value is valid; zero fields take
 // their defaults.
 type Config struct {
-	// Schema holds sagaflow's tables. Defaults to store.SchemaDefault
+	// Schema holds sagaflow's tables. Defaults to migrations.SchemaDefault
 	// ("sagaflow").
 	Schema string
 	// Workers is the number of goroutines that claim and run steps after
@@ -251,7 +252,9 @@ type Engine struct {
 	pool *pgxpool.Pool
 	cfg  Config
 	st   *store.Store
-	log  *slog.Logger
+	// outbox serves the operator's outbox calls.
+	outbox *outbox.Outbox
+	log    *slog.Logger
 
 	mu        sync.Mutex
 	defs      map[string]*compiled
@@ -305,12 +308,16 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 		return nil, fmt.Errorf("%w: Schema: %w", ErrInvalidConfig, err)
 	}
 	st.SetDeadlineRoom(c.RescueSlack)
+	ob, err := outbox.New(pool, c.Schema)
+	if err != nil {
+		return nil, fmt.Errorf("%w: Schema: %w", ErrInvalidConfig, err)
+	}
 	var signer signing.Keys
 	if c.Kafka != nil {
 		signer = signing.Keys{Current: c.Kafka.SigningKey, Previous: c.Kafka.VerifyKeys}
 	}
 	return &Engine{
-		pool: pool, cfg: c, st: st, log: c.Logger, signer: signer,
+		pool: pool, cfg: c, st: st, outbox: ob, log: c.Logger, signer: signer,
 		defs: map[string]*compiled{}, byOwner: map[any]*compiled{},
 	}, nil
 }

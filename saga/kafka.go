@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/sagaflow/sagaflow/internal/consume"
 	"github.com/sagaflow/sagaflow/internal/fault"
 	"github.com/sagaflow/sagaflow/internal/lifecycle"
 	"github.com/sagaflow/sagaflow/internal/pgerr"
@@ -72,6 +73,20 @@ type KafkaConfig struct {
 	// VerifyKeys are earlier keys still accepted while SigningKey is being
 	// rotated.
 	VerifyKeys [][]byte
+	// NewReader, when set, makes the reader each Kafka worker consumes:
+	// a seam for another Kafka client, a wrapper that adds metrics, or a
+	// test. It gets the group and the topics (Engine.CommandTopics) and
+	// must commit only the offsets it is asked to, synchronously. Defaults
+	// to a kafka-go reader in the consumer group, from the first offset.
+	NewReader func(groupID string, topics []string) KafkaReader
+}
+
+// KafkaReader is what a Kafka worker consumes from; *kafka.Reader
+// satisfies it.
+type KafkaReader interface {
+	FetchMessage(ctx context.Context) (kafka.Message, error)
+	CommitMessages(ctx context.Context, msgs ...kafka.Message) error
+	Close() error
 }
 
 // sign signs m's headers and payload when commands travel over Kafka
@@ -88,14 +103,6 @@ func (e *Engine) replyTopic(sagaName string) string {
 		return e.cfg.Kafka.ReplyTopic
 	}
 	return e.commandTopic(sagaName) + ".replies"
-}
-
-// commandReader is what a Kafka worker consumes from; *kafka.Reader
-// satisfies it.
-type commandReader interface {
-	FetchMessage(ctx context.Context) (kafka.Message, error)
-	CommitMessages(ctx context.Context, msgs ...kafka.Message) error
-	Close() error
 }
 
 // commandTopic is the topic of a saga type's commands in Kafka mode, or the
@@ -131,8 +138,11 @@ func (e *Engine) CommandTopics() []string {
 	return append(topics, replies...)
 }
 
-func (e *Engine) newCommandReader() commandReader {
+func (e *Engine) newCommandReader() KafkaReader {
 	k := e.cfg.Kafka
+	if k.NewReader != nil {
+		return k.NewReader(k.GroupID, e.CommandTopics())
+	}
 	return kafka.NewReader(kafka.ReaderConfig{
 		Brokers:           k.Brokers,
 		Dialer:            k.Dialer,
@@ -156,37 +166,17 @@ func (e *Engine) newCommandReader() commandReader {
 // run yet (its saga is busy, or this engine does not know its saga or step)
 // is moved back to the outbox after a few quick tries and published again
 // later, and a message whose content PostgreSQL refuses is dead-lettered.
-func (e *Engine) kafkaWork(fetch, work context.Context, r commandReader) {
+func (e *Engine) kafkaWork(fetch, work context.Context, r KafkaReader) {
 	defer func() {
 		if err := r.Close(); err != nil {
 			e.log.WarnContext(work, "sagaflow kafka: close reader", slog.Any("error", err))
 		}
 	}()
-	failures := 0
-	for fetch.Err() == nil {
-		m, err := r.FetchMessage(fetch)
-		if fetch.Err() != nil {
-			return
-		}
-		if err != nil {
-			failures++
-			e.log.WarnContext(work, "sagaflow kafka: fetch failed", slog.Any("error", err))
-			if !lifecycle.Sleep(fetch, lifecycle.Backoff(failures)) {
-				return
-			}
-			continue
-		}
-		failures = 0
-		if !e.consumeKafka(fetch, work, m) {
-			// Stopping leaves the offset uncommitted: the command is
-			// redelivered to whichever engine takes the partition.
-			return
-		}
-		if err := r.CommitMessages(work, m); err != nil && work.Err() == nil {
-			e.log.WarnContext(work, "sagaflow kafka: commit offset failed; the redelivered command will be stale",
-				slog.String("topic", m.Topic), slog.Int64("offset", m.Offset), slog.Any("error", err))
-		}
-	}
+	// Stopping inside consumeKafka leaves the offset uncommitted: the
+	// command is redelivered to whichever engine takes the partition.
+	loop := consume.Loop{Reader: r, Log: e.log, What: "sagaflow kafka", Handle: e.consumeKafka,
+		CommitLost: "the redelivered command will be stale"}
+	loop.Run(fetch, work)
 }
 
 // kafkaHoldAfter is how many times a command that cannot run yet is tried

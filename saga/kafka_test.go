@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -263,4 +264,68 @@ func TestKafkaModeCarriesOutToolRequests(t *testing.T) {
 	require.NoError(t, tool.Resume(ctx, st.ID, "refunds work again"))
 	require.Equal(t, saga.StatusCompensated, k.waitTerminal(t, st.ID).Status)
 
+}
+
+// countingReader is a KafkaConfig.NewReader seam over the real kafka-go
+// reader: it counts what the worker fetched and committed.
+type countingReader struct {
+	*kafka.Reader
+	fetched, committed *atomic.Int64
+}
+
+func (r countingReader) FetchMessage(ctx context.Context) (kafka.Message, error) {
+	m, err := r.Reader.FetchMessage(ctx)
+	if err == nil {
+		r.fetched.Add(1)
+	}
+	return m, err
+}
+
+func (r countingReader) CommitMessages(ctx context.Context, msgs ...kafka.Message) error {
+	err := r.Reader.CommitMessages(ctx, msgs...)
+	if err == nil {
+		r.committed.Add(int64(len(msgs)))
+	}
+	return err
+}
+
+// The reader seam: an engine given KafkaConfig.NewReader consumes through
+// it, with the group and topics it would have used, and commits every
+// command it ran.
+func TestKafkaModeConsumesThroughTheReaderSeam(t *testing.T) {
+	t.Parallel()
+	kc := kafkatest.New(t, kafkatest.SeedTopics(2, saga.CommandTopicDefault+".kseam"))
+	var fetched, committed atomic.Int64
+	var gotGroup string
+	var gotTopics []string
+	var mu sync.Mutex
+	newReader := func(group string, topics []string) saga.KafkaReader {
+		mu.Lock()
+		gotGroup, gotTopics = group, topics
+		mu.Unlock()
+		return countingReader{Reader: kafka.NewReader(kafka.ReaderConfig{Brokers: kc.Addrs(), GroupID: group, GroupTopics: topics,
+			StartOffset: kafka.FirstOffset, MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 50 * time.Millisecond}),
+			fetched: &fetched, committed: &committed}
+	}
+	b := setup(t, &saga.Config{Workers: 1, Kafka: &saga.KafkaConfig{Brokers: kc.Addrs(), NewReader: newReader}})
+	w := relay.NewKafkaWriter(kc.Addrs(), nil)
+	r, err := relay.New(b.pool, w, &relay.Config{Schema: b.schema, PollInterval: 50 * time.Millisecond, Logger: testLogger(t)})
+	require.NoError(t, err)
+	require.NoError(t, r.Start(context.Background()))
+	t.Cleanup(func() {
+		require.NoError(t, r.Stop(context.Background()))
+		require.NoError(t, w.Close())
+	})
+	def := threeSteps(b, "kseam", nil)
+	require.NoError(t, b.engine.Register(def))
+	b.start(t)
+	st, err := saga.Start(context.Background(), b.engine, def, order{OrderID: "seam-1"}, nil)
+	require.NoError(t, err)
+	require.Equal(t, saga.StatusCompleted, b.waitTerminal(t, st.ID).Status)
+	waitFor(t, 10*time.Second, func() bool { return committed.Load() == 3 }, "three commits")
+	require.Equal(t, int64(3), fetched.Load())
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, "sagaflow-engine-"+b.schema, gotGroup)
+	require.Equal(t, []string{saga.CommandTopicDefault + ".kseam"}, gotTopics)
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagaflow/sagaflow/outbox"
 	"github.com/sagaflow/sagaflow/saga"
 )
 
@@ -30,7 +31,7 @@ func TestNilArgumentsAreErrors(t *testing.T) {
 				"Resume":        e.Resume(ctx, uuid.New(), "x"),
 				"Rerun":         e.Rerun(ctx, uuid.New(), "a", "x"),
 				"ReplayBulk":    second(e.ReplayBulk(ctx, saga.BulkReplayOpts{})),
-				"ReplayOutbox":  second(e.ReplayOutbox(ctx, saga.OutboxReplayOpts{})),
+				"ReplayOutbox":  second(e.ReplayOutbox(ctx, outbox.ReplayOpts{})),
 				"OutboxStatus":  second(e.OutboxStatus(ctx)),
 				"Cancel":        e.Cancel(ctx, uuid.New(), "x"),
 				"CancelTx":      e.CancelTx(ctx, nil, uuid.New(), "x"),

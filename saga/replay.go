@@ -11,9 +11,10 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/sagaflow/sagaflow/internal/lifecycle"
+	"github.com/sagaflow/sagaflow/internal/pace"
 	"github.com/sagaflow/sagaflow/internal/safetext"
 	"github.com/sagaflow/sagaflow/internal/store"
+	"github.com/sagaflow/sagaflow/outbox"
 	"github.com/sagaflow/sagaflow/steps"
 )
 
@@ -245,12 +246,12 @@ func (e *Engine) stepTimeout(sagaName, step string) time.Duration {
 // Bulk replay limits.
 const (
 	// BulkReplayMaxDefault caps a bulk replay that sets no Max.
-	BulkReplayMaxDefault = 100
+	BulkReplayMaxDefault = outbox.ReplayMaxDefault
 	// BulkReplayMaxLimit is the largest Max a bulk replay accepts.
-	BulkReplayMaxLimit = 10000
+	BulkReplayMaxLimit = outbox.ReplayMaxLimit
 	// ReplayRateDefault is the replays (or messages) per second of a bulk
 	// replay that sets no rate.
-	ReplayRateDefault = 10
+	ReplayRateDefault = outbox.ReplayRateDefault
 )
 
 // BulkReplayOpts selects the sagas of [Engine.ReplayBulk]. Zero filters do
@@ -301,7 +302,7 @@ func (e *Engine) ReplayBulk(ctx context.Context, opts BulkReplayOpts) (*BulkRepl
 	if err := e.ready("Engine.ReplayBulk"); err != nil {
 		return nil, err
 	}
-	if err := normaliseReplayLimits(&opts.Max, &opts.RatePerSecond); err != nil {
+	if err := pace.Normalise("saga: replay", bulkLimits, &opts.Max, &opts.RatePerSecond); err != nil {
 		return nil, err
 	}
 	if len(opts.Statuses) == 0 {
@@ -346,7 +347,7 @@ func (e *Engine) ReplayBulk(ctx context.Context, opts BulkReplayOpts) (*BulkRepl
 	if opts.DryRun {
 		return res, nil
 	}
-	err = rateLimited(ctx, len(res.Matched), opts.RatePerSecond, func(i int) error {
+	err = pace.Each(ctx, len(res.Matched), opts.RatePerSecond, func(i int) error {
 		id := res.Matched[i]
 		var err error
 		// Each saga is replayed only as it was selected: one that changed
@@ -366,97 +367,22 @@ func (e *Engine) ReplayBulk(ctx context.Context, opts BulkReplayOpts) (*BulkRepl
 	return res, err
 }
 
-func normaliseReplayLimits(maxN *int, rate *float64) error {
-	switch {
-	case *maxN < 0 || *maxN > BulkReplayMaxLimit:
-		return fmt.Errorf("saga: replay: Max %d is outside 0..%d", *maxN, BulkReplayMaxLimit)
-	case *rate < 0:
-		return fmt.Errorf("saga: replay: RatePerSecond %g is negative", *rate)
-	}
-	if *maxN == 0 {
-		*maxN = BulkReplayMaxDefault
-	}
-	if *rate == 0 {
-		*rate = ReplayRateDefault
-	}
-	return nil
-}
-
-// rateLimited calls f for 0..n-1, at most rate calls per second, stopping
-// early when ctx ends.
-func rateLimited(ctx context.Context, n int, rate float64, f func(i int) error) error {
-	interval := time.Duration(float64(time.Second) / rate)
-	next := time.Now()
-	for i := range n {
-		if wait := time.Until(next); wait > 0 {
-			if !lifecycle.Sleep(ctx, wait) {
-				return ctx.Err()
-			}
-		}
-		next = next.Add(interval)
-		if err := f(i); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// OutboxReplayOpts selects published messages for [Engine.ReplayOutbox].
-type OutboxReplayOpts struct {
-	store.OutboxFilter
-	// Max caps how many messages are re-published. Defaults to
-	// BulkReplayMaxDefault; at most BulkReplayMaxLimit.
-	Max int
-	// RatePerSecond limits messages per second. Defaults to
-	// ReplayRateDefault.
-	RatePerSecond float64
-	// DryRun selects and reports, and changes nothing.
-	DryRun bool
-}
-
-// OutboxReplayResult reports an outbox replay.
-type OutboxReplayResult struct {
-	Matched     []uuid.UUID
-	Republished int64
-	DryRun      bool
-}
+var bulkLimits = pace.Limits{MaxDefault: BulkReplayMaxDefault, MaxLimit: BulkReplayMaxLimit, RateDefault: ReplayRateDefault}
 
 // ReplayOutbox makes already published messages pending again, so the relay
-// publishes them once more; consumers deduplicate them by message id.
-// Messages are selected by topic, type, aggregate and publication time,
-// oldest first, capped and rate limited. Only messages still within
-// OutboxRetention can be replayed.
-func (e *Engine) ReplayOutbox(ctx context.Context, opts OutboxReplayOpts) (*OutboxReplayResult, error) {
+// publishes them once more; see [outbox.Outbox.Replay].
+func (e *Engine) ReplayOutbox(ctx context.Context, opts outbox.ReplayOpts) (*outbox.ReplayResult, error) {
 	if err := e.ready("Engine.ReplayOutbox"); err != nil {
 		return nil, err
 	}
-	if err := normaliseReplayLimits(&opts.Max, &opts.RatePerSecond); err != nil {
-		return nil, err
-	}
-	ids, err := e.st.PublishedMessages(ctx, e.pool, opts.OutboxFilter, opts.Max)
-	if err != nil {
-		return nil, fmt.Errorf("saga: outbox replay: %w", err)
-	}
-	res := &OutboxReplayResult{Matched: ids, DryRun: opts.DryRun}
-	if opts.DryRun {
-		return res, nil
-	}
-	err = rateLimited(ctx, len(ids), opts.RatePerSecond, func(i int) error {
-		n, err := e.st.RepublishMessages(ctx, e.pool, ids[i:i+1])
-		res.Republished += n
-		return err
-	})
-	if err != nil {
-		return res, fmt.Errorf("saga: outbox replay: %w", err)
-	}
-	return res, nil
+	return e.outbox.Replay(ctx, opts)
 }
 
 // OutboxStatus reports the outbox: pending messages, the age of the oldest,
-// dead and published ones.
-func (e *Engine) OutboxStatus(ctx context.Context) (store.OutboxStatus, error) {
+// dead and published ones; see [outbox.Outbox.Status].
+func (e *Engine) OutboxStatus(ctx context.Context) (outbox.Status, error) {
 	if err := e.ready("Engine.OutboxStatus"); err != nil {
-		return store.OutboxStatus{}, err
+		return outbox.Status{}, err
 	}
-	return e.st.OutboxStatus(ctx, e.pool)
+	return e.outbox.Status(ctx)
 }

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sagaflow/sagaflow/internal/store"
+	"github.com/sagaflow/sagaflow/outbox"
 	"github.com/sagaflow/sagaflow/saga"
 	"github.com/sagaflow/sagaflow/steps"
 )
@@ -251,11 +251,11 @@ func TestOutboxReplayRepublishesPublishedMessages(t *testing.T) {
 	require.Equal(t, int64(1), status.Pending)
 	require.Equal(t, int64(4), status.Published)
 
-	res, err := b.engine.ReplayOutbox(ctx, saga.OutboxReplayOpts{OutboxFilter: store.OutboxFilter{Topic: "orders"}, DryRun: true})
+	res, err := b.engine.ReplayOutbox(ctx, outbox.ReplayOpts{Filter: outbox.Filter{Topic: "orders"}, DryRun: true})
 	require.NoError(t, err)
 	require.Len(t, res.Matched, 3)
 	require.Zero(t, res.Republished)
-	res, err = b.engine.ReplayOutbox(ctx, saga.OutboxReplayOpts{OutboxFilter: store.OutboxFilter{Topic: "orders"}, Max: 2, RatePerSecond: 100})
+	res, err = b.engine.ReplayOutbox(ctx, outbox.ReplayOpts{Filter: outbox.Filter{Topic: "orders"}, Max: 2, RatePerSecond: 100})
 	require.NoError(t, err)
 	require.Equal(t, int64(2), res.Republished)
 	status, err = b.engine.OutboxStatus(ctx)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"time"
 
 	"github.com/sagaflow/sagaflow/internal/store"
 )
@@ -27,23 +26,24 @@ func (e *Engine) RunRetention(ctx context.Context) (RetentionResult, error) {
 	jobs := []struct {
 		what   string
 		count  *int64
-		delete func(context.Context, store.DBTX, time.Duration, int) (int64, error)
-		window time.Duration
+		delete func(limit int) (int64, error)
 	}{
-		{"published messages", &res.Messages, e.st.DeletePublishedMessages, e.cfg.OutboxRetention},
-		{"inbox keys", &res.InboxKeys, e.st.DeleteInboxKeys, e.cfg.InboxRetention},
-		{"finished sagas", &res.Sagas, e.st.DeleteFinishedSagas, e.cfg.SagaRetention},
+		{"published messages", &res.Messages, func(limit int) (int64, error) {
+			return e.outbox.DeletePublished(ctx, e.cfg.OutboxRetention, limit)
+		}},
+		{"inbox keys", &res.InboxKeys, func(limit int) (int64, error) {
+			// Every consumer's keys: each inbox consumer also deletes its own.
+			return e.st.DeleteInboxKeys(ctx, e.pool, "", e.cfg.InboxRetention, limit)
+		}},
+		{"finished sagas", &res.Sagas, func(limit int) (int64, error) {
+			return e.st.DeleteFinishedSagas(ctx, e.pool, e.cfg.SagaRetention, limit)
+		}},
 	}
 	for _, j := range jobs {
-		for {
-			n, err := j.delete(ctx, e.pool, j.window, e.cfg.RetentionBatch)
-			if err != nil {
-				return res, fmt.Errorf("saga: retention of %s: %w", j.what, err)
-			}
-			*j.count += n
-			if n < int64(e.cfg.RetentionBatch) {
-				break
-			}
+		n, err := store.DeleteInBatches(e.cfg.RetentionBatch, j.delete)
+		*j.count += n
+		if err != nil {
+			return res, fmt.Errorf("saga: retention of %s: %w", j.what, err)
 		}
 	}
 	if res != (RetentionResult{}) {

@@ -120,7 +120,7 @@ func TestRetentionDeletesOnlyWhatIsPastItsWindow(t *testing.T) {
 	// One statement deletes at most RetentionBatch rows.
 	st, err := store.New(b.schema)
 	require.NoError(t, err)
-	n, err := st.DeleteInboxKeys(ctx, b.pool, 2*time.Hour, 2)
+	n, err := st.DeleteInboxKeys(ctx, b.pool, "", 2*time.Hour, 2)
 	require.NoError(t, err)
 	require.Equal(t, int64(2), n)
 

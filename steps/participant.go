@@ -23,7 +23,7 @@ type ParticipantConfig struct {
 	// Consumer names the service in its inbox (e.g. "payments"). Required.
 	Consumer string
 	// Schema holds the service's sagaflow tables (inbox, outbox). Defaults
-	// to store.SchemaDefault.
+	// to migrations.SchemaDefault.
 	Schema string
 	// Logger receives logs. Defaults to slog.Default().
 	Logger *slog.Logger

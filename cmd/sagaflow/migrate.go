@@ -16,6 +16,7 @@ type migrationJSON struct {
 
 func setupMigrate(fs *flag.FlagSet) runFunc {
 	printSQL := fs.Bool("print", false, "print the migrations' SQL for --schema instead of applying them (needs no database)")
+	exportDir := fs.String("export", "", "write one SQL file per migration version for --schema into `dir`, for goose, atlas, tern or your own tool, instead of applying them (needs no database)")
 	var grantsFor *string
 	fs.Func("print-grants", "print the GRANT statements that give `role` what sagaflow needs at run time on --schema, without DDL (needs no database)",
 		func(v string) error { grantsFor = &v; return nil })
@@ -31,6 +32,22 @@ func setupMigrate(fs *flag.FlagSet) runFunc {
 			}
 			_, err = io.WriteString(c.stdout, sql)
 			return err
+		}
+		if *exportDir != "" {
+			paths, err := migrations.Export(*exportDir, schema)
+			if err != nil {
+				return c.opError(err, "migrate --export")
+			}
+			if c.g.json {
+				return writeJSON(c.stdout, struct {
+					Schema string   `json:"schema"`
+					Files  []string `json:"files"`
+				}{schema, paths})
+			}
+			for _, p := range paths {
+				fmt.Fprintln(c.stdout, p)
+			}
+			return nil
 		}
 		if *printSQL {
 			sql, err := migrations.Script(schema)

@@ -1,7 +1,10 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -53,6 +56,22 @@ func TestMigratePrint(t *testing.T) {
 	doc := decode[struct{ Schema, SQL string }](t, runCLI(t, nil, "migrate", "--print", "--json"))
 	require.Equal(t, "sagaflow", doc.Schema)
 	require.Contains(t, doc.SQL, "CREATE TABLE")
+}
+
+func TestMigrateExport(t *testing.T) {
+	t.Parallel()
+	dir := filepath.Join(t.TempDir(), "out")
+	out := runCLI(t, nil, "--schema", "billing", "migrate", "--export", dir).ok(t)
+	files := strings.Fields(out)
+	require.NotEmpty(t, files)
+	require.Equal(t, filepath.Join(dir, "001_core.up.sql"), files[0])
+	body, err := os.ReadFile(files[0])
+	require.NoError(t, err)
+	require.Contains(t, string(body), `CREATE TABLE "billing".saga_instances`)
+	require.Contains(t, string(body), `INSERT INTO "billing".sagaflow_migrations (version, name) VALUES (1, 'core')`)
+
+	doc := decode[struct{ Files []string }](t, runCLI(t, nil, "--schema", "billing", "migrate", "--export", dir, "--json"))
+	require.Equal(t, files, doc.Files)
 }
 
 func TestMigrateBadSchema(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/sagaflow/sagaflow/outbox"
 	"github.com/sagaflow/sagaflow/saga"
 )
 
@@ -44,10 +45,10 @@ func setupOutboxStatus(*flag.FlagSet) runFunc {
 }
 
 func setupOutboxReplay(fs *flag.FlagSet) runFunc {
-	var o saga.OutboxReplayOpts
+	var o outbox.ReplayOpts
 	fs.StringVar(&o.Topic, "topic", "", "only messages of this `topic`")
 	fs.StringVar(&o.Type, "type", "", "only messages of this `type`")
-	fs.StringVar(&o.AggregateID, "aggregate-id", "", "only messages with this aggregate `id` (partition key)")
+	fs.StringVar(&o.Key, "aggregate-id", "", "only messages with this aggregate `id` (partition key)")
 	timeVar(fs, &o.PublishedAfter, "published-after", "only messages published at or after this `time`")
 	timeVar(fs, &o.PublishedBefore, "published-before", "only messages published before this `time`")
 	fs.IntVar(&o.Max, "max", 0, fmt.Sprintf("replay at most `n` messages (default %d, at most %d)",

@@ -74,3 +74,21 @@ func listenOnce(ctx context.Context, pool *pgxpool.Pool, channel string, wake fu
 		wake(n.Payload)
 	}
 }
+
+// Exponential is initial doubled for every attempt after the first (attempt
+// 1 gets initial), at most maxDelay: the one backoff curve of sagaflow's
+// retries (steps, relay rows, inbox consumers).
+func Exponential(initial, maxDelay time.Duration, attempt int) time.Duration {
+	d := initial
+	for i := 1; i < attempt && d < maxDelay; i++ {
+		d *= 2
+	}
+	return min(d, maxDelay)
+}
+
+// Jitter moves d by a random fraction of it between lo and hi (e.g. -0.2
+// and 0.2), so that retries that failed together do not come back
+// together; never below zero.
+func Jitter(d time.Duration, lo, hi float64) time.Duration {
+	return max(d+time.Duration((lo+rand.Float64()*(hi-lo))*float64(d)), 0)
+}

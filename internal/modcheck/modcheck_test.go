@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -23,7 +24,7 @@ const modulePath = "github.com/sagaflow/sagaflow"
 // knownPublic are public packages the user module must import at least;
 // every other non-internal library package found is imported too.
 var knownPublic = []string{
-	"saga", "steps", "inbox", "relay", "idempotency", "store", "kafkaconfig", "migrations",
+	"saga", "steps", "inbox", "relay", "idempotency", "outbox", "kafkaconfig", "migrations", "sagatest",
 }
 
 // forbidden are the parts of a module path that must not appear in the
@@ -123,6 +124,35 @@ func TestGoDirectiveIsTheDependenciesFloor(t *testing.T) {
 // gover compares two Go versions as written in go.mod, such as 1.25 and
 // 1.26.0.
 func gover(a, b string) int { return version.Compare("go"+a, "go"+b) }
+
+// No public package's API names a type of an internal package: what `go
+// doc` shows a user holds nothing they cannot name or build themselves.
+// (Go lets an exported function return an internal type; this catches it.)
+func TestPublicAPINamesNoInternalType(t *testing.T) {
+	t.Parallel()
+	root := strings.TrimSpace(goOutput(t, "", nil, "list", "-m", "-f", "{{.Dir}}"))
+	internalPkgs := map[string]bool{}
+	for _, line := range strings.Split(strings.TrimSpace(goOutput(t, root, nil, "list", "-f", "{{.Name}} {{.ImportPath}}", "./internal/...")), "\n") {
+		name, _, _ := strings.Cut(line, " ")
+		internalPkgs[name] = true
+	}
+	require.True(t, internalPkgs["store"], "the check must know the internal store")
+	var bad []string
+	for _, pkg := range publicPackages(t, root) {
+		doc := goOutput(t, root, nil, "doc", "-all", pkg)
+		for _, line := range strings.Split(doc, "\n") {
+			for _, m := range qualified.FindAllStringSubmatch(line, -1) {
+				if internalPkgs[m[1]] {
+					bad = append(bad, pkg+": "+strings.TrimSpace(line))
+				}
+			}
+		}
+	}
+	require.Empty(t, bad, "public API that names an internal package's identifier")
+}
+
+// qualified matches a package-qualified exported identifier, e.g. store.Saga.
+var qualified = regexp.MustCompile(`\b([a-z][a-z0-9]*)\.[A-Z]\w*`)
 
 // publicPackages returns the import paths of the library packages of the
 // module in dir that a user can import: not internal, not commands, not

@@ -74,7 +74,8 @@ var imports = map[string]string{
 	"kafka":       "github.com/segmentio/kafka-go",
 	"saga":        Module + "/saga",
 	"steps":       Module + "/steps",
-	"store":       Module + "/store",
+	"migrations":  Module + "/migrations",
+	"outbox":      Module + "/outbox",
 	"relay":       Module + "/relay",
 	"inbox":       Module + "/inbox",
 	"idempotency": Module + "/idempotency",
@@ -83,7 +84,7 @@ var imports = map[string]string{
 
 // packages are the module's packages whose names inline code is checked
 // against.
-var packages = []string{"saga", "steps", "store", "relay", "inbox", "idempotency", "kafkaconfig"}
+var packages = []string{"saga", "steps", "migrations", "outbox", "relay", "inbox", "idempotency", "kafkaconfig"}
 
 // receivers are variables that prose names without declaring them, with
 // their types, for the inline check.

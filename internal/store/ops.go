@@ -37,6 +37,7 @@ func newOpsStatements(s string) opsStatements {
 				ORDER BY published_at LIMIT $2 FOR UPDATE SKIP LOCKED)`,
 		deleteInbox: `DELETE FROM ` + s + `.inbox WHERE (consumer, key) IN (
 				SELECT consumer, key FROM ` + s + `.inbox WHERE processed_at < now() - $1 * interval '1 microsecond'
+					AND ($3 = '' OR consumer = $3)
 				ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED)`,
 		deleteSagas: `WITH gone AS (
 				SELECT id FROM ` + s + `.saga_instances
@@ -117,10 +118,11 @@ func (s *Store) DeletePublishedMessages(ctx context.Context, db DBTX, window tim
 	return tag.RowsAffected(), nil
 }
 
-// DeleteInboxKeys deletes up to limit inbox keys processed longer than
-// window ago and returns how many it deleted.
-func (s *Store) DeleteInboxKeys(ctx context.Context, db DBTX, window time.Duration, limit int) (int64, error) {
-	tag, err := db.Exec(ctx, s.ops.deleteInbox, micros(window), limit)
+// DeleteInboxKeys deletes up to limit inbox keys of consumer ("" for
+// every consumer) processed longer than window ago and returns how many it
+// deleted.
+func (s *Store) DeleteInboxKeys(ctx context.Context, db DBTX, consumer string, window time.Duration, limit int) (int64, error) {
+	tag, err := db.Exec(ctx, s.ops.deleteInbox, micros(window), limit, consumer)
 	if err != nil {
 		return 0, fmt.Errorf("store: delete inbox keys: %w", err)
 	}
@@ -237,4 +239,18 @@ func (s *Store) SupersedeMessage(ctx context.Context, db DBTX, id uuid.UUID, rea
 		return false, fmt.Errorf("store: supersede message %s: %w", id, err)
 	}
 	return tag.RowsAffected() == 1, nil
+}
+
+// DeleteInBatches calls del with limit until it deletes fewer than limit
+// rows, or fails, and returns how many rows it deleted in all: one short
+// statement at a time, so that retention never holds many locks.
+func DeleteInBatches(limit int, del func(limit int) (int64, error)) (int64, error) {
+	var total int64
+	for {
+		n, err := del(limit)
+		total += n
+		if err != nil || n < int64(limit) {
+			return total, err
+		}
+	}
 }
