@@ -89,7 +89,7 @@ func (e *Engine) runBatch(fetchCtx, ctx context.Context) (res batchResult, err e
 	for i := range claimed {
 		cmds[i], derrs[i] = decodeCommand(&claimed[i])
 	}
-	fault.Hit(fault.EngineAfterClaim)
+	fault.At(ctx, fault.EngineAfterClaim)
 	for i := range claimed {
 		err := b.handle(ctx, &claimed[i], cmds[i], derrs[i], sagas, i == len(claimed)-1)
 		if errors.Is(err, errAbandoned) {
@@ -141,11 +141,11 @@ func (e *Engine) finish(ctx context.Context, b *batch) error {
 			return err
 		}
 	}
-	fault.Hit(fault.EngineBeforeCommit)
+	fault.At(ctx, fault.EngineBeforeCommit)
 	if err := t.tx.Commit(ctx); err != nil {
 		return fmt.Errorf("saga: commit batch: %w", err)
 	}
-	fault.Hit(fault.EngineAfterCommit)
+	fault.At(ctx, fault.EngineAfterCommit)
 	if t.ready {
 		// Wakes direct workers, or the relay that publishes Kafka commands.
 		e.announce()
@@ -312,7 +312,7 @@ func (b *batch) execute(ctx context.Context, sg *store.Saga, def *compiled, idx 
 	started := time.Now()
 	newState, herr := e.callHandler(ctx, b.tx, def, run, idx, dir, sg.State, timeout)
 	elapsed := time.Since(started)
-	fault.Hit(fault.EngineAfterHandler)
+	fault.At(ctx, fault.EngineAfterHandler)
 	var ab *abandonedError
 	if errors.As(herr, &ab) {
 		b.abandoned = &abandonedStep{saga: *sg, def: def, idx: idx, dir: dir, attempt: attempt, elapsed: elapsed,

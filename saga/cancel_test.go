@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagaflow/sagaflow/saga"
+	"github.com/sagaflow/sagaflow/sagatest"
 	"github.com/sagaflow/sagaflow/steps"
 )
 
@@ -103,11 +104,9 @@ func TestCancelInterruptsARunningStepInAnotherEngine(t *testing.T) {
 	require.NoError(t, other.Cancel(ctx, st.ID, "stop"))
 	// The request is applied (the saga leaves running) once the step is
 	// interrupted; uninterrupted, that would take the step's 30 s.
-	waitFor(t, 5*time.Second, func() bool {
-		in, err := b.engine.Get(ctx, st.ID)
-		require.NoError(t, err)
+	sagatest.Wait(t, b.engine, st.ID, sagatest.Cond("have the cancel applied", func(in *saga.Instance) bool {
 		return in.Status != saga.StatusRunning
-	}, "the cancel to be applied")
+	}), &sagatest.WaitOpts{Timeout: 5 * time.Second})
 	require.Less(t, time.Since(asked), time.Second, "the running step was interrupted")
 	in := b.waitTerminalWithin(t, st.ID, 5*time.Second)
 	require.Equal(t, saga.StatusCompensated, in.Status)

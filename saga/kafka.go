@@ -291,7 +291,7 @@ func (e *Engine) holdKafkaMessage(ctx context.Context, m kafka.Message, wait wai
 		return false, fmt.Errorf("saga: hold command: %w", err)
 	}
 	if held {
-		fault.Hit(fault.EngineAfterHold)
+		fault.At(ctx, fault.EngineAfterHold)
 		e.stats.deferred.Add(1)
 	}
 	return held, nil
@@ -452,7 +452,7 @@ func (e *Engine) runKafkaMessage(ctx context.Context, m kafka.Message, expired b
 	held := heldSagas(sagas)
 	e.running.claim(held...)
 	defer e.running.release(held...)
-	fault.Hit(fault.EngineAfterClaim)
+	fault.At(ctx, fault.EngineAfterClaim)
 	b := e.newBatch(bt, &m)
 	err = b.handle(ctx, &c, cmd, derr, sagas, true)
 	if errors.Is(err, errAbandoned) {

@@ -20,6 +20,7 @@ import (
 	"github.com/sagaflow/sagaflow/internal/store"
 	"github.com/sagaflow/sagaflow/relay"
 	"github.com/sagaflow/sagaflow/saga"
+	"github.com/sagaflow/sagaflow/sagatest"
 	"github.com/sagaflow/sagaflow/steps"
 )
 
@@ -382,13 +383,9 @@ func TestCommandsForAnotherStepAreRefused(t *testing.T) {
 // once, and returns the saga's version then.
 func (k *kafkaBundle) versionAfterFirstFailure(t *testing.T, id uuid.UUID) int64 {
 	t.Helper()
-	var version int64
-	waitFor(t, 10*time.Second, func() bool {
-		require.NoError(t, k.pool.QueryRow(context.Background(), "SELECT coalesce(max(version), 0) FROM "+k.table("saga_instances")+
-			" WHERE id = $1 AND attempt = 1", id).Scan(&version))
-		return version > 0
-	}, "the first failure of saga %s's step", id)
-	return version
+	return sagatest.Wait(t, k.engine, id, sagatest.Cond("fail its step once", func(in *saga.Instance) bool {
+		return in.Attempt == 1
+	}), &sagatest.WaitOpts{Timeout: 10 * time.Second}).Version
 }
 
 // An outcome that PostgreSQL refuses, whatever its cause, parks its saga

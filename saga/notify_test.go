@@ -10,6 +10,7 @@ import (
 	"github.com/sagaflow/sagaflow/internal/kafkatest"
 	"github.com/sagaflow/sagaflow/relay"
 	"github.com/sagaflow/sagaflow/saga"
+	"github.com/sagaflow/sagaflow/sagatest"
 )
 
 // TestWakeUpsReachIdleEnginesElsewhere: the workers of an engine that polls
@@ -34,11 +35,8 @@ func TestWakeUpsReachIdleEnginesElsewhere(t *testing.T) {
 	started := time.Now()
 	st, err := saga.Start(ctx, client, def, order{OrderID: "o-wake-1"}, nil)
 	require.NoError(t, err)
-	waitFor(t, 10*time.Second, func() bool {
-		in, err := b.engine.Get(ctx, st.ID)
-		require.NoError(t, err)
-		return in.Status == saga.StatusCompleted
-	}, "the saga started with Start to complete without waiting for a poll")
+	// The saga started with Start completes without waiting for a poll.
+	sagatest.Wait(t, b.engine, st.ID, sagatest.Status(saga.StatusCompleted), &sagatest.WaitOpts{Timeout: 10 * time.Second})
 	t.Logf("Start: completed in %s", time.Since(started).Round(time.Millisecond))
 
 	started = time.Now()
@@ -47,11 +45,8 @@ func TestWakeUpsReachIdleEnginesElsewhere(t *testing.T) {
 	st, err = saga.StartTx(ctx, client, tx, def, order{OrderID: "o-wake-2"}, nil)
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(ctx))
-	waitFor(t, 10*time.Second, func() bool {
-		in, err := b.engine.Get(ctx, st.ID)
-		require.NoError(t, err)
-		return in.Status == saga.StatusCompleted
-	}, "the saga started with StartTx to complete without waiting for a poll")
+	// The saga started with StartTx completes without waiting for a poll.
+	sagatest.Wait(t, b.engine, st.ID, sagatest.Status(saga.StatusCompleted), &sagatest.WaitOpts{Timeout: 10 * time.Second})
 	t.Logf("StartTx: completed in %s", time.Since(started).Round(time.Millisecond))
 }
 
@@ -78,9 +73,7 @@ func TestKafkaModeStepsWakeTheRelay(t *testing.T) {
 	time.Sleep(300 * time.Millisecond) // the relay has polled once and waits
 	st, err := saga.Start(ctx, b.engine, def, order{OrderID: "k-wake"}, nil)
 	require.NoError(t, err)
-	waitFor(t, 20*time.Second, func() bool {
-		in, err := b.engine.Get(ctx, st.ID)
-		require.NoError(t, err)
-		return in.Status == saga.StatusCompleted
-	}, "every step's command to reach the relay through the notification after its commit")
+	// Every step's command reaches the relay through the notification after
+	// its commit.
+	sagatest.Wait(t, b.engine, st.ID, sagatest.Status(saga.StatusCompleted), &sagatest.WaitOpts{Timeout: 20 * time.Second})
 }

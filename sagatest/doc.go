@@ -78,9 +78,33 @@
 // relay for its replies) with your answers instead of a service's code, so
 // the saga's side is tested exactly as in production.
 //
-// # What it does not do
+// # Crashes
 //
-// sagatest does not yet run a saga with a crash at each of its commit
-// boundaries (the crash matrix of sagaflow's own tests needs the engine's
-// fault points, which only a build with the sagaflow_faults tag has).
+// [CrashMatrix] runs your saga with a crash of the engine at each of its
+// commit boundaries ([AfterClaim], [AfterHandler], [BeforeCommit],
+// [AfterCommit], and in Kafka mode [AfterHold]), restarts it, and fails the
+// test unless every saga ends as it does without a crash and every effect
+// your [CrashOpts].Effects counts in the database is there exactly as often
+// as the saga's timeline says its step, or its compensation, completed: an
+// effect written outside run.Tx (with the pool, say) shows up as doubled.
+// It needs no build tag, and each boundary is a subtest named after it:
+//
+//	sagatest.CrashMatrix(t, pool, transfer, &sagatest.CrashOpts{
+//		Config: &saga.Config{Schema: schema},
+//		Start: func(ctx context.Context, e *saga.Engine, b sagatest.Boundary, i int) (uuid.UUID, error) {
+//			st, err := saga.Start(ctx, e, transfer, Transfer{ID: fmt.Sprintf("%s-%d", b, i)}, nil)
+//			return st.ID, err
+//		},
+//		Effects: func(ctx context.Context, in *saga.Instance) (map[sagatest.Effect]int, error) {
+//			var debits int
+//			err := pool.QueryRow(ctx, "SELECT count(*) FROM ledger WHERE saga_id = $1", in.ID).Scan(&debits)
+//			return map[sagatest.Effect]int{{Step: "debit"}: debits}, err
+//		},
+//	})
+//
+// A crash is in-process: the engine's workers stop at the boundary for
+// good, its connections to PostgreSQL are terminated, and a new engine
+// starts on the schema. It crashes the engine only: in Kafka mode the
+// relay and the participants keep running, and a participant's own
+// crashes are not tried.
 package sagatest

@@ -16,6 +16,10 @@
 // on. The parent that started it does its worst in between (SIGKILL the
 // process, restart PostgreSQL, take the broker away) and then lets it go,
 // if it still lives. Each point fires at most once per process.
+//
+// The engine reaches its points with [At], which also calls the [Hook] that
+// its context carries ([WithHook]), in every build: sagatest.CrashMatrix
+// crashes one engine in a user's plain go test that way.
 package fault
 
 // The points. Each names the last thing that happened before it.
