@@ -2,76 +2,97 @@ package relay_test
 
 import (
 	"context"
-	"log"
-	"os"
-	"strings"
+	"fmt"
+	"time"
 
-	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
 
-	"github.com/sagaflow/sagaflow/internal/store"
+	"github.com/sagaflow/sagaflow/internal/kafkatest"
+	"github.com/sagaflow/sagaflow/internal/pgtest"
 	"github.com/sagaflow/sagaflow/migrations"
 	"github.com/sagaflow/sagaflow/relay"
+	"github.com/sagaflow/sagaflow/saga"
 )
 
-// A service writes its order and the order's event in one transaction; the
-// relay publishes the event to Kafka once the transaction has committed.
-// (Compiled, not run: it needs a PostgreSQL and a Kafka cluster.)
+// The relay publishes what transactions wrote to the outbox table, once they
+// have committed. Here an engine in Kafka mode writes a saga's first command
+// to the outbox; the relay publishes it to an in-process Kafka (in
+// production, your brokers), where the engines' consumer group would pick
+// it up.
 func Example() {
+	pool, schema, cleanup := pgtest.ForExample()
+	defer cleanup()
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
-	if err != nil {
-		log.Fatal(err)
+	if _, err := migrations.Migrate(ctx, pool, schema); err != nil {
+		panic(err)
 	}
-	defer pool.Close()
-	if _, err := migrations.Migrate(ctx, pool, "sagaflow"); err != nil {
-		log.Fatal(err)
+	kc, err := kafkatest.Start(kafkatest.SeedTopics(1, "sagaflow.commands.checkout"))
+	if err != nil {
+		panic(err)
+	}
+	defer kc.Close()
+
+	type Order struct {
+		ID string `json:"id"`
+	}
+	checkout := saga.Define("checkout", saga.Step[Order]{Name: "reserve",
+		Action: func(context.Context, *saga.StepRun, *Order) error { return nil }})
+	client, err := saga.New(pool, &saga.Config{Schema: schema, Kafka: &saga.KafkaConfig{Brokers: kc.Addrs()}})
+	if err != nil {
+		panic(err)
+	}
+	if err := client.Register(checkout); err != nil {
+		panic(err)
+	}
+	st, err := saga.Start(ctx, client, checkout, Order{ID: "o-1"}, nil) // the engine is not started: nothing consumes
+	if err != nil {
+		panic(err)
 	}
 
-	w := relay.NewKafkaWriter(strings.Split(os.Getenv("KAFKA_BROKERS"), ","), nil)
+	w := relay.NewKafkaWriter(kc.Addrs(), nil)
 	defer w.Close() // after Stop: the relay never closes its writer
-	r, err := relay.New(pool, w, &relay.Config{Schema: "sagaflow"})
+	r, err := relay.New(pool, w, &relay.Config{Schema: schema})
 	if err != nil {
-		log.Fatal(err)
+		panic(err)
 	}
-	if err := r.Start(ctx); err != nil { // returns at once
-		log.Fatal(err)
-	}
-	defer r.Stop(context.WithoutCancel(ctx)) // publishes the batch in flight, then returns
-
-	// In a request handler: the order and its event commit together.
-	st, err := store.New("sagaflow")
-	if err != nil {
-		log.Fatal(err)
-	}
-	orderID := uuid.NewString()
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `INSERT INTO shop.orders (id) VALUES ($1)`, orderID); err != nil {
-		log.Fatal(err)
-	}
-	if err := st.InsertMessage(ctx, tx, &store.Message{
-		ID:          uuid.Must(uuid.NewV7()), // the sagaflow-message-id consumers deduplicate on
-		Topic:       "orders",
-		AggregateID: orderID, // the partition key
-		Type:        "order.created",
-		Payload:     []byte(`{"id":"` + orderID + `"}`),
-		Headers:     map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
-	}); err != nil {
-		log.Fatal(err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		log.Fatal(err)
-	}
-	r.Wake() // optional: publish now rather than at the next poll
-
 	h, err := r.Health(ctx)
 	if err != nil {
-		log.Fatal(err)
+		panic(err)
 	}
-	log.Printf("pending %d (oldest %v), dead %d, published by this relay %d",
-		h.Pending, h.OldestPendingAge, h.Dead, h.Published)
+	fmt.Println("before: pending", h.Pending)
+	if err := r.Start(ctx); err != nil { // returns at once
+		panic(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); h.Pending > 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			panic("the relay did not publish in 30s")
+		}
+		if h, err = r.Health(ctx); err != nil {
+			panic(err)
+		}
+	}
+	if err := r.Stop(ctx); err != nil { // publishes the batch in flight, then returns
+		panic(err)
+	}
+	fmt.Println("after: pending", h.Pending, "published", h.Published)
+
+	reader := kafka.NewReader(kafka.ReaderConfig{Brokers: kc.Addrs(), Topic: "sagaflow.commands.checkout", MaxWait: 100 * time.Millisecond})
+	defer reader.Close()
+	readCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	m, err := reader.ReadMessage(readCtx)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("topic", m.Topic, "key is the saga id", string(m.Key) == st.ID.String())
+	for _, h := range m.Headers {
+		if h.Key == "sagaflow-type" { // what the consumer routes on
+			fmt.Println("type", string(h.Value))
+		}
+	}
+	// Output:
+	// before: pending 1
+	// after: pending 0 published 1
+	// topic sagaflow.commands.checkout key is the saga id true
+	// type sagaflow.step
 }
