@@ -17,7 +17,7 @@ help: ## list the targets
 
 .PHONY: demo
 demo: ## run the checkout example: four services over Kafka, seven scenarios, a summary (exit 0 = all as expected)
-	$(GO) run ./examples/checkout
+	$(GO) run ./examples/checkout/cmd/demo
 
 # The crash-point matrix and the short chaos soak need a build whose fault
 # points can be armed (-tags sagaflow_faults); they run without the race

@@ -7,113 +7,75 @@
 // saga replayed after its cause is fixed — prints each order's timeline and
 // a summary, and exits 0 only if every order ended as expected.
 //
-// PostgreSQL: DATABASE_URL, else the local server, else a throwaway server
-// (as the tests find one). Kafka: KAFKA_BROKERS (see package kafkaconfig;
-// the topics in shop.Topics must exist), else an in-process broker.
+// It runs on the PostgreSQL and the Kafka cluster you give it:
+//
+//	go run ./examples/checkout -dsn postgres://localhost/shop -brokers kafka-1:9092,kafka-2:9092
+//
+// -dsn defaults to DATABASE_URL and -brokers to KAFKA_BROKERS; TLS and SASL
+// come from the environment as package kafkaconfig reads it. Each service
+// gets a schema of its own in that database, dropped after the run unless
+// -keep is given. The topics in shop.Topics must exist, or the cluster must
+// create them.
+//
+// `make demo` runs the same program with no setup: examples/checkout/cmd/demo
+// finds or starts a PostgreSQL as sagaflow's tests do, and starts an
+// in-process Kafka broker.
 package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
-	"time"
+	"strings"
 
 	"github.com/sagaflow/sagaflow/examples/checkout/shop"
-	"github.com/sagaflow/sagaflow/idempotency"
-	"github.com/sagaflow/sagaflow/internal/kafkatest"
-	"github.com/sagaflow/sagaflow/internal/pgtest"
 	"github.com/sagaflow/sagaflow/kafkaconfig"
 )
 
 func main() {
-	os.Exit(run(os.Stdout))
+	os.Exit(run(context.Background(), os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
 }
 
-func run(out io.Writer) int {
-	ctx := context.Background()
-	started := time.Now()
-	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	if os.Getenv("SAGAFLOW_DEMO_LOG") != "" {
-		logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+// run is the program with its arguments, environment and output; it returns
+// the exit status.
+func run(ctx context.Context, args []string, getenv func(string) string, out, errOut io.Writer) int {
+	fs := flag.NewFlagSet("checkout", flag.ContinueOnError)
+	fs.SetOutput(errOut)
+	dsn := fs.String("dsn", getenv("DATABASE_URL"), "PostgreSQL connection string (default $DATABASE_URL)")
+	brokers := fs.String("brokers", "", "Kafka brokers, comma-separated (default $KAFKA_BROKERS)")
+	prefix := fs.String("schema-prefix", shop.SchemaPrefixDefault, "start of the services' schema names")
+	keep := fs.Bool("keep", false, "keep the services' schemas after the run")
+	if err := fs.Parse(args); err != nil {
+		return 2
 	}
 
-	var env shop.Env
-	env.Logger = logger
-	var cleanups []func()
-	defer func() {
-		for i := len(cleanups) - 1; i >= 0; i-- {
-			cleanups[i]()
-		}
-	}()
-	for _, d := range []*shop.DB{&env.Orders, &env.Inventory, &env.Payments, &env.Shipping} {
-		pool, schema, cleanup := pgtest.ForExample()
-		*d = shop.DB{Pool: pool, Schema: schema}
-		cleanups = append(cleanups, cleanup)
-	}
-
-	kcfg, err := kafkaconfig.FromEnv(os.Getenv)
+	opts := shop.DemoOptions{DSN: *dsn, SchemaPrefix: *prefix, Keep: *keep}
+	kcfg, err := kafkaconfig.FromEnv(getenv)
 	if err != nil {
-		fmt.Fprintln(out, "checkout:", err)
+		fmt.Fprintln(errOut, "checkout:", err)
 		return 2
 	}
 	if kcfg != nil {
-		env.Brokers = kcfg.Brokers
-		if env.Dialer, err = kcfg.Dialer(); err != nil {
-			fmt.Fprintln(out, "checkout:", err)
+		opts.Brokers = kcfg.Brokers
+		if opts.Dialer, err = kcfg.Dialer(); err != nil {
+			fmt.Fprintln(errOut, "checkout:", err)
 			return 2
 		}
-		fmt.Fprintf(out, "Kafka: %v\n", kcfg.Brokers)
-	} else {
-		kc, err := kafkatest.Start(kafkatest.SeedTopics(3, shop.Topics...))
-		if err != nil {
-			fmt.Fprintln(out, "checkout: start the in-process Kafka:", err)
-			return 1
-		}
-		cleanups = append(cleanups, kc.Close)
-		env.Brokers = kc.Addrs()
-		fmt.Fprintf(out, "Kafka: in-process broker at %v (set KAFKA_BROKERS for a real cluster)\n", kc.Addrs())
 	}
-
-	sys, err := shop.Start(ctx, env)
-	if err != nil {
-		fmt.Fprintln(out, "checkout:", err)
-		return 1
+	if *brokers != "" {
+		opts.Brokers = strings.Split(*brokers, ",")
 	}
-	cleanups = append(cleanups, sys.Stop)
-	mw, err := idempotency.New(env.Orders.Pool, &idempotency.Config{Schema: env.Orders.Schema, Required: true, Logger: logger,
-		// The demo has no authentication: its one client shares one set of keys.
-		Identity: idempotency.SharedIdentity})
-	if err != nil {
-		fmt.Fprintln(out, "checkout:", err)
-		return 1
+	if opts.DSN == "" || len(opts.Brokers) == 0 {
+		fmt.Fprintln(errOut, "checkout: give a PostgreSQL (-dsn or DATABASE_URL) and Kafka brokers (-brokers or KAFKA_BROKERS),"+
+			" or run `make demo`, which brings its own")
+		return 2
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		fmt.Fprintln(out, "checkout:", err)
-		return 1
+	if getenv("SAGAFLOW_DEMO_LOG") != "" {
+		opts.Logger = slog.New(slog.NewTextHandler(errOut, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
-	srv := &http.Server{Handler: sys.Handler(mw.Wrap), ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	cleanups = append(cleanups, func() { _ = srv.Close() })
-	base := "http://" + ln.Addr().String()
-	fmt.Fprintf(out, "Order service: %s (POST /orders, GET /orders/{id}); schemas: %s, %s, %s, %s\n",
-		base, env.Orders.Schema, env.Inventory.Schema, env.Payments.Schema, env.Shipping.Schema)
-
-	results, err := sys.Run(ctx, base, out)
-	if err != nil {
-		fmt.Fprintln(out, "checkout:", err)
-		return 1
-	}
-	ok := shop.PrintSummary(out, results)
-	fmt.Fprintf(out, "\n%d orders in %s: ", len(results), time.Since(started).Round(time.Millisecond))
-	if !ok {
-		fmt.Fprintln(out, "some ended unexpectedly")
-		return 1
-	}
-	fmt.Fprintln(out, "every order ended as expected")
-	return 0
+	fmt.Fprintf(out, "Kafka: %v\n", opts.Brokers)
+	return shop.Main(ctx, out, opts)
 }

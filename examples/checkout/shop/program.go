@@ -1,0 +1,170 @@
+package shop
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/sagaflow/sagaflow/idempotency"
+)
+
+// SchemaPrefixDefault starts the names of the schemas Demo creates.
+const SchemaPrefixDefault = "checkout"
+
+// serviceMaxConns is the least pool size of each service: its relay, its
+// engine's workers and listener, and its consumers hold connections at once.
+const serviceMaxConns = 12
+
+// DemoOptions are what the checkout program runs on: one PostgreSQL
+// database, in which each service gets a schema of its own (in production
+// each would have its own database), and one Kafka cluster.
+type DemoOptions struct {
+	// DSN is the PostgreSQL connection string. Required.
+	DSN string
+	// Brokers are the Kafka brokers. Required. The topics in Topics must
+	// exist, or the cluster must create them.
+	Brokers []string
+	// Dialer connects to the brokers (TLS, SASL: see package kafkaconfig).
+	// Defaults to plain TCP.
+	Dialer *kafka.Dialer
+	// SchemaPrefix starts the schemas' names: prefix_<run>_orders,
+	// prefix_<run>_inventory and so on, where <run> is random, so that runs
+	// on one database do not meet. Defaults to SchemaPrefixDefault.
+	SchemaPrefix string
+	// Keep leaves the schemas in the database after the run, to look at;
+	// by default they are dropped.
+	Keep bool
+	// Logger receives the services' logs. Defaults to a logger that drops
+	// them.
+	Logger *slog.Logger
+}
+
+// Demo runs the checkout program: it creates a schema per service, starts
+// the system and the order service's HTTP API (behind the idempotency
+// middleware) on 127.0.0.1, places the demo's orders, prints their timelines
+// and a summary to out, stops everything and drops the schemas (unless
+// Keep). It returns every scenario's result; see PrintSummary for whether
+// all passed.
+func Demo(ctx context.Context, out io.Writer, opts DemoOptions) (results []Result, err error) {
+	if opts.DSN == "" {
+		return nil, errors.New("shop: no PostgreSQL connection string")
+	}
+	if len(opts.Brokers) == 0 {
+		return nil, errors.New("shop: no Kafka brokers")
+	}
+	if opts.SchemaPrefix == "" {
+		opts.SchemaPrefix = SchemaPrefixDefault
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	run, err := randomHex(3)
+	if err != nil {
+		return nil, err
+	}
+
+	env := Env{Brokers: opts.Brokers, Dialer: opts.Dialer, Logger: opts.Logger}
+	for _, svc := range []struct {
+		db   *DB
+		name string
+	}{{&env.Orders, "orders"}, {&env.Inventory, "inventory"}, {&env.Payments, "payments"}, {&env.Shipping, "shipping"}} {
+		schema := opts.SchemaPrefix + "_" + run + "_" + svc.name
+		pool, err := servicePool(ctx, opts.DSN)
+		if err != nil {
+			return nil, err
+		}
+		*svc.db = DB{Pool: pool, Schema: schema}
+		defer func() {
+			if !opts.Keep {
+				_, dropErr := pool.Exec(context.WithoutCancel(ctx), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+				if dropErr != nil {
+					err = errors.Join(err, fmt.Errorf("shop: drop schema %s: %w", schema, dropErr))
+				}
+			}
+			pool.Close()
+		}()
+	}
+
+	sys, err := Start(ctx, env) // migrations.Migrate creates the schemas
+	if err != nil {
+		return nil, err
+	}
+	defer sys.Stop()
+	mw, err := idempotency.New(env.Orders.Pool, &idempotency.Config{Schema: env.Orders.Schema, Required: true, Logger: opts.Logger,
+		// The demo has no authentication: its one client shares one set of keys.
+		Identity: idempotency.SharedIdentity})
+	if err != nil {
+		return nil, err
+	}
+	ln, err := listen()
+	if err != nil {
+		return nil, fmt.Errorf("shop: order service: %w", err)
+	}
+	srv := &http.Server{Handler: sys.Handler(mw.Wrap), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Close()
+	base := "http://" + ln.Addr().String()
+	fmt.Fprintf(out, "Order service: %s (POST /orders, GET /orders/{id}); schemas: %s, %s, %s, %s\n",
+		base, env.Orders.Schema, env.Inventory.Schema, env.Payments.Schema, env.Shipping.Schema)
+	if opts.Keep {
+		fmt.Fprintln(out, "The schemas are kept after the run.")
+	}
+	return sys.Run(ctx, base, out)
+}
+
+// Main is the checkout program once it knows its PostgreSQL and Kafka: it
+// runs Demo, prints the summary and returns the exit status, 0 when every
+// order ended as expected.
+func Main(ctx context.Context, out io.Writer, opts DemoOptions) int {
+	started := time.Now()
+	results, err := Demo(ctx, out, opts)
+	ok := len(results) > 0 && PrintSummary(out, results)
+	if err != nil {
+		fmt.Fprintln(out, "checkout:", err)
+		return 1
+	}
+	fmt.Fprintf(out, "\n%d orders in %s: ", len(results), time.Since(started).Round(time.Millisecond))
+	if !ok {
+		fmt.Fprintln(out, "some ended unexpectedly")
+		return 1
+	}
+	fmt.Fprintln(out, "every order ended as expected")
+	return 0
+}
+
+// servicePool connects one service's pool to dsn.
+func servicePool(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("shop: parse the PostgreSQL connection string: %w", err)
+	}
+	cfg.MaxConns = max(cfg.MaxConns, serviceMaxConns)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("shop: connect to PostgreSQL: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("shop: connect to PostgreSQL: %w", err)
+	}
+	return pool, nil
+}
+
+// randomHex returns n random bytes in hex.
+func randomHex(n int) (string, error) {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("shop: name the run: %w", err)
+	}
+	return hex.EncodeToString(b), nil
+}
