@@ -74,6 +74,9 @@ func Example() {
 	if err := r.Stop(ctx); err != nil { // publishes the batch in flight, then returns
 		panic(err)
 	}
+	if h, err = r.Health(ctx); err != nil { // this relay's counters are final once it has stopped
+		panic(err)
+	}
 	fmt.Println("after: pending", h.Pending, "published", h.Published)
 
 	reader := kafka.NewReader(kafka.ReaderConfig{Brokers: kc.Addrs(), Topic: "sagaflow.commands.checkout", MaxWait: 100 * time.Millisecond})
