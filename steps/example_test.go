@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -94,7 +96,7 @@ func ExampleNewParticipant() {
 			return nil
 		},
 	}})
-	engine, err := saga.New(ordersDB, &saga.Config{Schema: ordersSchema, Logger: quiet,
+	engine, err := saga.New(ordersDB, &saga.Config{Schema: ordersSchema, Logger: exampleLogs,
 		Kafka: &saga.KafkaConfig{Brokers: brokers}})
 	if err != nil {
 		panic(err)
@@ -113,7 +115,7 @@ func ExampleNewParticipant() {
 	for db, schema := range map[*pgxpool.Pool]string{ordersDB: ordersSchema, paymentsDB: paymentsSchema} {
 		w := relay.NewKafkaWriter(brokers, nil)
 		defer w.Close()
-		r, err := relay.New(db, w, &relay.Config{Schema: schema, Logger: quiet})
+		r, err := relay.New(db, w, &relay.Config{Schema: schema, Logger: exampleLogs})
 		if err != nil {
 			panic(err)
 		}
@@ -182,6 +184,10 @@ func ExamplePermanent() {
 	// retry after 30s: the provider answered 429
 	//   permanent false, code "", retry after 30s
 }
+
+// exampleLogs drops the logs of the example, whose second saga fails on
+// purpose.
+var exampleLogs = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 // waitEnded polls until the saga has ended. (In tests, sagatest.WaitEnded
 // does this.)
