@@ -130,9 +130,9 @@ func ExampleInbox_NewConsumer() {
 	if err != nil {
 		panic(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- consumer.Run(runCtx) }()
+	if err := consumer.Start(ctx); err != nil { // returns at once; Run is the blocking form
+		panic(err)
+	}
 
 	// The last message's invoice means every message before it was handled.
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
@@ -147,8 +147,7 @@ func ExampleInbox_NewConsumer() {
 			panic("the consumer did not reach the last message in 30s")
 		}
 	}
-	stop()
-	if err := <-done; err != nil {
+	if err := consumer.Stop(ctx); err != nil { // lets the message in flight finish and commit
 		panic(err)
 	}
 

@@ -7,15 +7,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"testing"
 
 	"github.com/sagaflow/sagaflow/internal/pgtest"
 	"github.com/sagaflow/sagaflow/migrations"
 )
-
-// TestMain stops the PostgreSQL server the harness may have started for
-// this package's tests and examples.
-func TestMain(m *testing.M) { pgtest.Main(m) }
 
 // Migrate brings a schema up to date, under an advisory lock, at a
 // service's start or in a deploy step. Running it again does nothing.

@@ -131,10 +131,10 @@ func ExampleNewParticipant() {
 	if err != nil {
 		panic(err)
 	}
-	consumeCtx, stopConsuming := context.WithCancel(ctx)
-	consumed := make(chan error, 1)
-	go func() { consumed <- consumer.Run(consumeCtx) }()
-	defer func() { stopConsuming(); <-consumed }()
+	if err := consumer.Start(ctx); err != nil {
+		panic(err)
+	}
+	defer consumer.Stop(ctx)
 	if err := engine.Start(ctx); err != nil {
 		panic(err)
 	}
