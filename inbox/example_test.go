@@ -16,6 +16,7 @@ import (
 	"github.com/sagaflow/sagaflow/migrations"
 	"github.com/sagaflow/sagaflow/relay"
 	"github.com/sagaflow/sagaflow/saga"
+	"github.com/sagaflow/sagaflow/wire"
 )
 
 // OrderCreated is the event the examples consume.
@@ -91,13 +92,14 @@ func ExampleInbox_NewConsumer() {
 	defer kc.Close()
 
 	// What the order service's relay publishes: each message carries its
-	// outbox id in the sagaflow-message-id header, and its type in
-	// sagaflow-type. The third is the first one again (a replay, say).
+	// id in the sagaflow-message-id header (a UUID from its outbox; short
+	// ids here) and its type in sagaflow-type. The third is the first one
+	// again (a replay, say).
 	w := relay.NewKafkaWriter(kc.Addrs(), nil)
 	defer w.Close()
 	event := func(id, typ, value string) kafka.Message {
 		return kafka.Message{Topic: "orders", Value: []byte(value), Headers: []kafka.Header{
-			{Key: "sagaflow-message-id", Value: []byte(id)}, {Key: "sagaflow-type", Value: []byte(typ)}}}
+			{Key: wire.HeaderMessageID, Value: []byte(id)}, {Key: wire.HeaderType, Value: []byte(typ)}}}
 	}
 	err = w.WriteMessages(ctx,
 		event("m-1", "order.created", `{"order_id":"o-1","amount":40}`),

@@ -12,6 +12,7 @@ import (
 	"github.com/sagaflow/sagaflow/migrations"
 	"github.com/sagaflow/sagaflow/relay"
 	"github.com/sagaflow/sagaflow/saga"
+	"github.com/sagaflow/sagaflow/wire"
 )
 
 // The relay publishes what transactions wrote to the outbox table, once they
@@ -89,7 +90,7 @@ func Example() {
 	}
 	fmt.Println("topic", m.Topic, "key is the saga id", string(m.Key) == st.ID.String())
 	for _, h := range m.Headers {
-		if h.Key == "sagaflow-type" { // what the consumer routes on
+		if h.Key == wire.HeaderType { // what the consumer routes on
 			fmt.Println("type", string(h.Value))
 		}
 	}
