@@ -229,6 +229,12 @@ type runningSteps struct {
 type claimedSaga struct {
 	cancel  context.CancelCauseFunc // set while a forward step's handler runs
 	request *store.CancelRequest    // a request heard of since the claim
+	// holders counts the batches that claimed the saga and have not
+	// released it. Two can overlap: a batch that committed a step still
+	// holds the saga until it returns, while another worker has claimed the
+	// next command already; the first one's release must not drop the
+	// second one's entry, or a cancel request would never reach its step.
+	holders int
 }
 
 // cancelRequested is the cause of a step context cancelled by a cancel
@@ -248,17 +254,25 @@ func (r *runningSteps) claim(ids ...uuid.UUID) {
 		r.m = map[uuid.UUID]*claimedSaga{}
 	}
 	for _, id := range ids {
-		if r.m[id] == nil {
-			r.m[id] = &claimedSaga{}
+		c := r.m[id]
+		if c == nil {
+			c = &claimedSaga{}
+			r.m[id] = c
 		}
+		c.holders++
 	}
 }
 
+// release ends one claim of each saga; the entry goes with the last.
 func (r *runningSteps) release(ids ...uuid.UUID) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, id := range ids {
-		delete(r.m, id)
+		if c := r.m[id]; c != nil {
+			if c.holders--; c.holders <= 0 {
+				delete(r.m, id)
+			}
+		}
 	}
 }
 

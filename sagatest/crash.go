@@ -29,22 +29,22 @@ type Boundary string
 const (
 	// AfterClaim: a worker's transaction has claimed commands and locked
 	// their sagas; no step's handler has run.
-	AfterClaim Boundary = fault.EngineAfterClaim
+	AfterClaim Boundary = "engine.after-claim"
 	// AfterHandler: a step's handler returned; its writes are in the step's
 	// transaction, which is not committed; its outcome is not written yet.
 	// Only steps with an Action or a Compensate function cross it.
-	AfterHandler Boundary = fault.EngineAfterHandler
+	AfterHandler Boundary = "engine.after-handler"
 	// BeforeCommit: the batch's steps and outcomes are written; COMMIT is
 	// next.
-	BeforeCommit Boundary = fault.EngineBeforeCommit
+	BeforeCommit Boundary = "engine.before-commit"
 	// AfterCommit: the batch committed; in Kafka mode, the command's offset
 	// is not committed yet.
-	AfterCommit Boundary = fault.EngineAfterCommit
+	AfterCommit Boundary = "engine.after-commit"
 	// AfterHold: in Kafka mode, a command whose saga was busy was moved back
 	// to the outbox (committed); its offset is not committed yet. Sagas cross
 	// it only when commands meet a busy saga, so it is not among the
 	// defaults of [CrashOpts].Boundaries.
-	AfterHold Boundary = fault.EngineAfterHold
+	AfterHold Boundary = "engine.after-hold"
 )
 
 // Defaults of [CrashOpts].
