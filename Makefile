@@ -50,7 +50,8 @@ test/race: ## run the suite five times with the race detector, to shake out flak
 
 FUZZTIME ?= 30s
 FUZZ_TARGETS := FuzzDecodeCommand:./saga FuzzClaimedFromKafka:./saga FuzzPersistedState:./saga FuzzFromKafka:./inbox \
-	FuzzBuildMessage:./relay FuzzDecodeCursor:./store FuzzParseKey:./steps
+	FuzzBuildMessage:./relay FuzzDecodeCursor:./internal/store FuzzParseKey:./steps \
+	FuzzParseKey:./wire FuzzDecodeCommand:./wire FuzzDecodeReply:./wire
 
 .PHONY: fuzz
 fuzz: ## fuzz every decoder of untrusted bytes for FUZZTIME each (default 30s)
