@@ -65,7 +65,6 @@ type Participant struct {
 	in          *inbox.Inbox
 	steps       *inbox.Inbox // step-scoped keys
 	st          *store.Store
-	outbox      string // the quoted outbox table
 	log         *slog.Logger
 	keys        signing.Keys
 	replyTopics map[string]bool // nil: IsDefaultReplyTopic
@@ -100,7 +99,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Participant, error) {
 	if err != nil {
 		return nil, fmt.Errorf("participant: participant: %w", err)
 	}
-	p := &Participant{in: in, steps: keys, st: st, outbox: pgx.Identifier{c.Schema, "outbox"}.Sanitize(), log: c.Logger,
+	p := &Participant{in: in, steps: keys, st: st, log: c.Logger,
 		keys:     signing.Keys{Current: c.SigningKey, Previous: c.VerifyKeys},
 		handlers: map[string]inbox.HandlerFunc{}}
 	if c.ReplyTopics != nil {
@@ -340,17 +339,15 @@ func refusalText(err error) string {
 // resendLast sends the latest reply recorded for key's step again, under a
 // new message id (and so a new signature).
 func (p *Participant) resendLast(ctx context.Context, tx pgx.Tx, replyTo string, key steps.Key) error {
-	var payload []byte
-	err := tx.QueryRow(ctx, "SELECT payload FROM "+p.outbox+" WHERE step_key = $1 AND type = $2 ORDER BY created_at DESC LIMIT 1",
-		key.String(), wire.TypeReply).Scan(&payload)
-	if errors.Is(err, pgx.ErrNoRows) {
+	payload, found, err := p.st.LastReply(ctx, tx, key.String())
+	if err != nil {
+		return fmt.Errorf("participant: read the last reply for %s: %w", key, err)
+	}
+	if !found {
 		// Retention has deleted it.
 		p.log.WarnContext(ctx, "sagaflow participant: a step ran before, but its reply is gone; nothing to send again",
 			slog.String("step_key", key.String()))
 		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("participant: read the last reply for %s: %w", key, err)
 	}
 	return p.writeReply(ctx, tx, replyTo, key, payload)
 }

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/sagaflow/sagaflow/wire"
 )
 
 // opsStatements are the statements of the scheduler, retention and
@@ -253,4 +255,20 @@ func DeleteInBatches(limit int, del func(limit int) (int64, error)) (int64, erro
 			return total, err
 		}
 	}
+}
+
+// LastReply returns the payload of the latest reply written for stepKey
+// (a participant's outbox row of type wire.TypeReply), or found false when
+// there is none, or retention has deleted it. The predicate repeats the
+// partial index's (migration 006) as a literal, so the index serves it.
+func (s *Store) LastReply(ctx context.Context, db DBTX, stepKey string) (payload []byte, found bool, err error) {
+	err = db.QueryRow(ctx, "SELECT payload FROM "+quoteSchema(s.schema)+".outbox WHERE type = '"+wire.TypeReply+
+		"' AND step_key = $1 ORDER BY created_at DESC LIMIT 1", stepKey).Scan(&payload)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("store: last reply for %s: %w", stepKey, err)
+	}
+	return payload, true, nil
 }
