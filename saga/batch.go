@@ -403,8 +403,8 @@ func (b *batch) reply(ctx context.Context, c *store.Claimed, ls *store.LockedSag
 		e.stats.stale.Add(1)
 		return nil
 	}
-	var r steps.Reply
-	if err := json.Unmarshal(c.Payload, &r); err != nil {
+	r, err := wire.DecodeReply(c.Payload)
+	if err != nil {
 		return b.park(ctx, c, &sg.ID, CodeMalformed, "malformed reply: "+err.Error())
 	}
 	sp := b.tx.savepoint()

@@ -156,13 +156,24 @@ var ErrInvalidText = errors.New("not storable text")
 // in a PostgreSQL text column of at most limit bytes (limit <= 0: no
 // limit): it holds a NUL byte, is not valid UTF-8, or is too long.
 func CheckText(field, s string, limit int) error {
-	switch {
-	case strings.IndexByte(s, 0) >= 0:
-		return fmt.Errorf("%s contains a NUL byte: %w", field, ErrInvalidText)
-	case !utf8.ValidString(s):
-		return fmt.Errorf("%s is not valid UTF-8: %w", field, ErrInvalidText)
-	case limit > 0 && len(s) > limit:
-		return fmt.Errorf("%s is %d bytes, more than %d: %w", field, len(s), limit, ErrInvalidText)
+	if p := TextProblem(s, limit); p != "" {
+		return fmt.Errorf("%s %s: %w", field, p, ErrInvalidText)
 	}
 	return nil
+}
+
+// TextProblem describes why s cannot be stored as it is in a PostgreSQL
+// text column of at most limit bytes (limit <= 0: no limit), e.g. "contains
+// a NUL byte", or returns "" when it can. It is sagaflow's one rule for text
+// from outside the process.
+func TextProblem(s string, limit int) string {
+	switch {
+	case strings.IndexByte(s, 0) >= 0:
+		return "contains a NUL byte"
+	case !utf8.ValidString(s):
+		return "is not valid UTF-8"
+	case limit > 0 && len(s) > limit:
+		return fmt.Sprintf("is %d bytes, more than %d", len(s), limit)
+	}
+	return ""
 }

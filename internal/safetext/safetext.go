@@ -15,30 +15,22 @@ import (
 	"fmt"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/sagaflow/sagaflow/wire"
 )
 
 // MaxKeyBytes bounds a string stored in an indexed column (an inbox key, a
 // message id, a business key) as it is. A longer or unsafe key is stored as
 // its hash (see [Key]). Well below the btree limit, with room for the rest
 // of a composite key.
-const MaxKeyBytes = 512
+const MaxKeyBytes = wire.MaxKeyBytes
 
 // hashPrefix starts a key that [Key] replaced by its hash.
 const hashPrefix = "sha256:"
 
 // Problem describes why s cannot be stored as it is in a text column of at
 // most limit bytes (limit <= 0: no limit), or returns "" when it can.
-func Problem(s string, limit int) string {
-	switch {
-	case strings.IndexByte(s, 0) >= 0:
-		return "contains a NUL byte"
-	case !utf8.ValidString(s):
-		return "is not valid UTF-8"
-	case limit > 0 && len(s) > limit:
-		return fmt.Sprintf("is %d bytes, more than %d", len(s), limit)
-	}
-	return ""
-}
+func Problem(s string, limit int) string { return wire.TextProblem(s, limit) }
 
 // Check returns an error naming field when s cannot be stored as it is in
 // a text column of at most limit bytes (limit <= 0: no limit).
