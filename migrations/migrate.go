@@ -294,9 +294,17 @@ func Check(ctx context.Context, db Querier, schema string) error {
 	if len(missing) == 0 {
 		return nil
 	}
+	latest := ms[len(ms)-1].Version
+	if found >= latest {
+		// Later versions applied without earlier ones: scripts applied out
+		// of order, or skipped.
+		return fmt.Errorf("%w: schema %q has migration versions up to %d but lacks %s, applied out of order or "+
+			"skipped: run migrations.Migrate (the sagaflow migrate command), which applies what is missing",
+			ErrNotMigrated, schema, found, strings.Join(missing, ", "))
+	}
 	return fmt.Errorf("%w: schema %q is at migration version %d, and this sagaflow needs %d (missing %s): "+
 		"run migrations.Migrate (the sagaflow migrate command), or apply migrations.Script with your own tool",
-		ErrNotMigrated, schema, found, ms[len(ms)-1].Version, strings.Join(missing, ", "))
+		ErrNotMigrated, schema, found, latest, strings.Join(missing, ", "))
 }
 
 // Querier runs a query: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.

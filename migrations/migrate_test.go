@@ -2,6 +2,7 @@ package migrations_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -171,4 +172,22 @@ func TestConcurrentExportsOfTheSameContentAgree(t *testing.T) {
 		require.NoError(t, err)
 		require.Len(t, entries, len(ms), "no temporary file is left behind")
 	}
+}
+
+// A version applied before an earlier one is named as out of order, not
+// as an up-to-date schema that somehow lacks it.
+func TestCheckNamesVersionsAppliedOutOfOrder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := pgtest.NewSchema(t)
+	ms, err := migrations.All()
+	require.NoError(t, err)
+	_, err = migrations.Migrate(ctx, pool, schema)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "DELETE FROM "+pgx.Identifier{schema, "sagaflow_migrations"}.Sanitize()+" WHERE version = 1")
+	require.NoError(t, err)
+	err = migrations.Check(ctx, pool, schema)
+	require.ErrorIs(t, err, migrations.ErrNotMigrated)
+	require.ErrorContains(t, err, fmt.Sprintf("has migration versions up to %d but lacks %s, applied out of order or skipped",
+		ms[len(ms)-1].Version, ms[0].FileName()[:len(ms[0].FileName())-len(".up.sql")]))
 }
