@@ -136,8 +136,8 @@ func (r *recorder) Fatalf(format string, args ...any) {
 	runtime.Goexit()
 }
 func (r *recorder) Fatal(args ...any) { r.Fatalf("%s", fmt.Sprint(args...)) }
-func (r *recorder) Fail()            { r.Errorf("Fail called") }
-func (r *recorder) FailNow()         { r.Fatalf("FailNow called") }
+func (r *recorder) Fail()             { r.Errorf("Fail called") }
+func (r *recorder) FailNow()          { r.Fatalf("FailNow called") }
 func (r *recorder) Failed() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
