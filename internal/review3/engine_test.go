@@ -160,13 +160,21 @@ func TestEngineHandBuiltReplies(t *testing.T) {
 	// doc does not check: nothing may panic or stall; where they go is
 	// recorded below.
 	odd := map[string]func() ([]hdr, []byte){
-		"NUL message id":           func() ([]hdr, []byte) { return set(reply(id, id+"/charge/forward/3"), wire.HeaderMessageID, "m\x00"), good },
-		"10 kB message id":         func() ([]hdr, []byte) { return set(reply(id, id+"/charge/forward/3"), wire.HeaderMessageID, big), good },
-		"invalid UTF-8 message id": func() ([]hdr, []byte) { return set(reply(id, id+"/charge/forward/3"), wire.HeaderMessageID, "m\xff"), good },
-		"10 kB type":               func() ([]hdr, []byte) { return set(reply(id, key), wire.HeaderType, big), good },
-		"NUL type":                 func() ([]hdr, []byte) { return set(reply(id, key), wire.HeaderType, "sagaflow.reply\x00"), good },
-		"10 kB unknown header":     func() ([]hdr, []byte) { return reply(id, id+"/charge/forward/3", hdr{"sagaflow-x", big}, hdr{"traceparent", "\x00\xff"}), good },
-		"10 kB value":              func() ([]hdr, []byte) { return reply(id, id+"/charge/forward/3"), []byte(`{"ok":true,"result":"` + big + `"}`) },
+		"NUL message id": func() ([]hdr, []byte) {
+			return set(reply(id, id+"/charge/forward/3"), wire.HeaderMessageID, "m\x00"), good
+		},
+		"10 kB message id": func() ([]hdr, []byte) { return set(reply(id, id+"/charge/forward/3"), wire.HeaderMessageID, big), good },
+		"invalid UTF-8 message id": func() ([]hdr, []byte) {
+			return set(reply(id, id+"/charge/forward/3"), wire.HeaderMessageID, "m\xff"), good
+		},
+		"10 kB type": func() ([]hdr, []byte) { return set(reply(id, key), wire.HeaderType, big), good },
+		"NUL type":   func() ([]hdr, []byte) { return set(reply(id, key), wire.HeaderType, "sagaflow.reply\x00"), good },
+		"10 kB unknown header": func() ([]hdr, []byte) {
+			return reply(id, id+"/charge/forward/3", hdr{"sagaflow-x", big}, hdr{"traceparent", "\x00\xff"}), good
+		},
+		"10 kB value": func() ([]hdr, []byte) {
+			return reply(id, id+"/charge/forward/3"), []byte(`{"ok":true,"result":"` + big + `"}`)
+		},
 	}
 	for _, set := range []map[string]func() ([]hdr, []byte){dead, stale, odd} {
 		for _, build := range set {
