@@ -85,8 +85,13 @@ func TestEngineSigningByHand(t *testing.T) {
 // Two tenants, each with its own schema, engine and relay, on one Kafka
 // cluster with the default topic names, running a saga of the same name:
 // neither may run, dead-letter or even hold the other's commands.
-func TestTwoTenantsShareTheBus(t *testing.T) {
-	kc := kafkatest.New(t, kafkatest.SeedTopics(2, "sagaflow.commands.tn"))
+func TestTwoTenantsShareTheBus(t *testing.T) { twoTenants(t, false) }
+
+// The same with a CommandTopic of each tenant's own: isolated.
+func TestTwoTenantsOwnCommandTopics(t *testing.T) { twoTenants(t, true) }
+
+func twoTenants(t *testing.T, ownTopics bool) {
+	kc := kafkatest.New(t, kafkatest.SeedTopics(2, "sagaflow.commands.tn"), kafkatest.AllowAutoTopicCreation(), kafkatest.DefaultNumPartitions(2))
 	type tenant struct {
 		pool   *pgxpool.Pool
 		schema string
@@ -107,7 +112,11 @@ func TestTwoTenantsShareTheBus(t *testing.T) {
 		r, err := relay.New(pool, w, &relay.Config{Schema: schema})
 		require.NoError(t, err)
 		require.NoError(t, r.Start(ctx))
-		e, err := saga.New(pool, &saga.Config{Schema: schema, PollInterval: 20 * time.Millisecond, Kafka: &saga.KafkaConfig{Brokers: kc.Addrs()}})
+		cfg := &saga.Config{Schema: schema, PollInterval: 20 * time.Millisecond, Kafka: &saga.KafkaConfig{Brokers: kc.Addrs()}}
+		if ownTopics {
+			cfg.CommandTopic = "tenant." + schema
+		}
+		e, err := saga.New(pool, cfg)
 		require.NoError(t, err)
 		require.NoError(t, e.Register(def))
 		require.NoError(t, e.Start(ctx))
@@ -138,7 +147,11 @@ func TestTwoTenantsShareTheBus(t *testing.T) {
 		var foreign int
 		require.NoError(t, tn.pool.QueryRow(ctx, "SELECT count(*) FROM "+migrations.QuoteSchema(tn.schema)+".review3_effects WHERE what <> $1", tn.schema).Scan(&foreign))
 		require.Zero(t, foreign, "tenant %s ran another tenant's step", tn.schema)
-		if letters := deadLetters(t, tn.e); len(letters) > 0 {
+		letters := deadLetters(t, tn.e)
+		if ownTopics {
+			require.Empty(t, letters, "tenant %s with its own command topic", tn.schema)
+		}
+		if len(letters) > 0 {
 			var reasons []string
 			for _, l := range letters {
 				reasons = append(reasons, l.Reason)
