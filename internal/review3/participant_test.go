@@ -119,8 +119,9 @@ func TestParticipantHandBuiltCommands(t *testing.T) {
 	// 2. The same message again (same id): no second effect, no second reply.
 	send(t, prod, payTopic, sagaA, cmdA, value)
 	// 3. The same step key under a new message id (the rescuer's resend):
-	// no second effect, the last reply again.
-	send(t, prod, payTopic, sagaA, resign(set(cmdA, wire.HeaderMessageID, newID()), value), value)
+	// no second effect, the last reply again. "The message id is not
+	// signed": the old signature still holds.
+	send(t, prod, payTopic, sagaA, set(cmdA, wire.HeaderMessageID, newID()), value)
 	waitReplies(keyA, 2)
 
 	// 4. Bad commands, each of which the doc says is dead-lettered without a
