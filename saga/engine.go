@@ -89,8 +89,12 @@ type Config struct {
 	// MaxStateBytes bounds a saga's JSON-encoded state, at start and after
 	// each step. Defaults to MaxStateBytesDefault (1 MiB).
 	MaxStateBytes int
-	// CommandTopic is the outbox topic of step commands. Defaults to
-	// CommandTopicDefault.
+	// CommandTopic is the outbox topic of step commands (in Kafka mode,
+	// the prefix of one topic per saga type). Defaults to
+	// CommandTopicDefault. In Kafka mode, give each schema that shares a
+	// cluster its own: engines of different schemas are different consumer
+	// groups, and each would also read, and dead-letter, the other's
+	// commands.
 	CommandTopic string
 	// RescueSlack is added to each step's timeout to give a saga's deadline
 	// (next_check_at), past which the rescuer looks at it. When a step has

@@ -10,6 +10,7 @@ import (
 	"github.com/sagaflow/sagaflow/internal/safetext"
 	"github.com/sagaflow/sagaflow/internal/store"
 	"github.com/sagaflow/sagaflow/steps"
+	"github.com/sagaflow/sagaflow/wire"
 )
 
 // This file is the saga's state machine: every decision about where a saga
@@ -308,7 +309,10 @@ func (m machine) replied(sg *store.Saga, def *compiled, idx int, dir steps.Direc
 // none). The participant did nothing to undo, so a forward step is not
 // compensated itself.
 func (m machine) refused(sg *store.Saga, def *compiled, idx int, dir steps.Direction, r steps.Reply) decision {
-	code := r.Code
+	// A participant in another language may send more than the protocol's
+	// limits: cut to them, as a Go participant does before it sends.
+	r.Error = safetext.Text(r.Error, wire.MaxReplyErrorBytes)
+	code := safetext.Text(r.Code, wire.MaxReplyCodeBytes)
 	if code == "" {
 		code = CodeRefused
 	}

@@ -443,10 +443,10 @@ func (m *matrix) check(tb testing.TB, name string, ids []uuid.UUID, ended []*sag
 			switch n, w := got[e], want[e]; {
 			case n > w:
 				doubled++
-				why = append(why, fmt.Sprintf("%s: its effects are there %d times, but it completed %d times (doubled)", e, n, w))
+				why = append(why, fmt.Sprintf("%s: its effects are there %s, but it completed %s (doubled)", e, times(n), times(w)))
 			case n < w:
 				lost++
-				why = append(why, fmt.Sprintf("%s: its effects are there %d times, but it completed %d times (lost)", e, n, w))
+				why = append(why, fmt.Sprintf("%s: its effects are there %s, but it completed %s (lost)", e, times(n), times(w)))
 			}
 		}
 		if len(why) > 0 {
@@ -544,4 +544,15 @@ func (s *pidSet) list() []int32 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return slices.Clone(s.pids)
+}
+
+// times says "once", "twice" or "n times".
+func times(n int) string {
+	switch n {
+	case 1:
+		return "once"
+	case 2:
+		return "twice"
+	}
+	return fmt.Sprintf("%d times", n)
 }

@@ -115,7 +115,8 @@ func (k Key) String() string {
 
 // ParseKey parses a key written by [Key.String]. It checks the key's shape
 // (four parts, a UUID, a non-empty step name, a direction, a non-negative
-// epoch), not whether its text can be stored: see [CheckText].
+// epoch in canonical decimal), not whether its text can be stored: see
+// [CheckText].
 func ParseKey(s string) (Key, error) {
 	parts := strings.Split(s, "/")
 	if len(parts) != 4 {
@@ -133,8 +134,8 @@ func ParseKey(s string) (Key, error) {
 		return Key{}, fmt.Errorf("wire: parse key %q: direction %q is neither %q nor %q", s, parts[2], Forward, Compensate)
 	}
 	epoch, err := strconv.Atoi(parts[3])
-	if err != nil || epoch < 0 {
-		return Key{}, fmt.Errorf("wire: parse key %q: epoch %q is not a non-negative integer", s, parts[3])
+	if err != nil || epoch < 0 || strconv.Itoa(epoch) != parts[3] {
+		return Key{}, fmt.Errorf("wire: parse key %q: epoch %q is not a non-negative decimal integer without sign or leading zeros", s, parts[3])
 	}
 	return Key{SagaID: id, Step: parts[1], Direction: dir, Epoch: epoch}, nil
 }
