@@ -280,9 +280,6 @@ func (p *Participant) admit(msg inbox.Message) (steps.Key, string, error) {
 	if keyText == "" || replyTo == "" {
 		return refuse(CodeNotASagaCommand, "a saga command has the %s and %s headers", wire.HeaderStepKey, wire.HeaderReplyTo)
 	}
-	if err := safetext.Check(wire.HeaderStepKey, keyText, safetext.MaxKeyBytes); err != nil {
-		return refuse(CodeNotASagaCommand, "%w", err)
-	}
 	key, err := steps.ParseKey(keyText)
 	if err != nil {
 		return refuse(CodeNotASagaCommand, "%w", err)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sagaflow/sagaflow/internal/lifecycle"
 	"github.com/sagaflow/sagaflow/steps"
+	"github.com/sagaflow/sagaflow/wire"
 )
 
 // Defaults for steps that leave a field zero.
@@ -245,24 +246,11 @@ type stateDecodeError struct{ err error }
 func (e *stateDecodeError) Error() string { return "decode state: " + e.err.Error() }
 func (e *stateDecodeError) Unwrap() error { return e.err }
 
-func validName(s string) bool {
-	if s == "" || len(s) > 64 {
-		return false
-	}
-	for _, r := range s {
-		ok := r == '.' || r == '-' || r == '_' || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z') || (r >= '0' && r <= '9')
-		if !ok {
-			return false
-		}
-	}
-	return true
-}
-
 func (d *Definition[S]) compile() (*compiled, error) {
 	if d == nil {
 		return nil, fmt.Errorf("%w: nil definition", ErrInvalidDefinition)
 	}
-	if !validName(d.name) {
+	if !wire.ValidName(d.name) {
 		return nil, fmt.Errorf("%w: saga name %q must be 1-64 letters, digits, '.', '-' or '_'", ErrInvalidDefinition, d.name)
 	}
 	if len(d.steps) == 0 {
@@ -270,7 +258,7 @@ func (d *Definition[S]) compile() (*compiled, error) {
 	}
 	c := &compiled{name: d.name, byName: make(map[string]int, len(d.steps)), owner: d}
 	for i, s := range d.steps {
-		if !validName(s.Name) {
+		if !wire.ValidName(s.Name) {
 			return nil, fmt.Errorf("%w: saga %q step %d: name %q must be 1-64 letters, digits, '.', '-' or '_'", ErrInvalidDefinition, d.name, i, s.Name)
 		}
 		if _, dup := c.byName[s.Name]; dup {

@@ -113,29 +113,33 @@ func (k Key) String() string {
 	return k.SagaID.String() + "/" + k.Step + "/" + string(k.Direction) + "/" + strconv.Itoa(k.Epoch)
 }
 
-// ParseKey parses a key written by [Key.String]. It checks the key's shape
-// (four parts, a UUID, a non-empty step name, a direction, a non-negative
-// epoch in canonical decimal), not whether its text can be stored: see
-// [CheckText].
+// ParseKey parses a key written by [Key.String]. It checks the key's shape:
+// four parts, a UUID, a step name as [ValidName] has it, a direction, a
+// non-negative epoch in canonical decimal. A key that parses is storable
+// text of at most a few hundred bytes.
 func ParseKey(s string) (Key, error) {
 	parts := strings.Split(s, "/")
 	if len(parts) != 4 {
-		return Key{}, fmt.Errorf("wire: parse key %q: want saga_id/step/direction/epoch", s)
+		return Key{}, fmt.Errorf("wire: parse key %q: want saga_id/step/direction/epoch", clip(s))
 	}
 	id, err := ParseUUID(parts[0])
 	if err != nil {
-		return Key{}, fmt.Errorf("wire: parse key %q: saga id: %w", s, err)
+		return Key{}, fmt.Errorf("wire: parse key %q: saga id: %w", clip(s), err)
 	}
 	if parts[1] == "" {
-		return Key{}, fmt.Errorf("wire: parse key %q: empty step name", s)
+		return Key{}, fmt.Errorf("wire: parse key %q: empty step name", clip(s))
+	}
+	if !ValidName(parts[1]) {
+		return Key{}, fmt.Errorf("wire: parse key %q: step name %q is not 1 to %d of letters, digits, '.', '-' and '_', as every step name is",
+			clip(s), clip(parts[1]), MaxNameBytes)
 	}
 	dir := Direction(parts[2])
 	if !dir.Valid() {
-		return Key{}, fmt.Errorf("wire: parse key %q: direction %q is neither %q nor %q", s, parts[2], Forward, Compensate)
+		return Key{}, fmt.Errorf("wire: parse key %q: direction %q is neither %q nor %q", clip(s), clip(parts[2]), Forward, Compensate)
 	}
 	epoch, err := strconv.Atoi(parts[3])
 	if err != nil || epoch < 0 || strconv.Itoa(epoch) != parts[3] {
-		return Key{}, fmt.Errorf("wire: parse key %q: epoch %q is not a non-negative decimal integer without sign or leading zeros", s, parts[3])
+		return Key{}, fmt.Errorf("wire: parse key %q: epoch %q is not a non-negative decimal integer without sign or leading zeros", clip(s), clip(parts[3]))
 	}
 	return Key{SagaID: id, Step: parts[1], Direction: dir, Epoch: epoch}, nil
 }
@@ -177,4 +181,19 @@ func TextProblem(s string, limit int) string {
 		return fmt.Sprintf("is %d bytes, more than %d", len(s), limit)
 	}
 	return ""
+}
+
+// ValidName reports whether s can name a saga or a step: 1 to MaxNameBytes
+// of a-z, A-Z, 0-9, '.', '-' and '_'. Definitions are held to it, so a step
+// key or a command naming anything else comes from no sagaflow engine.
+func ValidName(s string) bool {
+	if s == "" || len(s) > MaxNameBytes {
+		return false
+	}
+	for _, r := range s {
+		if !(r == '.' || r == '-' || r == '_' || ('a' <= r && r <= 'z') || ('A' <= r && r <= 'Z') || ('0' <= r && r <= '9')) {
+			return false
+		}
+	}
+	return true
 }

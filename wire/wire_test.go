@@ -48,10 +48,17 @@ func TestParseKeyRejectsMalformedKeys(t *testing.T) {
 		{id + "/a/sideways/0", `direction "sideways"`},
 		{id + "/a/forward/-1", `epoch "-1"`},
 		{id + "/a/forward/x", `epoch "x"`},
+		{id + "/ch\x00arge/forward/0", "is not 1 to 64 of letters"},
+		{id + "/ch\xffarge/forward/0", "is not 1 to 64 of letters"},
+		{id + "/a b/forward/0", "is not 1 to 64 of letters"},
+		{id + "/" + strings.Repeat("s", 10_000) + "/forward/0", "is not 1 to 64 of letters"},
 	} {
 		_, err := wire.ParseKey(tc.in)
 		require.ErrorContains(t, err, tc.want, "input %q", tc.in)
+		require.Less(t, len(err.Error()), 600, "the error quotes a bounded part of the key")
 	}
+	require.True(t, wire.ValidName(strings.Repeat("a", wire.MaxNameBytes)))
+	require.False(t, wire.ValidName(strings.Repeat("a", wire.MaxNameBytes+1)))
 }
 
 // TestMurmur2MatchesTheJavaClient checks the vectors of the Java client's
