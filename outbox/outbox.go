@@ -180,7 +180,7 @@ func (o *Outbox) InsertTx(ctx context.Context, tx pgx.Tx, m Message) error {
 	if m.Payload == nil {
 		m.Payload = []byte{}
 	}
-	if err := o.st.InsertMessage(ctx, tx, &store.Message{
+	if err := o.st.InsertMessageNotify(ctx, tx, &store.Message{
 		ID: m.ID, Topic: m.Topic, Delivery: store.DeliveryRelay, AggregateType: m.AggregateType, AggregateID: m.Key,
 		Type: m.Type, Payload: m.Payload, Headers: m.Headers, Delay: m.Delay,
 	}); err != nil {
@@ -188,9 +188,6 @@ func (o *Outbox) InsertTx(ctx context.Context, tx pgx.Tx, m Message) error {
 			return fmt.Errorf("%w: %s (the transaction is aborted)", ErrDuplicateID, m.ID)
 		}
 		return fmt.Errorf("outbox: %w", err)
-	}
-	if err := o.st.Notify(ctx, tx, m.Topic); err != nil {
-		return fmt.Errorf("outbox: wake the relay: %w", err)
 	}
 	return nil
 }

@@ -370,11 +370,8 @@ func (p *Participant) writeReply(ctx context.Context, tx pgx.Tx, topic string, k
 	headers := map[string]string{wire.HeaderMessageID: id.String(), wire.HeaderType: wire.TypeReply,
 		wire.HeaderSagaID: key.SagaID.String(), wire.HeaderStepKey: keyText}
 	p.keys.SignMap(headers, payload)
-	// Wake the service's relay when the transaction commits.
-	if err := p.st.Notify(ctx, tx, topic); err != nil {
-		return err
-	}
-	return p.st.InsertMessage(ctx, tx, &store.Message{
+	// The relay wakes when the transaction commits.
+	return p.st.InsertMessageNotify(ctx, tx, &store.Message{
 		ID: id, Topic: topic, Delivery: store.DeliveryRelay, AggregateType: "saga.reply", AggregateID: key.SagaID.String(),
 		Type: wire.TypeReply, Payload: payload, SagaID: &key.SagaID, StepKey: &keyText, Headers: headers,
 	})

@@ -204,11 +204,11 @@ type Store struct {
 }
 
 type statements struct {
-	startSaga, startSagaOne, sagaByKey, insertHistory, insertOutbox, notify, claimDirect, claimAndLock, lockSagas, lockSaga, updateSaga string
-	insertInbox, recordInbox, deleteDelivered, deferMessages, markDead, nextDue, getSaga                                                string
-	getSagaForUpdate, history, listBase                                                                                                 string
-	insertCancel, deleteCancel, cancelRequests, holdMessage, refuseCancel                                                               string
-	historyRows                                                                                                                         [maxHistoryRows + 1]string
+	startSaga, startSagaOne, sagaByKey, insertHistory, insertOutbox, insertOutboxNotify, notify, claimDirect, claimAndLock, lockSagas, lockSaga, updateSaga string
+	insertInbox, recordInbox, deleteDelivered, deferMessages, markDead, nextDue, getSaga                                                                    string
+	getSagaForUpdate, history, listBase                                                                                                                     string
+	insertCancel, deleteCancel, cancelRequests, holdMessage, refuseCancel                                                                                   string
+	historyRows                                                                                                                                             [maxHistoryRows + 1]string
 }
 
 // maxHistoryRows is the most history entries one statement inserts.
@@ -407,6 +407,9 @@ func New(schema string) (*Store, error) {
 			WHERE $11 <= 0 OR coalesce($9, c.t) >= c.t - $11 * interval '1 microsecond'
 			RETURNING true`,
 	}
+	// The row and the relay's wake-up in one round trip; the notification
+	// is delivered when the transaction commits.
+	st.q.insertOutboxNotify = "WITH m AS (" + st.q.insertOutbox + " RETURNING topic) SELECT pg_notify($12, m.topic) FROM m"
 	for n := 1; n <= maxHistoryRows; n++ {
 		var vals []string
 		for r := range n {
@@ -587,6 +590,16 @@ func (s *Store) outboxArgs(m *Message) []any {
 // InsertMessage inserts an outbox row.
 func (s *Store) InsertMessage(ctx context.Context, db DBTX, m *Message) error {
 	if _, err := db.Exec(ctx, s.q.insertOutbox, s.outboxArgs(m)...); err != nil {
+		return fmt.Errorf("store: insert outbox message %s (topic %s): %w", m.ID, m.Topic, err)
+	}
+	return nil
+}
+
+// InsertMessageNotify inserts an outbox row and notifies [Store.Channel] of
+// its topic, in one statement: the relay wakes when the transaction
+// commits.
+func (s *Store) InsertMessageNotify(ctx context.Context, db DBTX, m *Message) error {
+	if _, err := db.Exec(ctx, s.q.insertOutboxNotify, append(s.outboxArgs(m), s.channel)...); err != nil {
 		return fmt.Errorf("store: insert outbox message %s (topic %s): %w", m.ID, m.Topic, err)
 	}
 	return nil
