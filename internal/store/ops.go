@@ -47,6 +47,8 @@ func newOpsStatements(s string) opsStatements {
 				ORDER BY ended_at LIMIT $2 FOR UPDATE SKIP LOCKED
 			), h AS (
 				DELETE FROM ` + s + `.saga_history WHERE saga_id IN (SELECT id FROM gone)
+			), g AS (
+				DELETE FROM ` + s + `.saga_signals WHERE saga_id IN (SELECT id FROM gone)
 			)
 			DELETE FROM ` + s + `.saga_instances WHERE id IN (SELECT id FROM gone)`,
 		outboxStatus: `SELECT
