@@ -193,7 +193,7 @@ type compiled struct {
 	steps    []compiledStep
 	byName   map[string]int
 	deadline time.Duration
-	owner  any // the *Definition[S] it came from
+	owner    any // the *Definition[S] it came from
 	// run decodes the state, runs step i in direction dir and encodes the
 	// state again.
 	run func(ctx context.Context, r *StepRun, i int, dir steps.Direction, state []byte) ([]byte, error)

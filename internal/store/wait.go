@@ -172,4 +172,3 @@ func (s *Store) Signals(ctx context.Context, db DBTX, id uuid.UUID, limit int) (
 	}
 	return out, nil
 }
-
