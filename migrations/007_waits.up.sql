@@ -50,3 +50,5 @@ CREATE TABLE {{schema}}.saga_signals (
 CREATE UNIQUE INDEX saga_signals_dedupe ON {{schema}}.saga_signals ((coalesce(saga_id::text, target)), signal_id);
 CREATE INDEX saga_signals_pending ON {{schema}}.saga_signals (saga_id, name, seq) WHERE status = 'pending';
 CREATE INDEX saga_signals_saga ON {{schema}}.saga_signals (saga_id, seq);
+-- Signals that matched no saga are deleted after the saga retention.
+CREATE INDEX saga_signals_orphan ON {{schema}}.saga_signals (created_at) WHERE saga_id IS NULL;

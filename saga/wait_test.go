@@ -564,3 +564,77 @@ func (b *bundle) effectsAll(t *testing.T) []string {
 	require.NoError(t, err)
 	return out
 }
+
+// TestKafkaModeWaits: Kafka cannot delay a message, so a timer's command
+// waits in the outbox and the relay publishes it when it is due; a signal's
+// wake-up and a child's end travel through Kafka like any command.
+func TestKafkaModeWaits(t *testing.T) {
+	t.Parallel()
+	k := setupKafka(t, 2, "ksleeper", "order", "packing")
+	sleeper := saga.Define("ksleeper",
+		saga.Step[fulfil]{Name: "nap", Wait: saga.Sleep[fulfil](6 * time.Hour)},
+		saga.Step[fulfil]{Name: "picked", Wait: saga.OnSignal("picked", func(_ context.Context, _ *saga.StepRun, s *fulfil, p picked) error {
+			s.Got = append(s.Got, p.Bin)
+			return nil
+		})},
+		saga.Step[fulfil]{Name: "ship", Action: act(k.schema, "ship")},
+	)
+	parent, child := childDefs(k.schema, false, 0)
+	require.NoError(t, k.engine.Register(sleeper, parent, child))
+	k.start(t)
+	ctx := context.Background()
+	st, err := saga.Start(ctx, k.engine, sleeper, fulfil{}, nil)
+	require.NoError(t, err)
+	sagatest.Wait(t, k.engine, st.ID, waiting("timer"), waitOpts())
+	// The timer's command is a relay row, not published: it is not due.
+	require.Equal(t, 1, k.count(t, `SELECT count(*) FROM `+k.table("outbox")+
+		` WHERE saga_id = $1 AND delivery = 'relay' AND status = 'pending' AND available_at > now() + interval '5 hours'`, st.ID))
+	require.NoError(t, sagatest.NewClock(k.pool, k.schema, k.engine).Advance(ctx, 6*time.Hour))
+	sagatest.Wait(t, k.engine, st.ID, waiting("signal"), waitOpts())
+	_, err = k.engine.Signal(ctx, saga.Signal{SagaID: st.ID, Name: "picked", ID: "p1", Payload: picked{Bin: "K9"}})
+	require.NoError(t, err)
+	in := k.waitTerminal(t, st.ID)
+	require.Equal(t, saga.StatusCompleted, in.Status, sagatest.Describe(in))
+	require.Equal(t, 1, countEvents(in, saga.EventTimerFired))
+
+	ps, err := saga.Start(ctx, k.engine, parent, fulfil{}, nil)
+	require.NoError(t, err)
+	in = k.waitTerminal(t, ps.ID)
+	require.Equal(t, saga.StatusCompleted, in.Status, sagatest.Describe(in))
+	var s fulfil
+	require.NoError(t, in.DecodeState(&s))
+	require.Equal(t, "pack,labelled", s.Child)
+}
+
+// TestATimersCommandThatComesEarlyDoesNotEndTheWait: the wait ends by the
+// database's clock against the stored end, not because its command ran (a
+// command made due by hand, or delivered early, waits on).
+func TestATimersCommandThatComesEarlyDoesNotEndTheWait(t *testing.T) {
+	b := setup(t, nil)
+	def := saga.Define("sleeper",
+		saga.Step[fulfil]{Name: "nap", Wait: saga.Sleep[fulfil](3 * time.Hour)},
+		saga.Step[fulfil]{Name: "ship", Action: act(b.schema, "ship")},
+	)
+	require.NoError(t, b.engine.Register(def))
+	b.start(t)
+	ctx := context.Background()
+	st, err := saga.Start(ctx, b.engine, def, fulfil{}, nil)
+	require.NoError(t, err)
+	first := sagatest.Wait(t, b.engine, st.ID, waiting("timer"), waitOpts())
+	_, err = b.pool.Exec(ctx, `UPDATE `+b.table("outbox")+` SET available_at = now() WHERE saga_id = $1 AND status = 'pending'`, st.ID)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, `SELECT pg_notify($1, 'x')`, b.schema+"_sagaflow")
+	require.NoError(t, err)
+	// The command ran (the saga's version moved) and the saga waits on,
+	// until the same end, with its command due then again.
+	in := sagatest.Wait(t, b.engine, st.ID, sagatest.Cond("the early command ran", func(in *saga.Instance) bool {
+		return in.Version > first.Version
+	}), waitOpts())
+	require.Equal(t, saga.StatusRunning, in.Status)
+	require.Equal(t, "nap", in.Step)
+	require.NotNil(t, in.Wait)
+	require.WithinDuration(t, *first.Wait.Until, *in.Wait.Until, time.Second)
+	require.Zero(t, countEvents(in, saga.EventTimerFired))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM `+b.table("outbox")+
+		` WHERE saga_id = $1 AND status = 'pending' AND available_at > now() + interval '2 hours'`, st.ID))
+}

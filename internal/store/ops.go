@@ -134,7 +134,7 @@ func (s *Store) DeleteInboxKeys(ctx context.Context, db DBTX, consumer string, w
 }
 
 // DeleteFinishedSagas deletes up to limit completed or compensated sagas
-// that ended longer than window ago, with their history, and returns how
+// that ended longer than window ago, with their history and signals, and returns how
 // many sagas it deleted. Failed sagas are kept for an operator.
 func (s *Store) DeleteFinishedSagas(ctx context.Context, db DBTX, window time.Duration, limit int) (int64, error) {
 	tag, err := db.Exec(ctx, s.ops.deleteSagas, micros(window), limit)

@@ -22,7 +22,7 @@ const (
 )
 
 type waitStatements struct {
-	deletePending, deliverSignal, cancelChild, insertSignal, findSignal, probeSignal, dbNow, deadlineDue, signals string
+	deletePending, deliverSignal, cancelChild, insertSignal, findSignal, probeSignal, dbNow, deadlineDue, signals, deleteOrphans string
 }
 
 func newWaitStatements(s string) waitStatements {
@@ -57,6 +57,9 @@ func newWaitStatements(s string) waitStatements {
 			WHERE s.status = 'running' AND s.deadline_at <= now() AND s.saga_name = ANY($1)
 				AND NOT EXISTS (SELECT 1 FROM ` + s + `.saga_cancel_requests r WHERE r.saga_id = s.id)
 			ORDER BY s.deadline_at LIMIT $2`,
+		deleteOrphans: `DELETE FROM ` + s + `.saga_signals WHERE seq IN (
+				SELECT seq FROM ` + s + `.saga_signals WHERE saga_id IS NULL AND created_at < now() - $1 * interval '1 microsecond'
+				ORDER BY created_at LIMIT $2)`,
 		signals: `SELECT seq, name, signal_id, payload, status, coalesce(error, ''), step_name, epoch, created_at, delivered_at
 			FROM ` + s + `.saga_signals WHERE saga_id = $1 ORDER BY seq LIMIT $2`,
 	}
@@ -171,4 +174,15 @@ func (s *Store) Signals(ctx context.Context, db DBTX, id uuid.UUID, limit int) (
 		return nil, fmt.Errorf("store: signals of saga %s: %w", id, err)
 	}
 	return out, nil
+}
+
+// DeleteOrphanSignals deletes up to limit signals that matched no saga and
+// were recorded longer than window ago. (A saga's own signals go with it:
+// see [Store.DeleteFinishedSagas].)
+func (s *Store) DeleteOrphanSignals(ctx context.Context, db DBTX, window time.Duration, limit int) (int64, error) {
+	tag, err := db.Exec(ctx, s.w.deleteOrphans, micros(window), limit)
+	if err != nil {
+		return 0, fmt.Errorf("store: delete signals for no saga: %w", err)
+	}
+	return tag.RowsAffected(), nil
 }
