@@ -84,8 +84,9 @@ func (b *batch) await(ctx context.Context, sg *store.Saga, def *compiled, idx in
 		newState, herr := e.callHandler(ctx, b.tx, run, fwd, timeout, call)
 		return b.outcome(ctx, sg, def, idx, fwd, key, sp, last, attempt, started, newState, herr, amend)
 	}
-	write := func(d decision, rollback bool, done func()) error {
-		b.tx.write(sg, e.transition(sg, d), sp, rollback, last, nil, done)
+	// write queues d; nothing ran that could need rolling back.
+	write := func(d decision, done func()) error {
+		b.tx.write(sg, e.transition(sg, d), sp, false, last, nil, done)
 		return nil
 	}
 
@@ -115,12 +116,12 @@ func (b *batch) await(ctx context.Context, sg *store.Saga, def *compiled, idx in
 		}
 		d := e.machine.failure(sg, def, idx, fwd, attempt, steps.Permanent(steps.WithCode(CodeChildFailed, errors.New(why))), 0)
 		ended(EventChildEnded, detail)(&d)
-		return write(d, false, func() { e.stats.failed.Add(1) })
+		return write(d, func() { e.stats.failed.Add(1) })
 
 	case w.kind == store.WaitTimer && waiting && sg.WaitUntil != nil && !now.Before(*sg.WaitUntil):
 		d := e.machine.success(sg, def, idx, fwd, nil, 0, key.String())
 		ended(EventTimerFired, map[string]any{"late_ms": now.Sub(*sg.WaitUntil).Milliseconds()})(&d)
-		return write(d, false, func() { e.stats.succeeded.Add(1) })
+		return write(d, func() { e.stats.succeeded.Add(1) })
 
 	case waiting && w.kind != store.WaitTimer && sg.WaitUntil != nil && !now.Before(*sg.WaitUntil):
 		// Nothing came in time.
@@ -135,10 +136,10 @@ func (b *batch) await(ctx context.Context, sg *store.Saga, def *compiled, idx in
 		case w.goOn:
 			d := e.machine.success(sg, def, idx, fwd, nil, 0, key.String())
 			leave(&d)
-			return write(d, false, func() { e.stats.succeeded.Add(1) })
+			return write(d, func() { e.stats.succeeded.Add(1) })
 		}
 		b.waitEnded = true
-		return write(e.machine.waitTimedOut(sg, def, idx), false, func() { e.stats.failed.Add(1) })
+		return write(e.machine.waitTimedOut(sg, def, idx), func() { e.stats.failed.Add(1) })
 
 	case woken:
 		// A wake-up for something else (another signal's name), or the
@@ -156,7 +157,7 @@ func (b *batch) await(ctx context.Context, sg *store.Saga, def *compiled, idx in
 	if sg.WaitUntil != nil {
 		delay = max(sg.WaitUntil.Sub(now), 0)
 	}
-	return write(e.machine.parked(sg, def, idx, w.kind, deref(sg.WaitFor), delay, false), false, nil)
+	return write(e.machine.parked(sg, def, idx, w.kind, deref(sg.WaitFor), delay, false), nil)
 }
 
 // startWait starts the wait of step idx, which the saga has just reached:

@@ -218,8 +218,9 @@ func TestADuplicateSignalHasOneEffect(t *testing.T) {
 	first, err := b.engine.Signal(ctx, sig)
 	require.NoError(t, err)
 	require.False(t, first.Duplicate)
-	sagatest.Wait(t, b.engine, st.ID, sagatest.Step("second"), waitOpts())
-	sagatest.Wait(t, b.engine, st.ID, waiting("signal"), waitOpts())
+	sagatest.Wait(t, b.engine, st.ID, sagatest.Cond("waiting at the second await", func(in *saga.Instance) bool {
+		return in.Step == "second" && in.Wait != nil
+	}), waitOpts())
 	again, err := b.engine.Signal(ctx, sig)
 	require.NoError(t, err)
 	require.True(t, again.Duplicate)
@@ -270,8 +271,9 @@ func TestAnAwaitThatTimesOut(t *testing.T) {
 			require.NotNil(t, in.Wait.Until)
 			require.NoError(t, sagatest.NewClock(b.pool, b.schema, b.engine).Advance(ctx, time.Hour))
 			if tc.status == saga.StatusRunning {
-				in = sagatest.Wait(t, b.engine, st.ID, sagatest.Step("second"), waitOpts())
-				in = sagatest.Wait(t, b.engine, st.ID, waiting("signal"), waitOpts())
+				in = sagatest.Wait(t, b.engine, st.ID, sagatest.Cond("waiting at the second await", func(in *saga.Instance) bool {
+					return in.Step == "second" && in.Wait != nil
+				}), waitOpts())
 				require.Nil(t, in.Wait.Until, "the second await has no time limit")
 				require.Nil(t, in.NextCheckAt, "a wait without a time limit has no rescue deadline")
 				require.Equal(t, 1, countEvents(in, saga.EventWaitTimedOut))
