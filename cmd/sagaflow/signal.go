@@ -93,7 +93,7 @@ func (f *signalFlags) signal(args []string, given func(flag string) bool) (saga.
 	}
 	switch {
 	case sig.Name == "":
-		return sig, usageErrorf("signal: the signal name is empty")
+		return sig, usageErrorf("signal: signal name is empty")
 	case sig.ID == "":
 		return sig, usageErrorf("signal: --id is empty")
 	}
