@@ -49,8 +49,8 @@ func TestStoredTextIsEscaped(t *testing.T) {
 	require.NoError(t, err)
 	_, err = f.pool.Exec(ctx, `UPDATE `+f.table("saga_instances")+`
 		SET saga_name = $2, step_name = $2, last_error = $2, last_error_code = $2, failed_step = $2,
-		    status = 'failed', ended_at = now()
-		WHERE id = $1`, failed.ID, hostile)
+		    status = 'failed', ended_at = now(), parent_id = $3
+		WHERE id = $1`, failed.ID, hostile, id)
 	require.NoError(t, err)
 	_, err = f.pool.Exec(ctx, `INSERT INTO `+f.table("saga_history")+`
 		(saga_id, event, step_name, direction, epoch, attempt, error, error_code, detail)
@@ -113,7 +113,8 @@ func TestStoredTextIsEscaped(t *testing.T) {
 		"signals (", esc, "id "+esc, "pending")
 	require.Contains(t, f.cli(t, "list", "--waiting").ok(t), "signal:"+escErr+" until ")
 	out = f.cli(t, "show", failed.ID.String()).ok(t)
-	requireInOrder(t, out, "signals (1):", esc, "id "+esc, "rejected", "signal rejected")
+	requireInOrder(t, out, "parent:        "+id.String(), "signals (1):", esc, "id "+esc, "rejected", "signal rejected")
+	require.Equal(t, id, *decode[saga.Instance](t, f.cli(t, "show", failed.ID.String(), "--json")).ParentID)
 	sh := decode[showDoc](t, f.cli(t, "show", id.String(), "--json"))
 	require.Equal(t, hostile, sh.Wait.For)
 	require.Equal(t, hostile, sh.Signals[0].Name)

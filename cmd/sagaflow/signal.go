@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"strings"
 
 	"github.com/google/uuid"
 
@@ -164,21 +165,24 @@ func (c *cli) signalSent(sig saga.Signal, res saga.SignalResult) error {
 // rejected reports a signal that no saga could take. It was recorded as
 // rejected all the same; the exit code is 3 when no saga matched, else 1.
 func (c *cli) rejected(ctx context.Context, sig saga.Signal, res saga.SignalResult, err error) error {
+	// A signal with this id rejected before wraps neither sentinel: the
+	// reason recorded then is in its text.
+	is := func(sentinel error) bool {
+		return errors.Is(err, sentinel) || res.Duplicate && strings.Contains(err.Error(), sentinel.Error())
+	}
 	code := exitFailed
-	why := ""
+	var why string
 	switch {
-	case errors.Is(err, saga.ErrNotFound):
+	case is(saga.ErrNotFound):
 		code = exitNotFound
 		why = fmt.Sprintf("no such saga in schema %q", c.g.schema)
-	case errors.Is(err, saga.ErrNotRunning):
+	case is(saga.ErrNotRunning):
 		why = "the saga is not running"
 		if in, gerr := c.engine.Get(ctx, res.SagaID); gerr == nil {
 			why += " (its status is " + string(in.Status) + ")"
 		}
 	default:
-		// A signal with this id was rejected before: the library's error
-		// says why.
-		why = trimRepeat(err.Error(), "signal to "+signalTarget(sig, res))
+		why = err.Error()
 	}
 	what := "recorded as rejected"
 	if res.Duplicate {

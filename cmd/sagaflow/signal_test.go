@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"log/slog"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -162,7 +163,8 @@ func TestSignalCompletesAWaitingSaga(t *testing.T) {
 	require.Equal(t, "rejected", doc.Result)
 	require.True(t, doc.Duplicate)
 	require.Equal(t, exitFailed, doc.Code)
-	require.Contains(t, doc.Error, "recorded as rejected before")
+	require.Equal(t, `signal "picked" to saga `+s1.String()+`: a signal with id "wh-late" was recorded as rejected before (seq `+
+		strconv.FormatInt(doc.Seq, 10)+"): the saga is not running (its status is completed)", doc.Error)
 
 	// No such saga: recorded as rejected too, exit code 3.
 	missing := uuid.New()
@@ -171,8 +173,11 @@ func TestSignalCompletesAWaitingSaga(t *testing.T) {
 	require.Contains(t, msg, "no such saga")
 	require.Equal(t, 1, f.count(t, "SELECT count(*) FROM "+f.table("saga_signals")+" WHERE target = $1 AND status = 'rejected'",
 		missing.String()))
-	msg = f.cli(t, "signal", "--saga", "fulfil", "--key", "p-nope", "picked").failed(t, exitNotFound)
+	msg = f.cli(t, "signal", "--saga", "fulfil", "--key", "p-nope", "picked", "--id", "x").failed(t, exitNotFound)
 	require.Contains(t, msg, `saga "fulfil" with key "p-nope": recorded as rejected`)
+	msg = f.cli(t, "signal", "--saga", "fulfil", "--key", "p-nope", "picked", "--id", "x").failed(t, exitNotFound)
+	require.Contains(t, msg, `saga "fulfil" with key "p-nope": a signal with id "x" was recorded as rejected before (seq `)
+	require.Contains(t, msg, "no such saga")
 
 	// By name and business key, in JSON, without a payload.
 	doc = decode[signalOut](t, f.cli(t, "signal", "--saga", "fulfil", "--key", "p-2", "picked", "--json"))
