@@ -55,11 +55,11 @@ type SignalResult struct {
 // as rejected, with the reason: see [Engine.Signals].
 var ErrSignalRejected = errors.New("saga: signal rejected")
 
-// maxSignalNameBytes bounds a signal's name.
-const maxSignalNameBytes = 200
+// MaxSignalNameBytes bounds a signal's name.
+const MaxSignalNameBytes = 200
 
 func validSignalName(name string) bool {
-	return name != "" && safetext.Problem(name, maxSignalNameBytes) == ""
+	return name != "" && safetext.Problem(name, MaxSignalNameBytes) == ""
 }
 
 // Signal records sig for its saga and commits. A step that awaits it runs
@@ -106,7 +106,7 @@ func (e *Engine) SignalTx(ctx context.Context, tx pgx.Tx, sig Signal) (SignalRes
 	}
 	if !validSignalName(sig.Name) {
 		return SignalResult{}, fmt.Errorf("%w: signal: Name %q must be 1-%d bytes of valid UTF-8 without NUL",
-			ErrInvalidInput, safetext.Text(sig.Name, 100), maxSignalNameBytes)
+			ErrInvalidInput, safetext.Text(sig.Name, 100), MaxSignalNameBytes)
 	}
 	op := "signal " + sig.Name
 	if err := checkInput(op, inputField{"Signal.ID", sig.ID, safetext.MaxKeyBytes},
@@ -169,8 +169,12 @@ func (e *Engine) SignalTx(ctx context.Context, tx pgx.Tx, sig Signal) (SignalRes
 	}
 	switch {
 	case !inserted && status == store.SignalRejected:
-		return res, fmt.Errorf("saga: %s to %s: %w: a signal with id %q was rejected before: %s", op, target, ErrSignalRejected,
-			safetext.Text(id, 200), why)
+		cause := ErrNotRunning
+		if sg == nil {
+			cause = ErrNotFound
+		}
+		return res, fmt.Errorf("saga: %s to %s: %w: %w: a signal with id %q was rejected before: %s", op, target, ErrSignalRejected,
+			cause, safetext.Text(id, 200), why)
 	case !inserted:
 		return res, nil
 	case rejected != nil:

@@ -309,6 +309,7 @@ func TestASignalToAnEndedOrMissingSagaIsRecordedAndRefused(t *testing.T) {
 	// The same signal again: still refused, still one record.
 	res, err := b.engine.Signal(ctx, saga.Signal{SagaID: st.ID, Name: "picked", ID: "late-1"})
 	require.ErrorIs(t, err, saga.ErrSignalRejected)
+	require.ErrorIs(t, err, saga.ErrNotRunning)
 	require.True(t, res.Duplicate)
 
 	_, err = b.engine.Signal(ctx, saga.Signal{Saga: "quick", BusinessKey: "nobody", Name: "picked", ID: "x"})

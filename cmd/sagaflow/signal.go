@@ -6,7 +6,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"strings"
 
 	"github.com/google/uuid"
 
@@ -14,9 +13,6 @@ import (
 	"github.com/sagaflow/sagaflow/saga"
 	"github.com/sagaflow/sagaflow/wire"
 )
-
-// signalNameMaxBytes bounds a signal's name, as [saga.Engine.Signal] does.
-const signalNameMaxBytes = 200
 
 // signalFlags are the flags of `sagaflow signal`.
 type signalFlags struct {
@@ -82,7 +78,7 @@ func (f *signalFlags) signal(args []string, given func(flag string) bool) (saga.
 		field, value string
 		limit        int
 	}{
-		{"signal name", sig.Name, signalNameMaxBytes},
+		{"signal name", sig.Name, saga.MaxSignalNameBytes},
 		{"--id", sig.ID, safetext.MaxKeyBytes},
 		{"--saga", sig.Saga, wire.MaxNameBytes},
 		{"--key", sig.BusinessKey, safetext.MaxKeyBytes},
@@ -165,11 +161,7 @@ func (c *cli) signalSent(sig saga.Signal, res saga.SignalResult) error {
 // rejected reports a signal that no saga could take. It was recorded as
 // rejected all the same; the exit code is 3 when no saga matched, else 1.
 func (c *cli) rejected(ctx context.Context, sig saga.Signal, res saga.SignalResult, err error) error {
-	// A signal with this id rejected before wraps neither sentinel: the
-	// reason recorded then is in its text.
-	is := func(sentinel error) bool {
-		return errors.Is(err, sentinel) || res.Duplicate && strings.Contains(err.Error(), sentinel.Error())
-	}
+	is := func(sentinel error) bool { return errors.Is(err, sentinel) }
 	code := exitFailed
 	var why string
 	switch {
