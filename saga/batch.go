@@ -270,7 +270,7 @@ func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, derr 
 	}
 	if c.Type == wakeType {
 		b.delivered = append(b.delivered, c.ID)
-		return b.wake(ctx, ls, def, last)
+		return b.wake(b.traceWake(ctx, c, &ls.Saga), ls, def, last)
 	}
 	if c.Type == cancelType {
 		// Applied or refused already, or forged: the request in the

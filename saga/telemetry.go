@@ -35,6 +35,9 @@ const (
 	OutcomeDeduplicated = "deduplicated"
 	OutcomeCancelled    = "cancelled"
 	OutcomeAbandoned    = "abandoned"
+	// OutcomeWaiting is an attempt of a step with a Wait that started (or
+	// re-armed) the wait: the saga waits now.
+	OutcomeWaiting = "waiting"
 	// OutcomeStale is an attempt that wrote nothing: its command or reply
 	// was stale, malformed or parked.
 	OutcomeStale = "stale"
@@ -261,12 +264,38 @@ func stamp(m *store.Message, stored *string) {
 // traceStep starts the span of the step attempt that b is about to run for
 // sg (see [engineTelemetry.beginStep]), from the command c.
 func (b *batch) traceStep(ctx context.Context, c *store.Claimed, sg *store.Saga, dir steps.Direction) context.Context {
-	return b.e.tel.beginStep(ctx, b.tx, sg, dir, telemetry.FromText(c.TraceParent, c.TraceState), false)
+	return b.e.tel.beginStep(ctx, b.tx, sg, dir, telemetry.FromText(c.TraceParent, c.TraceState), "")
+}
+
+// traceWake starts the span of a wake-up that makes sg's waiting step look
+// again; it links to the context of the signal's sender.
+func (b *batch) traceWake(ctx context.Context, c *store.Claimed, sg *store.Saga) context.Context {
+	return b.e.tel.beginStep(ctx, b.tx, sg, steps.Forward, telemetry.FromText(c.TraceParent, c.TraceState), "wake")
+}
+
+// traceWait records, when a wait of sg ends, the time it waited as a span
+// from when the saga was parked (its row's last update) to now, a child of
+// the saga's start, with what it waited for and how it ended (event).
+func (t *engineTelemetry) traceWait(ctx context.Context, sg *store.Saga, event string) {
+	if sg.WaitKind == nil {
+		return
+	}
+	parent := telemetry.Decode(sg.TraceContext)
+	if parent.IsValid() {
+		ctx = trace.ContextWithRemoteSpanContext(ctx, parent)
+	}
+	_, span := t.tracer.Start(ctx, t.spanName("wait", sg.Name, sg.StepName), trace.WithTimestamp(sg.UpdatedAt))
+	if span.IsRecording() {
+		span.SetAttributes(telemetry.KeySagaName.String(sg.Name), telemetry.KeySagaID.String(sg.ID.String()),
+			telemetry.KeyStep.String(sg.StepName), attribute.String("sagaflow.wait.kind", *sg.WaitKind),
+			attribute.String("sagaflow.wait.for", deref(sg.WaitFor)), attribute.String("sagaflow.wait.end", event))
+	}
+	span.End()
 }
 
 // traceReply starts the span of applying a participant's reply to sg.
 func (b *batch) traceReply(ctx context.Context, c *store.Claimed, sg *store.Saga, dir steps.Direction) context.Context {
-	return b.e.tel.beginStep(ctx, b.tx, sg, dir, telemetry.FromText(c.TraceParent, c.TraceState), true)
+	return b.e.tel.beginStep(ctx, b.tx, sg, dir, telemetry.FromText(c.TraceParent, c.TraceState), "reply")
 }
 
 // beginStep starts a step attempt's span and counts the attempt. Its
@@ -275,7 +304,8 @@ func (b *batch) traceReply(ctx context.Context, c *store.Claimed, sg *store.Saga
 // retry), or, for a reply, continues the participant's span. The span ends
 // when the attempt's transition is written ([engineTelemetry.endStep]) or
 // when the batch ends without one.
-func (t *engineTelemetry) beginStep(ctx context.Context, bt *batchTx, sg *store.Saga, dir steps.Direction, msg trace.SpanContext, reply bool) context.Context {
+func (t *engineTelemetry) beginStep(ctx context.Context, bt *batchTx, sg *store.Saga, dir steps.Direction, msg trace.SpanContext, kind string) context.Context {
+	reply := kind == "reply"
 	if bt.attempt.active {
 		t.endStep(bt, nil, nil)
 	}
@@ -292,8 +322,8 @@ func (t *engineTelemetry) beginStep(ctx context.Context, bt *batchTx, sg *store.
 	}
 	verb := "step"
 	switch {
-	case reply:
-		verb = "reply"
+	case kind != "":
+		verb = kind
 	case dir == steps.Compensate:
 		verb = "compensate"
 	}
@@ -445,7 +475,12 @@ func stepOutcome(tr *store.Transition) (outcome, code, errText string) {
 			return OutcomeDeduplicated, "", ""
 		case EventCommandSent:
 			return OutcomeSent, "", ""
+		case EventWaitStarted:
+			return OutcomeWaiting, "", ""
 		}
+	}
+	if tr.WaitKind != "" && tr.SetWaitUntil {
+		return OutcomeWaiting, "", ""
 	}
 	return outcome, "", ""
 }

@@ -43,7 +43,7 @@ func stepAllocs(t *testing.T, cfg Config, traced bool) float64 {
 		Messages: []store.Message{{Headers: map[string]string{}}}}
 	return testing.AllocsPerRun(200, func() {
 		tr.Messages[0].Headers = map[string]string{"sagaflow-type": "x"}
-		_ = e.tel.beginStep(ctx, bt, sg, steps.Forward, trace.SpanContext{}, false)
+		_ = e.tel.beginStep(ctx, bt, sg, steps.Forward, trace.SpanContext{}, "")
 		e.tel.stampStep(bt, sg, tr)
 	})
 }
@@ -145,7 +145,7 @@ func BenchmarkStepTelemetry(b *testing.B) {
 			for b.Loop() {
 				tr := &store.Transition{Status: string(StatusRunning), History: []store.HistoryEntry{{Event: EventStepCompleted}},
 					Messages: []store.Message{{Headers: map[string]string{"sagaflow-type": "x"}}}}
-				_ = e.tel.beginStep(ctx, bt, sg, steps.Forward, sc, false)
+				_ = e.tel.beginStep(ctx, bt, sg, steps.Forward, sc, "")
 				e.tel.stampStep(bt, sg, tr)
 			}
 		})

@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sagaflow/sagaflow/saga"
+	"github.com/sagaflow/sagaflow/sagatest"
 	"github.com/sagaflow/sagaflow/steps"
 )
 
@@ -313,4 +314,61 @@ func TestTelemetryRescueLinks(t *testing.T) {
 	got, found := tr.metricValue(t, "sagaflow.saga.rescues")
 	require.True(t, found)
 	require.Equal(t, 1.0, got)
+}
+
+// TestTelemetryWaitsAppearAsSpans: the time a saga waited is a span of its
+// trace, the wake-up a signal sends links to the sender's span, and the
+// attempt that parks the saga says it waits.
+func TestTelemetryWaitsAppearAsSpans(t *testing.T) {
+	t.Parallel()
+	tr := setupTraced(t, nil)
+	def := saga.Define("tracedwait",
+		saga.Step[order]{Name: "nap", Wait: saga.Sleep[order](time.Hour)},
+		saga.Step[order]{Name: "picked", Wait: saga.OnSignal("picked", func(context.Context, *saga.StepRun, *order, struct{}) error { return nil })},
+	)
+	require.NoError(t, tr.engine.Register(def))
+	tr.start(t)
+	ctx := context.Background()
+	st, err := saga.Start(ctx, tr.engine, def, order{}, nil)
+	require.NoError(t, err)
+	in := sagatest.Wait(t, tr.engine, st.ID, sagatest.Cond("sleeping", func(in *saga.Instance) bool { return in.Wait != nil }),
+		&sagatest.WaitOpts{Timeout: 20 * time.Second})
+	require.NoError(t, sagatest.NewClock(tr.pool, tr.schema, tr.engine).Advance(ctx, time.Hour))
+	sagatest.Wait(t, tr.engine, st.ID, sagatest.Step("picked"), &sagatest.WaitOpts{Timeout: 20 * time.Second})
+	sagatest.Wait(t, tr.engine, st.ID, sagatest.Cond("awaiting", func(in *saga.Instance) bool { return in.Wait != nil }),
+		&sagatest.WaitOpts{Timeout: 20 * time.Second})
+
+	sender, span := tr.tp.Tracer("webhook").Start(ctx, "POST /delivered")
+	_, err = tr.engine.Signal(sender, saga.Signal{SagaID: st.ID, Name: "picked"})
+	require.NoError(t, err)
+	span.End()
+	require.Equal(t, saga.StatusCompleted, tr.waitTerminal(t, st.ID).Status)
+
+	var stored string
+	require.NoError(t, tr.pool.QueryRow(ctx, "SELECT trace_context FROM "+tr.table("saga_instances")+" WHERE id = $1", st.ID).Scan(&stored))
+	id := telemetryTraceID(t, stored)
+	waits := tr.waitSpans(t, id, "wait tracedwait/", 2)
+	require.Equal(t, "timer", attr(waits[0], "sagaflow.wait.kind").AsString())
+	require.Equal(t, saga.EventTimerFired, attr(waits[0], "sagaflow.wait.end").AsString())
+	require.False(t, waits[0].StartTime().After(in.UpdatedAt.Add(time.Second)), "the span starts when the saga was parked")
+	require.Equal(t, "signal", attr(waits[1], "sagaflow.wait.kind").AsString())
+	wakes := tr.waitSpans(t, id, "wake tracedwait/", 1)
+	require.Len(t, wakes[0].Links(), 1)
+	require.Equal(t, span.SpanContext().SpanID(), wakes[0].Links()[0].SpanContext.SpanID(), "the wake-up links to the sender")
+	var waiting int
+	for _, s := range tr.ended(id, "step tracedwait/") {
+		if attr(s, "sagaflow.step.outcome").AsString() == saga.OutcomeWaiting {
+			waiting++
+		}
+	}
+	require.Equal(t, 2, waiting, "each wait was started by an attempt whose outcome is waiting")
+}
+
+func telemetryTraceID(t *testing.T, traceparent string) trace.TraceID {
+	t.Helper()
+	parts := strings.Split(traceparent, "-")
+	require.Len(t, parts, 4)
+	id, err := trace.TraceIDFromHex(parts[1])
+	require.NoError(t, err)
+	return id
 }
