@@ -94,7 +94,7 @@ func TestBrowser(t *testing.T) {
 		require.NoError(t, err)
 		require.NotEqual(t, "pwned", title, "a stored script ran on the %s page", page)
 		if shots != "" {
-			png, err := chromedp.Run(ctx, chromedp.FullScreenshot(90))
+			png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
 			require.NoError(t, err)
 			require.NoError(t, os.WriteFile(filepath.Join(shots, page+".png"), png, 0o644))
 		}

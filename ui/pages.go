@@ -37,6 +37,7 @@ type countRow struct {
 // bar is one minute of the overview's chart.
 type bar struct {
 	X, Height, Y    int
+	FailHeight      int // the failed part, drawn on top
 	Label           string
 	Completed, Fail int64
 }
@@ -80,11 +81,12 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
 	// Sixty bars, the current minute last.
 	const barW, chartH = 10, 100
 	byMinute := map[int64][2]int64{}
-	var peak, total int64
+	var peak, total, fails int64
 	for _, m := range minutes {
 		byMinute[m.Minute.Unix()] = [2]int64{m.Completed, m.Failed}
 		peak = max(peak, m.Completed+m.Failed)
 		total += m.Completed
+		fails += m.Failed
 	}
 	last := now.Truncate(time.Minute)
 	var bars []bar
@@ -94,6 +96,7 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
 		b := bar{X: i * barW, Label: t.UTC().Format("15:04"), Completed: c[0], Fail: c[1]}
 		if peak > 0 {
 			b.Height = int((c[0] + c[1]) * chartH / peak)
+			b.FailHeight = int(c[1] * chartH / peak)
 		}
 		b.Y = chartH - b.Height
 		bars = append(bars, b)
@@ -101,7 +104,7 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
 	h.render(w, r, http.StatusOK, "overview", map[string]any{
 		"Title": "Overview", "Statuses": statusNames, "Rows": rows, "Scanned": scanned, "ScanCapped": scanned >= overviewSagaScan,
 		"ScanLimit": overviewSagaScan, "Failed": failed, "Compensated": compensated, "Outbox": ob,
-		"Bars": bars, "StepsLastHour": total, "Now": now,
+		"Bars": bars, "StepsLastHour": total, "FailsLastHour": fails, "Now": now,
 	})
 }
 
