@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -11,6 +12,33 @@ import (
 // The operator UI's read-only queries. Each reads a bounded number of rows,
 // through an index, whatever the size of the tables: the newest sagas by
 // the created index, the newest history entries by their primary key.
+
+// The UI's statements; {{schema}} stands for the quoted schema.
+const (
+	sqlSagaCounts = `SELECT saga_name, status, count(*) FROM (
+			SELECT saga_name, status FROM {{schema}}.saga_instances
+			ORDER BY created_at DESC, id DESC LIMIT $1) x
+		GROUP BY saga_name, status ORDER BY saga_name, status`
+	sqlTopFailures = `SELECT saga_name, coalesce(failed_step, ''), last_error_code, count(*) FROM (
+			SELECT saga_name, failed_step, last_error_code FROM {{schema}}.saga_instances
+			WHERE status = $1 ORDER BY created_at DESC, id DESC LIMIT $2) x
+		WHERE last_error_code IS NOT NULL
+		GROUP BY 1, 2, 3 ORDER BY 4 DESC, 1, 2, 3 LIMIT $3`
+	sqlStepsPerMinute = `SELECT date_trunc('minute', at),
+			count(*) FILTER (WHERE event IN ('step_completed', 'compensation_completed')),
+			count(*) FILTER (WHERE event = 'step_failed'), now()
+		FROM (SELECT at, event FROM {{schema}}.saga_history ORDER BY id DESC LIMIT $1) h
+		WHERE at >= now() - interval '1 hour'
+			AND event IN ('step_completed', 'compensation_completed', 'step_failed')
+		GROUP BY 1 ORDER BY 1`
+	sqlDeadPayloads = `SELECT id, substring(payload FROM 1 FOR $2) FROM {{schema}}.outbox
+		WHERE id = ANY($1) AND status = 'dead'`
+	sqlDeadLetterValues = `SELECT id, coalesce(substring(msg_value FROM 1 FOR $2), ''::bytea) FROM {{schema}}.dead_letters
+		WHERE id = ANY($1)`
+)
+
+// uiSQL returns one of the UI's statements for s's schema.
+func (s *Store) uiSQL(q string) string { return strings.ReplaceAll(q, "{{schema}}", quoteSchema(s.schema)) }
 
 // SagaCount is the number of sagas of one name in one status.
 type SagaCount struct {
@@ -23,10 +51,7 @@ type SagaCount struct {
 // how many sagas were counted: when it equals scan, older sagas were left
 // out.
 func (s *Store) SagaCounts(ctx context.Context, db DBTX, scan int) (counts []SagaCount, scanned int64, err error) {
-	rows, err := db.Query(ctx, `SELECT saga_name, status, count(*) FROM (
-			SELECT saga_name, status FROM `+quoteSchema(s.schema)+`.saga_instances
-			ORDER BY created_at DESC, id DESC LIMIT $1) x
-		GROUP BY saga_name, status ORDER BY saga_name, status`, scan)
+	rows, err := db.Query(ctx, s.uiSQL(sqlSagaCounts), scan)
 	if err != nil {
 		return nil, 0, fmt.Errorf("store: count sagas: %w", err)
 	}
@@ -58,11 +83,7 @@ type FailureCount struct {
 // the status index) by saga name, failed step and code, most frequent
 // first, at most limit groups.
 func (s *Store) TopFailures(ctx context.Context, db DBTX, status string, scan, limit int) ([]FailureCount, error) {
-	rows, err := db.Query(ctx, `SELECT saga_name, coalesce(failed_step, ''), last_error_code, count(*) FROM (
-			SELECT saga_name, failed_step, last_error_code FROM `+quoteSchema(s.schema)+`.saga_instances
-			WHERE status = $1 ORDER BY created_at DESC, id DESC LIMIT $2) x
-		WHERE last_error_code IS NOT NULL
-		GROUP BY 1, 2, 3 ORDER BY 4 DESC, 1, 2, 3 LIMIT $3`, status, scan, limit)
+	rows, err := db.Query(ctx, s.uiSQL(sqlTopFailures), status, scan, limit)
 	if err != nil {
 		return nil, fmt.Errorf("store: top failures: %w", err)
 	}
@@ -92,13 +113,7 @@ type MinuteCount struct {
 // the step executions among the newest scan history entries (by their
 // primary key), oldest minute first; now is the database's clock.
 func (s *Store) StepsPerMinute(ctx context.Context, db DBTX, scan int) (minutes []MinuteCount, now time.Time, err error) {
-	rows, err := db.Query(ctx, `SELECT date_trunc('minute', at),
-			count(*) FILTER (WHERE event IN ('step_completed', 'compensation_completed')),
-			count(*) FILTER (WHERE event = 'step_failed'), now()
-		FROM (SELECT at, event FROM `+quoteSchema(s.schema)+`.saga_history ORDER BY id DESC LIMIT $1) h
-		WHERE at >= now() - interval '1 hour'
-			AND event IN ('step_completed', 'compensation_completed', 'step_failed')
-		GROUP BY 1 ORDER BY 1`, scan)
+	rows, err := db.Query(ctx, s.uiSQL(sqlStepsPerMinute), scan)
 	if err != nil {
 		return nil, time.Time{}, fmt.Errorf("store: steps per minute: %w", err)
 	}
@@ -129,8 +144,7 @@ func (s *Store) DeadPayloads(ctx context.Context, db DBTX, ids []uuid.UUID, n in
 	if len(ids) == 0 {
 		return out, nil
 	}
-	rows, err := db.Query(ctx, `SELECT id, substring(payload FROM 1 FOR $2) FROM `+quoteSchema(s.schema)+`.outbox
-		WHERE id = ANY($1) AND status = 'dead'`, ids, n)
+	rows, err := db.Query(ctx, s.uiSQL(sqlDeadPayloads), ids, n)
 	if err != nil {
 		return nil, fmt.Errorf("store: dead payloads: %w", err)
 	}
@@ -157,8 +171,7 @@ func (s *Store) DeadLetterValues(ctx context.Context, db DBTX, ids []int64, n in
 	if len(ids) == 0 {
 		return out, nil
 	}
-	rows, err := db.Query(ctx, `SELECT id, coalesce(substring(msg_value FROM 1 FOR $2), ''::bytea) FROM `+quoteSchema(s.schema)+`.dead_letters
-		WHERE id = ANY($1)`, ids, n)
+	rows, err := db.Query(ctx, s.uiSQL(sqlDeadLetterValues), ids, n)
 	if err != nil {
 		return nil, fmt.Errorf("store: dead letter values: %w", err)
 	}
