@@ -120,6 +120,9 @@ type Plan struct {
 	// Kept are the steps before the first run whose effects stay as they
 	// are: nothing runs them again.
 	Kept []string
+	// Ends is the status the saga ends with when every run (for a cancel:
+	// every compensation) succeeds.
+	Ends Status
 	// Partial is set when the steps came from the timeline rather than a
 	// definition: steps that never ran, and compensations that never ran,
 	// are not known and not listed.
@@ -174,6 +177,7 @@ func PlanFor(inst *Instance, defSteps []StepInfo, partial bool, action PlanActio
 			// The compensation that gave up runs again, then those of the
 			// steps before it.
 			p.Runs = append([]PlannedRun{run(cur, steps.Compensate, inst.Epoch)}, compensations(cur-1, inst.Epoch)...)
+			p.Ends = StatusCompensated
 			return p, nil
 		}
 		for i := cur; i < len(defSteps); i++ {
@@ -181,6 +185,7 @@ func PlanFor(inst *Instance, defSteps []StepInfo, partial bool, action PlanActio
 		}
 		p.Compensations = compensations(len(defSteps)-1, inst.Epoch)
 		p.Kept = names(defSteps[:cur])
+		p.Ends = StatusCompleted
 		return p, nil
 	case PlanRerun:
 		if !inst.Status.Terminal() {
@@ -204,6 +209,7 @@ func PlanFor(inst *Instance, defSteps []StepInfo, partial bool, action PlanActio
 		}
 		p.Compensations = compensations(len(defSteps)-1, p.Epoch)
 		p.Kept = names(defSteps[:at])
+		p.Ends = StatusCompleted
 		return p, nil
 	case PlanCancel:
 		if inst.Status != StatusRunning {
@@ -221,6 +227,7 @@ func PlanFor(inst *Instance, defSteps []StepInfo, partial bool, action PlanActio
 			last = cur
 		}
 		p.Compensations = compensations(last, inst.Epoch)
+		p.Ends = StatusCompensated
 		return p, nil
 	}
 	return nil, fmt.Errorf("saga: plan: unknown action %q", action)

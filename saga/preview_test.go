@@ -77,36 +77,37 @@ func TestPlanFor(t *testing.T) {
 		runs, comps   string
 		kept          string
 		epoch         int
+		ends          saga.Status
 		errIs         error
 		errContaining string
 	}{
 		{name: "resume a failed compensation", inst: failedCompensating, action: saga.PlanResume,
-			runs: "charge/compensate/0* reserve/compensate/0"},
+			runs: "charge/compensate/0* reserve/compensate/0", ends: saga.StatusCompensated},
 		{name: "resume forward", inst: failedForward, action: saga.PlanResume, epoch: 2,
 			runs:  "charge/forward/2* notify/forward/2 ship/forward/2",
-			comps: "ship/compensate/2 charge/compensate/2 reserve/compensate/2", kept: "reserve"},
+			comps: "ship/compensate/2 charge/compensate/2 reserve/compensate/2", kept: "reserve", ends: saga.StatusCompleted},
 		{name: "resume a completed saga", inst: completed, action: saga.PlanResume, errIs: saga.ErrNotReplayable},
 		{name: "resume a running saga", inst: running, action: saga.PlanResume, errIs: saga.ErrNotReplayable},
 		{name: "rerun a completed saga from a middle step", inst: completed, action: saga.PlanRerun, from: "notify", epoch: 1,
 			runs: "notify/forward/1 ship/forward/1", comps: "ship/compensate/1 charge/compensate/1 reserve/compensate/1",
-			kept: "reserve charge"},
+			kept: "reserve charge", ends: saga.StatusCompleted},
 		{name: "rerun a compensated saga from its first step", inst: compensated, action: saga.PlanRerun, from: "reserve", epoch: 2,
 			runs:  "reserve/forward/2 charge/forward/2 notify/forward/2 ship/forward/2",
-			comps: "ship/compensate/2 charge/compensate/2 reserve/compensate/2"},
+			comps: "ship/compensate/2 charge/compensate/2 reserve/compensate/2", ends: saga.StatusCompleted},
 		{name: "rerun a compensated saga from a later step", inst: compensated, action: saga.PlanRerun, from: "charge",
 			errIs: saga.ErrNotReplayable},
 		{name: "rerun a failed compensation from its step", inst: failedCompensating, action: saga.PlanRerun, from: "charge",
 			errIs: saga.ErrNotReplayable},
 		{name: "rerun a failed compensation from a later step", inst: failedCompensating, action: saga.PlanRerun, from: "notify",
 			epoch: 1, runs: "notify/forward/1 ship/forward/1", comps: "ship/compensate/1 charge/compensate/1 reserve/compensate/1",
-			kept: "reserve charge"},
+			kept: "reserve charge", ends: saga.StatusCompleted},
 		{name: "rerun from an unknown step", inst: completed, action: saga.PlanRerun, from: "<nope>", errContaining: `no step "<nope>"`},
 		{name: "rerun a running saga", inst: running, action: saga.PlanRerun, from: "reserve", errIs: saga.ErrNotReplayable},
 		{name: "resume with a from step", inst: failedForward, action: saga.PlanResume, from: "reserve", errContaining: "rerun only"},
 		{name: "cancel a running saga", inst: running, action: saga.PlanCancel,
-			comps: "charge/compensate/0 reserve/compensate/0"},
+			comps: "charge/compensate/0 reserve/compensate/0", ends: saga.StatusCompensated},
 		{name: "cancel a saga awaiting a reply compensates the step sent", inst: awaiting, action: saga.PlanCancel,
-			comps: "charge/compensate/0 reserve/compensate/0"},
+			comps: "charge/compensate/0 reserve/compensate/0", ends: saga.StatusCompensated},
 		{name: "cancel a compensating saga", inst: compensating, action: saga.PlanCancel, errIs: saga.ErrNotRunning},
 		{name: "cancel a completed saga", inst: completed, action: saga.PlanCancel, errIs: saga.ErrNotRunning},
 		{name: "unknown action", inst: running, action: "explode", errContaining: "unknown action"},
@@ -127,6 +128,7 @@ func TestPlanFor(t *testing.T) {
 			require.Equal(t, tc.comps, runText(p.Compensations), "compensations")
 			require.Equal(t, tc.kept, strings.Join(p.Kept, " "), "kept")
 			require.Equal(t, tc.epoch, p.Epoch)
+			require.Equal(t, tc.ends, p.Ends)
 			require.Equal(t, tc.inst.Version, p.Version)
 			for _, r := range append(p.Runs, p.Compensations...) {
 				require.Equal(t, id, r.Key.SagaID)

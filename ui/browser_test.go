@@ -83,7 +83,8 @@ func TestBrowser(t *testing.T) {
 		}
 	}
 	// look checks a page once it is ready: no stored script ran, and,
-	// when asked, a screenshot is saved.
+	// when asked, a screenshot of the pages docs/ui.md shows is saved.
+	documented := map[string]bool{"overview": true, "list": true, "saga": true, "preview": true, "dead": true}
 	look := func(page string) {
 		t.Helper()
 		do(chromedp.WaitVisible(chromedp.CSS(`body[data-ready="1"]`)))
@@ -93,7 +94,7 @@ func TestBrowser(t *testing.T) {
 		title, err := chromedp.Run(ctx, chromedp.Title())
 		require.NoError(t, err)
 		require.NotEqual(t, "pwned", title, "a stored script ran on the %s page", page)
-		if shots != "" {
+		if shots != "" && documented[page] {
 			png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
 			require.NoError(t, err)
 			require.NoError(t, os.WriteFile(filepath.Join(shots, page+".png"), png, 0o644))

@@ -10,10 +10,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
 
+	"github.com/sagaflow/sagaflow/internal/store"
+	"github.com/sagaflow/sagaflow/outbox"
 	"github.com/sagaflow/sagaflow/saga"
 	"github.com/sagaflow/sagaflow/steps"
 )
@@ -44,8 +47,29 @@ type bar struct {
 
 func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	counts, scanned, err := h.st.SagaCounts(ctx, h.pool, overviewSagaScan)
-	if err != nil {
+	// The queries are independent: they run at once, each on its own
+	// connection.
+	var (
+		counts              []store.SagaCount
+		scanned             int64
+		failed, compensated []store.FailureCount
+		ob                  outbox.Status
+		minutes             []store.MinuteCount
+		now, since          time.Time
+		wg                  sync.WaitGroup
+		errs                [5]error
+	)
+	wg.Go(func() { counts, scanned, errs[0] = h.st.SagaCounts(ctx, h.pool, overviewSagaScan) })
+	wg.Go(func() {
+		failed, errs[1] = h.st.TopFailures(ctx, h.pool, string(saga.StatusFailed), overviewSagaScan, overviewTopFailures)
+	})
+	wg.Go(func() {
+		compensated, errs[2] = h.st.TopFailures(ctx, h.pool, string(saga.StatusCompensated), overviewSagaScan, overviewTopFailures)
+	})
+	wg.Go(func() { ob, errs[3] = h.engine.OutboxStatus(ctx) })
+	wg.Go(func() { minutes, now, since, errs[4] = h.st.StepsPerMinute(ctx, h.pool, overviewHistoryScan) })
+	wg.Wait()
+	if err := errors.Join(errs[:]...); err != nil {
 		h.fail(w, r, http.StatusInternalServerError, err)
 		return
 	}
@@ -57,26 +81,6 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
 		if i := slices.Index(statusNames, c.Status); i >= 0 {
 			rows[len(rows)-1].Counts[i] = c.Count
 		}
-	}
-	failed, err := h.st.TopFailures(ctx, h.pool, string(saga.StatusFailed), overviewSagaScan, overviewTopFailures)
-	if err != nil {
-		h.fail(w, r, http.StatusInternalServerError, err)
-		return
-	}
-	compensated, err := h.st.TopFailures(ctx, h.pool, string(saga.StatusCompensated), overviewSagaScan, overviewTopFailures)
-	if err != nil {
-		h.fail(w, r, http.StatusInternalServerError, err)
-		return
-	}
-	ob, err := h.engine.OutboxStatus(ctx)
-	if err != nil {
-		h.fail(w, r, http.StatusInternalServerError, err)
-		return
-	}
-	minutes, now, err := h.st.StepsPerMinute(ctx, h.pool, overviewHistoryScan)
-	if err != nil {
-		h.fail(w, r, http.StatusInternalServerError, err)
-		return
 	}
 	// Sixty bars, the current minute last.
 	const barW, chartH = 10, 100
@@ -105,6 +109,7 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
 		"Title": "Overview", "Statuses": statusNames, "Rows": rows, "Scanned": scanned, "ScanCapped": scanned >= overviewSagaScan,
 		"ScanLimit": overviewSagaScan, "Failed": failed, "Compensated": compensated, "Outbox": ob,
 		"Bars": bars, "StepsLastHour": total, "FailsLastHour": fails, "Now": now,
+		"Since": since, "HistoryScan": overviewHistoryScan,
 	})
 }
 

@@ -24,13 +24,16 @@ const (
 			WHERE status = $1 ORDER BY created_at DESC, id DESC LIMIT $2) x
 		WHERE last_error_code IS NOT NULL
 		GROUP BY 1, 2, 3 ORDER BY 4 DESC, 1, 2, 3 LIMIT $3`
-	sqlStepsPerMinute = `SELECT date_trunc('minute', at),
-			count(*) FILTER (WHERE event IN ('step_completed', 'compensation_completed')),
-			count(*) FILTER (WHERE event = 'step_failed'), now()
-		FROM (SELECT at, event FROM {{schema}}.saga_history ORDER BY id DESC LIMIT $1) h
-		WHERE at >= now() - interval '1 hour'
-			AND event IN ('step_completed', 'compensation_completed', 'step_failed')
-		GROUP BY 1 ORDER BY 1`
+	sqlStepsPerMinute = `WITH h AS (SELECT at, event FROM {{schema}}.saga_history ORDER BY id DESC LIMIT $1),
+		scan AS (SELECT count(*) AS n, min(at) AS oldest FROM h)
+		SELECT m.minute, m.completed, m.failed, now(), scan.n, scan.oldest FROM scan LEFT JOIN (
+			SELECT date_trunc('minute', at) AS minute,
+				count(*) FILTER (WHERE event IN ('step_completed', 'compensation_completed')) AS completed,
+				count(*) FILTER (WHERE event = 'step_failed') AS failed
+			FROM h WHERE at >= now() - interval '1 hour'
+				AND event IN ('step_completed', 'compensation_completed', 'step_failed')
+			GROUP BY 1) m ON true
+		ORDER BY m.minute`
 	sqlDeadPayloads = `SELECT id, substring(payload FROM 1 FOR $2) FROM {{schema}}.outbox
 		WHERE id = ANY($1) AND status = 'dead'`
 	sqlDeadLetterValues = `SELECT id, coalesce(substring(msg_value FROM 1 FOR $2), ''::bytea) FROM {{schema}}.dead_letters
@@ -111,29 +114,34 @@ type MinuteCount struct {
 
 // StepsPerMinute counts, per minute of the last hour in database time,
 // the step executions among the newest scan history entries (by their
-// primary key), oldest minute first; now is the database's clock.
-func (s *Store) StepsPerMinute(ctx context.Context, db DBTX, scan int) (minutes []MinuteCount, now time.Time, err error) {
+// primary key), oldest minute first; now is the database's clock. When the
+// scan was cut short by its bound inside the hour, since is the time of the
+// oldest entry read: the minutes before it are not counted. Otherwise since
+// is zero.
+func (s *Store) StepsPerMinute(ctx context.Context, db DBTX, scan int) (minutes []MinuteCount, now, since time.Time, err error) {
 	rows, err := db.Query(ctx, s.uiSQL(sqlStepsPerMinute), scan)
 	if err != nil {
-		return nil, time.Time{}, fmt.Errorf("store: steps per minute: %w", err)
+		return nil, now, since, fmt.Errorf("store: steps per minute: %w", err)
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var m MinuteCount
-		if err := rows.Scan(&m.Minute, &m.Completed, &m.Failed, &now); err != nil {
-			return nil, time.Time{}, fmt.Errorf("store: steps per minute: %w", err)
+		var minute, oldest *time.Time
+		var completed, failed *int64
+		var n int64
+		if err := rows.Scan(&minute, &completed, &failed, &now, &n, &oldest); err != nil {
+			return nil, now, since, fmt.Errorf("store: steps per minute: %w", err)
 		}
-		minutes = append(minutes, m)
+		if n >= int64(scan) && oldest != nil && oldest.After(now.Add(-time.Hour)) {
+			since = *oldest
+		}
+		if minute != nil {
+			minutes = append(minutes, MinuteCount{Minute: *minute, Completed: *completed, Failed: *failed})
+		}
 	}
 	if err := rows.Err(); err != nil {
-		return nil, time.Time{}, fmt.Errorf("store: steps per minute: %w", err)
+		return nil, now, since, fmt.Errorf("store: steps per minute: %w", err)
 	}
-	if now.IsZero() {
-		if err := db.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
-			return nil, time.Time{}, fmt.Errorf("store: steps per minute: %w", err)
-		}
-	}
-	return minutes, now, nil
+	return minutes, now, since, nil
 }
 
 // DeadPayloads returns the first n bytes of the payloads of the dead

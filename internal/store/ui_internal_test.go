@@ -88,9 +88,10 @@ func TestUIQueriesUseIndexes(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []FailureCount{{Name: "checkout", Step: "charge", Code: "card_declined", Count: 6000}}, top)
 
-	minutes, now, err := st.StepsPerMinute(ctx, pool, 200_000)
+	minutes, now, since, err := st.StepsPerMinute(ctx, pool, 200_000)
 	require.NoError(t, err)
 	require.False(t, now.IsZero())
+	require.True(t, since.IsZero(), "the whole hour was read")
 	var done, failed int64
 	for _, m := range minutes {
 		done += m.Completed
@@ -99,8 +100,9 @@ func TestUIQueriesUseIndexes(t *testing.T) {
 	}
 	require.Equal(t, int64(119999), done+failed, "every entry but the one 90 minutes old")
 	require.Equal(t, int64(30000), failed)
-	minutes, _, err = st.StepsPerMinute(ctx, pool, 100_000)
+	minutes, _, since, err = st.StepsPerMinute(ctx, pool, 100_000)
 	require.NoError(t, err)
+	require.False(t, since.IsZero(), "the bound cut the hour short, and says so")
 	done = 0
 	for _, m := range minutes {
 		done += m.Completed + m.Failed
