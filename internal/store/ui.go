@@ -41,7 +41,9 @@ const (
 )
 
 // uiSQL returns one of the UI's statements for s's schema.
-func (s *Store) uiSQL(q string) string { return strings.ReplaceAll(q, "{{schema}}", quoteSchema(s.schema)) }
+func (s *Store) uiSQL(q string) string {
+	return strings.ReplaceAll(q, "{{schema}}", quoteSchema(s.schema))
+}
 
 // SagaCount is the number of sagas of one name in one status.
 type SagaCount struct {
