@@ -50,6 +50,8 @@ type fixture struct {
 	// failCharge and failRelease make those steps fail for good while set.
 	failCharge, failRelease atomic.Bool
 	def                     *saga.Definition[order]
+	// hold's step "wait" runs until its context is cancelled.
+	hold *saga.Definition[order]
 	// failed ended failed (release gave up while compensating), with the
 	// hostile text as business key and error; completed ended completed.
 	failed, completed uuid.UUID
@@ -78,10 +80,17 @@ func newFixture(t *testing.T) *fixture {
 		}, Compensate: nop},
 		saga.Step[order]{Name: "ship", Action: nop},
 	)
+	f.hold = saga.Define("hold",
+		saga.Step[order]{Name: "first", Action: nop, Compensate: nop},
+		saga.Step[order]{Name: "wait", Action: func(ctx context.Context, _ *saga.StepRun, _ *order) error {
+			<-ctx.Done()
+			return ctx.Err()
+		}, Timeout: time.Hour},
+	)
 	f.engine, err = saga.New(pool, &saga.Config{Schema: schema, PollInterval: 50 * time.Millisecond,
 		Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
-	require.NoError(t, f.engine.Register(f.def))
+	require.NoError(t, f.engine.Register(f.def, f.hold))
 	require.NoError(t, f.engine.Start(ctx))
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -222,6 +223,32 @@ func TestUI(t *testing.T) {
 		_, body, _ := get(t, c, rw.URL+"/sagas/"+id)
 		require.Contains(t, body, "cancel_requested")
 		require.Contains(t, body, "cancel by alice in the web UI")
+	})
+
+	t.Run("cancel a running step", func(t *testing.T) {
+		s, err := saga.Start(context.Background(), f.engine, f.hold, order{ID: "h"}, &saga.StartOpts{BusinessKey: "hold-1"})
+		require.NoError(t, err)
+		id := s.ID.String()
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			inst, err := f.engine.Get(context.Background(), s.ID)
+			require.NoError(t, err)
+			if inst.Step == "wait" {
+				break
+			}
+			require.True(t, time.Now().Before(deadline), "the saga did not reach its waiting step")
+			time.Sleep(20 * time.Millisecond)
+		}
+		c := client(t)
+		code, page, _ := get(t, c, rw.URL+"/sagas/"+id+"/cancel")
+		require.Equal(t, http.StatusOK, code)
+		require.Contains(t, page, id+"/first/compensate/0")
+		require.Contains(t, page, "the saga ends <b>compensated</b>")
+		form := url.Values{"csrf": {formToken(t, page)}, "version": {formVersion(t, page)}, "reason": {"customer asked"}}
+		code, _, _ = post(t, c, rw.URL+"/sagas/"+id+"/cancel", form, nil)
+		require.Equal(t, http.StatusSeeOther, code)
+		inst := f.waitStatus(t, s.ID, saga.StatusCompensated)
+		require.True(t, hasReason(inst, saga.EventCancelRequested, "cancel by alice in the web UI: customer asked"), "%+v", inst.History)
 	})
 
 	t.Run("bulk replay", func(t *testing.T) {
