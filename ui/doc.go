@@ -12,8 +12,9 @@
 // Actions (resume, rerun from a step, cancel, bulk replay, requeue dead
 // rows) each show a preview of what they will do, which steps and
 // compensations run and which step keys are reused or new, before a
-// confirmation. They use the engine's public operations and are recorded
-// in the saga's history with the name of who did them.
+// confirmation. They use the engine's public operations; those on sagas
+// are recorded in each saga's history with the name of who did them
+// ([Config.Actor]), and requeues are logged with it.
 //
 // # Security
 //
