@@ -186,7 +186,7 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request) {
 	}
 	res, err := h.engine.List(r.Context(), &opts)
 	if err != nil {
-		if errors.Is(err, saga.ErrInvalidInput) {
+		if badRequest(err) {
 			data["Error"] = err.Error()
 			h.render(w, r, http.StatusBadRequest, "list", data)
 			return
@@ -204,6 +204,20 @@ func (h *Handler) list(w http.ResponseWriter, r *http.Request) {
 		data["First"] = "?" + filterQuery(q).Encode()
 	}
 	h.render(w, r, http.StatusOK, "list", data)
+}
+
+// badRequest reports whether err is the caller's fault: a malformed cursor
+// or a string PostgreSQL cannot take.
+func badRequest(err error) bool {
+	return errors.Is(err, store.ErrMalformedCursor) || errors.Is(err, saga.ErrInvalidInput)
+}
+
+// statusOf is 400 for the caller's fault and 500 for the rest.
+func statusOf(err error) int {
+	if badRequest(err) {
+		return http.StatusBadRequest
+	}
+	return http.StatusInternalServerError
 }
 
 // stepBox is one step of the drawn definition.
@@ -309,8 +323,12 @@ func boxes(inst *saga.Instance, defSteps []saga.StepInfo) []stepBox {
 	out := make([]stepBox, len(defSteps))
 	for i, s := range defSteps {
 		b := stepBox{Name: s.Name, Compensable: s.Compensable, Remote: s.Remote, Class: "pending", CompClass: "pending"}
-		if done[s.Name] || inst.Status == saga.StatusCompleted {
+		switch {
+		case done[s.Name] || inst.Status == saga.StatusCompleted:
 			b.Class = "done"
+		case inst.LastError != nil && inst.LastError.Step == s.Name:
+			// The step whose failure made the saga compensate.
+			b.Class = "stopped"
 		}
 		if undone[s.Name] {
 			b.CompClass = "undone"
@@ -379,12 +397,12 @@ func (h *Handler) dead(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	msgs, err := h.engine.DeadMessages(ctx, &saga.DeadOpts{Cursor: q.Get("mcursor"), Limit: PageSizeDefault})
 	if err != nil {
-		h.fail(w, r, http.StatusBadRequest, err)
+		h.fail(w, r, statusOf(err), err)
 		return
 	}
 	letters, err := h.engine.DeadLetters(ctx, &saga.DeadOpts{Cursor: q.Get("lcursor"), Limit: PageSizeDefault})
 	if err != nil {
-		h.fail(w, r, http.StatusBadRequest, err)
+		h.fail(w, r, statusOf(err), err)
 		return
 	}
 	var mids []uuid.UUID

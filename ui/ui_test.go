@@ -57,11 +57,13 @@ func TestUI(t *testing.T) {
 		// The saga page draws the definition and the timeline with step keys.
 		_, body, _ = get(t, c, ro.URL+"/sagas/"+f.failed.String())
 		require.Contains(t, body, `class="box comp stopped"`, "the compensation that gave up is marked")
+		require.Contains(t, body, `<span class="box done" title="action">reserve</span>`)
 		require.Contains(t, body, f.failed.String()+"/charge/forward/0")
 		require.Contains(t, body, "card_declined")
 		require.Contains(t, body, `id="state-hidden"`, "no redaction hook: state hidden")
 		// Bad input is a clear 4xx, not a 500.
-		for _, p := range []string{"/sagas/not-a-uuid", "/sagas?status=bogus", "/sagas?after=yesterday", "/sagas?limit=0"} {
+		for _, p := range []string{"/sagas/not-a-uuid", "/sagas?status=bogus", "/sagas?after=yesterday", "/sagas?limit=0",
+			"/sagas?cursor=garbage", "/dead?mcursor=garbage", "/dead?lcursor=garbage", "/sagas?key=a%00b"} {
 			code, _, _ := get(t, c, ro.URL+p)
 			require.Equal(t, http.StatusBadRequest, code, p)
 		}
