@@ -114,6 +114,16 @@ func newFixture(t *testing.T) *fixture {
 	_, err = pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %[1]s.dead_letters (consumer, message_id, topic, msg_key, msg_value, reason)
 		VALUES ($1, $1, $1, $2, $2, $1)`, f.q()), hostile, []byte("<b>\x00\xfe"))
 	require.NoError(t, err)
+	// A saga written by SQL, as an older version or another tool could
+	// have: the hostile text in every column, names, codes and history
+	// included, which the engine's own checks would refuse.
+	_, err = pool.Exec(ctx, fmt.Sprintf(`WITH s AS (
+		INSERT INTO %[1]s.saga_instances (id, saga_name, business_key, status, step_index, step_name, direction, state,
+			last_error, last_error_code, failed_step, ended_at)
+		VALUES ($1, $2, $2, 'compensated', 0, $2, 'compensate', jsonb_build_object($2::text, $2::text), $2, $2, $2, now()) RETURNING id)
+		INSERT INTO %[1]s.saga_history (saga_id, event, step_name, direction, epoch, error, error_code, detail)
+		SELECT id, $2, $2, 'forward', 0, $2, $2, jsonb_build_object('reason', $2::text) FROM s`, f.q()), hostileID, hostile)
+	require.NoError(t, err)
 	// One that can be requeued (the hostile one's key has a NUL byte, which
 	// the outbox cannot carry).
 	_, err = pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %[1]s.dead_letters (consumer, message_id, topic, msg_key, msg_value, reason)
@@ -121,6 +131,9 @@ func newFixture(t *testing.T) *fixture {
 	require.NoError(t, err)
 	return f
 }
+
+// hostileID is the saga whose every column holds the hostile text.
+var hostileID = uuid.MustParse("00000000-0000-4000-8000-00000000bad0")
 
 func (f *fixture) q() string { return pgx.Identifier{f.schema}.Sanitize() }
 

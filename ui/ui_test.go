@@ -82,6 +82,8 @@ func TestUI(t *testing.T) {
 			f.failed).Scan(&key))
 		require.Equal(t, hostile, key, "the hostile business key is stored as it is")
 		for _, p := range []string{"/", "/sagas", "/sagas?status=failed", "/sagas/" + f.failed.String(), "/dead",
+			"/sagas/" + hostileID.String(), "/sagas/" + hostileID.String() + "/rerun", "/sagas?status=compensated",
+			"/replay?status=compensated&from=x",
 			"/sagas/" + f.failed.String() + "/resume", "/sagas/" + f.failed.String() + "/rerun",
 			"/sagas/" + f.failed.String() + "/rerun?from=charge", "/sagas?key=" + url.QueryEscape(hostile),
 			"/replay?status=failed", "/sagas/" + url.PathEscape(hostile)} {
@@ -90,7 +92,12 @@ func TestUI(t *testing.T) {
 				require.NotContains(t, body, raw, "%s shows %q unescaped", p, raw)
 			}
 		}
-		_, body, _ := get(t, c, rw.URL+"/sagas/"+f.failed.String())
+		code, body, _ := get(t, c, rw.URL+"/sagas/"+hostileID.String())
+		require.Equal(t, http.StatusOK, code)
+		require.Contains(t, body, `<dd id="step">&lt;script&gt;window.__xss=1`, "the hostile step name is shown as text")
+		_, body, _ = get(t, c, rw.URL+"/")
+		require.Contains(t, body, `href="/sagas?name=%3Cscript%3Ewindow`, "the hostile saga name is a link's query, escaped")
+		_, body, _ = get(t, c, rw.URL+"/sagas/"+f.failed.String())
 		require.Contains(t, body, "&lt;script&gt;window.__xss=1;document.title=&#34;pwned&#34;&lt;/script&gt;")
 		require.Contains(t, body, `\x01\x1b[31m\u202e`, "control characters are shown as escapes")
 		require.Contains(t, body, `id="state"`, "the redaction hook lets the state show")
