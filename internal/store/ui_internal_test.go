@@ -58,10 +58,10 @@ func TestUIQueriesUseIndexes(t *testing.T) {
 	for _, tc := range []struct {
 		name, sql string
 		args      []any
-		index     string
+		index     string // the index the plan reads through (one of them, separated by |)
 	}{
 		{"saga counts", sqlSagaCounts, []any{100_000}, "saga_instances_created"},
-		{"top failures", sqlTopFailures, []any{"failed", 100_000, 10}, "saga_instances_status_created"},
+		{"top failures", sqlTopFailures, []any{"failed", 10_000, 10}, "saga_instances_status_created|saga_instances_created"},
 		{"steps per minute", sqlStepsPerMinute, []any{100_000}, "saga_history_pkey"},
 		{"dead payloads", sqlDeadPayloads, []any{[]uuid.UUID{dead}, 16}, "outbox_pkey"},
 		{"dead letter values", sqlDeadLetterValues, []any{[]int64{1, 2}, 16}, "dead_letters_pkey"},
@@ -72,7 +72,11 @@ func TestUIQueriesUseIndexes(t *testing.T) {
 		require.NoError(t, err, tc.name)
 		plan := strings.Join(lines, "\n")
 		require.NotContains(t, plan, "Seq Scan", "%s reads a whole table:\n%s", tc.name, plan)
-		require.Contains(t, plan, tc.index, "%s:\n%s", tc.name, plan)
+		found := false
+		for _, ix := range strings.Split(tc.index, "|") {
+			found = found || strings.Contains(plan, " "+ix+" ")
+		}
+		require.True(t, found, "%s reads through none of %s:\n%s", tc.name, tc.index, plan)
 	}
 
 	counts, scanned, err := st.SagaCounts(ctx, pool, 100_000)
