@@ -38,6 +38,10 @@ type batch struct {
 	// msg is the Kafka message being run, in Kafka mode; nil when commands
 	// come straight from the outbox.
 	msg *kafka.Message
+	// waitEnded is set when a wait of a saga in the batch ended (a timer
+	// fired, a signal was delivered, a child's end seen, a time limit
+	// passed).
+	waitEnded bool
 }
 
 // newBatch returns a batch in tx; msg is the Kafka message it runs, or nil
@@ -49,6 +53,17 @@ func (e *Engine) newBatch(tx *batchTx, msg *kafka.Message) *batch {
 // transition is the fenced update that applies d to sg, with the command of
 // the saga's next position, written for its next version.
 func (e *Engine) transition(sg *store.Saga, d decision) *store.Transition {
+	if c := d.tr.CancelChild; c != nil {
+		if m, ok := e.childCancel(sg, c); ok {
+			d.tr.Messages = append([]store.Message{m}, d.tr.Messages...)
+		}
+	}
+	if Status(d.tr.Status).Terminal() && sg.ParentID != nil {
+		// A child saga ends: its parent waits for that.
+		if m, ok := e.parentWake(sg); ok {
+			d.tr.Messages = append([]store.Message{m}, d.tr.Messages...)
+		}
+	}
 	if c := d.next; c != nil {
 		d.tr.Messages = append(d.tr.Messages, e.commandMessage(sg.ID, sg.Name, c.step, c.dir, c.epoch, sg.Version+1, c.delay))
 	}
@@ -142,10 +157,16 @@ func (e *Engine) finish(ctx context.Context, b *batch) error {
 		}
 	}
 	fault.At(ctx, fault.EngineBeforeCommit)
+	if b.waitEnded {
+		fault.At(ctx, fault.EngineWaitBeforeCommit)
+	}
 	if err := t.tx.Commit(ctx); err != nil {
 		return fmt.Errorf("saga: commit batch: %w", err)
 	}
 	fault.At(ctx, fault.EngineAfterCommit)
+	if b.waitEnded {
+		fault.At(ctx, fault.EngineWaitAfterCommit)
+	}
 	if t.ready {
 		// Wakes direct workers, or the relay that publishes Kafka commands.
 		e.announce()
@@ -246,6 +267,10 @@ func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, derr 
 			return err
 		}
 	}
+	if c.Type == wakeType {
+		b.delivered = append(b.delivered, c.ID)
+		return b.wake(ctx, ls, def, last)
+	}
 	if c.Type == cancelType {
 		// Applied or refused already, or forged: the request in the
 		// database is what counts, and there is none.
@@ -300,8 +325,20 @@ func (b *batch) execute(ctx context.Context, sg *store.Saga, def *compiled, idx 
 	if topic, typ, ok := def.remote(idx, dir); ok {
 		return b.send(ctx, sg, def, idx, dir, key, sp, topic, typ, last)
 	}
+	if def.steps[idx].wait != nil && dir == steps.Forward {
+		return b.await(ctx, sg, def, idx, key, sp, last, false)
+	}
 	attempt := sg.Attempt + 1
-	timeout := def.steps[idx].timeout
+	run := b.stepRun(sg, key, dir, attempt)
+	started := time.Now()
+	newState, herr := e.callHandler(ctx, b.tx, run, dir, def.steps[idx].timeout, func(ctx context.Context) ([]byte, error) {
+		return def.run(ctx, run, idx, dir, sg.State)
+	})
+	return b.outcome(ctx, sg, def, idx, dir, key, sp, last, attempt, started, newState, herr, nil)
+}
+
+// stepRun is the StepRun of attempt of sg's current step, in direction dir.
+func (b *batch) stepRun(sg *store.Saga, key steps.Key, dir steps.Direction, attempt int) *StepRun {
 	run := &StepRun{
 		Tx: b.tx.step(), Key: key, SagaID: sg.ID, SagaName: sg.Name, Step: sg.StepName, Direction: dir,
 		Epoch: sg.Epoch, Attempt: attempt,
@@ -309,8 +346,15 @@ func (b *batch) execute(ctx context.Context, sg *store.Saga, def *compiled, idx 
 	if sg.BusinessKey != nil {
 		run.BusinessKey = *sg.BusinessKey
 	}
-	started := time.Now()
-	newState, herr := e.callHandler(ctx, b.tx, def, run, idx, dir, sg.State, timeout)
+	return run
+}
+
+// outcome writes what a step's handler returned: newState and herr, after
+// it started at started. amend, when set, adds to the decision of a
+// success (what a wait's end writes with it).
+func (b *batch) outcome(ctx context.Context, sg *store.Saga, def *compiled, idx int, dir steps.Direction, key steps.Key, sp string,
+	last bool, attempt int, started time.Time, newState []byte, herr error, amend func(*decision)) error {
+	e := b.e
 	elapsed := time.Since(started)
 	fault.At(ctx, fault.EngineAfterHandler)
 	var ab *abandonedError
@@ -320,11 +364,11 @@ func (b *batch) execute(ctx context.Context, sg *store.Saga, def *compiled, idx 
 				sg.StepName, ab.why, e.cfg.HandlerGrace))}
 		return errAbandoned
 	}
-	if reason, ok := interruptedBy(herr, sg, dir); ok {
+	if reason, code, ok := interruptedBy(herr, sg, dir); ok {
 		// A cancel request interrupted the step: its writes are rolled back
 		// and the request applied in its place.
 		e.running.forget(sg.ID)
-		tr := e.transition(sg, e.machine.cancel(sg, def, idx, reason))
+		tr := e.transition(sg, e.machine.cancel(sg, def, idx, reason, code))
 		b.tx.write(sg, tr, sp, true, last, nil, func() { e.stats.cancelled.Add(1) })
 		return nil
 	}
@@ -341,7 +385,11 @@ func (b *batch) execute(ctx context.Context, sg *store.Saga, def *compiled, idx 
 		}
 	}
 	if herr == nil {
-		tr := e.transition(sg, e.machine.success(sg, def, idx, dir, newState, elapsed, key.String()))
+		d := e.machine.success(sg, def, idx, dir, newState, elapsed, key.String())
+		if amend != nil {
+			amend(&d)
+		}
+		tr := e.transition(sg, d)
 		// If the step's own writes or ours fail inside the transaction (the
 		// handler left it aborted, say), the step is undone and a failure
 		// recorded instead.
@@ -360,11 +408,7 @@ func (b *batch) execute(ctx context.Context, sg *store.Saga, def *compiled, idx 
 // deadline is the step's Timeout.
 func (b *batch) send(ctx context.Context, sg *store.Saga, def *compiled, idx int, dir steps.Direction, key steps.Key, sp, topic, typ string, last bool) error {
 	e := b.e
-	run := &StepRun{Tx: b.tx.step(), Key: key, SagaID: sg.ID, SagaName: sg.Name, Step: sg.StepName, Direction: dir,
-		Epoch: sg.Epoch, Attempt: sg.Attempt + 1}
-	if sg.BusinessKey != nil {
-		run.BusinessKey = *sg.BusinessKey
-	}
+	run := b.stepRun(sg, key, dir, sg.Attempt+1)
 	payload, err := recovered(func() ([]byte, error) { return def.send(ctx, run, idx, dir, sg.State) })
 	if err != nil {
 		tr := e.transition(sg, e.machine.failure(sg, def, idx, dir, sg.Attempt+1, err, 0))

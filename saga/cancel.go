@@ -1,6 +1,7 @@
 package saga
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -67,7 +68,7 @@ func (e *Engine) CancelTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, reason s
 	if err := e.ready("Engine.CancelTx"); err != nil {
 		return err
 	}
-	return e.cancel(ctx, tx, id, reason, true)
+	return e.cancel(ctx, tx, id, reason, "", true)
 }
 
 // RequestCancel records a durable request to cancel a running saga, for
@@ -89,10 +90,13 @@ func (e *Engine) RequestCancelTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, r
 	if err := e.ready("Engine.RequestCancelTx"); err != nil {
 		return err
 	}
-	return e.cancel(ctx, tx, id, reason, false)
+	return e.cancel(ctx, tx, id, reason, "", false)
 }
 
-func (e *Engine) cancel(ctx context.Context, tx pgx.Tx, id uuid.UUID, reason string, apply bool) error {
+// cancel records a cancel request for saga id, with code ("" for an
+// operator's request, recorded as CodeCancelled), and applies it at once
+// when apply is set and no step of the saga runs.
+func (e *Engine) cancel(ctx context.Context, tx pgx.Tx, id uuid.UUID, reason, code string, apply bool) error {
 	if tx == nil {
 		return fmt.Errorf("saga: cancel %s: tx is nil", id)
 	}
@@ -113,13 +117,13 @@ func (e *Engine) cancel(ctx context.Context, tx pgx.Tx, id uuid.UUID, reason str
 	if apply && e.lookupName(sg.Name) == nil {
 		return fmt.Errorf("saga: cancel %s: %w: this engine does not know saga %q; use RequestCancel", id, ErrNotRegistered, sg.Name)
 	}
-	recorded, err := e.st.RequestCancel(ctx, tx, id, sg.Epoch, reason)
+	recorded, err := e.st.RequestCancel(ctx, tx, id, sg.Epoch, reason, code)
 	if err != nil {
 		return fmt.Errorf("saga: cancel %s: %w", id, err)
 	}
 	if recorded {
 		if err := e.st.InsertHistory(ctx, tx, &store.HistoryEntry{SagaID: id, Event: EventCancelRequested,
-			StepName: sg.StepName, Direction: sg.Direction, Epoch: sg.Epoch, Error: reason, ErrorCode: CodeCancelled}); err != nil {
+			StepName: sg.StepName, Direction: sg.Direction, Epoch: sg.Epoch, Error: reason, ErrorCode: cmp.Or(code, CodeCancelled)}); err != nil {
 			return fmt.Errorf("saga: cancel %s: %w", id, err)
 		}
 	}
@@ -170,7 +174,7 @@ func (e *Engine) applyCancelNow(ctx context.Context, tx pgx.Tx, id uuid.UUID) (b
 	if !ok {
 		return false, nil
 	}
-	tr := e.transition(&ls.Saga, e.machine.cancel(&ls.Saga, def, idx, ls.CancelRequest.Reason))
+	tr := e.transition(&ls.Saga, e.machine.cancel(&ls.Saga, def, idx, ls.CancelRequest.Reason, ls.CancelRequest.Code))
 	fenced, err := e.st.ApplyTransition(ctx, tx, tr, "sagaflow_cancel")
 	if err != nil {
 		return false, fmt.Errorf("saga: cancel %s: %w", id, err)
@@ -211,7 +215,7 @@ func (b *batch) applyCancel(ctx context.Context, c *store.Claimed, ls *store.Loc
 	if c.ID != uuid.Nil {
 		b.delivered = append(b.delivered, c.ID)
 	}
-	tr := b.e.transition(&ls.Saga, b.e.machine.cancel(&ls.Saga, def, idx, r.Reason))
+	tr := b.e.transition(&ls.Saga, b.e.machine.cancel(&ls.Saga, def, idx, r.Reason, r.Code))
 	b.tx.write(&ls.Saga, tr, sp, false, last, nil, func() { b.e.stats.cancelled.Add(1) })
 	return true, nil
 }
@@ -241,7 +245,8 @@ type claimedSaga struct {
 // request.
 type cancelRequested struct {
 	reason string
-	epoch  int // the run the request is for
+	epoch  int    // the run the request is for
+	code   string // "" for an operator's request
 }
 
 func (c *cancelRequested) Error() string { return "saga: cancel requested: " + c.reason }
@@ -292,7 +297,7 @@ func (r *runningSteps) start(id uuid.UUID, cancel context.CancelCauseFunc) {
 	}
 	c.cancel = cancel
 	if c.request != nil {
-		cancel(&cancelRequested{reason: c.request.Reason, epoch: c.request.Epoch})
+		cancel(&cancelRequested{reason: c.request.Reason, epoch: c.request.Epoch, code: c.request.Code})
 	}
 }
 
@@ -354,7 +359,7 @@ func (r *runningSteps) heard(id uuid.UUID, req store.CancelRequest) bool {
 	}
 	c.request = &req
 	if c.cancel != nil {
-		c.cancel(&cancelRequested{reason: req.Reason, epoch: req.Epoch})
+		c.cancel(&cancelRequested{reason: req.Reason, epoch: req.Epoch, code: req.Code})
 		return true
 	}
 	return false

@@ -126,10 +126,13 @@ type Step[S any] struct {
 	// Name identifies the step within its saga, in keys, history and
 	// commands: letters, digits, '.', '-' and '_', at most 64 bytes.
 	Name string
-	// Action does the step's work. Required, unless Remote is set.
+	// Action does the step's work. Required, unless Remote or Wait is set.
 	Action StepFunc[S]
 	// Remote, instead of Action, makes the step a call to another service.
 	Remote *Remote[S]
+	// Wait, instead of Action, makes the step wait: for a time, a signal
+	// or a child saga (see [Wait]).
+	Wait *Wait[S]
 	// Compensate undoes Action after a later step failed for good, or after
 	// the saga was cancelled. Optional: a step without one is skipped when
 	// compensating.
@@ -148,8 +151,20 @@ type Step[S any] struct {
 // which is stored as JSON between steps. Make one with [Define] and register
 // it with [Engine.Register].
 type Definition[S any] struct {
-	name  string
-	steps []Step[S]
+	name     string
+	steps    []Step[S]
+	deadline time.Duration
+}
+
+// WithDeadline gives every saga of d a deadline: a saga that has not ended
+// d after its start is cancelled, with code [CodeDeadline], so that the
+// steps it completed are compensated. A saga already compensating is left
+// to finish. [StartOpts.Deadline] overrides it per saga. It returns d.
+func (d *Definition[S]) WithDeadline(dur time.Duration) *Definition[S] {
+	if d != nil {
+		d.deadline = dur
+	}
+	return d
 }
 
 // Define returns a saga definition. Problems with it (an empty name, no
@@ -174,10 +189,11 @@ type AnyDefinition interface {
 
 // compiled is a definition as the executor uses it, without type parameters.
 type compiled struct {
-	name   string
-	steps  []compiledStep
-	byName map[string]int
-	owner  any // the *Definition[S] it came from
+	name     string
+	steps    []compiledStep
+	byName   map[string]int
+	deadline time.Duration
+	owner    any // the *Definition[S] it came from
 	// run decodes the state, runs step i in direction dir and encodes the
 	// state again.
 	run func(ctx context.Context, r *StepRun, i int, dir steps.Direction, state []byte) ([]byte, error)
@@ -196,6 +212,7 @@ type compiledStep struct {
 	retry          RetryPolicy
 	compensateWith RetryPolicy
 	timeout        time.Duration
+	wait           *compiledWait // set for a step that waits
 }
 
 // remote reports whether step i runs in direction dir as a call to another
@@ -256,7 +273,17 @@ func (d *Definition[S]) compile() (*compiled, error) {
 	if len(d.steps) == 0 {
 		return nil, fmt.Errorf("%w: saga %q has no steps", ErrInvalidDefinition, d.name)
 	}
-	c := &compiled{name: d.name, byName: make(map[string]int, len(d.steps)), owner: d}
+	if d.deadline < 0 {
+		return nil, fmt.Errorf("%w: saga %q has a negative deadline", ErrInvalidDefinition, d.name)
+	}
+	c := &compiled{name: d.name, byName: make(map[string]int, len(d.steps)), owner: d, deadline: d.deadline}
+	encode := func(s *S) ([]byte, error) {
+		out, err := json.Marshal(s)
+		if err != nil {
+			return nil, steps.Permanent(steps.WithCode(CodeStateEncode, fmt.Errorf("encode state: %w", err)))
+		}
+		return out, nil
+	}
 	for i, s := range d.steps {
 		if !wire.ValidName(s.Name) {
 			return nil, fmt.Errorf("%w: saga %q step %d: name %q must be 1-64 letters, digits, '.', '-' or '_'", ErrInvalidDefinition, d.name, i, s.Name)
@@ -264,9 +291,17 @@ func (d *Definition[S]) compile() (*compiled, error) {
 		if _, dup := c.byName[s.Name]; dup {
 			return nil, fmt.Errorf("%w: saga %q has two steps named %q", ErrInvalidDefinition, d.name, s.Name)
 		}
+		kinds := 0
+		for _, set := range []bool{s.Action != nil, s.Remote != nil, s.Wait != nil} {
+			if set {
+				kinds++
+			}
+		}
 		switch {
-		case s.Action == nil && s.Remote == nil:
+		case kinds == 0:
 			return nil, fmt.Errorf("%w: saga %q step %q has no Action", ErrInvalidDefinition, d.name, s.Name)
+		case kinds > 1 && s.Wait != nil:
+			return nil, fmt.Errorf("%w: saga %q step %q has a Wait and an Action or Remote: a step waits, or acts", ErrInvalidDefinition, d.name, s.Name)
 		case s.Action != nil && s.Remote != nil:
 			return nil, fmt.Errorf("%w: saga %q step %q has both an Action and a Remote", ErrInvalidDefinition, d.name, s.Name)
 		case s.Remote != nil && (s.Remote.Topic == "" || s.Remote.Type == "" || s.Remote.Command == nil):
@@ -300,6 +335,13 @@ func (d *Definition[S]) compile() (*compiled, error) {
 		if s.Remote != nil {
 			cs.remoteTopic, cs.remoteType, cs.remoteCompType = s.Remote.Topic, s.Remote.Type, s.Remote.CompensateType
 			cs.hasCompensate = cs.hasCompensate || s.Remote.CompensateType != ""
+		}
+		if s.Wait != nil {
+			w, err := compileWait(d.name, s.Name, s.Wait, encode)
+			if err != nil {
+				return nil, err
+			}
+			cs.wait = w
 		}
 		c.steps = append(c.steps, cs)
 	}

@@ -116,7 +116,9 @@
 //     one whose command was lost is re-driven under the same step-scoped
 //     key, or, its attempts spent, compensated (or failed, if it was
 //     compensating). A rescue never overwrites progress made since it read
-//     the saga: its update is guarded on the version it read.
+//     the saga: its update is guarded on the version it read. A saga that
+//     waits ([Wait]) counts as healthy until its wait's end; one that waits
+//     without a time limit has no deadline, as what it waits for wakes it.
 //
 //  10. Cancel lands. [Engine.Cancel] and [Engine.RequestCancel] record a
 //     request that is durable until applied ([EventCancelRequested]). It
@@ -135,6 +137,29 @@
 //     request in the database. With [KafkaConfig.SigningKey], what the
 //     engine writes is signed and what it consumes is verified before any
 //     effect. See docs/security.md.
+//
+//  12. Waits end once, and none is missed. A step with a [Wait] holds no
+//     worker and no connection while it waits: the saga's row records what
+//     it waits for and until when, in database time, and its command is an
+//     outbox row due then (in Kafka mode the relay publishes it when it is
+//     due). A timer fires once, by the database's clock against the stored
+//     end, whatever delivers its command and however often. A signal is
+//     recorded in its sender's transaction ([Engine.SignalTx]) with a
+//     wake-up command; the step that awaits it and the wake-up both hold the
+//     saga's execution lock, so a signal is delivered whether it arrives
+//     before the saga reaches the await (it is kept, and signals of one
+//     name are delivered in the order they arrived) or after; it is marked
+//     delivered in the step's transaction, so it takes effect once, and a
+//     second signal with the same ID is recorded once. A signal that no
+//     saga can take is recorded as rejected, with an error
+//     ([ErrSignalRejected]). A child saga ([Child]) is started in its
+//     parent's step transaction under an id derived from the step's key,
+//     and its end (in its own transaction) wakes the parent; a parent that
+//     stops waiting (cancelled, past its deadline or its wait's timeout)
+//     asks the child to cancel in the same transaction. A saga past its
+//     deadline ([Definition.WithDeadline], [StartOpts.Deadline]) is
+//     cancelled by the rescuer as [Engine.Cancel] would, with code
+//     [CodeDeadline].
 //
 // # What a step should know
 //
@@ -176,6 +201,18 @@
 // same step key until its CompensateRetry attempts are spent; only then does
 // the saga end failed. Remote steps need Kafka mode.
 //
+// # Sagas that wait
+//
+// A step with a [Wait] instead of an Action waits: for a time ([Sleep],
+// [SleepFor], [SleepUntil]), for a signal ([OnSignal], sent with
+// [Engine.Signal], [Engine.SignalTx], or from any Kafka topic through an
+// inbox consumer with [SignalOn]), or for a child saga ([Child]). A signal or
+// child wait may have a time limit with its own outcome: compensate
+// ([Wait.Timeout]), a handler, or go on ([Wait.TimeoutThen]). Retries use
+// the same mechanism: a retry's backoff is its command's due time, so a
+// long backoff holds nothing either. [Instance.Wait] says what a saga waits
+// for, and [ListOpts.Waiting] lists the sagas that wait.
+//
 // # The scheduler
 //
 // A started engine runs a robfig/cron scheduler with three kinds of jobs,
@@ -183,12 +220,14 @@
 //
 //   - the rescuer, every [Config.RescueInterval] ([Engine.RescueNow] runs
 //     it at once): it takes each stuck saga with a lock it never waits for
-//     and guards its update on the version it read;
+//     and guards its update on the version it read, then records a cancel
+//     request for each saga past its deadline;
 //   - retention, every [Config.RetentionInterval] ([Engine.RunRetention]):
 //     published outbox rows after [Config.OutboxRetention], inbox keys
 //     after [Config.InboxRetention] (which must be longer: it is what makes
 //     replayed messages harmless), completed and compensated sagas with
-//     their history after [Config.SagaRetention], in statements of at most
+//     their history and signals after [Config.SagaRetention] (and signals
+//     that matched no saga after as long), in statements of at most
 //     [Config.RetentionBatch] rows. Failed sagas are kept.
 //   - sagas started by [Schedule] at every slot of a cron spec, in
 //     [Config.Location]: the slot is part of the business key, so each slot

@@ -42,15 +42,24 @@ func decodeCommand(c *store.Claimed) (command, error) {
 // cancelMessage builds the command that makes an engine that knows sg look
 // at its pending cancel request. It carries no authority of its own: an
 // engine that finds no request in the database does nothing with it.
-func (e *Engine) cancelMessage(sg *store.Saga) store.Message {
-	payload := wire.EncodeCommand(wire.Command{SagaID: wire.UUID(sg.ID), Saga: sg.Name, Step: sg.StepName,
-		Direction: wire.Direction(sg.Direction), Epoch: sg.Epoch, Version: sg.Version})
-	id := uuid.Must(uuid.NewV7())
+func (e *Engine) cancelMessage(sg *store.Saga) store.Message { return e.nudgeMessage(sg, cancelType) }
+
+// nudgeMessage builds a command of type typ (cancelType or wakeType) that
+// makes an engine that knows sg look at it. It names the saga's position
+// when written, for the reader's sake; the engine goes by the saga's row.
+func (e *Engine) nudgeMessage(sg *store.Saga, typ string) store.Message {
+	return e.nudgeAt(sg.ID, sg.Name, sg.StepName, steps.Direction(sg.Direction), sg.Epoch, sg.Version, typ)
+}
+
+func (e *Engine) nudgeAt(id uuid.UUID, name, step string, dir steps.Direction, epoch int, version int64, typ string) store.Message {
+	payload := wire.EncodeCommand(wire.Command{SagaID: wire.UUID(id), Saga: name, Step: step,
+		Direction: dir, Epoch: epoch, Version: max(version, 1)})
+	mid := uuid.Must(uuid.NewV7())
 	m := store.Message{
-		ID: id, Topic: e.commandTopic(sg.Name), Delivery: e.commandDelivery(),
-		AggregateType: aggregateType(sg.Name), AggregateID: sg.ID.String(), Type: cancelType, Payload: payload,
-		Headers: map[string]string{wire.HeaderMessageID: id.String(), wire.HeaderSagaID: sg.ID.String(), wire.HeaderType: cancelType},
-		SagaID:  &sg.ID,
+		ID: mid, Topic: e.commandTopic(name), Delivery: e.commandDelivery(),
+		AggregateType: aggregateType(name), AggregateID: id.String(), Type: typ, Payload: payload,
+		Headers: map[string]string{wire.HeaderMessageID: mid.String(), wire.HeaderSagaID: id.String(), wire.HeaderType: typ},
+		SagaID:  &id,
 	}
 	e.sign(&m)
 	return m

@@ -117,9 +117,28 @@ type Instance struct {
 	CreatedAt   time.Time       `json:"created_at"`
 	UpdatedAt   time.Time       `json:"updated_at"`
 	EndedAt     *time.Time      `json:"ended_at,omitempty"`
+	// Wait says what the saga waits for at its step, nil when it does not
+	// wait.
+	Wait *WaitInfo `json:"wait,omitempty"`
+	// Deadline is when the saga must have ended, or it is cancelled
+	// ([StartOpts.Deadline], [Definition.WithDeadline]); nil for none.
+	Deadline *time.Time `json:"deadline,omitempty"`
+	// ParentID is, for a child saga ([Child]), the saga that started it.
+	ParentID *uuid.UUID `json:"parent_id,omitempty"`
 	// History is the timeline, oldest first. Filled by [Engine.Get], empty
 	// in [Engine.List] results.
 	History []Event `json:"history,omitempty"`
+}
+
+// WaitInfo is what a saga waits for (see [Wait]).
+type WaitInfo struct {
+	// Kind is "timer", "signal" or "child".
+	Kind string `json:"kind"`
+	// For names the signal, or the child saga's id; "" for a timer.
+	For string `json:"for,omitempty"`
+	// Until is when the wait ends by itself (a timer's time, a time
+	// limit), in database time; nil when it has none.
+	Until *time.Time `json:"until,omitempty"`
 }
 
 // DecodeState decodes the saga's state into v.
@@ -140,6 +159,10 @@ func instanceFrom(sg *store.Saga) Instance {
 	if sg.BusinessKey != nil {
 		in.BusinessKey = *sg.BusinessKey
 	}
+	if sg.WaitKind != nil {
+		in.Wait = &WaitInfo{Kind: *sg.WaitKind, For: deref(sg.WaitFor), Until: sg.WaitUntil}
+	}
+	in.Deadline, in.ParentID = sg.DeadlineAt, sg.ParentID
 	if sg.LastError != nil {
 		in.LastError = &ErrorInfo{Message: *sg.LastError}
 		if sg.LastErrorCode != nil {
@@ -208,6 +231,9 @@ type ListOpts struct {
 	EndedBefore   time.Time // exclusive
 	FailedStep    string    // the step whose failure the last error records
 	ErrorCode     string    // the last error's code
+	// Waiting keeps only sagas that wait (for a timer, a signal or a child
+	// saga, see [Wait]).
+	Waiting bool
 	// Cursor continues a previous listing: pass its NextCursor.
 	Cursor string
 	// Limit is the page size. Defaults to ListLimitDefault; at most
@@ -246,7 +272,7 @@ func (e *Engine) List(ctx context.Context, opts *ListOpts) (*ListResult, error) 
 	}
 	f := store.ListFilter{Name: o.Name, BusinessKey: o.BusinessKey, CreatedAfter: o.CreatedAfter,
 		CreatedBefore: o.CreatedBefore, EndedAfter: o.EndedAfter, EndedBefore: o.EndedBefore,
-		FailedStep: o.FailedStep, ErrorCode: o.ErrorCode, Cursor: o.Cursor, Limit: o.Limit}
+		FailedStep: o.FailedStep, ErrorCode: o.ErrorCode, Waiting: o.Waiting, Cursor: o.Cursor, Limit: o.Limit}
 	for _, s := range o.Statuses {
 		f.Statuses = append(f.Statuses, string(s))
 	}

@@ -115,7 +115,8 @@ func (p *panicError) Error() string { return fmt.Sprintf("panic: %v", p.value) }
 // waits for the batch to send the writes of earlier steps (which may wait on
 // row locks held elsewhere), its clock stops. A cancel request for the saga
 // cancels the handler's context with a [cancelRequested] cause.
-func (e *Engine) callHandler(ctx context.Context, t *batchTx, def *compiled, run *StepRun, idx int, dir steps.Direction, state []byte, timeout time.Duration) ([]byte, error) {
+func (e *Engine) callHandler(ctx context.Context, t *batchTx, run *StepRun, dir steps.Direction, timeout time.Duration,
+	call func(ctx context.Context) ([]byte, error)) ([]byte, error) {
 	base, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	clock := newStepClock(timeout, func() { cancel(errStepTimedOut) })
@@ -140,7 +141,7 @@ func (e *Engine) callHandler(ctx context.Context, t *batchTx, def *compiled, run
 			}
 			done <- r
 		}()
-		r.state, r.err = def.run(stepCtx, run, idx, dir, state)
+		r.state, r.err = call(stepCtx)
 	}()
 	var r result
 	select {

@@ -196,7 +196,7 @@ func TestKafkaModeDeadLettersMalformedCommands(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, got, 2)
 	require.Equal(t, "sagaflow.engine", got[0].Consumer)
-	require.Contains(t, got[0].Reason, `malformed command: message type "" is neither`)
+	require.Contains(t, got[0].Reason, `malformed command: message type "" is not`)
 	require.Equal(t, []byte("{not json"), got[0].Value, "the original bytes")
 	require.Contains(t, got[1].Reason, "malformed command: saga_id is missing")
 }

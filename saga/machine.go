@@ -5,7 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/sagaflow/sagaflow/internal/safetext"
 	"github.com/sagaflow/sagaflow/internal/store"
@@ -60,6 +63,9 @@ func transitionFrom(sg *store.Saga) *store.Transition {
 		ID: sg.ID, Version: sg.Version, Status: sg.Status, StepIndex: sg.StepIndex, StepName: sg.StepName,
 		Direction: sg.Direction, Epoch: sg.Epoch, Attempt: sg.Attempt,
 		LastError: sg.LastError, LastErrorCode: sg.LastErrorCode, FailedStep: sg.FailedStep,
+		// A saga that waits keeps waiting, until its wait's end: a retry or
+		// a re-drive of its step does not start the wait again.
+		WaitKind: deref(sg.WaitKind), WaitFor: deref(sg.WaitFor),
 	}
 }
 
@@ -133,6 +139,7 @@ func (m machine) moveTo(d *decision, sg *store.Saga, def *compiled, i int, dir s
 		return
 	}
 	tr.Status, tr.StepIndex, tr.StepName, tr.Direction, tr.Attempt = statusFor(dir), i, def.steps[i].name, string(dir), 0
+	tr.WaitKind, tr.WaitFor = "", ""
 	tr.CheckAfter = def.steps[i].timeout + m.slack
 	d.next = &nextCommand{step: def.steps[i].name, dir: dir, epoch: sg.Epoch}
 }
@@ -345,9 +352,12 @@ func unknownStep(sg *store.Saga, reason string) decision {
 // step idx: compensate the steps that completed, from the one before idx (or
 // idx itself, for a remote step whose command went out), and delete the
 // request.
-func (m machine) cancel(sg *store.Saga, def *compiled, idx int, reason string) decision {
-	code := CodeCancelled
+func (m machine) cancel(sg *store.Saga, def *compiled, idx int, reason, code string) decision {
+	if code == "" {
+		code = CodeCancelled
+	}
 	d := decision{tr: transitionFrom(sg)}
+	m.leaveWait(d.tr, sg, def, idx, reason, code)
 	tr := d.tr
 	tr.LastError, tr.LastErrorCode = &reason, &code
 	tr.AwaitingReply = false
@@ -355,6 +365,68 @@ func (m machine) cancel(sg *store.Saga, def *compiled, idx int, reason string) d
 	tr.History = append(tr.History, store.HistoryEntry{SagaID: sg.ID, Event: EventSagaCancelled, StepName: sg.StepName,
 		Direction: sg.Direction, Epoch: sg.Epoch, Error: reason, ErrorCode: code})
 	m.startCompensation(&d, sg, def, idx)
+	return d
+}
+
+// leaveWait is what leaving a wait before its end takes, written with
+// tr: the wait's timer command is no longer needed, and a child saga the
+// step waits for is asked to cancel, for reason with code.
+func (m machine) leaveWait(tr *store.Transition, sg *store.Saga, def *compiled, idx int, reason, code string) {
+	if sg.WaitKind == nil {
+		return
+	}
+	if sg.CommandID != nil {
+		tr.Supersede = append(tr.Supersede, *sg.CommandID)
+	}
+	w := def.steps[idx].wait
+	if *sg.WaitKind != store.WaitChild || w == nil || w.kind != store.WaitChild {
+		return
+	}
+	child, err := uuid.Parse(deref(sg.WaitFor))
+	if err != nil {
+		return
+	}
+	tr.CancelChild = &store.ChildCancel{ID: child, Reason: safetext.Text("the parent saga "+sg.ID.String()+" stopped waiting: "+reason, maxReasonBytes), Code: code}
+}
+
+// parked is the decision that makes sg wait at its step idx for kind
+// (waitFor names the signal or the child), delay from now, or without a
+// time limit when delay is negative: its command is due when the wait
+// ends, and the rescuer counts from then. first says the saga reached the
+// step just now (rather than having a wait re-armed), which the history
+// records.
+func (m machine) parked(sg *store.Saga, def *compiled, idx int, kind, waitFor string, delay time.Duration, first bool) decision {
+	tr := transitionFrom(sg)
+	tr.WaitKind, tr.WaitFor = kind, waitFor
+	tr.SetWaitUntil, tr.WaitDelay = true, delay
+	d := decision{tr: tr}
+	if delay >= 0 {
+		tr.CheckAfter, tr.ExactDeadline = delay+def.steps[idx].timeout+m.slack, true
+		d.next = &nextCommand{step: sg.StepName, dir: steps.Forward, epoch: sg.Epoch, delay: delay}
+	} else {
+		tr.WaitDelay = -1
+	}
+	if first {
+		tr.History = []store.HistoryEntry{{SagaID: sg.ID, Event: EventWaitStarted, StepName: sg.StepName,
+			Direction: string(steps.Forward), Epoch: sg.Epoch, Attempt: sg.Attempt + 1, Detail: waitDetail(kind, waitFor, delay)}}
+	}
+	return d
+}
+
+// waitTimedOut is the decision when the signal or child that step idx of
+// sg waits for did not come in time and the wait has no handler of its
+// own: the step fails for good, and a child still running is cancelled.
+func (m machine) waitTimedOut(sg *store.Saga, def *compiled, idx int) decision {
+	what := "signal " + strconv.Quote(def.steps[idx].wait.signal)
+	if def.steps[idx].wait.kind == store.WaitChild {
+		what = "child saga " + deref(sg.WaitFor)
+	}
+	err := steps.Permanent(steps.WithCode(CodeWaitTimeout, fmt.Errorf("%s did not come within the wait's timeout (%s)", what, def.steps[idx].wait.timeout)))
+	d := m.failure(sg, def, idx, steps.Forward, sg.Attempt+1, err, 0)
+	d.tr.History = append([]store.HistoryEntry{{SagaID: sg.ID, Event: EventWaitTimedOut, StepName: sg.StepName,
+		Direction: string(steps.Forward), Epoch: sg.Epoch, Attempt: sg.Attempt + 1, ErrorCode: CodeWaitTimeout}}, d.tr.History...)
+	m.leaveWait(d.tr, sg, def, idx, "its wait timed out", CodeWaitTimeout)
+	d.tr.Supersede = nil // the command that found the time up is the wait's own
 	return d
 }
 
@@ -375,14 +447,14 @@ func cancelRefusal(sg *store.Saga, r *store.CancelRequest) string {
 
 // interruptedBy reports whether herr, the outcome of a step of sg in
 // direction dir, is a cancel request that takes the step's place, and the
-// request's reason: a forward step of a running saga, in the run the
+// request's reason and code: a forward step of a running saga, in the run the
 // request was made for.
-func interruptedBy(herr error, sg *store.Saga, dir steps.Direction) (reason string, ok bool) {
+func interruptedBy(herr error, sg *store.Saga, dir steps.Direction) (reason, code string, ok bool) {
 	var cr *cancelRequested
 	if errors.As(herr, &cr) && dir == steps.Forward && Status(sg.Status) == StatusRunning && cr.epoch == sg.Epoch {
-		return safetext.Text(cr.reason, maxReasonBytes), true
+		return safetext.Text(cr.reason, maxReasonBytes), cr.code, true
 	}
-	return "", false
+	return "", "", false
 }
 
 // rescueAction is what the rescuer does with a saga past its deadline.

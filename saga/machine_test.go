@@ -349,7 +349,7 @@ func TestMachineCancel(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			d := testMachine.cancel(tc.sg, def, def.byName[tc.sg.StepName], "customer asked")
+			d := testMachine.cancel(tc.sg, def, def.byName[tc.sg.StepName], "customer asked", "")
 			require.Equal(t, tc.want, summary(d))
 			require.Equal(t, "customer asked", *d.tr.LastError)
 			require.Nil(t, d.tr.FailedStep)
@@ -361,7 +361,7 @@ func TestMachineCancel(t *testing.T) {
 		rdef := remoteDef(t)
 		sg := at(rdef, "pay", fwd, store.StatusRunning, 0)
 		sg.AwaitingReply = true
-		d := testMachine.cancel(sg, rdef, 1, "stop")
+		d := testMachine.cancel(sg, rdef, 1, "stop", "")
 		require.Equal(t, next("pay", comp, 2, 0), d.next)
 		require.False(t, d.tr.AwaitingReply)
 	})
@@ -401,7 +401,7 @@ func TestMachineCancel(t *testing.T) {
 	} {
 		t.Run("interrupt: "+tc.name, func(t *testing.T) {
 			t.Parallel()
-			reason, ok := interruptedBy(tc.err, at(def, "charge", tc.dir, tc.status, 0), tc.dir)
+			reason, _, ok := interruptedBy(tc.err, at(def, "charge", tc.dir, tc.status, 0), tc.dir)
 			require.Equal(t, tc.want, ok)
 			if ok {
 				require.Equal(t, "r", reason)

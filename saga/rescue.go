@@ -2,6 +2,7 @@ package saga
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -30,6 +31,9 @@ type RescueResult struct {
 	// Superseded sagas moved on between the rescuer's read and its update;
 	// the rescue was dropped.
 	Superseded int
+	// Deadlines counts sagas past their deadline ([Definition.WithDeadline],
+	// [StartOpts.Deadline]) for which a cancel request was recorded.
+	Deadlines int
 }
 
 // RescueNow runs the stuck-saga rescuer once, now, instead of waiting for
@@ -57,7 +61,8 @@ func (e *Engine) RescueNow(ctx context.Context) (RescueResult, error) {
 		changed := res.Redriven+res.FailedOver+res.Waiting+res.Busy+res.Superseded >
 			before.Redriven+before.FailedOver+before.Waiting+before.Busy+before.Superseded
 		if n < e.cfg.RescueBatch || !changed {
-			return res, nil
+			err := e.enforceDeadlines(ctx, names, &res)
+			return res, err
 		}
 	}
 }
@@ -150,4 +155,33 @@ func (e *Engine) rescuePass(ctx context.Context, names []string, res *RescueResu
 		return 0, fmt.Errorf("saga: rescue: %w", err)
 	}
 	return found, nil
+}
+
+// enforceDeadlines records a cancel request, with code [CodeDeadline], for
+// each running saga of the named definitions past its deadline: the cancel
+// lands like an operator's (see [Engine.Cancel]), ahead of whatever the
+// saga does or waits for. A saga compensating already finishes as it is.
+func (e *Engine) enforceDeadlines(ctx context.Context, names []string, res *RescueResult) error {
+	ids, err := e.st.DeadlineDue(ctx, e.pool, names, e.cfg.RescueBatch)
+	if err != nil {
+		return fmt.Errorf("saga: deadlines: %w", err)
+	}
+	for _, id := range ids {
+		err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			return e.cancel(ctx, tx, id, "the saga did not end within its deadline", CodeDeadline, true)
+		})
+		switch {
+		case err == nil:
+			res.Deadlines++
+		case errors.Is(err, ErrNotRunning), errors.Is(err, ErrNotFound):
+			// Ended, or began compensating, since it was read.
+		case ctx.Err() != nil:
+			return ctx.Err()
+		default:
+			// One saga's trouble must not hold back the others: the next
+			// pass tries it again.
+			e.log.ErrorContext(ctx, "sagaflow could not cancel a saga past its deadline", slog.String("saga_id", id.String()), slog.Any("error", err))
+		}
+	}
+	return nil
 }

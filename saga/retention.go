@@ -12,7 +12,8 @@ import (
 type RetentionResult struct {
 	Messages  int64 // published outbox rows older than OutboxRetention
 	InboxKeys int64 // processed keys older than InboxRetention
-	Sagas     int64 // completed or compensated sagas (with their history) older than SagaRetention
+	Sagas     int64 // completed or compensated sagas (with their history and signals) older than SagaRetention
+	Signals   int64 // signals that matched no saga, older than SagaRetention
 }
 
 // RunRetention deletes, now, what is past its retention window, in
@@ -38,6 +39,9 @@ func (e *Engine) RunRetention(ctx context.Context) (RetentionResult, error) {
 		{"finished sagas", &res.Sagas, func(limit int) (int64, error) {
 			return e.st.DeleteFinishedSagas(ctx, e.pool, e.cfg.SagaRetention, limit)
 		}},
+		{"signals for no saga", &res.Signals, func(limit int) (int64, error) {
+			return e.st.DeleteOrphanSignals(ctx, e.pool, e.cfg.SagaRetention, limit)
+		}},
 	}
 	for _, j := range jobs {
 		n, err := store.DeleteInBatches(e.cfg.RetentionBatch, j.delete)
@@ -48,7 +52,7 @@ func (e *Engine) RunRetention(ctx context.Context) (RetentionResult, error) {
 	}
 	if res != (RetentionResult{}) {
 		e.log.InfoContext(ctx, "sagaflow retention deleted old rows", slog.Int64("messages", res.Messages),
-			slog.Int64("inbox_keys", res.InboxKeys), slog.Int64("sagas", res.Sagas))
+			slog.Int64("inbox_keys", res.InboxKeys), slog.Int64("sagas", res.Sagas), slog.Int64("signals", res.Signals))
 	}
 	return res, nil
 }

@@ -117,6 +117,17 @@ func TestRetentionDeletesOnlyWhatIsPastItsWindow(t *testing.T) {
 	exec("UPDATE "+b.table("saga_instances")+" SET ended_at = now() - interval '4 hours' WHERE id = ANY($1)", ids[:2])
 	exec("UPDATE "+b.table("saga_instances")+" SET ended_at = now() - interval '4 hours', status = 'failed' WHERE id = $1", ids[2])
 
+	// Signals: one for each of the sagas deleted (they go with them), and
+	// three for no saga: two past the window, one inside it.
+	for _, id := range ids {
+		exec("INSERT INTO "+b.table("saga_signals")+` (saga_id, target, name, signal_id, payload, status)
+			VALUES ($1, $2, 'n', 'i', '\x', 'rejected')`, id, id.String())
+	}
+	for i, age := range []string{"4 hours", "9 days", "1 hour"} {
+		exec("INSERT INTO "+b.table("saga_signals")+` (target, name, signal_id, payload, status, created_at)
+			VALUES ('x/y', 'n', $1, '\x', 'rejected', now() - $2::interval)`, "s"+string(rune('a'+i)), age)
+	}
+
 	// One statement deletes at most RetentionBatch rows.
 	st, err := store.New(b.schema)
 	require.NoError(t, err)
@@ -126,7 +137,10 @@ func TestRetentionDeletesOnlyWhatIsPastItsWindow(t *testing.T) {
 
 	res, err := b.engine.RunRetention(ctx)
 	require.NoError(t, err)
-	require.Equal(t, saga.RetentionResult{Messages: 5, InboxKeys: 1, Sagas: 2}, res)
+	require.Equal(t, saga.RetentionResult{Messages: 5, InboxKeys: 1, Sagas: 2, Signals: 2}, res)
+	require.Equal(t, 0, b.count(t, "SELECT count(*) FROM "+b.table("saga_signals")+" WHERE saga_id = ANY($1)", ids[:2]))
+	require.Equal(t, 2, b.count(t, "SELECT count(*) FROM "+b.table("saga_signals")+" WHERE saga_id = ANY($1)", ids[2:]))
+	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM "+b.table("saga_signals")+" WHERE saga_id IS NULL"))
 	require.Equal(t, 4, b.count(t, "SELECT count(*) FROM "+b.table("outbox")))
 	require.Equal(t, 2, b.count(t, "SELECT count(*) FROM "+b.table("outbox")+" WHERE status = 'published'"))
 	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM "+b.table("inbox")+" WHERE consumer = 'c'"))

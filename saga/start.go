@@ -28,6 +28,10 @@ type StartOpts struct {
 	// wrapping [ErrSagaIDTaken] when it is not. A business key in use
 	// decides first: the saga that has it is returned, whatever its id.
 	ID uuid.UUID
+	// Deadline, when positive, is how long the saga may take: a saga that
+	// has not ended by then is cancelled with code [CodeDeadline] and
+	// compensates. It overrides the definition's ([Definition.WithDeadline]).
+	Deadline time.Duration
 }
 
 // Started says which saga a start refers to.
@@ -86,29 +90,52 @@ func start[S any](ctx context.Context, e *Engine, db store.DBTX, own bool, d *De
 	if opts != nil {
 		o = *opts
 	}
-	if err := checkInput("start "+d.name, inputField{"StartOpts.BusinessKey", o.BusinessKey, safetext.MaxKeyBytes}); err != nil {
+	return e.startRaw(ctx, db, own, def, raw, o, nil)
+}
+
+// startRaw starts a saga of def with the encoded state raw, through db (see
+// [start]). parent, for a child saga, carries its parent's columns
+// (ParentID, ParentName, ParentKey).
+func (e *Engine) startRaw(ctx context.Context, db store.DBTX, own bool, def *compiled, raw []byte, o StartOpts, parent *store.Saga) (Started, error) {
+	if err := checkInput("start "+def.name, inputField{"StartOpts.BusinessKey", o.BusinessKey, safetext.MaxKeyBytes}); err != nil {
 		return Started{}, err
+	}
+	if o.Deadline < 0 {
+		return Started{}, fmt.Errorf("%w: start %s: StartOpts.Deadline is negative", ErrInvalidInput, def.name)
+	}
+	deadline := def.deadline
+	if o.Deadline > 0 {
+		deadline = o.Deadline
 	}
 	id := o.ID
 	if id == uuid.Nil {
 		id = uuid.Must(uuid.NewV7())
 	}
 	first := def.steps[0]
-	sg := &store.Saga{ID: id, Name: d.name, Status: store.StatusRunning, StepIndex: 0, StepName: first.name,
+	sg := &store.Saga{ID: id, Name: def.name, Status: store.StatusRunning, StepIndex: 0, StepName: first.name,
 		Direction: string(steps.Forward), State: raw, Version: 1}
 	if o.BusinessKey != "" {
 		sg.BusinessKey = &o.BusinessKey
 	}
-	var detail []byte
+	detailMap := map[string]string{}
 	if o.BusinessKey != "" {
-		detail, _ = json.Marshal(map[string]string{"business_key": o.BusinessKey})
+		detailMap["business_key"] = o.BusinessKey
+	}
+	if parent != nil {
+		sg.ParentID, sg.ParentName, sg.ParentKey = parent.ParentID, parent.ParentName, parent.ParentKey
+		detailMap["parent_id"] = parent.ParentID.String()
+		detailMap["parent_key"] = deref(parent.ParentKey)
+	}
+	var detail []byte
+	if len(detailMap) > 0 {
+		detail, _ = json.Marshal(detailMap)
 	}
 	rows := &store.Transition{
 		History: []store.HistoryEntry{{SagaID: id, Event: EventSagaStarted, StepName: first.name,
 			Direction: string(steps.Forward), Detail: detail}},
-		Messages: []store.Message{e.commandMessage(id, d.name, first.name, steps.Forward, 0, 1, 0)},
+		Messages: []store.Message{e.commandMessage(id, def.name, first.name, steps.Forward, 0, 1, 0)},
 	}
-	inserted, err := e.st.StartSaga(ctx, db, sg, e.firstDeadline(first.timeout), rows, e.cfg.CommandTopic, !own)
+	inserted, err := e.st.StartSaga(ctx, db, sg, e.firstDeadline(first.timeout), deadline, rows, e.cfg.CommandTopic, !own)
 	if err != nil {
 		return Started{}, fmt.Errorf("saga: %w", err)
 	}
@@ -118,7 +145,7 @@ func start[S any](ctx context.Context, e *Engine, db store.DBTX, own bool, d *De
 		}
 		return Started{ID: id}, nil
 	}
-	existing, err := e.existingStart(ctx, db, d.name, id, o.BusinessKey)
+	existing, err := e.existingStart(ctx, db, def.name, id, o.BusinessKey)
 	if err != nil {
 		return Started{}, err
 	}

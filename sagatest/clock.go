@@ -59,11 +59,15 @@ func NewClock(pool *pgxpool.Pool, schema string, engines ...*saga.Engine) *Clock
 //   - outbox.created_at and published_at: the age of a Postgres-only command
 //     for a saga or step no engine here knows (Config.UnknownSagaGrace), and
 //     how long a published command counts as in flight;
-//   - saga_instances.next_check_at: every saga's deadline, so the rescuer
-//     finds lost commands, and a remote step's reply timeout (its step's
-//     Timeout) passes; and created_at, updated_at, ended_at;
+//   - saga_instances.next_check_at: every saga's rescue deadline, so the
+//     rescuer finds lost commands, and a remote step's reply timeout (its
+//     step's Timeout) passes; wait_until, the end of a wait (a timer, a
+//     signal's or child's time limit), whose command is an outbox row due
+//     then; deadline_at, the saga's own deadline; and created_at,
+//     updated_at, ended_at;
 //   - saga_history.at, inbox.processed_at, dead_letters.created_at and
-//     requeued_at, saga_cancel_requests.requested_at, so that retention
+//     requeued_at, saga_cancel_requests.requested_at, saga_signals.created_at
+//     and delivered_at, so that retention
 //     (Engine.RunRetention) and listings see the same world.
 //
 // Then it notifies the schema's channel ("<schema>_sagaflow", payload
@@ -96,12 +100,13 @@ func (c *Clock) Advance(ctx context.Context, d time.Duration) error {
 	}
 	stmts := []string{
 		`UPDATE ` + s + `.saga_instances SET ` + shift("next_check_at") + `, ` + shift("created_at") + `, ` +
-			shift("updated_at") + `, ` + shift("ended_at"),
+			shift("updated_at") + `, ` + shift("ended_at") + `, ` + shift("wait_until") + `, ` + shift("deadline_at"),
 		`UPDATE ` + s + `.outbox SET ` + shift("available_at") + `, ` + shift("created_at") + `, ` + shift("published_at"),
 		`UPDATE ` + s + `.saga_history SET ` + shift("at"),
 		`UPDATE ` + s + `.inbox SET ` + shift("processed_at"),
 		`UPDATE ` + s + `.dead_letters SET ` + shift("created_at") + `, ` + shift("requeued_at"),
 		`UPDATE ` + s + `.saga_cancel_requests SET ` + shift("requested_at"),
+		`UPDATE ` + s + `.saga_signals SET ` + shift("created_at") + `, ` + shift("delivered_at"),
 	}
 	for attempt := 1; ; attempt++ {
 		err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {

@@ -137,6 +137,10 @@ func RunStep[S any](tb testing.TB, db Beginner, step saga.Step[S], state S, opts
 	default:
 		fn = step.Compensate
 	}
+	if fn == nil && build == nil && step.Wait != nil && o.Direction == steps.Forward {
+		tb.Fatalf("sagatest: run step %q: it waits (Step.Wait), which only an engine does: run its saga in an engine "+
+			"and make time pass with a Clock, or send its signal with Engine.Signal", step.Name)
+	}
 	if fn == nil && build == nil {
 		tb.Fatalf("sagatest: run step %q: it has no %s to run", step.Name, map[steps.Direction]string{
 			steps.Forward: "Action (or Remote.Command)", steps.Compensate: "Compensate (or Remote.CompensateType)"}[o.Direction])

@@ -60,6 +60,10 @@ const (
 	// cancel request. Its payload is a [Command]; it carries no authority
 	// of its own.
 	TypeCancel = "sagaflow.cancel"
+	// TypeWake makes an engine that knows the saga look at what the saga
+	// waits for (a signal arrived, a child saga ended). Its payload is a
+	// [Command]; like a cancel, it carries no authority of its own.
+	TypeWake = "sagaflow.wake"
 	// TypeReply is a participant's reply to a saga's command. Its payload
 	// is a [Reply].
 	TypeReply = "sagaflow.reply"

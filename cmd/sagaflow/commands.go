@@ -33,12 +33,15 @@ func commands() []command {
 		{name: "list", args: "[flags]", setup: setupList,
 			summary: "list sagas, newest first",
 			about: "List sagas, newest first, one page at a time: id, name, status, current step, direction,\n" +
-				"failed attempts of that step, creation time and last error code. Filters combine with AND.\n" +
+				"failed attempts of that step, what it waits for and until when, creation time and last error\n" +
+				"code. Filters combine with AND; --waiting keeps the sagas that wait for a timer, a signal or\n" +
+				"a child saga.\n" +
 				"When there are more, the next page's --cursor is printed at the end."},
 		{name: "show", args: "<id>", setup: setupShow,
 			summary: "show a saga: header, timeline and state",
-			about: "Show a saga: its status, step and last error; its timeline, one line per event with the\n" +
-				"database's timestamp and the offset from the saga's start; and its state."},
+			about: "Show a saga: its status, step and last error, what it waits for and until when, its\n" +
+				"deadline and parent saga; its timeline, one line per event with the database's timestamp and\n" +
+				"the offset from the saga's start; the signals sent to it; and its state."},
 		{name: "replay", args: "<id> [--from-step S] [--reason R] | --bulk [flags]", setup: setupReplay,
 			summary: "resume a failed saga or re-run an ended one; --bulk for many",
 			about: "Without --from-step, resume a failed saga where it failed: the step (action or compensation)\n" +
@@ -56,6 +59,15 @@ func commands() []command {
 			about: "Cancel a running saga: its completed steps are compensated in reverse order. The CLI knows\n" +
 				"no saga definitions, so it records a cancel request that an engine which knows the saga\n" +
 				"carries out. A saga that is compensating or has ended cannot be cancelled (exit code 1)."},
+		{name: "signal", args: "<id> <signal> | --saga NAME --key K <signal> [--payload JSON] [--id ID]", setup: setupSignal,
+			summary: "send a signal to a saga, for a step that awaits it",
+			about: "Send a signal to a saga, addressed by its id or by its name and business key: a step that\n" +
+				"awaits the signal's name takes it, with its --payload, now if the saga waits for it, else\n" +
+				"when it reaches such a step. A second signal with the same --id to the same saga has no\n" +
+				"effect (exit code 0, reported as a duplicate). A signal to a saga that has ended or is\n" +
+				"compensating is recorded as rejected (exit code 1), as is one to a saga that does not exist\n" +
+				"(exit code 3). Bad input (a NUL byte, invalid UTF-8, an over-long value, a payload that is\n" +
+				"not JSON) is refused (exit code 2) and writes nothing."},
 		{name: "outbox status", args: "", setup: setupOutboxStatus,
 			summary: "count pending, dead and published outbox messages",
 			about: "Count the outbox's pending messages (and the age of the oldest), dead ones (parked with\n" +
@@ -102,7 +114,7 @@ const globalFlagsUsage = `Global flags (before or after the command):
 
 const exitCodesUsage = `Exit codes:
   0  success, also when nothing matched (a listing, a replay or a dry run with nothing to do)
-  1  the operation failed (not replayable, not running, bulk replay errors, interrupted, a database error)
+  1  the operation failed (not replayable, not running, a rejected signal, bulk replay errors, interrupted, a database error)
   2  bad usage (unknown command or flag, malformed id or time, invalid schema, no or malformed database URL)
   3  not found (no saga with that id)
   4  the database is unreachable or refused the connection

@@ -1,7 +1,7 @@
 // Command sagaflow is the operator CLI of sagaflow: it migrates the schema,
-// lists and shows sagas with their timelines, replays and cancels them, and
-// reports on and replays the outbox, all against the PostgreSQL database the
-// engines share.
+// lists and shows sagas with their timelines and what they wait for, replays
+// and cancels them, sends them signals, and reports on and replays the
+// outbox, all against the PostgreSQL database the engines share.
 //
 // The CLI is a client: it creates an engine that registers no saga
 // definitions and never starts it. What needs a definition (running a
@@ -15,11 +15,12 @@
 // Commands:
 //
 //	migrate [--print | --print-grants R]  apply the migrations, print their SQL, or the run-time grants for role R
-//	list [filters]                    sagas, newest first, one page at a time
-//	show <id>                         a saga: header, timeline, state
+//	list [filters]                    sagas, newest first, one page at a time (--waiting: those that wait)
+//	show <id>                         a saga: header, wait, deadline, parent, timeline, signals, state
 //	replay <id> [--from-step S]       resume a failed saga, or re-run an ended one from a step
 //	replay --bulk [filters]           the same for every matching saga, capped and rate limited
 //	cancel <id> [--reason R]          cancel a running saga
+//	signal <id> <name> [--payload J]  send a signal to a saga (or --saga N --key K <name>), deduplicated by --id
 //	outbox status                     pending, dead and published messages, and dead letters
 //	dead list [filters]               dead outbox messages, or consumers' dead letters
 //	dead requeue (--id I | --all)     send dead messages or dead letters again, once their cause is fixed
@@ -41,14 +42,17 @@
 //	0  success, including a command that found nothing to do (a listing,
 //	   a bulk or outbox replay or a dry run that matches nothing)
 //	1  the operation failed: the saga is not replayable or not running, a
-//	   bulk replay could not replay some saga or stopped early, the
-//	   command was interrupted, or the database returned an error
+//	   signal was recorded as rejected (the saga has ended or is
+//	   compensating), a bulk replay could not replay some saga or stopped
+//	   early, the command was interrupted, or the database returned an
+//	   error
 //	2  bad usage: unknown command or flag, a missing or malformed argument
 //	   (a saga id that is not a UUID, a time that is not RFC 3339), an
 //	   invalid schema name, no database URL or one that does not parse, a
 //	   bulk replay of statuses that never replay (--status completed
 //	   without --from-step)
-//	3  not found: no saga with that id
+//	3  not found: no saga with that id (or name and key; a signal to it is
+//	   recorded as rejected)
 //	4  the database is unreachable or refused the connection (a wrong
 //	   password, role or database)
 //
@@ -56,6 +60,22 @@
 // stdout as {"error": "<what>: <why>", "code": N}, with the same exit code.
 // A dry run that ran exits with 0, whatever it found: only a database
 // error, --timeout or an interruption make it exit with 1.
+//
+// # Waits and signals
+//
+// show prints what a saga waits for and until when ("signal:picked until
+// 2026-01-04T10:00:00.000Z", "timer until …", "child:<id>"), its deadline,
+// its parent saga and the signals sent to it (seq, time, name, id, status,
+// the step that took it, and why it was rejected); list has the same in
+// its WAIT column, and list --waiting keeps the sagas that wait.
+//
+// signal sends a signal like [saga.Engine.Signal]. Its id (--id, else a
+// new UUID, printed) deduplicates: sending the same id again reports a
+// duplicate and writes nothing. Every argument is checked before the
+// database is reached: a NUL byte, invalid UTF-8, a value longer than the
+// engine stores, a payload that is not one JSON document, or a saga given
+// both by id and by --saga and --key is refused with exit code 2, naming
+// the argument, and writes nothing.
 //
 // # What is printed
 //

@@ -49,15 +49,30 @@ func TestStoredTextIsEscaped(t *testing.T) {
 	require.NoError(t, err)
 	_, err = f.pool.Exec(ctx, `UPDATE `+f.table("saga_instances")+`
 		SET saga_name = $2, step_name = $2, last_error = $2, last_error_code = $2, failed_step = $2,
-		    status = 'failed', ended_at = now()
-		WHERE id = $1`, failed.ID, hostile)
+		    status = 'failed', ended_at = now(), parent_id = $3
+		WHERE id = $1`, failed.ID, hostile, id)
 	require.NoError(t, err)
 	_, err = f.pool.Exec(ctx, `INSERT INTO `+f.table("saga_history")+`
 		(saga_id, event, step_name, direction, epoch, attempt, error, error_code, detail)
 		VALUES ($1, $2, $2, 'forward', 0, 1, $2, $2, jsonb_build_object('reason', $2::text))`, failed.ID, hostile)
 	require.NoError(t, err)
 
+	// A running saga that waits for a hostile signal name, and got one
+	// with a hostile id; a rejected one is recorded for the failed saga.
+	_, err = f.pool.Exec(ctx, `UPDATE `+f.table("saga_instances")+`
+		SET wait_kind = 'signal', wait_for = $2, wait_until = now() + interval '1 hour' WHERE id = $1`, id, hostile)
+	require.NoError(t, err)
+	_, err = e.Signal(ctx, saga.Signal{SagaID: id, Name: hostile, ID: hostile})
+	require.NoError(t, err)
+	_, err = e.Signal(ctx, saga.Signal{SagaID: failed.ID, Name: hostile, ID: hostile})
+	require.ErrorIs(t, err, saga.ErrSignalRejected)
+
 	runs := map[string][]string{
+		"list --waiting":            {"list", "--waiting"},
+		"signal":                    {"signal", id.String(), hostile, "--id", hostile, "--payload", `"` + hostile + `"`},
+		"signal rejected":           {"signal", failed.ID.String(), hostile, "--id", hostile},
+		"signal by key":             {"signal", "--saga", hostile, "--key", hostile, hostile},
+		"signal bad payload":        {"signal", id.String(), "s", "--payload", hostile},
 		"list":                      {"list"},
 		"list --name":               {"list", "--name", hostile},
 		"show":                      {"show", id.String()},
@@ -93,7 +108,17 @@ func TestStoredTextIsEscaped(t *testing.T) {
 	escErr := `k\u001b]0;pwned\u0007\u001b[2J fake\u202eevil\u009b31m\u007f end`
 	requireInOrder(t, out, "name:", esc, "step:", esc, "last error:", escErr+" ("+escErr+") at step "+esc,
 		"timeline", esc, esc, escErr+" ("+escErr+")", `{"reason":"`+esc+`"}`)
-	require.Contains(t, f.cli(t, "show", id.String()).ok(t), "business key:  "+esc)
+	out = f.cli(t, "show", id.String()).ok(t)
+	requireInOrder(t, out, "business key:  "+esc, "waits for:     signal:"+escErr+" until ",
+		"signals (", esc, "id "+esc, "pending")
+	require.Contains(t, f.cli(t, "list", "--waiting").ok(t), "signal:"+escErr+" until ")
+	out = f.cli(t, "show", failed.ID.String()).ok(t)
+	requireInOrder(t, out, "parent:        "+id.String(), "signals (1):", esc, "id "+esc, "rejected", "signal rejected")
+	require.Equal(t, id, *decode[saga.Instance](t, f.cli(t, "show", failed.ID.String(), "--json")).ParentID)
+	sh := decode[showDoc](t, f.cli(t, "show", id.String(), "--json"))
+	require.Equal(t, hostile, sh.Wait.For)
+	require.Equal(t, hostile, sh.Signals[0].Name)
+	require.Equal(t, hostile, sh.Signals[0].ID)
 	require.Contains(t, f.cli(t, "list").ok(t), esc)
 	r := f.cli(t, "replay", "--bulk", "--from-step", "nope", "--rate", "1000")
 	require.Equal(t, exitFailed, r.code)

@@ -26,6 +26,7 @@ func setupList(fs *flag.FlagSet) runFunc {
 	timeVar(fs, &f.opts.CreatedBefore, "created-before", "only sagas created before this `time`")
 	fs.StringVar(&f.failedStep, "failed-step", "", "only sagas whose last error came from this `step`")
 	fs.StringVar(&f.errorCode, "error-code", "", "only sagas whose last error has this `code`")
+	fs.BoolVar(&f.opts.Waiting, "waiting", false, "only sagas that wait for a timer, a signal or a child saga")
 	fs.IntVar(&f.opts.Limit, "limit", 0, fmt.Sprintf("page size, `n` (default %d, at most %d)", saga.ListLimitDefault, saga.ListLimitMax))
 	fs.StringVar(&f.opts.Cursor, "cursor", "", "continue a previous listing from its next-page `cursor`")
 	return func(ctx context.Context, c *cli, args []string) error {
@@ -65,14 +66,14 @@ func printSagaTable(c *cli, res *saga.ListResult) {
 		return
 	}
 	tw := newTable(c.stdout)
-	fmt.Fprintln(tw, "ID\tNAME\tSTATUS\tSTEP\tDIRECTION\tATTEMPT\tCREATED\tERROR CODE")
+	fmt.Fprintln(tw, "ID\tNAME\tSTATUS\tSTEP\tDIRECTION\tATTEMPT\tWAIT\tCREATED\tERROR CODE")
 	for _, in := range res.Sagas {
 		code := ""
 		if in.LastError != nil {
 			code = in.LastError.Code
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", in.ID, cell(in.Name), cell(in.Status), cell(in.Step),
-			cell(in.Direction), strconv.Itoa(in.Attempt), formatTime(in.CreatedAt), cell(code))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", in.ID, cell(in.Name), cell(in.Status), cell(in.Step),
+			cell(in.Direction), strconv.Itoa(in.Attempt), formatWait(in.Wait), formatTime(in.CreatedAt), cell(code))
 	}
 	tw.Flush()
 	if res.NextCursor != "" {

@@ -23,7 +23,7 @@ func TestUsage(t *testing.T) {
 	require.Contains(t, msg, "Exit codes:")
 
 	out := runCLI(t, nil, "help").ok(t)
-	for _, s := range []string{"migrate", "list", "show", "replay", "cancel", "outbox status", "outbox replay",
+	for _, s := range []string{"migrate", "list", "show", "replay", "cancel", "signal", "outbox status", "outbox replay",
 		"--database-url", "$DATABASE_URL", "$SAGAFLOW_SCHEMA", "4  the database is unreachable"} {
 		require.Contains(t, out, s)
 	}
@@ -34,6 +34,11 @@ func TestUsage(t *testing.T) {
 		"Global flags", "Exit codes:")
 	require.Equal(t, out, runCLI(t, nil, "list", "-h").ok(t))
 	require.Equal(t, out, runCLI(t, nil, "list", "--help").ok(t))
+
+	out = runCLI(t, nil, "help", "signal").ok(t)
+	requireInOrder(t, out, "Usage: sagaflow signal <id> <signal> | --saga NAME --key K <signal>", "recorded as rejected",
+		"Flags:", "--id id", "--key key", "--payload JSON", "--saga name", "Exit codes:")
+	require.Equal(t, out, runCLI(t, nil, "signal", "-h").ok(t))
 
 	out = runCLI(t, nil, "help", "outbox").ok(t)
 	require.Contains(t, out, "sagaflow outbox status")

@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/sagaflow/sagaflow/internal/safetext"
+	"github.com/sagaflow/sagaflow/saga"
 )
 
 // writeJSON writes v as one indented JSON document, safe for a terminal
@@ -107,6 +108,23 @@ func formatTimePtr(t *time.Time) string {
 		return "-"
 	}
 	return formatTime(*t)
+}
+
+// formatWait prints what a saga waits for as "kind:for until time"
+// ("signal:picked until 2026-01-02T15:04:05.000Z", "timer until …",
+// "child:<id>"), escaped, or "-" when it does not wait.
+func formatWait(w *saga.WaitInfo) string {
+	if w == nil {
+		return "-"
+	}
+	s := oneLine(w.Kind, errorWidth)
+	if w.For != "" {
+		s += ":" + oneLine(w.For, errorWidth)
+	}
+	if w.Until != nil {
+		s += " until " + formatTime(*w.Until)
+	}
+	return orDash(s)
 }
 
 // formatOffset prints d as a signed offset rounded to a precision that suits

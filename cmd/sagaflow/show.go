@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/sagaflow/sagaflow/internal/safetext"
 	"github.com/sagaflow/sagaflow/saga"
@@ -29,17 +31,58 @@ func setupShow(*flag.FlagSet) runFunc {
 		if err != nil {
 			return c.opError(err, "show %s", id)
 		}
-		if c.g.json {
-			return writeJSON(c.stdout, in)
+		sigs, err := engine.Signals(ctx, id)
+		if err != nil {
+			return c.opError(err, "show %s: signals", id)
 		}
-		printSaga(c.stdout, in)
+		if c.g.json {
+			return writeJSON(c.stdout, showDoc{Instance: in, Signals: signalDocs(sigs)})
+		}
+		printSaga(c.stdout, in, sigs)
 		return nil
 	}
 }
 
-// printSaga prints a saga for a reader: header, timeline, state. Every
-// stored string is escaped (see [cell] and [oneLine]).
-func printSaga(w io.Writer, in *saga.Instance) {
+// showDoc is the --json output of show: the saga, and the signals sent to
+// it, oldest first.
+type showDoc struct {
+	*saga.Instance
+	Signals []signalInfoDoc `json:"signals"`
+}
+
+// signalInfoDoc is a [saga.SignalInfo] in --json output.
+type signalInfoDoc struct {
+	Seq         int64           `json:"seq"`
+	Name        string          `json:"name"`
+	ID          string          `json:"id"`
+	Status      string          `json:"status"`
+	Error       string          `json:"error,omitempty"`
+	Step        string          `json:"step,omitempty"`
+	Epoch       int             `json:"epoch"`
+	Payload     json.RawMessage `json:"payload,omitempty"`
+	CreatedAt   time.Time       `json:"created_at"`
+	DeliveredAt *time.Time      `json:"delivered_at,omitempty"`
+}
+
+func signalDocs(sigs []saga.SignalInfo) []signalInfoDoc {
+	out := make([]signalInfoDoc, len(sigs))
+	for i, s := range sigs {
+		out[i] = signalInfoDoc{Seq: s.Seq, Name: s.Name, ID: s.ID, Status: s.Status, Error: s.Error, Step: s.Step,
+			Epoch: s.Epoch, CreatedAt: s.CreatedAt, DeliveredAt: s.DeliveredAt}
+		// A payload from a foreign writer need not be JSON: it is then
+		// given as a JSON string, so that the document stays valid.
+		if json.Valid(s.Payload) {
+			out[i].Payload = s.Payload
+		} else if len(s.Payload) > 0 {
+			out[i].Payload, _ = json.Marshal(string(s.Payload)) // a string always encodes
+		}
+	}
+	return out
+}
+
+// printSaga prints a saga for a reader: header, timeline, signals, state.
+// Every stored string is escaped (see [cell] and [oneLine]).
+func printSaga(w io.Writer, in *saga.Instance, sigs []saga.SignalInfo) {
 	tw := newTable(w)
 	row := func(k, v string) { fmt.Fprintf(tw, "%s:\t%s\n", k, v) }
 	row("id", in.ID.String())
@@ -52,6 +95,13 @@ func printSaga(w io.Writer, in *saga.Instance) {
 	row("updated", formatTime(in.UpdatedAt))
 	row("ended", formatTimePtr(in.EndedAt))
 	row("next check", formatTimePtr(in.NextCheckAt))
+	row("waits for", formatWait(in.Wait))
+	row("deadline", formatTimePtr(in.Deadline))
+	if in.ParentID != nil {
+		row("parent", in.ParentID.String())
+	} else {
+		row("parent", "-")
+	}
 	if e := in.LastError; e != nil {
 		msg := withCode(e.Message, e.Code, 1000)
 		if e.Step != "" {
@@ -85,6 +135,20 @@ func printSaga(w io.Writer, in *saga.Instance) {
 			withCode(ev.Error, ev.ErrorCode, errorWidth), detail)
 	}
 	tw.Flush()
+
+	if len(sigs) > 0 {
+		fmt.Fprintf(w, "\nsignals (%d):\n", len(sigs))
+		tw = newTable(w)
+		for _, s := range sigs {
+			at := ""
+			if s.Step != "" {
+				at = fmt.Sprintf("step %s, epoch %d", cell(s.Step), s.Epoch)
+			}
+			fmt.Fprintf(tw, "  %d\t%s\t%s\tid %s\t%s\t%s\t%s\n", s.Seq, formatTime(s.CreatedAt), cell(s.Name),
+				cell(s.ID), cell(s.Status), at, oneLine(s.Error, errorWidth))
+		}
+		tw.Flush()
+	}
 
 	fmt.Fprintln(w, "\nstate:")
 	fmt.Fprintln(w, strings.TrimRight(indentJSON(in.State), "\n"))

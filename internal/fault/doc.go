@@ -53,6 +53,18 @@ const (
 	// RescueAfterRead: the rescuer has read a stuck saga and decided what to
 	// do; its guarded update is next.
 	RescueAfterRead = "rescue.after-read"
+	// EngineWaitBeforeCommit: a batch in which a wait ended (a timer fired,
+	// a signal was delivered, a child's end was seen) is written; COMMIT is
+	// next.
+	EngineWaitBeforeCommit = "engine.wait-before-commit"
+	// EngineWaitAfterCommit: that batch committed; the step after the wait
+	// has not run.
+	EngineWaitAfterCommit = "engine.wait-after-commit"
+	// SignalBeforeCommit: Engine.Signal wrote the signal and its wake-up;
+	// COMMIT is next.
+	SignalBeforeCommit = "signal.before-commit"
+	// SignalAfterCommit: the signal committed; no engine has seen it.
+	SignalAfterCommit = "signal.after-commit"
 )
 
 // Points lists every point, in the order of a saga's life.

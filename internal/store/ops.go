@@ -47,6 +47,8 @@ func newOpsStatements(s string) opsStatements {
 				ORDER BY ended_at LIMIT $2 FOR UPDATE SKIP LOCKED
 			), h AS (
 				DELETE FROM ` + s + `.saga_history WHERE saga_id IN (SELECT id FROM gone)
+			), g AS (
+				DELETE FROM ` + s + `.saga_signals WHERE saga_id IN (SELECT id FROM gone)
 			)
 			DELETE FROM ` + s + `.saga_instances WHERE id IN (SELECT id FROM gone)`,
 		outboxStatus: `SELECT
@@ -132,7 +134,7 @@ func (s *Store) DeleteInboxKeys(ctx context.Context, db DBTX, consumer string, w
 }
 
 // DeleteFinishedSagas deletes up to limit completed or compensated sagas
-// that ended longer than window ago, with their history, and returns how
+// that ended longer than window ago, with their history and signals, and returns how
 // many sagas it deleted. Failed sagas are kept for an operator.
 func (s *Store) DeleteFinishedSagas(ctx context.Context, db DBTX, window time.Duration, limit int) (int64, error) {
 	tag, err := db.Exec(ctx, s.ops.deleteSagas, micros(window), limit)

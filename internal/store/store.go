@@ -74,7 +74,27 @@ type Saga struct {
 	CreatedAt     time.Time
 	UpdatedAt     time.Time
 	EndedAt       *time.Time
+	// WaitKind is what the saga waits for at its current step (WaitTimer,
+	// WaitSignal or WaitChild), nil when it does not wait; WaitFor names
+	// the signal or the child saga; WaitUntil ends the wait, nil for none.
+	WaitKind  *string
+	WaitFor   *string
+	WaitUntil *time.Time
+	// DeadlineAt is when the whole saga must have ended, or nil.
+	DeadlineAt *time.Time
+	// ParentID, ParentName and ParentKey name, for a child saga, the saga
+	// that started it and the key of its step that waits for it.
+	ParentID   *uuid.UUID
+	ParentName *string
+	ParentKey  *string
 }
+
+// Kinds of wait (saga_instances.wait_kind).
+const (
+	WaitTimer  = "timer"
+	WaitSignal = "signal"
+	WaitChild  = "child"
+)
 
 // History is a row of saga_history.
 type History struct {
@@ -148,13 +168,20 @@ type LockedSaga struct {
 type CancelRequest struct {
 	Epoch  int
 	Reason string
+	// Code is the error code the cancel records: "" for an operator's
+	// request (the engine records its own cancel code).
+	Code string
 }
 
-func cancelRequest(epoch *int, reason *string) *CancelRequest {
+func cancelRequest(epoch *int, reason, code *string) *CancelRequest {
 	if epoch == nil || reason == nil {
 		return nil
 	}
-	return &CancelRequest{Epoch: *epoch, Reason: *reason}
+	r := &CancelRequest{Epoch: *epoch, Reason: *reason}
+	if code != nil {
+		r.Code = *code
+	}
+	return r
 }
 
 // Transition is a fenced update of a saga row with the rows that go with it:
@@ -191,6 +218,36 @@ type Transition struct {
 	// ClearCancel deletes the saga's cancel request with the transition:
 	// the transition applies it, or refuses it.
 	ClearCancel bool
+
+	// WaitKind and WaitFor say what the saga waits for at its step ("" for
+	// nothing); see [Saga]. They are cleared whatever they say when the
+	// saga ends.
+	WaitKind, WaitFor string
+	// SetWaitUntil sets wait_until to WaitDelay from now, or to NULL when
+	// WaitDelay is negative; otherwise a saga that still waits keeps its
+	// wait_until. A wait without a time limit has no deadline for the
+	// rescuer either (next_check_at is NULL): what it waits for wakes it.
+	SetWaitUntil bool
+	WaitDelay    time.Duration
+	// Supersede deletes these pending outbox rows with the transition: a
+	// wait's timer command that is no longer needed.
+	Supersede []uuid.UUID
+	// DeliverSignal, when not 0, marks that signal (its seq) delivered at
+	// step DeliverStep (the step the saga leaves).
+	DeliverSignal int64
+	DeliverStep   string
+	// CancelChild, when set, records a cancel request for a child saga
+	// that the saga no longer waits for (the caller adds, to Messages, a
+	// command that makes an engine look at it).
+	CancelChild *ChildCancel
+}
+
+// ChildCancel is a cancel request for a child saga, written with its
+// parent's transition.
+type ChildCancel struct {
+	ID     uuid.UUID
+	Reason string
+	Code   string
 }
 
 // Store holds sagaflow's statements for one schema.
@@ -201,6 +258,7 @@ type Store struct {
 	lockNS  int64
 	q       statements
 	ops     opsStatements
+	w       waitStatements
 }
 
 type statements struct {
@@ -215,7 +273,8 @@ type statements struct {
 const maxHistoryRows = 4
 
 const sagaColumns = `id, saga_name, business_key, status, step_index, step_name, direction, epoch, attempt,
-	state, version, next_check_at, command_id, awaiting_reply, last_error, last_error_code, failed_step, created_at, updated_at, ended_at`
+	state, version, next_check_at, command_id, awaiting_reply, last_error, last_error_code, failed_step, created_at, updated_at, ended_at,
+	wait_kind, wait_for, wait_until, deadline_at, parent_id, parent_name, parent_key`
 
 // historyRows and messageRows expand parallel arrays into rows, so one
 // statement shape serves any number of history entries and messages.
@@ -253,13 +312,16 @@ func New(schema string) (*Store, error) {
 			FROM ` + src + `, (SELECT clock_timestamp() AS t) c, ` + fmt.Sprintf(messageRows, seq(first, 10)...)
 	}
 	st.ops = newOpsStatements(s)
+	st.w = newWaitStatements(s)
 	st.q = statements{
 		// One statement starts a saga: row, first history entry, first
 		// command and the wake-up, or nothing when the business key exists.
 		startSaga: `WITH s AS (
 				INSERT INTO ` + s + `.saga_instances
-				(id, saga_name, business_key, status, step_index, step_name, direction, epoch, attempt, state, next_check_at, command_id)
-				VALUES ($1, $2, $3, $4, $5, $6, $7, 0, 0, $8, clock_timestamp() + $9 * interval '1 microsecond', ($20::uuid[])[1])
+				(id, saga_name, business_key, status, step_index, step_name, direction, epoch, attempt, state, next_check_at, command_id,
+				 deadline_at, parent_id, parent_name, parent_key)
+				VALUES ($1, $2, $3, $4, $5, $6, $7, 0, 0, $8, clock_timestamp() + $9 * interval '1 microsecond', ($20::uuid[])[1],
+				 clock_timestamp() + $30 * interval '1 microsecond', $31, $32, $33)
 				ON CONFLICT DO NOTHING
 				RETURNING id
 			), h AS (` + insertHistoryFrom("s", 12) + `
@@ -271,8 +333,10 @@ func New(schema string) (*Store, error) {
 		// server to plan and run).
 		startSagaOne: `WITH s AS (
 				INSERT INTO ` + s + `.saga_instances
-				(id, saga_name, business_key, status, step_index, step_name, direction, epoch, attempt, state, next_check_at, command_id)
-				VALUES ($1, $2, $3, $4, $5, $6, $7, 0, 0, $8, clock_timestamp() + $9 * interval '1 microsecond', $20::uuid)
+				(id, saga_name, business_key, status, step_index, step_name, direction, epoch, attempt, state, next_check_at, command_id,
+				 deadline_at, parent_id, parent_name, parent_key)
+				VALUES ($1, $2, $3, $4, $5, $6, $7, 0, 0, $8, clock_timestamp() + $9 * interval '1 microsecond', $20::uuid,
+				 clock_timestamp() + $30 * interval '1 microsecond', $31, $32, $33)
 				ON CONFLICT DO NOTHING
 				RETURNING id
 			), h AS (
@@ -315,7 +379,7 @@ func New(schema string) (*Store, error) {
 		claimAndLock: `SELECT c.id, c.aggregatetype, c.type, c.payload, c.saga_id, c.attempts, EXTRACT(EPOCH FROM now() - c.created_at),
 				` + prefixColumns("s.") + `, pg_try_advisory_xact_lock(hashtextextended(s.id::text, $5)),
 				c.step_key, (SELECT true FROM ` + s + `.inbox i WHERE i.consumer = $6 AND i.key = c.step_key LIMIT 1) IS NOT NULL,
-				r.epoch, r.reason
+				r.epoch, r.reason, r.code
 			FROM (SELECT id, aggregatetype, type, payload, saga_id, attempts, created_at, available_at, step_key
 				FROM ` + s + `.outbox
 				WHERE topic = $1 AND delivery = 'direct' AND status = 'pending' AND available_at <= now()
@@ -335,7 +399,7 @@ func New(schema string) (*Store, error) {
 		// of every key of the consumer when statistics are stale.
 		lockSagas: `SELECT ` + prefixColumns("s.") + `, pg_try_advisory_xact_lock(hashtextextended(s.id::text, $2)),
 				(SELECT true FROM ` + s + `.inbox i WHERE i.consumer = $3 AND i.key = $4 LIMIT 1) IS NOT NULL,
-				r.epoch, r.reason
+				r.epoch, r.reason, r.code
 			FROM ` + s + `.saga_instances s
 			LEFT JOIN ` + s + `.saga_cancel_requests r ON r.saga_id = s.id
 			WHERE s.id = ANY($1) ORDER BY s.id`,
@@ -349,12 +413,20 @@ func New(schema string) (*Store, error) {
 			state = COALESCE($9, state), version = version + 1,
 			next_check_at = CASE
 				WHEN $3 NOT IN ('running', 'compensating') THEN NULL
+				WHEN $18::text IS NOT NULL AND $20 AND $21::int8 < 0 THEN NULL
 				WHEN $17 THEN clock_timestamp() + $10 * interval '1 microsecond'
 				WHEN next_check_at >= clock_timestamp() + $10 * interval '1 microsecond' THEN next_check_at
 				ELSE clock_timestamp() + ($10 + $11) * interval '1 microsecond' END,
 			last_error = $12, last_error_code = $13, failed_step = $14, updated_at = clock_timestamp(),
 			ended_at = CASE WHEN $3 IN ('running', 'compensating') THEN NULL ELSE clock_timestamp() END,
-			command_id = $15, awaiting_reply = $16
+			command_id = $15, awaiting_reply = $16,
+			wait_kind = CASE WHEN $3 IN ('running', 'compensating') THEN $18::text END,
+			wait_for = CASE WHEN $3 IN ('running', 'compensating') AND $18::text IS NOT NULL THEN $19::text END,
+			wait_until = CASE
+				WHEN $3 NOT IN ('running', 'compensating') OR $18::text IS NULL THEN NULL
+				WHEN NOT $20 THEN wait_until
+				WHEN $21::int8 < 0 THEN NULL
+				ELSE clock_timestamp() + $21::int8 * interval '1 microsecond' END
 			WHERE id = $1 AND version = $2`,
 		lockSaga:    `SELECT pg_advisory_xact_lock(hashtextextended($1::text, $2))`,
 		insertInbox: `INSERT INTO ` + s + `.inbox (consumer, key) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
@@ -381,8 +453,8 @@ func New(schema string) (*Store, error) {
 		// A second request for the same saga keeps the first one's reason
 		// and time; one for a later epoch replaces one left from an earlier
 		// run. Reports whether this request is the one now recorded.
-		insertCancel: `INSERT INTO ` + s + `.saga_cancel_requests (saga_id, epoch, reason) VALUES ($1, $2, $3)
-			ON CONFLICT (saga_id) DO UPDATE SET epoch = EXCLUDED.epoch, reason = EXCLUDED.reason, requested_at = now()
+		insertCancel: `INSERT INTO ` + s + `.saga_cancel_requests (saga_id, epoch, reason, code) VALUES ($1, $2, $3, $4)
+			ON CONFLICT (saga_id) DO UPDATE SET epoch = EXCLUDED.epoch, reason = EXCLUDED.reason, code = EXCLUDED.code, requested_at = now()
 				WHERE saga_cancel_requests.epoch < EXCLUDED.epoch
 			RETURNING true`,
 		deleteCancel: `DELETE FROM ` + s + `.saga_cancel_requests WHERE saga_id = $1`,
@@ -445,8 +517,10 @@ func micros(d time.Duration) int64 { return d.Microseconds() }
 // nothing, when a saga with the same name and business key, or the same id,
 // exists; the caller's transaction stays usable either way.
 //
-// The saga's deadline is checkAfter from now.
-func (s *Store) StartSaga(ctx context.Context, db DBTX, sg *Saga, checkAfter time.Duration, rows *Transition, topic string, notify bool) (bool, error) {
+// The saga's rescue deadline is checkAfter from now; its own deadline
+// (deadline_at) is deadline from now, or none when deadline is 0. A child
+// saga's sg names its parent (ParentID, ParentName, ParentKey).
+func (s *Store) StartSaga(ctx context.Context, db DBTX, sg *Saga, checkAfter, deadline time.Duration, rows *Transition, topic string, notify bool) (bool, error) {
 	channel := ""
 	if notify {
 		channel = s.channel
@@ -471,6 +545,12 @@ func (s *Store) StartSaga(ctx context.Context, db DBTX, sg *Saga, checkAfter tim
 		args = append(args, historyArrays(rows.History)...)
 		args = append(args, messageArrays(rows.Messages)...)
 	}
+	var deadlineUS *int64
+	if deadline > 0 {
+		d := micros(deadline)
+		deadlineUS = &d
+	}
+	args = append(args, deadlineUS, pgIDPtr(sg.ParentID), sg.ParentName, sg.ParentKey)
 	tag, err := db.Exec(ctx, q, args...)
 	if err != nil {
 		return false, fmt.Errorf("store: start saga %s %s: %w", sg.Name, sg.ID, err)
@@ -657,10 +737,10 @@ func (s *Store) ClaimAndLock(ctx context.Context, tx pgx.Tx, topic string, limit
 		var stepKey *string
 		var processed bool
 		var cancelEpoch *int
-		var cancelReason *string
+		var cancelReason, cancelCode *string
 		n = nullSaga{} // pgx fills the pointees it finds: never share them between rows
 		args := append([]any{(*[16]byte)(&c.ID), &c.AggregateType, &c.Type, &c.Payload, &sagaID, &c.Attempts, &age}, dest...)
-		if err := rows.Scan(append(args, &locked, &stepKey, &processed, &cancelEpoch, &cancelReason)...); err != nil {
+		if err := rows.Scan(append(args, &locked, &stepKey, &processed, &cancelEpoch, &cancelReason, &cancelCode)...); err != nil {
 			return nil, nil, fmt.Errorf("store: claim commands on %s: %w", topic, err)
 		}
 		c.Age = time.Duration(age * float64(time.Second))
@@ -671,7 +751,7 @@ func (s *Store) ClaimAndLock(ctx context.Context, tx pgx.Tx, topic string, limit
 		}
 		ls := sagas[n.ID.Bytes]
 		if ls == nil {
-			ls = &LockedSaga{Saga: n.saga(), Locked: locked != nil && *locked, CancelRequest: cancelRequest(cancelEpoch, cancelReason)}
+			ls = &LockedSaga{Saga: n.saga(), Locked: locked != nil && *locked, CancelRequest: cancelRequest(cancelEpoch, cancelReason, cancelCode)}
 			sagas[ls.ID] = ls
 		}
 		if processed && stepKey != nil && *stepKey == currentKey(&ls.Saga) {
@@ -697,12 +777,17 @@ type nullSaga struct {
 	CreatedAt, UpdatedAt                 *time.Time
 	CommandID                            pgtype.UUID
 	LastError, LastErrorCode, FailedStep *string
+	WaitKind, WaitFor                    *string
+	WaitUntil, DeadlineAt                *time.Time
+	ParentID                             pgtype.UUID
+	ParentName, ParentKey                *string
 }
 
 func (n *nullSaga) dest() []any {
 	return []any{&n.ID, &n.Name, &n.BusinessKey, &n.Status, &n.StepIndex, &n.StepName, &n.Direction,
 		&n.Epoch, &n.Attempt, &n.State, &n.Version, &n.NextCheckAt, &n.CommandID, &n.AwaitingReply, &n.LastError, &n.LastErrorCode,
-		&n.FailedStep, &n.CreatedAt, &n.UpdatedAt, &n.EndedAt}
+		&n.FailedStep, &n.CreatedAt, &n.UpdatedAt, &n.EndedAt,
+		&n.WaitKind, &n.WaitFor, &n.WaitUntil, &n.DeadlineAt, &n.ParentID, &n.ParentName, &n.ParentKey}
 }
 
 // saga returns the scanned saga; n.ID must be valid. The NOT NULL columns
@@ -711,7 +796,9 @@ func (n *nullSaga) saga() Saga {
 	sg := Saga{ID: n.ID.Bytes, Name: *n.Name, BusinessKey: n.BusinessKey, Status: *n.Status, StepIndex: *n.StepIndex,
 		StepName: *n.StepName, Direction: *n.Direction, Epoch: *n.Epoch, Attempt: *n.Attempt, Version: *n.Version,
 		NextCheckAt: n.NextCheckAt, CommandID: fromPgID(n.CommandID), AwaitingReply: *n.AwaitingReply, LastError: n.LastError,
-		LastErrorCode: n.LastErrorCode, FailedStep: n.FailedStep, CreatedAt: *n.CreatedAt, UpdatedAt: *n.UpdatedAt, EndedAt: n.EndedAt}
+		LastErrorCode: n.LastErrorCode, FailedStep: n.FailedStep, CreatedAt: *n.CreatedAt, UpdatedAt: *n.UpdatedAt, EndedAt: n.EndedAt,
+		WaitKind: n.WaitKind, WaitFor: n.WaitFor, WaitUntil: n.WaitUntil, DeadlineAt: n.DeadlineAt, ParentID: fromPgID(n.ParentID),
+		ParentName: n.ParentName, ParentKey: n.ParentKey}
 	sg.State = append([]byte(nil), n.State...)
 	return sg
 }
@@ -730,11 +817,11 @@ func (s *Store) LockSagas(ctx context.Context, tx pgx.Tx, ids []uuid.UUID, stepK
 	for rows.Next() {
 		ls := &LockedSaga{}
 		var cancelEpoch *int
-		var cancelReason *string
-		if err := rows.Scan(append(sagaDest(&ls.Saga), &ls.Locked, &ls.Processed, &cancelEpoch, &cancelReason)...); err != nil {
+		var cancelReason, cancelCode *string
+		if err := rows.Scan(append(sagaDest(&ls.Saga), &ls.Locked, &ls.Processed, &cancelEpoch, &cancelReason, &cancelCode)...); err != nil {
 			return nil, fmt.Errorf("store: lock sagas: %w", err)
 		}
-		ls.CancelRequest = cancelRequest(cancelEpoch, cancelReason)
+		ls.CancelRequest = cancelRequest(cancelEpoch, cancelReason, cancelCode)
 		ls.Processed = ls.Processed && stepKey != "" && stepKey == currentKey(&ls.Saga)
 		out[ls.ID] = ls
 	}
@@ -786,9 +873,13 @@ func (s *Store) QueueTransition(b *pgx.Batch, t *Transition) *pgx.QueuedQuery {
 	if len(t.Messages) > 0 {
 		commandID = pgIDPtr(&t.Messages[len(t.Messages)-1].ID)
 	}
+	waitUS := micros(t.WaitDelay)
+	if t.WaitDelay < 0 {
+		waitUS = -1 // no time limit; a delay under a microsecond would round to 0
+	}
 	q := b.Queue(s.q.updateSaga, pgID(t.ID), t.Version, t.Status, t.StepIndex, t.StepName, t.Direction, t.Epoch, t.Attempt,
 		state, micros(t.CheckAfter), micros(s.room), t.LastError, t.LastErrorCode, t.FailedStep, commandID, t.AwaitingReply,
-		t.ExactDeadline)
+		t.ExactDeadline, nullStr(t.WaitKind), nullStr(t.WaitFor), t.SetWaitUntil, waitUS)
 	for rest := t.History; len(rest) > 0; {
 		n := min(len(rest), maxHistoryRows)
 		var args []any
@@ -803,6 +894,15 @@ func (s *Store) QueueTransition(b *pgx.Batch, t *Transition) *pgx.QueuedQuery {
 	}
 	if t.ClearCancel {
 		b.Queue(s.q.deleteCancel, pgID(t.ID))
+	}
+	if len(t.Supersede) > 0 {
+		b.Queue(s.w.deletePending, pgIDs(t.Supersede))
+	}
+	if t.DeliverSignal != 0 {
+		b.Queue(s.w.deliverSignal, t.DeliverSignal, t.DeliverStep, t.Epoch)
+	}
+	if c := t.CancelChild; c != nil {
+		b.Queue(s.w.cancelChild, pgID(c.ID), c.Reason, c.Code, EventCancelRequested)
 	}
 	for i := range t.Messages {
 		b.Queue(s.q.insertOutbox, s.outboxArgs(&t.Messages[i])...)
@@ -883,7 +983,8 @@ func (s *Store) NextDirectDue(ctx context.Context, db DBTX, topic string, known 
 func sagaDest(sg *Saga) []any {
 	return []any{&sg.ID, &sg.Name, &sg.BusinessKey, &sg.Status, &sg.StepIndex, &sg.StepName, &sg.Direction,
 		&sg.Epoch, &sg.Attempt, &sg.State, &sg.Version, &sg.NextCheckAt, &sg.CommandID, &sg.AwaitingReply, &sg.LastError, &sg.LastErrorCode,
-		&sg.FailedStep, &sg.CreatedAt, &sg.UpdatedAt, &sg.EndedAt}
+		&sg.FailedStep, &sg.CreatedAt, &sg.UpdatedAt, &sg.EndedAt,
+		&sg.WaitKind, &sg.WaitFor, &sg.WaitUntil, &sg.DeadlineAt, &sg.ParentID, &sg.ParentName, &sg.ParentKey}
 }
 
 // GetSaga reads a saga row; forUpdate also locks it until the transaction
@@ -933,6 +1034,7 @@ type ListFilter struct {
 	EndedBefore   time.Time // exclusive
 	FailedStep    string
 	ErrorCode     string
+	Waiting       bool   // only sagas that wait
 	Cursor        string // from a previous page's NextCursor
 	Limit         int
 }
@@ -972,6 +1074,9 @@ func (s *Store) ListSagas(ctx context.Context, db DBTX, f ListFilter) ([]Saga, s
 	}
 	if f.ErrorCode != "" {
 		where = append(where, "last_error_code = "+arg(f.ErrorCode))
+	}
+	if f.Waiting {
+		where = append(where, "wait_kind IS NOT NULL")
 	}
 	if f.Cursor != "" {
 		at, id, err := decodeCursor(f.Cursor)
@@ -1062,9 +1167,9 @@ func fromPgID(id pgtype.UUID) *uuid.UUID {
 // RequestCancel records a durable request to cancel saga id in its epoch,
 // in db's transaction. It reports false when a request for the saga was
 // already pending (the first one is kept).
-func (s *Store) RequestCancel(ctx context.Context, db DBTX, id uuid.UUID, epoch int, reason string) (bool, error) {
+func (s *Store) RequestCancel(ctx context.Context, db DBTX, id uuid.UUID, epoch int, reason, code string) (bool, error) {
 	var recorded bool
-	err := db.QueryRow(ctx, s.q.insertCancel, pgID(id), epoch, reason).Scan(&recorded)
+	err := db.QueryRow(ctx, s.q.insertCancel, pgID(id), epoch, reason, nullStr(code)).Scan(&recorded)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}

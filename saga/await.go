@@ -1,0 +1,310 @@
+package saga
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/sagaflow/sagaflow/internal/safetext"
+	"github.com/sagaflow/sagaflow/internal/store"
+	"github.com/sagaflow/sagaflow/steps"
+	"github.com/sagaflow/sagaflow/wire"
+)
+
+// await runs step idx of sg, a step that waits (see [Wait]), under
+// savepoint sp. It looks, in the step's transaction and by the database's
+// clock, at what the step waits for:
+//
+//   - it came (the signal is there, the child ended, the timer's time is
+//     up): the wait ends, with its handler, as a step ends;
+//   - its time limit passed: the timeout's outcome;
+//   - the saga reached the step just now: the wait starts (a child saga is
+//     started), and the step's command is written due at the wait's end;
+//   - else the saga waits on, until the same end.
+//
+// woken says that a wake-up command (a signal arrived, a child ended)
+// brought the saga here, not the step's own command: then, when nothing
+// came that this step waits for, nothing is written.
+//
+// The saga's execution lock is held throughout, and a signal's or child's
+// wake-up is a command that takes the same lock: whichever of the two
+// commits second sees the other, so no wake-up is missed.
+func (b *batch) await(ctx context.Context, sg *store.Saga, def *compiled, idx int, key steps.Key, sp string, last, woken bool) error {
+	e := b.e
+	w := def.steps[idx].wait
+	fwd := steps.Forward
+	tx := b.tx.step()
+	waiting := sg.WaitKind != nil && *sg.WaitKind == w.kind
+	var now time.Time
+	var sig *store.PendingSignal
+	var child *store.Saga
+	var err error
+	if w.kind == store.WaitSignal {
+		now, sig, err = e.st.ProbeSignal(ctx, tx, sg.ID, w.signal)
+	} else {
+		now, err = e.st.Now(ctx, tx)
+	}
+	childGone := false
+	if err == nil && w.kind == store.WaitChild && waiting {
+		if id, perr := uuid.Parse(deref(sg.WaitFor)); perr == nil {
+			child, err = e.st.GetSaga(ctx, tx, id, false)
+		} else {
+			err = store.ErrNotFound
+		}
+		if errors.Is(err, store.ErrNotFound) {
+			child, err, childGone = nil, nil, true
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("saga: wait of saga %s at step %q: %w", sg.ID, sg.StepName, err)
+	}
+
+	attempt := sg.Attempt + 1
+	run := b.stepRun(sg, key, fwd, attempt)
+	timeout := def.steps[idx].timeout
+	// ended prepends event to a decision that ends the wait, and drops
+	// the wait's timer command when a wake-up ended it.
+	ended := func(event string, detail map[string]any) func(*decision) {
+		return func(d *decision) {
+			det, _ := json.Marshal(detail)
+			d.tr.History = append([]store.HistoryEntry{{SagaID: sg.ID, Event: event, StepName: sg.StepName,
+				Direction: string(fwd), Epoch: sg.Epoch, Attempt: attempt, Detail: det}}, d.tr.History...)
+			if woken && sg.CommandID != nil {
+				d.tr.Supersede = append(d.tr.Supersede, *sg.CommandID)
+			}
+			b.waitEnded = true
+		}
+	}
+	handler := func(call func(ctx context.Context) ([]byte, error), amend func(*decision)) error {
+		started := time.Now()
+		newState, herr := e.callHandler(ctx, b.tx, run, fwd, timeout, call)
+		return b.outcome(ctx, sg, def, idx, fwd, key, sp, last, attempt, started, newState, herr, amend)
+	}
+	// write queues d; nothing ran that could need rolling back.
+	write := func(d decision, done func()) error {
+		b.tx.write(sg, e.transition(sg, d), sp, false, last, nil, done)
+		return nil
+	}
+
+	switch {
+	case sig != nil:
+		return handler(func(ctx context.Context) ([]byte, error) { return w.onSignal(ctx, run, sg.State, sig.Payload) },
+			func(d *decision) {
+				ended(EventSignalReceived, map[string]any{"signal_id": safetext.Text(sig.SignalID, 200), "seq": sig.Seq})(d)
+				d.tr.DeliverSignal, d.tr.DeliverStep = sig.Seq, sg.StepName
+			})
+
+	case w.kind == store.WaitChild && waiting && (childGone || Status(child.Status).Terminal()):
+		detail := map[string]any{"child_id": deref(sg.WaitFor), "status": "deleted"}
+		if child != nil {
+			detail["status"] = child.Status
+		}
+		if child != nil && Status(child.Status) == StatusCompleted {
+			return handler(func(ctx context.Context) ([]byte, error) { return w.childDone(ctx, run, sg.State, child.State) },
+				ended(EventChildEnded, detail))
+		}
+		why := fmt.Sprintf("child saga %s (%s) no longer exists", deref(sg.WaitFor), w.childName)
+		if child != nil {
+			why = fmt.Sprintf("child saga %s (%s) ended %s", child.ID, child.Name, child.Status)
+			if child.LastError != nil {
+				why += ": " + deref(child.LastErrorCode) + ": " + *child.LastError
+			}
+		}
+		d := e.machine.failure(sg, def, idx, fwd, attempt, steps.Permanent(steps.WithCode(CodeChildFailed, errors.New(why))), 0)
+		ended(EventChildEnded, detail)(&d)
+		return write(d, func() { e.stats.failed.Add(1) })
+
+	case w.kind == store.WaitTimer && waiting && sg.WaitUntil != nil && !now.Before(*sg.WaitUntil):
+		d := e.machine.success(sg, def, idx, fwd, nil, 0, key.String())
+		ended(EventTimerFired, map[string]any{"late_ms": now.Sub(*sg.WaitUntil).Milliseconds()})(&d)
+		return write(d, func() { e.stats.succeeded.Add(1) })
+
+	case waiting && w.kind != store.WaitTimer && sg.WaitUntil != nil && !now.Before(*sg.WaitUntil):
+		// Nothing came in time.
+		leave := func(d *decision) {
+			ended(EventWaitTimedOut, map[string]any{"timeout_ms": w.timeout.Milliseconds()})(d)
+			e.machine.leaveWait(d.tr, sg, def, idx, "its wait timed out", CodeWaitTimeout)
+			d.tr.Supersede = nil // the command that found the time up is the wait's own
+		}
+		switch {
+		case w.onTimeout != nil:
+			return handler(func(ctx context.Context) ([]byte, error) { return w.onTimeout(ctx, run, sg.State) }, leave)
+		case w.goOn:
+			d := e.machine.success(sg, def, idx, fwd, nil, 0, key.String())
+			leave(&d)
+			return write(d, func() { e.stats.succeeded.Add(1) })
+		}
+		b.waitEnded = true
+		return write(e.machine.waitTimedOut(sg, def, idx), func() { e.stats.failed.Add(1) })
+
+	case woken:
+		// A wake-up for something else (another signal's name), or the
+		// child has not ended: wait on, as before.
+		e.stats.stale.Add(1)
+		b.tx.clean = sp
+		return nil
+
+	case !waiting:
+		return b.startWait(ctx, sg, def, idx, key, sp, last, run, now, ended)
+	}
+	// The step's command came again (re-delivered, or re-driven by the
+	// rescuer) while the saga waits: wait on, until the same end.
+	delay := time.Duration(-1)
+	if sg.WaitUntil != nil {
+		delay = max(sg.WaitUntil.Sub(now), 0)
+	}
+	return write(e.machine.parked(sg, def, idx, w.kind, deref(sg.WaitFor), delay, false), nil)
+}
+
+// startWait starts the wait of step idx, which the saga has just reached:
+// a timer computes its end from the state, a child saga is started, and
+// the saga is parked (see [machine.parked]).
+func (b *batch) startWait(ctx context.Context, sg *store.Saga, def *compiled, idx int, key steps.Key, sp string, last bool,
+	run *StepRun, now time.Time, ended func(string, map[string]any) func(*decision)) error {
+	e := b.e
+	w := def.steps[idx].wait
+	fwd := steps.Forward
+	attempt := sg.Attempt + 1
+	fail := func(herr error) error {
+		d := e.machine.failure(sg, def, idx, fwd, attempt, herr, 0)
+		b.tx.write(sg, e.transition(sg, d), sp, true, last, nil, func() { e.stats.failed.Add(1) })
+		return nil
+	}
+	delay := time.Duration(-1)
+	if w.timeout > 0 {
+		delay = w.timeout
+	}
+	waitFor := ""
+	var history []store.HistoryEntry
+	switch w.kind {
+	case store.WaitTimer:
+		out, err := recovered(func() ([]byte, error) {
+			d, err := w.delay(sg.State, now)
+			delay = d
+			return nil, err
+		})
+		if err != nil {
+			return fail(err)
+		}
+		if delay <= 0 {
+			// Its time has come already.
+			d := e.machine.success(sg, def, idx, fwd, out, 0, key.String())
+			ended(EventTimerFired, map[string]any{"late_ms": 0})(&d)
+			b.tx.write(sg, e.transition(sg, d), sp, false, last, nil, func() { e.stats.succeeded.Add(1) })
+			return nil
+		}
+	case store.WaitSignal:
+		waitFor = w.signal
+	case store.WaitChild:
+		id := childID(key)
+		var opts *StartOpts
+		raw, err := recovered(func() ([]byte, error) {
+			raw, o, err := w.childInput(ctx, run, sg.State)
+			opts = o
+			return raw, err
+		})
+		if err == nil {
+			err = e.startChild(ctx, run.Tx, sg, w, id, raw, opts, key)
+		}
+		var dbErr *childStoreError
+		if errors.As(err, &dbErr) {
+			return dbErr.err
+		}
+		if err != nil {
+			return fail(err)
+		}
+		waitFor = id.String()
+		detail, _ := json.Marshal(map[string]string{"child_id": waitFor, "saga": w.childName})
+		history = append(history, store.HistoryEntry{SagaID: sg.ID, Event: EventChildStarted, StepName: sg.StepName,
+			Direction: string(fwd), Epoch: sg.Epoch, Attempt: attempt, Detail: detail})
+	}
+	d := e.machine.parked(sg, def, idx, w.kind, waitFor, delay, true)
+	d.tr.History = append(d.tr.History, history...)
+	b.tx.write(sg, e.transition(sg, d), sp, false, last, nil, nil)
+	return nil
+}
+
+// childStoreError is a database error while starting a child saga: the
+// batch is lost, not the step.
+type childStoreError struct{ err error }
+
+func (e *childStoreError) Error() string { return e.err.Error() }
+
+// startChild starts the child saga id of parent's step with key, in db
+// (the step's transaction). Starting it again finds it.
+func (e *Engine) startChild(ctx context.Context, db store.DBTX, parent *store.Saga, w *compiledWait, id uuid.UUID, raw []byte,
+	opts *StartOpts, key steps.Key) error {
+	cdef, err := e.lookupOwner(w.childDef, w.childName)
+	if err != nil {
+		return steps.Permanent(steps.WithCode(CodeChildStart, fmt.Errorf("start child saga %q: %w", w.childName, err)))
+	}
+	if err := e.checkState(cdef.name, raw); err != nil {
+		return steps.Permanent(steps.WithCode(CodeChildStart, err))
+	}
+	o := StartOpts{}
+	if opts != nil {
+		o = *opts
+	}
+	o.ID = id
+	keyText := key.String()
+	st, err := e.startRaw(ctx, db, false, cdef, raw, o, &store.Saga{ParentID: &parent.ID, ParentName: &parent.Name, ParentKey: &keyText})
+	switch {
+	case err == nil && st.ID != id:
+		return steps.Permanent(steps.WithCode(CodeChildStart, fmt.Errorf("start child saga %q: business key %q belongs to saga %s",
+			cdef.name, o.BusinessKey, st.ID)))
+	case err == nil:
+		return nil
+	case errors.Is(err, ErrInvalidInput), errors.Is(err, ErrSagaIDTaken):
+		return steps.Permanent(steps.WithCode(CodeChildStart, err))
+	}
+	return &childStoreError{err: err}
+}
+
+// wake runs a wake-up command: when the saga waits at a step for a signal
+// or a child saga, the step looks again (see [batch.await]); otherwise
+// there is nothing to do.
+func (b *batch) wake(ctx context.Context, ls *store.LockedSaga, def *compiled, last bool) error {
+	sg := &ls.Saga
+	idx, known := def.byName[sg.StepName]
+	if Status(sg.Status) != StatusRunning || sg.WaitKind == nil || *sg.WaitKind == store.WaitTimer || !known ||
+		def.steps[idx].wait == nil || sg.Direction != string(steps.Forward) {
+		b.e.stats.stale.Add(1)
+		return nil
+	}
+	key := steps.Key{SagaID: sg.ID, Step: sg.StepName, Direction: steps.Forward, Epoch: sg.Epoch}
+	return b.await(ctx, sg, def, idx, key, b.tx.savepoint(), last, true)
+}
+
+// childCancel is the command that makes an engine that knows the child
+// saga c asks to cancel look at the request: the child's name and first
+// step come from the definition of sg's step that waits for it.
+func (e *Engine) childCancel(sg *store.Saga, c *store.ChildCancel) (store.Message, bool) {
+	if def := e.lookupName(sg.Name); def != nil {
+		if idx, ok := def.byName[sg.StepName]; ok && def.steps[idx].wait != nil && def.steps[idx].wait.childName != "" {
+			w := def.steps[idx].wait
+			return e.nudgeAt(c.ID, w.childName, w.childFirst, steps.Forward, 0, 1, cancelType), true
+		}
+	}
+	// Only a step that waits for a child names one; the request alone
+	// still lands at the child's next command.
+	return store.Message{}, false
+}
+
+// parentWake is the wake-up of the parent of sg, a child saga that ends,
+// addressed to the parent's step that waits for it.
+func (e *Engine) parentWake(sg *store.Saga) (store.Message, bool) {
+	if sg.ParentName == nil || sg.ParentKey == nil {
+		return store.Message{}, false
+	}
+	k, err := wire.ParseKey(*sg.ParentKey)
+	if err != nil || uuid.UUID(k.SagaID) != *sg.ParentID {
+		e.log.Error("sagaflow could not wake the parent of a child saga: its parent key does not parse",
+			"saga_id", sg.ID.String(), "parent_key", safetext.Text(*sg.ParentKey, 300))
+		return store.Message{}, false
+	}
+	return e.nudgeAt(*sg.ParentID, *sg.ParentName, k.Step, k.Direction, k.Epoch, 1, wakeType), true
+}
