@@ -118,6 +118,9 @@ func bulkOpts(v url.Values) (saga.BulkReplayOpts, error) {
 	if lo.BusinessKey != "" {
 		return o, errors.New("key: a bulk replay does not select by business key; open the saga instead")
 	}
+	if lo.Waiting {
+		return o, errors.New("waiting: waiting sagas are running, and a bulk replay takes failed or ended ones")
+	}
 	if s := v.Get("max"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 || n > saga.BulkReplayMaxLimit {

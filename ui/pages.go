@@ -117,7 +117,7 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
 }
 
 // filterFields are the list's query parameters, in the order of the form.
-var filterFields = []string{"name", "status", "key", "code", "step", "after", "before"}
+var filterFields = []string{"name", "status", "key", "code", "step", "after", "before", "waiting"}
 
 // parseTime reads a filter's time: RFC 3339, or a form's local date-time
 // (taken as UTC).
@@ -136,7 +136,7 @@ func parseTime(field, s string) (time.Time, error) {
 // listOpts reads the list's filters from q.
 func listOpts(q url.Values) (saga.ListOpts, error) {
 	o := saga.ListOpts{Name: q.Get("name"), BusinessKey: q.Get("key"), ErrorCode: q.Get("code"),
-		FailedStep: q.Get("step"), Cursor: q.Get("cursor")}
+		FailedStep: q.Get("step"), Waiting: q.Get("waiting") != "", Cursor: q.Get("cursor")}
 	for _, s := range q["status"] {
 		if s == "" {
 			continue

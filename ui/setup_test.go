@@ -52,6 +52,8 @@ type fixture struct {
 	def                     *saga.Definition[order]
 	// hold's step "wait" runs until its context is cancelled.
 	hold *saga.Definition[order]
+	// approve waits for the signal "approved".
+	approve *saga.Definition[order]
 	// failed ended failed (release gave up while compensating), with the
 	// hostile text as business key and error; completed ended completed.
 	failed, completed uuid.UUID
@@ -87,10 +89,12 @@ func newFixture(t *testing.T) *fixture {
 			return ctx.Err()
 		}, Timeout: time.Hour},
 	)
+	f.approve = saga.Define("approve", saga.Step[order]{Name: "approval",
+		Wait: saga.OnSignal("approved", func(context.Context, *saga.StepRun, *order, string) error { return nil })})
 	f.engine, err = saga.New(pool, &saga.Config{Schema: schema, PollInterval: 50 * time.Millisecond,
 		Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
-	require.NoError(t, f.engine.Register(f.def, f.hold))
+	require.NoError(t, f.engine.Register(f.def, f.hold, f.approve))
 	require.NoError(t, f.engine.Start(ctx))
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -260,6 +260,32 @@ func TestUI(t *testing.T) {
 		require.True(t, hasReason(inst, saga.EventCancelRequested, "cancel by alice in the web UI: customer asked"), "%+v", inst.History)
 	})
 
+	t.Run("waiting", func(t *testing.T) {
+		s, err := saga.Start(context.Background(), f.engine, f.approve, order{ID: "w"}, &saga.StartOpts{BusinessKey: "wait-1"})
+		require.NoError(t, err)
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			inst, err := f.engine.Get(context.Background(), s.ID)
+			require.NoError(t, err)
+			if inst.Wait != nil {
+				break
+			}
+			require.True(t, time.Now().Before(deadline), "the saga did not start waiting")
+			time.Sleep(20 * time.Millisecond)
+		}
+		c := client(t)
+		_, body, _ := get(t, c, ro.URL+"/sagas?waiting=1")
+		require.Contains(t, body, s.ID.String())
+		require.NotContains(t, body, f.failed.String())
+		require.Contains(t, body, "<td>signal approved</td>")
+		_, body, _ = get(t, c, ro.URL+"/sagas/"+s.ID.String())
+		require.Contains(t, body, `<dd id="wait">signal approved</dd>`)
+		require.Contains(t, body, "wait_started")
+		code, body, _ := get(t, c, rw.URL+"/replay?waiting=1")
+		require.Equal(t, http.StatusBadRequest, code)
+		require.Contains(t, body, "waiting sagas are running")
+	})
+
 	t.Run("bulk replay", func(t *testing.T) {
 		c := client(t)
 		code, page, _ := get(t, c, rw.URL+"/replay?status=completed&from=ship&name=checkout")
