@@ -67,6 +67,10 @@ type Report struct {
 	// From the history: the parcels' timers fired, signals received and
 	// children ended. Each happens once per parcel that ended.
 	TimersFired, SignalsReceived, ChildrenEnded int
+	// TimerLateMax is the most a parcel's timer fired after its time, by
+	// the database's clock, in milliseconds (a crash delays a timer; it
+	// must not lose it).
+	TimerLateMax int
 	// WaitsDoubled counts the parcels whose timer fired, signal was
 	// received or child ended more than once, or whose signal was recorded
 	// more than once.
@@ -111,9 +115,9 @@ func (r *Report) Line() string {
 
 // WaitLine is the parcels' line: how they ended and what their waits did.
 func (r *Report) WaitLine() string {
-	return fmt.Sprintf("parcels=%d completed=%d compensated=%d stuck=%d timers_fired=%d signals_received=%d children_ended=%d "+
+	return fmt.Sprintf("parcels=%d completed=%d compensated=%d stuck=%d timers_fired=%d timer_late_max_ms=%d signals_received=%d children_ended=%d "+
 		"waits_doubled=%d signals_sent=%d signal_duplicates=%d signals_rejected=%d",
-		r.Parcels, r.ParcelsCompleted, r.ParcelsCompensated, r.ParcelsStuck, r.TimersFired, r.SignalsReceived, r.ChildrenEnded,
+		r.Parcels, r.ParcelsCompleted, r.ParcelsCompensated, r.ParcelsStuck, r.TimersFired, r.TimerLateMax, r.SignalsReceived, r.ChildrenEnded,
 		r.WaitsDoubled, r.SignalsSent, r.SignalDuplicates, r.SignalsRejected)
 }
 
@@ -630,6 +634,12 @@ func (e *Env) checkParcels(ctx context.Context, r *Report, parcels map[string]Pa
 	}
 	err = e.Pool.QueryRow(ctx, `SELECT coalesce(sum(sends), 0), coalesce(sum(duplicates), 0) FROM `+signalRequests()).
 		Scan(&r.SignalsSent, &r.SignalDuplicates)
+	if err != nil {
+		return err
+	}
+	err = e.Pool.QueryRow(ctx, `SELECT coalesce(max((h.detail->>'late_ms')::bigint), 0) FROM `+OrdersSchema+`.saga_history h
+	    JOIN `+OrdersSchema+`.saga_instances s ON s.id = h.saga_id WHERE s.saga_name = $1 AND h.event = $2`,
+		ParcelSagaName, saga.EventTimerFired).Scan(&r.TimerLateMax)
 	if err != nil {
 		return err
 	}

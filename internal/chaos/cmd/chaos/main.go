@@ -226,6 +226,7 @@ func matrix(args []string) int {
 		total.ParcelsCompensated += r.ParcelsCompensated
 		total.ParcelsStuck += r.ParcelsStuck
 		total.TimersFired += r.TimersFired
+		total.TimerLateMax = max(total.TimerLateMax, r.TimerLateMax)
 		total.SignalsReceived += r.SignalsReceived
 		total.ChildrenEnded += r.ChildrenEnded
 		total.WaitsDoubled += r.WaitsDoubled
