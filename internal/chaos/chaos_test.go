@@ -54,8 +54,8 @@ func TestCrashMatrix(t *testing.T) {
 					dir := t.TempDir()
 					res, err := chaos.RunCell(context.Background(), dir, nodeCmd, c)
 					require.NoError(t, err, chaos.LogTails(dir, 40))
-					t.Logf("%s hit=%d settled=%s in %s\n%s\n%s\n%s", c, res.Hit, res.Settle.Round(time.Millisecond), res.Duration.Round(time.Millisecond),
-						res.Report.Line(), res.Report.Detail(), res.Report.PoisonLine())
+					t.Logf("%s hit=%d settled=%s in %s\n%s\n%s\n%s\n%s", c, res.Hit, res.Settle.Round(time.Millisecond), res.Duration.Round(time.Millisecond),
+						res.Report.Line(), res.Report.Detail(), res.Report.WaitLine(), res.Report.PoisonLine())
 					require.True(t, res.Report.OK(), "invariants broken:\n%s\n%s\n%s\n%s", res.Report.Line(), res.Report.Detail(),
 						strings.Join(res.Report.Violations, "\n"), chaos.LogTails(dir, 40))
 				})
@@ -73,7 +73,8 @@ func TestSoakShort(t *testing.T) {
 		Duration: *soak, Rate: 12, Engines: 2, Participants: 2, Seed: 1, Deadline: 3 * time.Minute, Logf: t.Logf,
 	})
 	require.NoError(t, err, chaos.LogTails(dir, 40))
-	t.Logf("soak of %s\n%s\n%s\n%s\n%s", res.Duration.Round(time.Second), res.Report.Line(), res.Report.Detail(), res.Report.PoisonLine(), res.ActionsLine())
+	t.Logf("soak of %s\n%s\n%s\n%s\n%s\n%s", res.Duration.Round(time.Second), res.Report.Line(), res.Report.Detail(), res.Report.WaitLine(),
+		res.Report.PoisonLine(), res.ActionsLine())
 	require.True(t, res.Report.OK(), "invariants broken:\n%s\n%s\n%s\n%s", res.Report.Line(), res.Report.Detail(),
 		strings.Join(res.Report.Violations, "\n"), chaos.LogTails(dir, 40))
 	require.Positive(t, res.Actions["sigkill"]+res.Actions["pg_restart"]+res.Actions["broker_outage"]+res.Actions["sigstop"],
@@ -106,4 +107,19 @@ func TestCheckersCatchAnUnsignedBus(t *testing.T) {
 	t.Logf("%s\n%s\n%s\n%s", res.Report.Line(), res.Report.Detail(), res.Report.PoisonLine(), strings.Join(res.Report.Violations, "\n"))
 	require.False(t, res.Report.OK())
 	require.Positive(t, res.Report.PoisonMissed, "forged messages were processed, not refused")
+}
+
+// TestCheckersCatchALostWakeUp is the negative control of the waits: the
+// same cell with a signaller that deletes each signal's wake-up command in
+// the signal's transaction, as an engine that skipped the wake-up would,
+// must be reported as leaving parcels stuck (those whose signal came while
+// they already waited at the await).
+func TestCheckersCatchALostWakeUp(t *testing.T) {
+	c := chaos.Cell{Point: fault.EngineWaitAfterCommit, Fault: chaos.FaultKill, Seed: 1, Sabotage: chaos.SabotageLostWakeUp}
+	dir := t.TempDir()
+	res, err := chaos.RunCell(context.Background(), dir, nodeCmd, c)
+	require.NoError(t, err, chaos.LogTails(dir, 40))
+	t.Logf("%s\n%s\n%s", res.Report.Line(), res.Report.WaitLine(), strings.Join(res.Report.Violations, "\n"))
+	require.False(t, res.Report.OK())
+	require.Positive(t, res.Report.ParcelsStuck, "a parcel whose signal's wake-up was lost is not reported stuck")
 }

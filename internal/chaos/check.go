@@ -20,7 +20,7 @@ import (
 // Report is what the checkers found. The first line of String is the one
 // `make chaos` ends with; Violations lists what broke an invariant.
 type Report struct {
-	Sagas                int // orders the parent started
+	Sagas                int // orders and parcels the parent started
 	Terminal             int // sagas completed, compensated or failed
 	Lost                 int // orders started with no saga, or whose saga has no trace in the ledger it must have
 	DBEffectsDoubled     int // (order, step, direction) with more than one ledger row
@@ -61,6 +61,26 @@ type Report struct {
 	// violation or a division by zero through the step's transaction).
 	DBErrors int
 
+	// The parcels, sagas that wait (see ParcelDefinitions); they count in
+	// Sagas, Terminal, Lost, Stuck and Inconsistent too.
+	Parcels, ParcelsCompleted, ParcelsCompensated, ParcelsStuck int
+	// From the history: the parcels' timers fired, signals received and
+	// children ended. Each happens once per parcel that ended.
+	TimersFired, SignalsReceived, ChildrenEnded int
+	// TimerLateMax is the most a parcel's timer fired after its time, by
+	// the database's clock, in milliseconds (a crash delays a timer; it
+	// must not lose it).
+	TimerLateMax int
+	// WaitsDoubled counts the parcels whose timer fired, signal was
+	// received or child ended more than once, or whose signal was recorded
+	// more than once.
+	WaitsDoubled int
+	// The signallers' sends that the engine acknowledged, and how many of
+	// them it recognised as duplicates (a second send of a signal ID);
+	// SignalsRejected counts parcels' signals recorded as rejected (none
+	// may be: every parcel waits for its signal).
+	SignalsSent, SignalDuplicates, SignalsRejected int
+
 	Violations []string
 }
 
@@ -82,6 +102,7 @@ func (r *Report) PoisonLine() string {
 // OK reports whether every invariant held.
 func (r *Report) OK() bool {
 	return r.Lost == 0 && r.DBEffectsDoubled == 0 && r.Stuck == 0 && r.Inconsistent == 0 && r.Stray == 0 &&
+		r.WaitsDoubled == 0 && r.SignalsRejected == 0 &&
 		r.KafkaMissing == 0 && r.KafkaPhantom == 0 && r.PoisonMissed == 0 && r.BytesChanged == 0 && r.DeadUnexplained == 0 &&
 		r.ForeignParked == r.Foreign && r.CancelBroken == 0 && r.Terminal == r.Sagas
 }
@@ -90,6 +111,14 @@ func (r *Report) OK() bool {
 func (r *Report) Line() string {
 	return fmt.Sprintf("sagas=%d terminal=%d lost=%d db_effects_doubled=%d external_calls_deduped=%d stuck=%d dead_lettered=%d",
 		r.Sagas, r.Terminal, r.Lost, r.DBEffectsDoubled, r.ExternalCallsDeduped, r.Stuck, r.DeadLettered)
+}
+
+// WaitLine is the parcels' line: how they ended and what their waits did.
+func (r *Report) WaitLine() string {
+	return fmt.Sprintf("parcels=%d completed=%d compensated=%d stuck=%d timers_fired=%d timer_late_max_ms=%d signals_received=%d children_ended=%d "+
+		"waits_doubled=%d signals_sent=%d signal_duplicates=%d signals_rejected=%d",
+		r.Parcels, r.ParcelsCompleted, r.ParcelsCompensated, r.ParcelsStuck, r.TimersFired, r.TimerLateMax, r.SignalsReceived, r.ChildrenEnded,
+		r.WaitsDoubled, r.SignalsSent, r.SignalDuplicates, r.SignalsRejected)
 }
 
 // Detail is the second line: how the sagas ended and the other checks.
@@ -127,16 +156,18 @@ func (e *Env) Check(ctx context.Context) (*Report, error) {
 	r := &Report{}
 	started := e.startedCopy()
 	e.mu.Lock()
+	parcels := maps.Clone(e.parcels)
 	injected := slices.Clone(e.injected)
 	foreign := maps.Clone(e.foreign)
 	cancels := maps.Clone(e.cancels)
 	e.mu.Unlock()
-	r.Sagas = len(started)
+	r.Sagas = len(started) + len(parcels)
+	r.Parcels = len(parcels)
 	r.PoisonInjected = len(injected)
 	r.Foreign = len(foreign)
 
 	sagas := map[string]sagaRow{}
-	rows, err := e.Pool.Query(ctx, "SELECT business_key, id::text, status, coalesce(last_error_code, '') || ': ' || coalesce(last_error, '') FROM "+OrdersSchema+".saga_instances")
+	rows, err := e.Pool.Query(ctx, "SELECT coalesce(business_key, id::text), id::text, status, coalesce(last_error_code, '') || ': ' || coalesce(last_error, '') FROM "+OrdersSchema+".saga_instances")
 	if err != nil {
 		return nil, err
 	}
@@ -164,7 +195,8 @@ func (e *Env) Check(ctx context.Context) (*Report, error) {
 			return nil, err
 		}
 		ledger[key+"/"+step+"/"+dir] = n
-		if _, ok := started[key]; !ok {
+		_, isParcel := parcels[key]
+		if _, ok := started[key]; !ok && !isParcel {
 			r.Stray++
 			r.violate("ledger rows for %q, which no one ordered", key)
 		}
@@ -242,6 +274,10 @@ func (e *Env) Check(ctx context.Context) (*Report, error) {
 			continue
 		}
 		r.Terminal++
+	}
+
+	if err := e.checkParcels(ctx, r, parcels, sagas, ledger); err != nil {
+		return nil, err
 	}
 
 	// Dead letters: distinct Kafka positions, over both consumers.
@@ -543,4 +579,137 @@ func (e *Env) foreignTrail(ctx context.Context, id uuid.UUID) string {
 	q("outbox", `SELECT id || ' ' || status || ' ' || topic || ' ' || headers::text || ' ' || created_at FROM `+OrdersSchema+`.outbox WHERE saga_id = $1 ORDER BY created_at`)
 	q("dead letter", `SELECT topic || '/' || kafka_partition || '/' || kafka_offset || ' ' || left(reason, 120) || ' ' || headers::text FROM `+OrdersSchema+`.dead_letters WHERE headers->>'sagaflow-saga-id' = $1::text OR position(convert_to($1::text, 'UTF8') in msg_value) > 0`)
 	return b.String()
+}
+
+// checkParcels checks the sagas that wait: a parcel completed with every
+// step's ledger row once (the step after the timer, the signal's handler,
+// the child's step and the step after it), or, if its child had to fail,
+// compensated with its first step undone and nothing after the child; its
+// timer fired once, its signal was received once and its child ended
+// once, by the history; its signal is recorded once, delivered, however
+// often it was sent.
+func (e *Env) checkParcels(ctx context.Context, r *Report, parcels map[string]Parcel, sagas map[string]sagaRow, ledger map[string]int) error {
+	waits := map[string]int{} // business key + " " + event -> count
+	rows, err := e.Pool.Query(ctx, `SELECT s.business_key, h.event, count(*) FROM `+OrdersSchema+`.saga_history h
+	    JOIN `+OrdersSchema+`.saga_instances s ON s.id = h.saga_id
+	    WHERE s.saga_name = $1 AND h.event IN ($2, $3, $4) GROUP BY 1, 2`,
+		ParcelSagaName, saga.EventTimerFired, saga.EventSignalReceived, saga.EventChildEnded)
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		var key, event string
+		var n int
+		if err := rows.Scan(&key, &event, &n); err != nil {
+			rows.Close()
+			return err
+		}
+		waits[key+" "+event] = n
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	signals := map[string][]string{} // business key -> statuses of its signals
+	rows, err = e.Pool.Query(ctx, `SELECT s.business_key, g.status FROM `+OrdersSchema+`.saga_signals g
+	    JOIN `+OrdersSchema+`.saga_instances s ON s.id = g.saga_id WHERE s.saga_name = $1`, ParcelSagaName)
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		var key, status string
+		if err := rows.Scan(&key, &status); err != nil {
+			rows.Close()
+			return err
+		}
+		signals[key] = append(signals[key], status)
+		if status == "rejected" {
+			r.SignalsRejected++
+			r.violate("parcel %s: its signal was rejected", key)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	err = e.Pool.QueryRow(ctx, `SELECT coalesce(sum(sends), 0), coalesce(sum(duplicates), 0) FROM `+signalRequests()).
+		Scan(&r.SignalsSent, &r.SignalDuplicates)
+	if err != nil {
+		return err
+	}
+	err = e.Pool.QueryRow(ctx, `SELECT coalesce(max((h.detail->>'late_ms')::bigint), 0) FROM `+OrdersSchema+`.saga_history h
+	    JOIN `+OrdersSchema+`.saga_instances s ON s.id = h.saga_id WHERE s.saga_name = $1 AND h.event = $2`,
+		ParcelSagaName, saga.EventTimerFired).Scan(&r.TimerLateMax)
+	if err != nil {
+		return err
+	}
+
+	for key, p := range parcels {
+		s, ok := sagas[key]
+		if !ok {
+			r.Lost++
+			r.violate("parcel %s: started, but there is no saga", key)
+			continue
+		}
+		f := func(step string, dir steps.Direction) int { return ledger[key+"/"+step+"/"+string(dir)] }
+		fwd := func(step string) int { return f(step, steps.Forward) }
+		trail := fmt.Sprintf("pack=%d/%d stamp=%d picked=%d print=%d label=%d ship=%d", fwd("pack"), f("pack", steps.Compensate),
+			fwd("stamp"), fwd("picked"), fwd("print"), fwd("label"), fwd("ship"))
+		switch s.status {
+		case "completed":
+			r.Completed++
+			r.ParcelsCompleted++
+			ok := !p.ChildFail && fwd("pack") == 1 && f("pack", steps.Compensate) == 0 && fwd("stamp") == 1 && fwd("picked") == 1 &&
+				fwd("print") == 1 && fwd("label") == 1 && fwd("ship") == 1
+			if !ok {
+				if fwd("pack")+fwd("stamp")+fwd("picked")+fwd("print")+fwd("label")+fwd("ship") == 0 {
+					r.Lost++
+				} else {
+					r.Inconsistent++
+				}
+				r.violate("parcel %s (child fails: %v) completed but ledger has %s", key, p.ChildFail, trail)
+			}
+		case "compensated":
+			r.Compensated++
+			r.ParcelsCompensated++
+			ok := p.ChildFail && fwd("pack") == 1 && f("pack", steps.Compensate) == 1 && fwd("stamp") == 1 && fwd("picked") == 1 &&
+				fwd("print") == 0 && fwd("label") == 0 && fwd("ship") == 0
+			if !ok {
+				r.Inconsistent++
+				r.violate("parcel %s (child fails: %v) compensated (%s) but ledger has %s", key, p.ChildFail, s.lastError, trail)
+			}
+		case "failed":
+			r.Failed++
+			r.violate("parcel %s failed: %s", key, s.lastError)
+		default:
+			r.Stuck++
+			r.ParcelsStuck++
+			r.violate("parcel %s (saga %s) is still %s; ledger has %s; signals %v", key, s.id, s.status, trail, signals[key])
+			continue
+		}
+		r.Terminal++
+		for _, ev := range []string{saga.EventTimerFired, saga.EventSignalReceived, saga.EventChildEnded} {
+			n := waits[key+" "+ev]
+			switch {
+			case n > 1:
+				r.WaitsDoubled++
+				r.violate("parcel %s: %d %s events", key, n, ev)
+			case n == 0:
+				r.Inconsistent++
+				r.violate("parcel %s ended %s with no %s event", key, s.status, ev)
+			}
+		}
+		r.TimersFired += waits[key+" "+saga.EventTimerFired]
+		r.SignalsReceived += waits[key+" "+saga.EventSignalReceived]
+		r.ChildrenEnded += waits[key+" "+saga.EventChildEnded]
+		switch {
+		case len(signals[key]) > 1:
+			r.WaitsDoubled++
+			r.violate("parcel %s: its signal is recorded %d times: %v", key, len(signals[key]), signals[key])
+		case len(signals[key]) == 0 || signals[key][0] != "delivered":
+			r.Inconsistent++
+			r.violate("parcel %s ended %s with its signal recorded as %v", key, s.status, signals[key])
+		}
+	}
+	return nil
 }

@@ -12,6 +12,12 @@
 // does), and sagas of a type no node registers ([ForeignSagaName]) send
 // commands the engines must hold and then park.
 //
+// Parcels are sagas that wait (see [ParcelDefinitions]): for a timer, for a
+// signal and for a child saga. The nodes send the signals ([RoleSignals]),
+// as an at-least-once sender does: under one signal ID per parcel, again
+// after a send that was not acknowledged, and sometimes twice on purpose;
+// some arrive before the parcel reaches its await.
+//
 // # Poison
 //
 // [Env.InjectPoison] writes bad messages with a raw Kafka client (franz-go,
@@ -35,9 +41,10 @@
 // tables only for each saga's final status and history (cancels applied or
 // refused), and the ledger, the external service's counts, the parent's own
 // order book, the dead letters by Kafka position and a plain reader of the
-// topics for the rest. Two negative controls run broken systems (effects
-// written outside the step's transaction; a bus without signing) that the
-// checkers must report.
+// topics for the rest; for the parcels, the history says that each wait
+// ended once. Three negative controls run broken systems (effects written
+// outside the step's transaction; a bus without signing; signals whose
+// wake-up is lost) that the checkers must report.
 //
 // The matrix needs a build with -tags sagaflow_faults. The tests of this
 // package (make test) and the command in cmd/chaos (make chaos, make

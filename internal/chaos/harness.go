@@ -50,11 +50,14 @@ type Env struct {
 	def        *saga.Definition[Order]
 	slowDef    *saga.Definition[Order]
 	foreignDef *saga.Definition[Order]
+	parcelDef  *saga.Definition[Parcel]
+	labelDef   *saga.Definition[Label]
 	nodeCmd    NodeCommand
 
 	mu         sync.Mutex
 	nodes      []*Node
 	started    map[string]Order      // every order the parent tried to start, by key
+	parcels    map[string]Parcel     // every parcel the parent tried to start, by key
 	ids        map[string]uuid.UUID  // their sagas, once started
 	foreign    map[string]uuid.UUID  // sagas of ForeignSagaName, by key
 	cancels    map[string]CancelDone // operator cancels, by order key
@@ -74,7 +77,7 @@ type CancelDone struct {
 // NewEnv starts the servers and creates the schemas. dir receives the nodes'
 // logs. Close it when done.
 func NewEnv(ctx context.Context, dir string, nodeCmd NodeCommand) (env *Env, err error) {
-	e := &Env{Dir: dir, nodeCmd: nodeCmd, started: map[string]Order{}, ids: map[string]uuid.UUID{},
+	e := &Env{Dir: dir, nodeCmd: nodeCmd, started: map[string]Order{}, parcels: map[string]Parcel{}, ids: map[string]uuid.UUID{},
 		foreign: map[string]uuid.UUID{}, cancels: map[string]CancelDone{}}
 	defer func() {
 		if err != nil {
@@ -102,7 +105,8 @@ func NewEnv(ctx context.Context, dir string, nodeCmd NodeCommand) (env *Env, err
 	}
 	e.def, e.slowDef = Definitions(External{}, 0, nil)
 	e.foreignDef = ForeignDefinition()
-	if err = e.engine.Register(e.def, e.slowDef, e.foreignDef); err != nil {
+	e.parcelDef, e.labelDef = ParcelDefinitions(0)
+	if err = e.engine.Register(e.def, e.slowDef, e.foreignDef, e.parcelDef, e.labelDef); err != nil {
 		return nil, err
 	}
 	return e, nil
@@ -355,10 +359,10 @@ func (e *Env) Cancel(ctx context.Context, key, how string) error {
 	}
 }
 
-// WaitTerminal waits until every started order's saga is terminal, every
-// injected message that must be dead-lettered is, every foreign saga's
-// command is parked, no cancel request is pending and the outboxes are
-// drained, or ctx ends.
+// WaitTerminal waits until every started order's and parcel's saga is
+// terminal, every injected message that must be dead-lettered is, every
+// foreign saga's command is parked, no cancel request is pending, every
+// requested signal was sent and the outboxes are drained, or ctx ends.
 func (e *Env) WaitTerminal(ctx context.Context) error {
 	for {
 		var open int
@@ -366,10 +370,10 @@ func (e *Env) WaitTerminal(ctx context.Context) error {
 			ForeignSagaName).Scan(&open)
 		if err == nil && open == 0 {
 			e.mu.Lock()
-			started, foreign := len(e.started), foreignIDs(e.foreign)
+			started, foreign := len(e.started)+len(e.parcels), foreignIDs(e.foreign)
 			topics, parts, offsets := positions(e.injected, true)
 			e.mu.Unlock()
-			var n, dead, parked, cancels, pending int
+			var n, dead, parked, cancels, pending, unsent int
 			err := e.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+OrdersSchema+`.saga_instances WHERE saga_name <> $5),
 			    (SELECT count(*) FROM unnest($1::text[], $2::int[], $3::bigint[]) p(topic, part, off) WHERE `+deadAt+`),
 			    -- Parked as the checkers count it: an unknown_saga dead letter of
@@ -379,9 +383,10 @@ func (e *Env) WaitTerminal(ctx context.Context) error {
 			        WHERE reason LIKE 'unknown_saga:%' AND headers->>'sagaflow-saga-id' = ANY($4::uuid[]::text[])),
 			    (SELECT count(*) FROM `+OrdersSchema+`.saga_cancel_requests),
 			    (SELECT count(*) FROM `+OrdersSchema+`.outbox WHERE status = 'pending' AND delivery = 'relay')
-			        + (SELECT count(*) FROM `+PaymentsSchema+`.outbox WHERE status = 'pending')`,
-				topics, parts, offsets, foreign, ForeignSagaName).Scan(&n, &dead, &parked, &cancels, &pending)
-			if err == nil && n >= started && dead >= len(topics) && parked >= len(foreign) && cancels == 0 && pending == 0 {
+			        + (SELECT count(*) FROM `+PaymentsSchema+`.outbox WHERE status = 'pending'),
+			    (SELECT count(*) FROM `+signalRequests()+` WHERE sends < copies)`,
+				topics, parts, offsets, foreign, ForeignSagaName).Scan(&n, &dead, &parked, &cancels, &pending, &unsent)
+			if err == nil && n >= started && dead >= len(topics) && parked >= len(foreign) && cancels == 0 && pending == 0 && unsent == 0 {
 				return nil
 			}
 		}

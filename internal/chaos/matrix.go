@@ -46,8 +46,9 @@ const Deadline = 90 * time.Second
 
 // RunCell runs one cell: a node running the whole system, armed at the
 // cell's point, takes orders (some cancelled by an operator, some failing
-// through PostgreSQL), two sagas of a type it does not know and bad
-// messages of every kind; when it stops at the point the cell's fault is
+// through PostgreSQL), parcels that wait for a timer, a signal (which the
+// node sends) and a child saga, two sagas of a type it does not know and
+// bad messages of every kind; when it stops at the point the cell's fault is
 // done to it; then the system recovers (a new node, the server back, the
 // broker back), more orders come, and every saga must end, with the
 // checkers' invariants holding.
@@ -130,7 +131,35 @@ func RunCell(ctx context.Context, dir string, nodeCmd NodeCommand, c Cell) (*Cel
 		}
 		return nil
 	}
+	// Parcels, sagas that wait: a timer, a signal, a child saga. Their
+	// signals are sent by the node (see StartParcel): one in three as the
+	// parcel starts, so that it arrives before the parcel reaches its
+	// await, the others up to 2.5 s later; every other one twice, under
+	// the same signal ID. One parcel in four has a child that fails.
+	parcel := 0
+	startParcels := func(n int) error {
+		for range n {
+			p := Parcel{Key: fmt.Sprintf("p-%03d", parcel), CoolMS: 200 + rng.IntN(500), ChildFail: parcel%4 == 3}
+			after := time.Duration(0)
+			if parcel%3 != 0 {
+				after = time.Duration(200+rng.IntN(2300)) * time.Millisecond
+			}
+			if c.Sabotage == SabotageLostWakeUp {
+				// Only a signal that comes while its parcel waits needs
+				// the wake-up: late enough for every parcel to wait.
+				after += 5 * time.Second
+			}
+			if err := env.StartParcel(ctx, p, 1+parcel%2, after); err != nil {
+				return err
+			}
+			parcel++
+		}
+		return nil
+	}
 	if err := startSome(12); err != nil {
+		return nil, err
+	}
+	if err := startParcels(4); err != nil {
 		return nil, err
 	}
 	for i := range 2 {
@@ -176,6 +205,9 @@ func RunCell(ctx context.Context, dir string, nodeCmd NodeCommand, c Cell) (*Cel
 	if err := startSome(8); err != nil {
 		return nil, err
 	}
+	if err := startParcels(3); err != nil {
+		return nil, err
+	}
 	env.WaitForCharges(ctx, 10*time.Second)
 	if err := env.InjectPoison(ctx, len(poisonKinds), rng); err != nil {
 		return nil, err
@@ -187,7 +219,8 @@ func RunCell(ctx context.Context, dir string, nodeCmd NodeCommand, c Cell) (*Cel
 	deadline := Deadline
 	if c.Sabotage != "" {
 		// A broken system need not settle: what did not end is reported.
-		deadline = 30 * time.Second
+		// (A sound cell settles in about 9 s, 11 on a loaded machine.)
+		deadline = 15 * time.Second
 	}
 	wctx, cancel := context.WithTimeout(ctx, deadline)
 	defer cancel()

@@ -27,10 +27,11 @@ const (
 	RoleParticipant   = "participant"    // the payments participant's consumer
 	RoleRelayOrders   = "relay-orders"   // the relay of the orders outbox
 	RoleRelayPayments = "relay-payments" // the relay of the payments outbox
+	RoleSignals       = "signals"        // the signaller: sends the parcels' signals (needs RoleEngine)
 )
 
 // AllRoles is every role, for a node that runs the whole system.
-var AllRoles = []string{RoleEngine, RoleParticipant, RoleRelayOrders, RoleRelayPayments}
+var AllRoles = []string{RoleEngine, RoleParticipant, RoleRelayOrders, RoleRelayPayments, RoleSignals}
 
 // SessionTimeout is the consumer groups' session timeout: how long a killed
 // or paused node keeps its partitions.
@@ -57,6 +58,13 @@ const SabotageEffectsOutsideTx = "effects-outside-tx"
 // messages among the poison have effects. A negative control: the checkers
 // must report forgeries that were not refused.
 const SabotageNoSigning = "no-signing"
+
+// SabotageLostWakeUp makes the signaller delete each signal's wake-up
+// command in the signal's own transaction, as an engine that skipped the
+// wake-up would: a signal sent while its parcel already waits is never
+// delivered. A negative control: the checkers must report those parcels
+// as stuck.
+const SabotageLostWakeUp = "lost-wake-up"
 
 // NodeEnv carries a node's NodeConfig, as JSON, to a node process.
 const NodeEnv = "SAGAFLOW_CHAOS_NODE"
@@ -148,20 +156,34 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 		}
 		var broken *pgxpool.Pool
 		switch cfg.Sabotage {
-		case "", SabotageNoSigning:
+		case "", SabotageNoSigning, SabotageLostWakeUp:
 		case SabotageEffectsOutsideTx:
 			broken = pool
 		default:
 			return fmt.Errorf("chaos: unknown sabotage %q", cfg.Sabotage)
 		}
 		normal, slow := Definitions(x, pid, broken)
-		if err := e.Register(normal, slow); err != nil {
+		parcel, label := ParcelDefinitions(pid)
+		if err := e.Register(normal, slow, parcel, label); err != nil {
 			return err
 		}
 		if err := e.Start(ctx); err != nil {
 			return err
 		}
 		stops = append(stops, e.Stop)
+		if slices.Contains(cfg.Roles, RoleSignals) {
+			sctx, cancel := context.WithCancel(ctx)
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				runSignaller(sctx, e, pool, log, cfg.Sabotage == SabotageLostWakeUp)
+			}()
+			stops = append(stops, func(context.Context) error {
+				cancel()
+				<-done
+				return nil
+			})
+		}
 	}
 	if slices.Contains(cfg.Roles, RoleParticipant) {
 		p, err := participant.New(pool, &participant.Config{Consumer: "payments", Schema: PaymentsSchema, Logger: log,

@@ -48,7 +48,9 @@ func (r *SoakResult) ActionsLine() string {
 // resumed, PostgreSQL is restarted without a checkpoint, the broker goes
 // away for seconds at a time, a transaction is held open for a long time,
 // bad messages are mixed into the topics, sagas of a type no engine knows
-// are started, and an operator cancels orders (some while a step runs).
+// are started, an operator cancels orders (some while a step runs), and
+// parcels wait for timers, signals (sent by the engine nodes' signallers)
+// and child sagas.
 // Then every saga must end within cfg.Deadline, and the checkers run.
 func RunSoak(ctx context.Context, dir string, nodeCmd NodeCommand, cfg SoakConfig) (*SoakResult, error) {
 	began := time.Now()
@@ -69,7 +71,7 @@ func RunSoak(ctx context.Context, dir string, nodeCmd NodeCommand, cfg SoakConfi
 	}
 	var slots []*slot
 	for i := range cfg.Engines {
-		slots = append(slots, &slot{name: fmt.Sprintf("engine-%d", i+1), roles: []string{RoleEngine, RoleRelayOrders}})
+		slots = append(slots, &slot{name: fmt.Sprintf("engine-%d", i+1), roles: []string{RoleEngine, RoleRelayOrders, RoleSignals}})
 	}
 	for i := range cfg.Participants {
 		slots = append(slots, &slot{name: fmt.Sprintf("participant-%d", i+1), roles: []string{RoleParticipant, RoleRelayPayments}})
@@ -122,6 +124,27 @@ func RunSoak(ctx context.Context, dir string, nodeCmd NodeCommand, cfg SoakConfi
 				how, after = "request", time.Duration(orderRng.IntN(3000))*time.Millisecond
 			case i%100 == 33:
 				how = "held"
+			}
+			// One tick in six also starts a parcel, a saga that waits (see
+			// ParcelDefinitions): its signal is sent 0-3 s later, every
+			// other one twice; one in five has a child that fails.
+			if i%6 == 3 {
+				n := i / 6
+				p := Parcel{Key: fmt.Sprintf("p-%06d", n), CoolMS: 200 + orderRng.IntN(800), ChildFail: n%5 == 4}
+				after := time.Duration(orderRng.IntN(3000)) * time.Millisecond
+				sem <- struct{}{}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					defer func() { <-sem }()
+					sctx, cancel := context.WithTimeout(ctx, time.Minute)
+					defer cancel()
+					if err := env.StartParcel(sctx, p, 1+n%2, after); err != nil {
+						errMu.Lock()
+						startErr = err
+						errMu.Unlock()
+					}
+				}()
 			}
 			sem <- struct{}{}
 			wg.Add(1)
@@ -238,7 +261,11 @@ func RunSoak(ctx context.Context, dir string, nodeCmd NodeCommand, cfg SoakConfi
 	if err != nil {
 		return nil, err
 	}
-	cfg.Logf("chaos: attacks over after %s; %d sagas started; waiting for every saga to end", time.Since(began).Round(time.Second), len(env.startedCopy()))
+	env.mu.Lock()
+	parcels := len(env.parcels)
+	env.mu.Unlock()
+	cfg.Logf("chaos: attacks over after %s; %d orders and %d parcels started; waiting for every saga to end", time.Since(began).Round(time.Second),
+		len(env.startedCopy()), parcels)
 	wctx, cancel := context.WithTimeout(ctx, cfg.Deadline)
 	defer cancel()
 	_ = env.WaitTerminal(wctx) // what did not end is counted as stuck

@@ -104,10 +104,11 @@ type chargeCmd struct {
 	Sent time.Time `json:"sent"`
 }
 
-// Topics lists every topic the workload uses, to seed the broker with.
+// Topics lists every topic the workload uses, to seed the broker with. The
+// order saga's command topic comes first.
 func Topics() []string {
 	var out []string
-	for _, name := range []string{SagaName, SlowSagaName} {
+	for _, name := range []string{SagaName, SlowSagaName, ParcelSagaName, LabelSagaName} {
 		out = append(out, saga.CommandTopicDefault+"."+name, saga.CommandTopicDefault+"."+name+".replies")
 	}
 	return append(out, PaymentsTopic, SlowTopic)
@@ -118,8 +119,8 @@ func Topics() []string {
 // purpose, so a doubled effect shows as two rows.
 func Ledger() string { return pgx.Identifier{LedgerSchema, "ledger"}.Sanitize() }
 
-// Setup migrates the two sagaflow schemas and creates the ledger and the
-// participant's business table. It is safe to run again.
+// Setup migrates the two sagaflow schemas and creates the ledger, the
+// participant's business table and the table of signal requests. It is safe to run again.
 func Setup(ctx context.Context, pool *pgxpool.Pool) error {
 	for _, s := range []string{OrdersSchema, PaymentsSchema} {
 		if _, err := migrations.Migrate(ctx, pool, s); err != nil {
@@ -139,7 +140,7 @@ CREATE TABLE IF NOT EXISTS `+payments()+` (
     order_key text PRIMARY KEY,
     step_key  text NOT NULL
 );
-CREATE TABLE IF NOT EXISTS `+uniqueProbe()+` (k text PRIMARY KEY);`)
+CREATE TABLE IF NOT EXISTS `+uniqueProbe()+` (k text PRIMARY KEY);`+fmt.Sprintf(signalRequestsDDL, signalRequests()))
 	if err != nil {
 		return fmt.Errorf("chaos: create the ledger: %w", err)
 	}

@@ -74,6 +74,8 @@ var Points = []string{
 	RelayAfterClaim, RelayAfterAck,
 	InboxBeforeCommit, InboxAfterCommit,
 	RescueAfterRead,
+	EngineWaitBeforeCommit, EngineWaitAfterCommit,
+	SignalBeforeCommit, SignalAfterCommit,
 }
 
 // Env is the environment variable that arms a point in a sagaflow_faults build.

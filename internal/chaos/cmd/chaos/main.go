@@ -115,6 +115,7 @@ func soak(args []string) int {
 	rep := res.Report
 	fmt.Printf("attacks: %s (in %s)\n", res.ActionsLine(), res.Duration.Round(time.Second))
 	fmt.Println(rep.Detail())
+	fmt.Println(rep.WaitLine())
 	fmt.Println(rep.PoisonLine())
 	for _, v := range rep.Violations {
 		fmt.Println("  " + v)
@@ -199,7 +200,7 @@ func matrix(args []string) int {
 			continue
 		}
 		r := o.res.Report
-		fmt.Printf("%-45s %4d %7.1fs  %s %s\n", cells[i], o.res.Hit, o.res.Settle.Seconds(), r.Line(), r.Detail())
+		fmt.Printf("%-45s %4d %7.1fs  %s %s %s\n", cells[i], o.res.Hit, o.res.Settle.Seconds(), r.Line(), r.Detail(), r.WaitLine())
 		if !r.OK() {
 			failed++
 			fmt.Printf("  invariants broken (logs in %s):\n    %s\n", o.dir, strings.Join(r.Violations, "\n    "))
@@ -220,10 +221,23 @@ func matrix(args []string) int {
 		total.Cancelled += r.Cancelled
 		total.CancelRefused += r.CancelRefused
 		total.DBErrors += r.DBErrors
+		total.Parcels += r.Parcels
+		total.ParcelsCompleted += r.ParcelsCompleted
+		total.ParcelsCompensated += r.ParcelsCompensated
+		total.ParcelsStuck += r.ParcelsStuck
+		total.TimersFired += r.TimersFired
+		total.TimerLateMax = max(total.TimerLateMax, r.TimerLateMax)
+		total.SignalsReceived += r.SignalsReceived
+		total.ChildrenEnded += r.ChildrenEnded
+		total.WaitsDoubled += r.WaitsDoubled
+		total.SignalsSent += r.SignalsSent
+		total.SignalDuplicates += r.SignalDuplicates
+		total.SignalsRejected += r.SignalsRejected
 	}
 	fmt.Printf("cells=%d failed=%d poison_injected=%d poison_processed=%d foreign=%d foreign_parked=%d held=%d cancels=%d cancelled=%d cancel_refused=%d db_errors=%d\n%s\n",
 		len(cells), failed, total.PoisonInjected, total.PoisonProcessed, total.Foreign, total.ForeignParked, total.Held,
 		total.Cancels, total.Cancelled, total.CancelRefused, total.DBErrors, total.Line())
+	fmt.Println(total.WaitLine())
 	if failed > 0 {
 		return 1
 	}
