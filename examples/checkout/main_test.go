@@ -32,7 +32,7 @@ func TestProgramRunsOnTheGivenDatabaseAndBrokers(t *testing.T) {
 		func(string) string { return "" }, &out, &errOut)
 	t.Log(out.String())
 	require.Equal(t, 0, status, "stderr: %s", errOut.String())
-	require.Contains(t, out.String(), "7 orders in ")
+	require.Contains(t, out.String(), "9 orders in ")
 	require.Contains(t, out.String(), "every order ended as expected")
 	require.Contains(t, out.String(), "schemas: "+schema+"_")
 

@@ -38,7 +38,7 @@ func TestDemoScenarios(t *testing.T) {
 	results, err := sys.Run(ctx, srv.URL, &out)
 	require.NoError(t, err)
 	t.Log(out.String())
-	require.Len(t, results, 7)
+	require.Len(t, results, 9)
 	for _, r := range results {
 		require.True(t, r.OK, "%s: want %s, got %s", r.Scenario, r.Want, r.Got)
 	}
