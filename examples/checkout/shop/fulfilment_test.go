@@ -106,7 +106,10 @@ func delivered(orderID string) []byte {
 // times times with message id id (more than once: a redelivery).
 func (b *bundle) publishPicked(t *testing.T, orderID, id string, times int) {
 	t.Helper()
-	w := &kafka.Writer{Addr: kafka.TCP(b.env.Brokers...), Topic: shop.TopicWarehouse, BatchTimeout: time.Millisecond, RequiredAcks: kafka.RequireAll}
+	tr := &kafka.Transport{}
+	defer tr.CloseIdleConnections()
+	w := &kafka.Writer{Addr: kafka.TCP(b.env.Brokers...), Topic: shop.TopicWarehouse, BatchTimeout: time.Millisecond,
+		RequiredAcks: kafka.RequireAll, Transport: tr}
 	defer w.Close()
 	value, _ := json.Marshal(shop.WarehousePicked{OrderID: orderID, Picker: "bay-1"})
 	for range times {
