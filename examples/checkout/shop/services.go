@@ -143,6 +143,9 @@ type System struct {
 }
 
 // Fulfilment is the shipping service's own saga: pick, pack, ship, notify.
+// The shipping service is the warehouse too: its pick step publishes
+// WarehousePicked on TopicWarehouse, and its ship step hands the parcel to
+// the Carrier.
 type Fulfilment struct {
 	OrderID string `json:"order_id"`
 	Address string `json:"address"`
