@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sagaflow/sagaflow/internal/consume"
 	"github.com/sagaflow/sagaflow/internal/lifecycle"
@@ -76,6 +78,13 @@ type ConsumerConfig struct {
 	// RetentionInterval is how often old keys are deleted. Defaults to
 	// RetentionIntervalDefault.
 	RetentionInterval time.Duration
+	// TracerProvider makes the consumer's spans: one per message, a child
+	// of the trace context its traceparent header carries (a malformed one
+	// is ignored). Defaults to OpenTelemetry's global provider.
+	TracerProvider trace.TracerProvider
+	// MeterProvider makes the consumer's metrics (see
+	// docs/observability.md). Defaults to OpenTelemetry's global provider.
+	MeterProvider metric.MeterProvider
 }
 
 // Consumer is a Kafka consume loop built on [Inbox.Process]. Run it with
@@ -87,6 +96,7 @@ type Consumer struct {
 	cfg  ConsumerConfig
 	loop *consume.Loop // one for the consumer's life: it keeps a message a stop gave up
 	life lifecycle.Lifecycle
+	tel  *consumerTelemetry
 }
 
 // NewConsumer returns a consumer of r's messages into in.
@@ -122,10 +132,16 @@ func (in *Inbox) NewConsumer(r Reader, cfg *ConsumerConfig) (*Consumer, error) {
 	if c.RetryMax == 0 {
 		c.RetryMax = RetryMaxDefault
 	}
-	cons := &Consumer{in: in, r: r, cfg: c}
+	tel, err := newConsumerTelemetry(in.consumer, &c)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: consumer %s: telemetry: %w", logText(in.consumer), err)
+	}
+	cons := &Consumer{in: in, r: r, cfg: c, tel: tel}
 	cons.loop = &consume.Loop{
 		Reader: r, Log: in.log, What: "sagaflow inbox", Attrs: []any{slog.String("consumer", in.consumer)},
-		Handle: func(fetch, work context.Context, m kafka.Message) bool { return cons.handle(fetch, work, FromKafka(m)) },
+		Handle: func(fetch, work context.Context, m kafka.Message) bool {
+			return cons.traced(fetch, work, FromKafka(m), m.HighWaterMark)
+		},
 		// The offset moves only after the transaction committed; if this
 		// commit is lost, the redelivery is a duplicate the inbox skips.
 		CommitLost: "the message will be redelivered and skipped",
@@ -268,9 +284,12 @@ func (c *Consumer) process(ctx context.Context, msg Message) (deadReason string,
 		}
 		return fmt.Sprintf("unknown message type %q (handled: %s)", logText(msg.Type), c.handled()), nil
 	}
-	_, err = c.in.Process(ctx, msg, h)
+	fresh, err := c.in.Process(ctx, msg, h)
 	switch {
 	case err == nil:
+		if !fresh {
+			noteDuplicate(ctx)
+		}
 		return "", nil
 	case IsPermanent(err):
 		return "refused by its handler: " + err.Error(), nil
@@ -302,6 +321,7 @@ func repeatedOwnHeader(hs []RawHeader) string {
 // deadLetter stores msg as poison, without recording its id (see
 // Inbox.deadLetterAt): storing it cannot fail on its content.
 func (c *Consumer) deadLetter(ctx context.Context, msg Message, reason string) error {
+	noteDead(ctx, reason)
 	c.in.log.WarnContext(ctx, "sagaflow inbox: dead-lettered a message", slog.String("consumer", c.in.consumer),
 		slog.String("message_id", logText(msg.ID)), slog.String("topic", msg.Topic), slog.String("reason", logText(reason)))
 	return c.in.deadLetterAt(ctx, msg, reason)

@@ -14,6 +14,7 @@ import (
 	"github.com/sagaflow/sagaflow/internal/fault"
 	"github.com/sagaflow/sagaflow/internal/safetext"
 	"github.com/sagaflow/sagaflow/internal/store"
+	"github.com/sagaflow/sagaflow/internal/telemetry"
 )
 
 // MaxMessageBytesDefault bounds a message's value.
@@ -67,7 +68,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Inbox, error) {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	return &Inbox{pool: pool, st: st, consumer: c.Consumer, log: c.Logger}, nil
+	return &Inbox{pool: pool, st: st, consumer: c.Consumer, log: telemetry.Logger(c.Logger)}, nil
 }
 
 // Message is a received message. Every field holds what came off the wire,

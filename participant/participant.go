@@ -11,11 +11,14 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sagaflow/sagaflow/inbox"
 	"github.com/sagaflow/sagaflow/internal/safetext"
 	"github.com/sagaflow/sagaflow/internal/signing"
 	"github.com/sagaflow/sagaflow/internal/store"
+	"github.com/sagaflow/sagaflow/internal/telemetry"
 	"github.com/sagaflow/sagaflow/steps"
 	"github.com/sagaflow/sagaflow/wire"
 )
@@ -53,6 +56,13 @@ type Config struct {
 	// the SigningKey everywhere, then drop the old one. Requires
 	// SigningKey.
 	VerifyKeys [][]byte
+	// TracerProvider makes the participant's spans: one per handler run,
+	// whose context its reply carries back to the saga. Defaults to
+	// OpenTelemetry's global provider.
+	TracerProvider trace.TracerProvider
+	// MeterProvider makes the participant's metrics (see
+	// docs/observability.md). Defaults to OpenTelemetry's global provider.
+	MeterProvider metric.MeterProvider
 }
 
 // Participant serves the commands that sagas in other services send to this
@@ -69,6 +79,7 @@ type Participant struct {
 	keys        signing.Keys
 	replyTopics map[string]bool // nil: IsDefaultReplyTopic
 	handlers    map[string]inbox.HandlerFunc
+	tel         *participantTelemetry
 }
 
 // New returns a participant on pool; the schema must have been
@@ -99,7 +110,11 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Participant, error) {
 	if err != nil {
 		return nil, fmt.Errorf("participant: participant: %w", err)
 	}
-	p := &Participant{in: in, steps: keys, st: st, log: c.Logger,
+	tel, err := newParticipantTelemetry(&c)
+	if err != nil {
+		return nil, fmt.Errorf("participant: telemetry: %w", err)
+	}
+	p := &Participant{in: in, steps: keys, st: st, log: telemetry.Logger(c.Logger), tel: tel,
 		keys:     signing.Keys{Current: c.SigningKey, Previous: c.VerifyKeys},
 		handlers: map[string]inbox.HandlerFunc{}}
 	if c.ReplyTopics != nil {
@@ -197,7 +212,7 @@ func Handle[C, R any](p *Participant, commandType string, fn func(ctx context.Co
 	if _, dup := p.handlers[commandType]; dup {
 		return fmt.Errorf("participant: handle: a handler for %q is already registered", commandType)
 	}
-	p.handlers[commandType] = func(ctx context.Context, tx pgx.Tx, msg inbox.Message) error {
+	p.handlers[commandType] = p.tel.traced(commandType, func(ctx context.Context, tx pgx.Tx, msg inbox.Message) error {
 		key, replyTo, err := p.admit(msg)
 		if err != nil {
 			return err // dead-lettered by the consumer
@@ -262,7 +277,7 @@ func Handle[C, R any](p *Participant, commandType string, fn func(ctx context.Co
 			return fmt.Errorf("participant: encode reply to %s: %w", key, err)
 		}
 		return p.sendReply(ctx, tx, replyTo, key, wire.Reply{OK: true, Result: out})
-	}
+	})
 	return nil
 }
 
@@ -354,6 +369,7 @@ func (p *Participant) resendLast(ctx context.Context, tx pgx.Tx, replyTo string,
 func (p *Participant) sendReply(ctx context.Context, tx pgx.Tx, topic string, key steps.Key, r wire.Reply) error {
 	r.Error = safetext.Text(r.Error, wire.MaxReplyErrorBytes)
 	r.Code = safetext.Text(r.Code, wire.MaxReplyCodeBytes)
+	noteReply(ctx, r)
 	payload, err := json.Marshal(r)
 	if err != nil {
 		return fmt.Errorf("participant: encode reply to %s: %w", key, err)
@@ -370,6 +386,7 @@ func (p *Participant) writeReply(ctx context.Context, tx pgx.Tx, topic string, k
 	headers := map[string]string{wire.HeaderMessageID: id.String(), wire.HeaderType: wire.TypeReply,
 		wire.HeaderSagaID: key.SagaID.String(), wire.HeaderStepKey: keyText}
 	p.keys.SignMap(headers, payload)
+	telemetry.Inject(ctx, headers) // the handler's span: the saga's trace goes on
 	// The relay wakes when the transaction commits.
 	return p.st.InsertMessageNotify(ctx, tx, &store.Message{
 		ID: id, Topic: topic, Delivery: store.DeliveryRelay, AggregateType: "saga.reply", AggregateID: key.SagaID.String(),

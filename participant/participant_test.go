@@ -15,6 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sagaflow/sagaflow/inbox"
 	"github.com/sagaflow/sagaflow/internal/kafkatest"
@@ -37,14 +39,22 @@ type service struct {
 	schema string
 }
 
-func newService(t *testing.T, kc *kafkatest.Cluster) *service {
+// providers are the OpenTelemetry providers given to every engine, relay,
+// consumer and participant of a system; nil fields mean the global ones.
+type providers struct {
+	tp trace.TracerProvider
+	mp metric.MeterProvider
+}
+
+func newService(t *testing.T, kc *kafkatest.Cluster, pv providers) *service {
 	t.Helper()
 	ctx := context.Background()
 	pool, schema := pgtest.NewSchema(t)
 	_, err := migrations.Migrate(ctx, pool, schema)
 	require.NoError(t, err)
 	w := relay.NewKafkaWriter(kc.Addrs(), nil)
-	r, err := relay.New(pool, w, &relay.Config{Schema: schema, PollInterval: 50 * time.Millisecond, Logger: quiet})
+	r, err := relay.New(pool, w, &relay.Config{Schema: schema, PollInterval: 50 * time.Millisecond, Logger: quiet,
+		TracerProvider: pv.tp, MeterProvider: pv.mp})
 	require.NoError(t, err)
 	require.NoError(t, r.Start(ctx))
 	t.Cleanup(func() {
@@ -64,11 +74,11 @@ func (s *service) count(t *testing.T, q string, args ...any) int {
 }
 
 // serve runs a participant's consumer on topic until the test ends.
-func serve(t *testing.T, kc *kafkatest.Cluster, p *participant.Participant, topic, group string) {
+func serve(t *testing.T, kc *kafkatest.Cluster, p *participant.Participant, topic, group string, pv providers) {
 	t.Helper()
 	r := kafka.NewReader(kafka.ReaderConfig{Brokers: kc.Addrs(), GroupID: group, Topic: topic, MinBytes: 1, MaxBytes: 1 << 20,
 		MaxWait: 100 * time.Millisecond, StartOffset: kafka.FirstOffset, CommitInterval: 0})
-	c, err := p.Inbox().NewConsumer(r, &inbox.ConsumerConfig{Handlers: p.Handlers()})
+	c, err := p.Inbox().NewConsumer(r, &inbox.ConsumerConfig{Handlers: p.Handlers(), TracerProvider: pv.tp, MeterProvider: pv.mp})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -118,18 +128,24 @@ type system struct {
 // writes to the bus and verifies what it reads.
 func newSystem(t *testing.T, paymentsRunning bool, key ...byte) *system {
 	t.Helper()
+	return buildSystem(t, paymentsRunning, providers{}, key...)
+}
+
+// buildSystem is newSystem with pv given to every part of the system.
+func buildSystem(t *testing.T, paymentsRunning bool, pv providers, key ...byte) *system {
+	t.Helper()
 	ctx := context.Background()
 	// The default reply topic, one per saga type (the checkout example sets
 	// its own, so both paths are exercised).
 	kc := kafkatest.New(t, kafkatest.SeedTopics(3, "sagaflow.commands.checkout", "sagaflow.commands.checkout.replies",
 		"inventory.commands", "payments.commands"))
-	s := &system{kc: kc, orders: newService(t, kc), inventory: newService(t, kc), payments: newService(t, kc)}
+	s := &system{kc: kc, orders: newService(t, kc, pv), inventory: newService(t, kc, pv), payments: newService(t, kc, pv)}
 
 	// Inventory: reserve, and release as its compensation.
 	_, err := s.inventory.pool.Exec(ctx, "CREATE TABLE "+s.inventory.table("stock_moves")+" (order_id text, move text, step_key text)")
 	require.NoError(t, err)
 	inv, err := participant.New(s.inventory.pool, &participant.Config{Consumer: "inventory", Schema: s.inventory.schema, Logger: quiet,
-		SigningKey: key})
+		SigningKey: key, TracerProvider: pv.tp, MeterProvider: pv.mp})
 	require.NoError(t, err)
 	move := func(kind string) func(ctx context.Context, tx pgx.Tx, c participant.Call[reserveCmd]) (struct{}, error) {
 		return func(ctx context.Context, tx pgx.Tx, c participant.Call[reserveCmd]) (struct{}, error) {
@@ -147,13 +163,13 @@ func newSystem(t *testing.T, paymentsRunning bool, key ...byte) *system {
 		}
 		return move("release")(ctx, tx, c)
 	}))
-	serve(t, kc, inv, "inventory.commands", "inventory")
+	serve(t, kc, inv, "inventory.commands", "inventory", pv)
 
 	// Payments: charge, refusing large amounts.
 	_, err = s.payments.pool.Exec(ctx, "CREATE TABLE "+s.payments.table("charges")+" (order_id text, amount int, charge_id text)")
 	require.NoError(t, err)
 	pay, err := participant.New(s.payments.pool, &participant.Config{Consumer: "payments", Schema: s.payments.schema, Logger: quiet,
-		SigningKey: key})
+		SigningKey: key, TracerProvider: pv.tp, MeterProvider: pv.mp})
 	require.NoError(t, err)
 	require.NoError(t, participant.Handle(pay, "payments.charge", func(ctx context.Context, tx pgx.Tx, c participant.Call[chargeCmd]) (charged, error) {
 		id := "ch_" + c.Command.OrderID
@@ -166,7 +182,7 @@ func newSystem(t *testing.T, paymentsRunning bool, key ...byte) *system {
 		return charged{ChargeID: id}, nil
 	}))
 	if paymentsRunning {
-		serve(t, kc, pay, "payments.commands", "payments")
+		serve(t, kc, pay, "payments.commands", "payments", pv)
 	}
 
 	// The orchestrator.
@@ -193,7 +209,8 @@ func newSystem(t *testing.T, paymentsRunning bool, key ...byte) *system {
 		}},
 	)
 	s.engine, err = saga.New(s.orders.pool, &saga.Config{Schema: s.orders.schema, Workers: 2, Logger: quiet,
-		RescueInterval: time.Second, Kafka: &saga.KafkaConfig{Brokers: kc.Addrs(), SigningKey: key}})
+		RescueInterval: time.Second, Kafka: &saga.KafkaConfig{Brokers: kc.Addrs(), SigningKey: key},
+		TracerProvider: pv.tp, MeterProvider: pv.mp, SagaGaugeInterval: time.Millisecond})
 	require.NoError(t, err)
 	require.NoError(t, s.engine.Register(s.def))
 	require.Equal(t, []string{"sagaflow.commands.checkout", "sagaflow.commands.checkout.replies"}, s.engine.CommandTopics())

@@ -67,7 +67,7 @@ type bench struct {
 func newBench(t *testing.T, cfg participant.Config) *bench {
 	t.Helper()
 	kc := kafkatest.New(t, kafkatest.SeedTopics(1, benchTopic, benchReplies))
-	b := &bench{service: newService(t, kc), kc: kc}
+	b := &bench{service: newService(t, kc, providers{}), kc: kc}
 	ctx := context.Background()
 	_, err := b.pool.Exec(ctx, "CREATE TABLE "+b.table("moves")+" (order_id text, move text); CREATE INDEX ON "+
 		b.table("moves")+" (order_id)")
@@ -86,7 +86,7 @@ func newBench(t *testing.T, cfg participant.Config) *bench {
 	}
 	require.NoError(t, participant.Handle(p, "inventory.reserve", move("reserve")))
 	require.NoError(t, participant.Handle(p, "inventory.release", move("release")))
-	serve(t, kc, p, benchTopic, "inventory")
+	serve(t, kc, p, benchTopic, "inventory", providers{})
 	return b
 }
 

@@ -5,6 +5,9 @@ import (
 	"log/slog"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/sagaflow/sagaflow/internal/lifecycle"
 	"github.com/sagaflow/sagaflow/internal/store"
 )
@@ -105,6 +108,17 @@ type Config struct {
 	// Logger receives the relay's logs (never payloads). Defaults to
 	// slog.Default().
 	Logger *slog.Logger
+	// TracerProvider makes the relay's spans: one per publish, linked to
+	// the messages' trace contexts, and one per traced message in its own
+	// trace. Defaults to OpenTelemetry's global provider.
+	TracerProvider trace.TracerProvider
+	// MeterProvider makes the relay's metrics (see docs/observability.md).
+	// Defaults to OpenTelemetry's global provider.
+	MeterProvider metric.MeterProvider
+	// GaugeInterval is the least time between two of the queries behind
+	// the outbox gauges (pending rows, oldest pending age, dead rows).
+	// Defaults to GaugeIntervalDefault.
+	GaugeInterval time.Duration
 }
 
 // Retention defaults of a [Relay].
@@ -174,6 +188,12 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if out.Logger == nil {
 		out.Logger = slog.Default()
+	}
+	if out.GaugeInterval < 0 {
+		return out, fmt.Errorf("%w: GaugeInterval must not be negative", ErrInvalidConfig)
+	}
+	if out.GaugeInterval == 0 {
+		out.GaugeInterval = GaugeIntervalDefault
 	}
 	return out, nil
 }

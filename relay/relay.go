@@ -18,6 +18,7 @@ import (
 	"github.com/sagaflow/sagaflow/internal/fault"
 	"github.com/sagaflow/sagaflow/internal/lifecycle"
 	"github.com/sagaflow/sagaflow/internal/store"
+	"github.com/sagaflow/sagaflow/internal/telemetry"
 	"github.com/sagaflow/sagaflow/outbox"
 )
 
@@ -39,6 +40,10 @@ type Relay struct {
 
 	stats counters
 	hooks testHooks
+	// tel is the relay's tracer and instruments (see telemetry.go).
+	tel *relayTelemetry
+	// listening is true while the LISTEN connection is in place.
+	listening atomic.Bool
 }
 
 // testHooks let tests stop a cycle at chosen points.
@@ -78,7 +83,11 @@ func New(pool *pgxpool.Pool, w Writer, cfg *Config) (*Relay, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: Schema: %w", ErrInvalidConfig, err)
 	}
-	return &Relay{pool: pool, w: w, cfg: c, st: st, outbox: ob, log: c.Logger, wake: make(chan struct{}, 1)}, nil
+	r := &Relay{pool: pool, w: w, cfg: c, st: st, outbox: ob, log: telemetry.Logger(c.Logger), wake: make(chan struct{}, 1)}
+	if r.tel, err = newRelayTelemetry(r); err != nil {
+		return nil, fmt.Errorf("relay: telemetry: %w", err)
+	}
+	return r, nil
 }
 
 // Wake makes a running relay look for due rows now instead of at its next
@@ -188,7 +197,7 @@ func (r *Relay) loop(fetchCtx, workCtx context.Context) {
 // schema's channel. If the listening connection fails, the loop keeps
 // polling until it is back.
 func (r *Relay) listen(ctx context.Context) {
-	lifecycle.Listen(ctx, r.pool, r.st.Channel(), r.log, "relay", r.Wake)
+	lifecycle.Listen(ctx, r.pool, r.st.Channel(), r.log, "relay", func(string) { r.Wake() }, &r.listening)
 }
 
 // RunOnce runs one claim-publish-mark cycle, whether or not the relay is
@@ -248,7 +257,9 @@ func (r *Relay) cycle(ctx context.Context) (cycleResult, error) {
 	var published []uuid.UUID
 	retries, waits := 0, 0
 	if len(msgs) > 0 {
+		traced := r.tel.publish(ctx, msgs)
 		errs := r.publish(ctx, msgs)
+		traced.end(errs)
 		if err := ctx.Err(); err != nil {
 			return res, fmt.Errorf("relay: publish batch of %d: %w", len(msgs), err)
 		}

@@ -70,6 +70,7 @@ func (b *batch) await(ctx context.Context, sg *store.Saga, def *compiled, idx in
 	// the wait's timer command when a wake-up ended it.
 	ended := func(event string, detail map[string]any) func(*decision) {
 		return func(d *decision) {
+			e.tel.traceWait(ctx, sg, event)
 			det, _ := json.Marshal(detail)
 			d.tr.History = append([]store.HistoryEntry{{SagaID: sg.ID, Event: event, StepName: sg.StepName,
 				Direction: string(fwd), Epoch: sg.Epoch, Attempt: attempt, Detail: det}}, d.tr.History...)

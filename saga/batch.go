@@ -67,6 +67,7 @@ func (e *Engine) transition(sg *store.Saga, d decision) *store.Transition {
 	if c := d.next; c != nil {
 		d.tr.Messages = append(d.tr.Messages, e.commandMessage(sg.ID, sg.Name, c.step, c.dir, c.epoch, sg.Version+1, c.delay))
 	}
+	stampAll(d.tr, sg.TraceContext)
 	return d.tr
 }
 
@@ -269,7 +270,7 @@ func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, derr 
 	}
 	if c.Type == wakeType {
 		b.delivered = append(b.delivered, c.ID)
-		return b.wake(ctx, ls, def, last)
+		return b.wake(b.traceWake(ctx, c, &ls.Saga), ls, def, last)
 	}
 	if c.Type == cancelType {
 		// Applied or refused already, or forged: the request in the
@@ -306,7 +307,7 @@ func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, derr 
 	ls.StepIndex = idx // a tool that re-ran the saga without its definition may have left -1
 	processed := ls.Processed
 	ls.Processed = false // only true for the state it was read in
-	return b.execute(ctx, &ls.Saga, def, idx, dir, processed, last)
+	return b.execute(b.traceStep(ctx, c, &ls.Saga, dir), &ls.Saga, def, idx, dir, processed, last)
 }
 
 // execute runs step idx of the saga in direction dir under a savepoint and

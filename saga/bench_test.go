@@ -229,12 +229,23 @@ func rawBaseline(b *testing.B, pool *pgxpool.Pool, schema string, conc, steps in
 // engineRun keeps inflight sagas in flight on conc workers and measures steps
 // per second and step-to-step latency.
 func engineRun(b *testing.B, pool *pgxpool.Pool, schema string, conc, steps, inflight int) (float64, time.Duration, time.Duration) {
+	return engineRunWith(b, pool, schema, conc, steps, inflight, nil)
+}
+
+// engineRunWith is engineRun with the engine's config changed by mod, when
+// it is not nil.
+func engineRunWith(b *testing.B, pool *pgxpool.Pool, schema string, conc, steps, inflight int,
+	mod func(*saga.Config)) (float64, time.Duration, time.Duration) {
 	ctx := context.Background()
 	batch := saga.BatchSizeDefault
 	if v, err := strconv.Atoi(os.Getenv("SAGAFLOW_BENCH_BATCH")); err == nil {
 		batch = v
 	}
-	e, err := saga.New(pool, &saga.Config{Schema: schema, Workers: conc, BatchSize: batch, PollInterval: 50 * time.Millisecond, Logger: discardLogger()})
+	cfg := &saga.Config{Schema: schema, Workers: conc, BatchSize: batch, PollInterval: 50 * time.Millisecond, Logger: discardLogger()}
+	if mod != nil {
+		mod(cfg)
+	}
+	e, err := saga.New(pool, cfg)
 	require.NoError(b, err)
 	var done sync.Map // saga id -> chan struct{}
 	step := func(last bool) saga.StepFunc[order] {

@@ -158,6 +158,9 @@ func TestCancelBetweenStepsAppliesAtOnce(t *testing.T) {
 	waitFor(t, 10*time.Second, func() bool {
 		return b.count(t, "SELECT count(*) FROM "+b.table("saga_instances")+" WHERE id = $1 AND attempt = 1", st.ID) == 1
 	}, "the retry to be scheduled")
+	// The worker's commit is visible a moment before it lets go of the
+	// saga's lock: wait for that, so that no step runs at the Cancel.
+	require.NoError(t, b.engine.WaitUnlocked(ctx, st.ID))
 
 	require.NoError(t, b.engine.Cancel(ctx, st.ID, "too slow"))
 	in, err := b.engine.Get(ctx, st.ID)

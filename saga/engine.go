@@ -14,10 +14,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sagaflow/sagaflow/internal/lifecycle"
 	"github.com/sagaflow/sagaflow/internal/signing"
 	"github.com/sagaflow/sagaflow/internal/store"
+	"github.com/sagaflow/sagaflow/internal/telemetry"
 	"github.com/sagaflow/sagaflow/migrations"
 	"github.com/sagaflow/sagaflow/outbox"
 )
@@ -145,7 +148,21 @@ type Config struct {
 	// to UTC.
 	Location *time.Location
 	// Logger receives the engine's logs. Defaults to slog.Default().
+	// Records logged with a context that carries a span get its trace_id
+	// and span_id.
 	Logger *slog.Logger
+	// TracerProvider makes the engine's spans: one per saga start and per
+	// step attempt (see docs/observability.md). Defaults to OpenTelemetry's
+	// global provider (otel.GetTracerProvider), which records nothing
+	// until the application sets one.
+	TracerProvider trace.TracerProvider
+	// MeterProvider makes the engine's metrics. Defaults to
+	// OpenTelemetry's global provider (otel.GetMeterProvider).
+	MeterProvider metric.MeterProvider
+	// SagaGaugeInterval is the least time between two of the queries
+	// behind the sagaflow.sagas gauge (sagas by name and status). Defaults
+	// to SagaGaugeIntervalDefault.
+	SagaGaugeInterval time.Duration
 }
 
 func (c *Config) withDefaults() (Config, error) {
@@ -176,6 +193,7 @@ func (c *Config) withDefaults() (Config, error) {
 		{out.RetentionInterval != 0 && out.RetentionInterval < time.Second, "RetentionInterval must be at least 1s"},
 		{out.RetentionBatch < 0, "RetentionBatch must not be negative"},
 		{out.OutboxRetention < 0 || out.InboxRetention < 0 || out.SagaRetention < 0, "retention windows must not be negative"},
+		{out.SagaGaugeInterval < 0, "SagaGaugeInterval must not be negative"},
 	} {
 		if ch.bad {
 			return out, fmt.Errorf("%w: %s", ErrInvalidConfig, ch.what)
@@ -183,6 +201,9 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if out.Workers == 0 {
 		out.Workers = WorkersDefault
+	}
+	if out.SagaGaugeInterval == 0 {
+		out.SagaGaugeInterval = SagaGaugeIntervalDefault
 	}
 	if out.BatchSize == 0 {
 		out.BatchSize = BatchSizeDefault
@@ -281,6 +302,10 @@ type Engine struct {
 
 	stats statCounters
 	hooks testHooks
+	// tel is the engine's tracer and instruments (see telemetry.go).
+	tel *engineTelemetry
+	// hstate is what the goroutines tell Health (see health.go).
+	hstate healthState
 	// running are the steps whose handlers run now, by saga, for cancel
 	// requests to interrupt.
 	running runningSteps
@@ -326,8 +351,11 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 		signer = signing.Keys{Current: c.Kafka.SigningKey, Previous: c.Kafka.VerifyKeys}
 	}
 	e := &Engine{
-		pool: pool, cfg: c, st: st, outbox: ob, log: c.Logger, signer: signer,
+		pool: pool, cfg: c, st: st, outbox: ob, log: telemetry.Logger(c.Logger), signer: signer,
 		machine: machine{slack: c.RescueSlack, maxState: c.MaxStateBytes},
+	}
+	if e.tel, err = newEngineTelemetry(e); err != nil {
+		return nil, fmt.Errorf("saga: telemetry: %w", err)
 	}
 	e.defs.Store(&registry{byName: map[string]*compiled{}, byOwner: map[any]*compiled{}})
 	return e, nil
@@ -561,7 +589,7 @@ func (e *Engine) stop(ctx context.Context, hard bool) error {
 // listen wakes the workers when PostgreSQL announces new commands. If the
 // listening connection fails, workers keep polling until it is back.
 func (e *Engine) listen(ctx context.Context, wakes []chan struct{}) {
-	lifecycle.ListenPayload(ctx, e.pool, e.st.Channel(), e.log, "engine", func(payload string) {
+	lifecycle.Listen(ctx, e.pool, e.st.Channel(), e.log, "engine", func(payload string) {
 		if payload == "" {
 			// (Re)connected: requests made while no one listened.
 			go e.interrupt(ctx, e.running.ids())
@@ -574,11 +602,13 @@ func (e *Engine) listen(ctx context.Context, wakes []chan struct{}) {
 			default:
 			}
 		}
-	})
+	}, &e.hstate.listening)
 }
 
 // work is one executor goroutine: claim a batch, run it, wait for more.
 func (e *Engine) work(fetchCtx, workCtx context.Context, wake chan struct{}) {
+	e.hstate.workerUp()
+	defer e.hstate.workerDown()
 	failures := 0
 	for fetchCtx.Err() == nil {
 		res, err := e.runBatch(fetchCtx, workCtx)
@@ -586,6 +616,7 @@ func (e *Engine) work(fetchCtx, workCtx context.Context, wake chan struct{}) {
 			if fetchCtx.Err() != nil {
 				return
 			}
+			e.hstate.claimed(err)
 			failures++
 			e.log.ErrorContext(workCtx, "sagaflow worker batch failed; its commands will run again",
 				slog.Any("error", err), slog.Int("consecutive_failures", failures))
@@ -595,6 +626,7 @@ func (e *Engine) work(fetchCtx, workCtx context.Context, wake chan struct{}) {
 			continue
 		}
 		failures = 0
+		e.hstate.claimed(nil)
 		if res.claimed >= e.cfg.BatchSize || res.readyCreated {
 			continue
 		}

@@ -26,3 +26,9 @@ func (e *Engine) SetBeforeRescueUpdate(h func(id uuid.UUID)) {
 func (e *Engine) SetOutcomeHook(h func(sagaID uuid.UUID, lastError *string) *string) {
 	e.hooks.outcome = func(tr *store.Transition) { tr.LastError = h(tr.ID, tr.LastError) }
 }
+
+// WaitUnlocked waits until no transaction holds saga id's execution lock:
+// a worker's commit is visible a moment before its locks are released.
+func (e *Engine) WaitUnlocked(ctx context.Context, id uuid.UUID) error {
+	return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error { return e.st.LockSaga(ctx, tx, id) })
+}

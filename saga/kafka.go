@@ -18,6 +18,7 @@ import (
 	"github.com/sagaflow/sagaflow/internal/pgerr"
 	"github.com/sagaflow/sagaflow/internal/safetext"
 	"github.com/sagaflow/sagaflow/internal/store"
+	"github.com/sagaflow/sagaflow/internal/telemetry"
 	"github.com/sagaflow/sagaflow/steps"
 	"github.com/sagaflow/sagaflow/wire"
 )
@@ -168,6 +169,8 @@ func (e *Engine) newCommandReader() KafkaReader {
 // is moved back to the outbox after a few quick tries and published again
 // later, and a message whose content PostgreSQL refuses is dead-lettered.
 func (e *Engine) kafkaWork(fetch, work context.Context, r KafkaReader) {
+	e.hstate.workerUp()
+	defer e.hstate.workerDown()
 	defer func() {
 		if err := r.Close(); err != nil {
 			e.log.WarnContext(work, "sagaflow kafka: close reader", slog.Any("error", err))
@@ -205,6 +208,7 @@ const (
 // consumeKafka deals with m until it is done with (run, parked, dropped,
 // dead-lettered or moved back to the outbox); false when work ended first.
 func (e *Engine) consumeKafka(fetch, work context.Context, m kafka.Message) bool {
+	e.tel.noteLag(m)
 	expired := false
 	for attempt := 1; ; attempt++ {
 		wait, err := e.runKafkaMessage(work, m, expired)
@@ -363,7 +367,7 @@ func (e *Engine) runReply(ctx context.Context, bt *batchTx, m kafka.Message, c *
 	case !ls.Locked:
 		return waitBusy, nil // a step of the saga runs right now: try again
 	default:
-		if err := b.reply(ctx, c, ls, key, true); err != nil {
+		if err := b.reply(b.traceReply(ctx, c, &ls.Saga, key.Direction), c, ls, key, true); err != nil {
 			return runDone, err
 		}
 	}
@@ -394,6 +398,10 @@ func claimedFromKafka(m kafka.Message) (store.Claimed, error) {
 			heldID = string(h.Value)
 		case wire.HeaderType:
 			c.Type = string(h.Value)
+		case telemetry.HeaderTraceParent:
+			c.TraceParent = string(h.Value)
+		case telemetry.HeaderTraceState:
+			c.TraceState = string(h.Value)
 		case wire.HeaderSagaID:
 			if id, err := uuid.Parse(string(h.Value)); err == nil {
 				c.SagaID = &id

@@ -102,6 +102,7 @@ func (e *Engine) rescuePass(ctx context.Context, names []string, res *RescueResu
 			var tr *store.Transition
 			if dec.action == rescueRedrive || dec.action == rescueFailOver {
 				tr = e.transition(&s.Saga, dec.d)
+				e.tel.traceRescue(ctx, &s.Saga, tr, dec.action == rescueFailOver)
 				if h := e.hooks.beforeRescueUpdate; h != nil {
 					h(&s.Saga)
 				}

@@ -9,10 +9,12 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sagaflow/sagaflow/internal/fault"
 	"github.com/sagaflow/sagaflow/internal/safetext"
 	"github.com/sagaflow/sagaflow/internal/store"
+	"github.com/sagaflow/sagaflow/internal/telemetry"
 	"github.com/sagaflow/sagaflow/wire"
 )
 
@@ -185,6 +187,8 @@ func (e *Engine) SignalTx(ctx context.Context, tx pgx.Tx, sig Signal) (SignalRes
 	// that a saga reaching its await step while this transaction commits
 	// cannot miss the signal (see [batch.wake]).
 	msg := e.nudgeMessage(sg, wakeType)
+	// The engine's wake-up span links to the sender's.
+	telemetry.InjectSpanContext(trace.SpanContextFromContext(ctx), msg.Headers)
 	if err := e.st.InsertMessage(ctx, tx, &msg); err != nil {
 		return res, fmt.Errorf("saga: %s to %s: %w", op, target, err)
 	}

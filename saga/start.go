@@ -135,7 +135,9 @@ func (e *Engine) startRaw(ctx context.Context, db store.DBTX, own bool, def *com
 			Direction: string(steps.Forward), Detail: detail}},
 		Messages: []store.Message{e.commandMessage(id, def.name, first.name, steps.Forward, 0, 1, 0)},
 	}
+	span := e.tel.traceStart(ctx, sg, rows)
 	inserted, err := e.st.StartSaga(ctx, db, sg, e.firstDeadline(first.timeout), deadline, rows, e.cfg.CommandTopic, !own)
+	endStart(span, inserted, err)
 	if err != nil {
 		return Started{}, fmt.Errorf("saga: %w", err)
 	}

@@ -34,6 +34,8 @@ type batchTx struct {
 	ctx context.Context
 	// abandoned is set when the connection was given up to a handler.
 	abandoned bool
+	// step is the span of the step attempt running now, if any.
+	attempt stepSpan
 	// pending are the writes queued on tx but not sent yet.
 	pending []pendingOp
 	// broken is set when a flush failed where no error could be returned
@@ -83,6 +85,7 @@ func (e *Engine) beginBatch(acquire, ctx context.Context) (*batchTx, error) {
 // end rolls back what was not committed and releases the connection,
 // unless it was abandoned.
 func (t *batchTx) end(ctx context.Context) {
+	t.e.tel.endStep(t, nil, nil)
 	if t.abandoned {
 		return
 	}
@@ -124,6 +127,7 @@ func (t *batchTx) write(sg *store.Saga, tr *store.Transition, sp string, rollbac
 	if h := t.e.hooks.outcome; h != nil {
 		h(tr)
 	}
+	t.e.tel.stampStep(t, sg, tr)
 	w := &pendingWrite{sg: sg, tr: tr, sp: sp, rollback: rollback, onFailure: onFailure, done: done,
 		version: sg.Version, status: sg.Status}
 	if !last {

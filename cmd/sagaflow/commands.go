@@ -79,6 +79,7 @@ func commands() []command {
 				"message id. Only messages within the outbox retention window can be replayed. --dry-run\n" +
 				"lists what would be replayed and changes nothing."},
 		{name: "dead", args: deadArgs, setup: setupDead, summary: deadSummary, about: deadAbout},
+		uiCommand,
 	}
 }
 

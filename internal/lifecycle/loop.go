@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"math/rand/v2"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -29,21 +30,24 @@ func Backoff(failures int) time.Duration {
 	return min(d, 3*time.Second) + rand.N(50*time.Millisecond)
 }
 
-// Listen calls wake for every notification on channel, and once each time
-// it (re)connects (whatever was announced while no one listened), until ctx
-// ends. When the listening connection fails it logs, waits a second or two
-// and connects again; the caller keeps polling meanwhile. The connection is
-// taken from pool and never returned to it: a listening connection would
-// receive notifications meant for nobody.
-func Listen(ctx context.Context, pool *pgxpool.Pool, channel string, log *slog.Logger, what string, wake func()) {
-	ListenPayload(ctx, pool, channel, log, what, func(string) { wake() })
-}
-
-// ListenPayload is [Listen], handing on each notification's payload; the
-// call made on (re)connecting has the empty payload.
-func ListenPayload(ctx context.Context, pool *pgxpool.Pool, channel string, log *slog.Logger, what string, wake func(payload string)) {
+// Listen calls wake with the payload of every notification on channel,
+// and with the empty payload each time it (re)connects (whatever was
+// announced while no one listened), until ctx ends; connected is true while
+// the LISTEN is in place. When the listening connection fails it logs,
+// waits a second or two and connects again; the caller keeps polling
+// meanwhile. The connection is taken from pool and never returned to it: a
+// listening connection would receive notifications meant for nobody.
+func Listen(ctx context.Context, pool *pgxpool.Pool, channel string, log *slog.Logger, what string, wake func(payload string),
+	connected *atomic.Bool) {
+	defer connected.Store(false)
 	for ctx.Err() == nil {
-		err := listenOnce(ctx, pool, channel, wake)
+		err := listenOnce(ctx, pool, channel, func(payload string) {
+			if payload == "" {
+				connected.Store(true)
+			}
+			wake(payload)
+		})
+		connected.Store(false)
 		if ctx.Err() != nil {
 			return
 		}

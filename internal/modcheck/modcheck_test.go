@@ -24,7 +24,7 @@ const modulePath = "github.com/sagaflow/sagaflow"
 // knownPublic are public packages the user module must import at least;
 // every other non-internal library package found is imported too.
 var knownPublic = []string{
-	"saga", "steps", "participant", "wire", "inbox", "relay", "idempotency", "outbox", "kafkaconfig", "migrations", "sagatest",
+	"saga", "steps", "participant", "wire", "inbox", "relay", "idempotency", "outbox", "kafkaconfig", "migrations", "sagatest", "health",
 }
 
 // forbidden are the parts of a module path that must not appear in the

@@ -87,6 +87,10 @@ type Saga struct {
 	ParentID   *uuid.UUID
 	ParentName *string
 	ParentKey  *string
+	// TraceContext is the W3C trace context the saga was started under:
+	// the traceparent value, then, when there is one, a newline and the
+	// tracestate value. nil when the saga has none.
+	TraceContext *string
 }
 
 // Kinds of wait (saga_instances.wait_kind).
@@ -138,6 +142,9 @@ type Claimed struct {
 	// MessageID is the message id as received, for a message from Kafka,
 	// which may carry any string there.
 	MessageID string
+	// TraceParent and TraceState are the command's W3C trace context
+	// headers, "" when absent; untrusted text.
+	TraceParent, TraceState string
 }
 
 // IDText is c's message id as text: as received from Kafka, else the
@@ -274,7 +281,7 @@ const maxHistoryRows = 4
 
 const sagaColumns = `id, saga_name, business_key, status, step_index, step_name, direction, epoch, attempt,
 	state, version, next_check_at, command_id, awaiting_reply, last_error, last_error_code, failed_step, created_at, updated_at, ended_at,
-	wait_kind, wait_for, wait_until, deadline_at, parent_id, parent_name, parent_key`
+	wait_kind, wait_for, wait_until, deadline_at, parent_id, parent_name, parent_key, trace_context`
 
 // historyRows and messageRows expand parallel arrays into rows, so one
 // statement shape serves any number of history entries and messages.
@@ -319,9 +326,9 @@ func New(schema string) (*Store, error) {
 		startSaga: `WITH s AS (
 				INSERT INTO ` + s + `.saga_instances
 				(id, saga_name, business_key, status, step_index, step_name, direction, epoch, attempt, state, next_check_at, command_id,
-				 deadline_at, parent_id, parent_name, parent_key)
+				 deadline_at, parent_id, parent_name, parent_key, trace_context)
 				VALUES ($1, $2, $3, $4, $5, $6, $7, 0, 0, $8, clock_timestamp() + $9 * interval '1 microsecond', ($20::uuid[])[1],
-				 clock_timestamp() + $30 * interval '1 microsecond', $31, $32, $33)
+				 clock_timestamp() + $30 * interval '1 microsecond', $31, $32, $33, $34::text)
 				ON CONFLICT DO NOTHING
 				RETURNING id
 			), h AS (` + insertHistoryFrom("s", 12) + `
@@ -334,9 +341,9 @@ func New(schema string) (*Store, error) {
 		startSagaOne: `WITH s AS (
 				INSERT INTO ` + s + `.saga_instances
 				(id, saga_name, business_key, status, step_index, step_name, direction, epoch, attempt, state, next_check_at, command_id,
-				 deadline_at, parent_id, parent_name, parent_key)
+				 deadline_at, parent_id, parent_name, parent_key, trace_context)
 				VALUES ($1, $2, $3, $4, $5, $6, $7, 0, 0, $8, clock_timestamp() + $9 * interval '1 microsecond', $20::uuid,
-				 clock_timestamp() + $30 * interval '1 microsecond', $31, $32, $33)
+				 clock_timestamp() + $30 * interval '1 microsecond', $31, $32, $33, $34::text)
 				ON CONFLICT DO NOTHING
 				RETURNING id
 			), h AS (
@@ -379,8 +386,8 @@ func New(schema string) (*Store, error) {
 		claimAndLock: `SELECT c.id, c.aggregatetype, c.type, c.payload, c.saga_id, c.attempts, EXTRACT(EPOCH FROM now() - c.created_at),
 				` + prefixColumns("s.") + `, pg_try_advisory_xact_lock(hashtextextended(s.id::text, $5)),
 				c.step_key, (SELECT true FROM ` + s + `.inbox i WHERE i.consumer = $6 AND i.key = c.step_key LIMIT 1) IS NOT NULL,
-				r.epoch, r.reason, r.code
-			FROM (SELECT id, aggregatetype, type, payload, saga_id, attempts, created_at, available_at, step_key
+				r.epoch, r.reason, r.code, coalesce(c.headers->>'traceparent', ''), coalesce(c.headers->>'tracestate', '')
+			FROM (SELECT id, aggregatetype, type, payload, saga_id, attempts, created_at, available_at, step_key, headers
 				FROM ` + s + `.outbox
 				WHERE topic = $1 AND delivery = 'direct' AND status = 'pending' AND available_at <= now()
 					AND (aggregatetype = ANY($3) OR created_at < now() - $4 * interval '1 microsecond')
@@ -550,7 +557,7 @@ func (s *Store) StartSaga(ctx context.Context, db DBTX, sg *Saga, checkAfter, de
 		d := micros(deadline)
 		deadlineUS = &d
 	}
-	args = append(args, deadlineUS, pgIDPtr(sg.ParentID), sg.ParentName, sg.ParentKey)
+	args = append(args, deadlineUS, pgIDPtr(sg.ParentID), sg.ParentName, sg.ParentKey, sg.TraceContext)
 	tag, err := db.Exec(ctx, q, args...)
 	if err != nil {
 		return false, fmt.Errorf("store: start saga %s %s: %w", sg.Name, sg.ID, err)
@@ -740,7 +747,7 @@ func (s *Store) ClaimAndLock(ctx context.Context, tx pgx.Tx, topic string, limit
 		var cancelReason, cancelCode *string
 		n = nullSaga{} // pgx fills the pointees it finds: never share them between rows
 		args := append([]any{(*[16]byte)(&c.ID), &c.AggregateType, &c.Type, &c.Payload, &sagaID, &c.Attempts, &age}, dest...)
-		if err := rows.Scan(append(args, &locked, &stepKey, &processed, &cancelEpoch, &cancelReason, &cancelCode)...); err != nil {
+		if err := rows.Scan(append(args, &locked, &stepKey, &processed, &cancelEpoch, &cancelReason, &cancelCode, &c.TraceParent, &c.TraceState)...); err != nil {
 			return nil, nil, fmt.Errorf("store: claim commands on %s: %w", topic, err)
 		}
 		c.Age = time.Duration(age * float64(time.Second))
@@ -781,13 +788,14 @@ type nullSaga struct {
 	WaitUntil, DeadlineAt                *time.Time
 	ParentID                             pgtype.UUID
 	ParentName, ParentKey                *string
+	TraceContext                         *string
 }
 
 func (n *nullSaga) dest() []any {
 	return []any{&n.ID, &n.Name, &n.BusinessKey, &n.Status, &n.StepIndex, &n.StepName, &n.Direction,
 		&n.Epoch, &n.Attempt, &n.State, &n.Version, &n.NextCheckAt, &n.CommandID, &n.AwaitingReply, &n.LastError, &n.LastErrorCode,
 		&n.FailedStep, &n.CreatedAt, &n.UpdatedAt, &n.EndedAt,
-		&n.WaitKind, &n.WaitFor, &n.WaitUntil, &n.DeadlineAt, &n.ParentID, &n.ParentName, &n.ParentKey}
+		&n.WaitKind, &n.WaitFor, &n.WaitUntil, &n.DeadlineAt, &n.ParentID, &n.ParentName, &n.ParentKey, &n.TraceContext}
 }
 
 // saga returns the scanned saga; n.ID must be valid. The NOT NULL columns
@@ -798,7 +806,8 @@ func (n *nullSaga) saga() Saga {
 		NextCheckAt: n.NextCheckAt, CommandID: fromPgID(n.CommandID), AwaitingReply: *n.AwaitingReply, LastError: n.LastError,
 		LastErrorCode: n.LastErrorCode, FailedStep: n.FailedStep, CreatedAt: *n.CreatedAt, UpdatedAt: *n.UpdatedAt, EndedAt: n.EndedAt,
 		WaitKind: n.WaitKind, WaitFor: n.WaitFor, WaitUntil: n.WaitUntil, DeadlineAt: n.DeadlineAt, ParentID: fromPgID(n.ParentID),
-		ParentName: n.ParentName, ParentKey: n.ParentKey}
+		ParentName: n.ParentName, ParentKey: n.ParentKey,
+		TraceContext: n.TraceContext}
 	sg.State = append([]byte(nil), n.State...)
 	return sg
 }
@@ -984,7 +993,7 @@ func sagaDest(sg *Saga) []any {
 	return []any{&sg.ID, &sg.Name, &sg.BusinessKey, &sg.Status, &sg.StepIndex, &sg.StepName, &sg.Direction,
 		&sg.Epoch, &sg.Attempt, &sg.State, &sg.Version, &sg.NextCheckAt, &sg.CommandID, &sg.AwaitingReply, &sg.LastError, &sg.LastErrorCode,
 		&sg.FailedStep, &sg.CreatedAt, &sg.UpdatedAt, &sg.EndedAt,
-		&sg.WaitKind, &sg.WaitFor, &sg.WaitUntil, &sg.DeadlineAt, &sg.ParentID, &sg.ParentName, &sg.ParentKey}
+		&sg.WaitKind, &sg.WaitFor, &sg.WaitUntil, &sg.DeadlineAt, &sg.ParentID, &sg.ParentName, &sg.ParentKey, &sg.TraceContext}
 }
 
 // GetSaga reads a saga row; forUpdate also locks it until the transaction

@@ -10,11 +10,14 @@
 //     shop.Topics must exist), else an in-process broker (internal/kafkatest,
 //     franz-go's kfake) with those topics.
 //
-// Set SAGAFLOW_DEMO_LOG to see the services' warnings and errors.
+// Set SAGAFLOW_DEMO_LOG to see the services' warnings and errors. With
+// -ui ADDR (make demo UI=127.0.0.1:8080), the demo keeps its schemas after
+// the run and serves the web UI (package ui) on them until interrupted.
 package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"log/slog"
 	"os"
@@ -30,6 +33,8 @@ func main() {
 }
 
 func run() int {
+	uiAddr := flag.String("ui", "", "after the run, serve the web UI on this `address` until interrupted")
+	flag.Parse()
 	// The harness finds or starts a server and gives a pool on a fresh
 	// schema of its own; the program needs only the server's connection
 	// string, and creates its own schemas.
@@ -62,5 +67,15 @@ func run() int {
 		opts.Brokers = kc.Addrs()
 		fmt.Printf("Kafka: in-process broker at %v (set KAFKA_BROKERS for a real cluster)\n", kc.Addrs())
 	}
-	return shop.Main(context.Background(), os.Stdout, opts)
+	if *uiAddr == "" {
+		return shop.Main(context.Background(), os.Stdout, opts)
+	}
+	opts.Keep = true
+	opts.SchemaPrefix = fmt.Sprintf("%s_ui%d", shop.SchemaPrefixDefault, os.Getpid())
+	code := shop.Main(context.Background(), os.Stdout, opts)
+	if err := serveUI(pool, opts.SchemaPrefix, *uiAddr); err != nil {
+		fmt.Println("demo: web UI:", err)
+		return 1
+	}
+	return code
 }

@@ -1,0 +1,85 @@
+package main
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// lockedBuffer is a writer the test reads while the command writes.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+var servingOn = regexp.MustCompile(`serving the sagaflow UI on (http://\S+/) \(read-only\)`)
+
+// TestUICommand serves the UI read-only on a free port, reads a page, and
+// stops when its context is cancelled.
+func TestUICommand(t *testing.T) {
+	f := setup(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr lockedBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"--database-url", f.url, "--schema", f.schema, "ui", "--listen", "127.0.0.1:0", "--prefix", "/ops"},
+			&stdout, &stderr, func(string) string { return "" })
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	var base string
+	for base == "" {
+		if m := servingOn.FindStringSubmatch(stdout.String()); m != nil {
+			base = m[1]
+			break
+		}
+		select {
+		case code := <-done:
+			t.Fatalf("ui exited with %d: %s", code, stderr.String())
+		default:
+		}
+		require.True(t, time.Now().Before(deadline), "ui did not start: %s", stderr.String())
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.True(t, strings.HasSuffix(base, "/ops/"))
+	resp, err := http.Get(base + "sagas")
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Contains(t, string(body), "read-only")
+	cancel()
+	select {
+	case code := <-done:
+		require.Equal(t, exitOK, code, stderr.String())
+	case <-time.After(30 * time.Second):
+		t.Fatal("ui did not stop when its context was cancelled")
+	}
+}
+
+func TestUICommandRefusesArguments(t *testing.T) {
+	var stdout, stderr lockedBuffer
+	code := run(context.Background(), []string{"--database-url", "postgres://127.0.0.1:1/x", "ui", "extra"}, &stdout, &stderr,
+		func(string) string { return "" })
+	require.Equal(t, exitUsage, code, stderr.String())
+}

@@ -1,0 +1,22 @@
+package inbox
+
+import (
+	"context"
+
+	"github.com/sagaflow/sagaflow/health"
+)
+
+// Health reports the consumer's health in the shape every sagaflow part
+// uses (see package health): the consumer runs and its database answers.
+// It is always live.
+func (c *Consumer) Health(ctx context.Context) health.Report {
+	running := health.Check{Name: "running", OK: c.life.Running(), Detail: "running"}
+	if !running.OK {
+		running.Detail = "the consumer is not running"
+	}
+	db := health.Check{Name: "database", OK: true, Detail: "answers"}
+	if err := c.in.pool.Ping(ctx); err != nil {
+		db = health.Check{Name: "database", Detail: err.Error()}
+	}
+	return health.NewReport("inbox consumer "+logText(c.in.consumer), false, running, db)
+}

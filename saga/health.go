@@ -1,0 +1,77 @@
+package saga
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sagaflow/sagaflow/health"
+	"github.com/sagaflow/sagaflow/migrations"
+)
+
+// healthState is what the engine's goroutines tell [Engine.Health].
+type healthState struct {
+	workers   atomic.Int32 // executor goroutines running
+	listening atomic.Bool  // the LISTEN connection is in place
+
+	mu        sync.Mutex
+	claimAt   time.Time // of the last claim, successful or not
+	claimErr  error     // of the last claim; nil when it succeeded
+	claimSeen bool
+}
+
+func (h *healthState) workerUp()   { h.workers.Add(1) }
+func (h *healthState) workerDown() { h.workers.Add(-1) }
+
+// claimed records the outcome of a worker's claim.
+func (h *healthState) claimed(err error) {
+	h.mu.Lock()
+	h.claimAt, h.claimErr, h.claimSeen = time.Now(), err, true
+	h.mu.Unlock()
+}
+
+// expectedWorkers is how many executor goroutines a running engine has.
+func (e *Engine) expectedWorkers() int {
+	if e.cfg.Kafka != nil {
+		return e.cfg.Workers + 1 // and one direct worker (see Start)
+	}
+	return e.cfg.Workers
+}
+
+// Health reports the engine's health (see package health): the schema has
+// every migration this build needs, the engine runs with all its workers,
+// the last claim of commands succeeded, and the LISTEN connection that
+// wakes the workers is in place. It is live unless it was started and a
+// worker has exited. An engine that is not started is not ready.
+func (e *Engine) Health(ctx context.Context) health.Report {
+	if e.ready("Engine.Health") != nil {
+		return health.NewReport("engine", true, health.Check{Name: "engine", Detail: "not made by saga.New"})
+	}
+	h := &e.hstate
+	schema := health.Check{Name: "schema", OK: true, Detail: "migrated"}
+	if err := migrations.Check(ctx, e.pool, e.cfg.Schema); err != nil {
+		schema = health.Check{Name: "schema", Detail: err.Error()}
+	}
+	running := e.life.Running()
+	want, have := e.expectedWorkers(), int(h.workers.Load())
+	workers := health.Check{Name: "workers", OK: running && have >= want, Detail: fmt.Sprintf("%d of %d running", have, want)}
+	if !running {
+		workers.Detail = "the engine is not running"
+	}
+	h.mu.Lock()
+	claim := health.Check{Name: "claim", OK: h.claimErr == nil, Detail: "no claim yet"}
+	if h.claimSeen {
+		claim.Detail = "last claim succeeded " + time.Since(h.claimAt).Round(time.Millisecond).String() + " ago"
+		if h.claimErr != nil {
+			claim.Detail = "last claim (or its batch) failed: " + h.claimErr.Error()
+		}
+	}
+	h.mu.Unlock()
+	listen := health.Check{Name: "listen", OK: h.listening.Load(), Detail: "connected"}
+	if !listen.OK {
+		listen.Detail = "not connected: workers poll every PollInterval"
+	}
+	return health.NewReport("engine", running && have < want, schema, workers, claim, listen)
+}

@@ -1,0 +1,280 @@
+package ui
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+
+	"github.com/google/uuid"
+
+	"github.com/sagaflow/sagaflow/saga"
+)
+
+// planAction maps a saga page action to what PlanFor previews.
+var planAction = map[string]saga.PlanAction{
+	ActionResume: saga.PlanResume, ActionRerun: saga.PlanRerun, ActionCancel: saga.PlanCancel,
+}
+
+// previewAction shows what an action on one saga will do, and the form
+// that confirms it. It changes nothing.
+func (h *Handler) previewAction(w http.ResponseWriter, r *http.Request) {
+	action := r.PathValue("action")
+	pa, ok := planAction[action]
+	if !ok {
+		h.fail(w, r, http.StatusNotFound, fmt.Errorf("no action %q", visible(action)))
+		return
+	}
+	if err := h.authorize(r, action); err != nil {
+		h.fail(w, r, http.StatusForbidden, err)
+		return
+	}
+	inst, ok := h.loadSaga(w, r)
+	if !ok {
+		return
+	}
+	defSteps, partial := h.stepsOf(inst)
+	from := r.URL.Query().Get("from")
+	data := map[string]any{"Title": action + " " + inst.ID.String(), "S": inst, "Action": action, "From": from,
+		"Steps": defSteps, "Partial": partial}
+	if action == ActionRerun && from == "" {
+		// Choose the step first.
+		h.render(w, r, http.StatusOK, "preview", data)
+		return
+	}
+	plan, err := saga.PlanFor(inst, defSteps, partial, pa, from)
+	if err != nil {
+		data["Error"] = err.Error()
+		h.render(w, r, http.StatusConflict, "preview", data)
+		return
+	}
+	data["Plan"] = plan
+	h.render(w, r, http.StatusOK, "preview", data)
+}
+
+// doAction performs a confirmed action on one saga and sends the browser
+// back to the saga.
+func (h *Handler) doAction(w http.ResponseWriter, r *http.Request) {
+	action := r.PathValue("action")
+	if _, ok := planAction[action]; !ok {
+		h.fail(w, r, http.StatusNotFound, fmt.Errorf("no action %q", visible(action)))
+		return
+	}
+	if status, err := h.checkWrite(r, action); err != nil {
+		h.fail(w, r, status, err)
+		return
+	}
+	inst, ok := h.loadSaga(w, r)
+	if !ok {
+		return
+	}
+	// The plan the operator confirmed was computed from a version of the
+	// saga; one that moved on since needs a new look.
+	if v := r.PostFormValue("version"); v != strconv.FormatInt(inst.Version, 10) {
+		h.fail(w, r, http.StatusConflict, fmt.Errorf("the saga changed since the preview (version %s, now %d): preview it again",
+			visible(v), inst.Version))
+		return
+	}
+	ctx := r.Context()
+	reason := h.reason(r, action)
+	var err error
+	switch action {
+	case ActionResume:
+		err = h.engine.Resume(ctx, inst.ID, reason)
+	case ActionRerun:
+		err = h.engine.Rerun(ctx, inst.ID, r.PostFormValue("from"), reason)
+	case ActionCancel:
+		if _, known := h.engine.DefinitionSteps(inst.Name); known {
+			err = h.engine.Cancel(ctx, inst.ID, reason)
+		} else {
+			err = h.engine.RequestCancel(ctx, inst.ID, reason)
+		}
+	}
+	if err != nil {
+		status := http.StatusInternalServerError
+		if errors.Is(err, saga.ErrNotReplayable) || errors.Is(err, saga.ErrNotRunning) || errors.Is(err, saga.ErrInvalidInput) {
+			status = http.StatusConflict
+		} else if errors.Is(err, saga.ErrNotFound) {
+			status = http.StatusNotFound
+		} else if r.PostFormValue("from") != "" {
+			// Rerun names a step the saga does not have.
+			status = http.StatusBadRequest
+		}
+		h.fail(w, r, status, err)
+		return
+	}
+	http.Redirect(w, r, h.cfg.Prefix+"/sagas/"+inst.ID.String()+"?done="+url.QueryEscape(action), http.StatusSeeOther)
+}
+
+// bulkOpts reads a bulk replay's selection from v.
+func bulkOpts(v url.Values) (saga.BulkReplayOpts, error) {
+	lo, err := listOpts(v)
+	if err != nil {
+		return saga.BulkReplayOpts{}, err
+	}
+	o := saga.BulkReplayOpts{Name: lo.Name, Statuses: lo.Statuses, CreatedAfter: lo.CreatedAfter, CreatedBefore: lo.CreatedBefore,
+		FailedStep: lo.FailedStep, ErrorCode: lo.ErrorCode, FromStep: v.Get("from")}
+	if lo.BusinessKey != "" {
+		return o, errors.New("key: a bulk replay does not select by business key; open the saga instead")
+	}
+	if lo.Waiting {
+		return o, errors.New("waiting: waiting sagas are running, and a bulk replay takes failed or ended ones")
+	}
+	if s := v.Get("max"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > saga.BulkReplayMaxLimit {
+			return o, fmt.Errorf("max: %q is not a number from 1 to %d", visible(s), saga.BulkReplayMaxLimit)
+		}
+		o.Max = n
+	}
+	return o, nil
+}
+
+// previewBulk runs a bulk replay as a dry run and shows what it selected,
+// with the form that runs it.
+func (h *Handler) previewBulk(w http.ResponseWriter, r *http.Request) {
+	if err := h.authorize(r, ActionReplay); err != nil {
+		h.fail(w, r, http.StatusForbidden, err)
+		return
+	}
+	q := r.URL.Query()
+	data := map[string]any{"Title": "Bulk replay", "F": q, "DryRun": true}
+	o, err := bulkOpts(q)
+	if err != nil {
+		data["Error"] = err.Error()
+		h.render(w, r, http.StatusBadRequest, "bulk", data)
+		return
+	}
+	o.DryRun = true
+	res, err := h.engine.ReplayBulk(r.Context(), o)
+	if err != nil {
+		data["Error"] = err.Error()
+		h.render(w, r, http.StatusBadRequest, "bulk", data)
+		return
+	}
+	data["Result"] = res
+	data["Hidden"] = hiddenFields(q, append(filterFields, "from", "max"))
+	h.render(w, r, http.StatusOK, "bulk", data)
+}
+
+// doBulk runs a confirmed bulk replay and shows its result.
+func (h *Handler) doBulk(w http.ResponseWriter, r *http.Request) {
+	if status, err := h.checkWrite(r, ActionReplay); err != nil {
+		h.fail(w, r, status, err)
+		return
+	}
+	data := map[string]any{"Title": "Bulk replay", "F": r.PostForm}
+	o, err := bulkOpts(r.PostForm)
+	if err != nil {
+		data["Error"] = err.Error()
+		h.render(w, r, http.StatusBadRequest, "bulk", data)
+		return
+	}
+	o.Reason = h.reason(r, "bulk replay")
+	res, err := h.engine.ReplayBulk(r.Context(), o)
+	if err != nil && res == nil {
+		data["Error"] = err.Error()
+		h.render(w, r, http.StatusBadRequest, "bulk", data)
+		return
+	}
+	data["Result"] = res
+	if err != nil {
+		data["Error"] = err.Error()
+	}
+	h.render(w, r, http.StatusOK, "bulk", data)
+}
+
+// requeueOpts reads which dead items to requeue: "msg" outbox row ids and
+// "letter" dead letter ids.
+func requeueOpts(v url.Values) (*saga.RequeueOpts, error) {
+	o := &saga.RequeueOpts{}
+	for _, s := range v["msg"] {
+		id, err := uuid.Parse(s)
+		if err != nil {
+			return nil, fmt.Errorf("msg: %q is not a message id", visible(s))
+		}
+		o.MessageIDs = append(o.MessageIDs, id)
+	}
+	for _, s := range v["letter"] {
+		id, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || id < 1 {
+			return nil, fmt.Errorf("letter: %q is not a dead letter id", visible(s))
+		}
+		o.LetterIDs = append(o.LetterIDs, id)
+	}
+	if len(o.MessageIDs)+len(o.LetterIDs) == 0 {
+		return nil, errors.New("nothing selected to requeue")
+	}
+	if len(o.MessageIDs)+len(o.LetterIDs) > saga.RequeueMaxLimit {
+		return nil, fmt.Errorf("at most %d items can be requeued at once", saga.RequeueMaxLimit)
+	}
+	return o, nil
+}
+
+// previewRequeue requeues as a dry run (in a transaction that is rolled
+// back) and shows what would happen, with the form that does it.
+func (h *Handler) previewRequeue(w http.ResponseWriter, r *http.Request) {
+	if err := h.authorize(r, ActionRequeue); err != nil {
+		h.fail(w, r, http.StatusForbidden, err)
+		return
+	}
+	q := r.URL.Query()
+	data := map[string]any{"Title": "Requeue", "DryRun": true}
+	o, err := requeueOpts(q)
+	if err != nil {
+		data["Error"] = err.Error()
+		h.render(w, r, http.StatusBadRequest, "requeue", data)
+		return
+	}
+	o.DryRun = true
+	res, err := h.engine.RequeueDead(r.Context(), o)
+	if err != nil {
+		h.fail(w, r, http.StatusInternalServerError, err)
+		return
+	}
+	data["Result"] = res
+	data["Hidden"] = hiddenFields(q, []string{"msg", "letter"})
+	h.render(w, r, http.StatusOK, "requeue", data)
+}
+
+// doRequeue requeues the confirmed dead items and shows the result.
+func (h *Handler) doRequeue(w http.ResponseWriter, r *http.Request) {
+	if status, err := h.checkWrite(r, ActionRequeue); err != nil {
+		h.fail(w, r, status, err)
+		return
+	}
+	data := map[string]any{"Title": "Requeue"}
+	o, err := requeueOpts(r.PostForm)
+	if err != nil {
+		data["Error"] = err.Error()
+		h.render(w, r, http.StatusBadRequest, "requeue", data)
+		return
+	}
+	res, err := h.engine.RequeueDead(r.Context(), o)
+	if err != nil && res == nil {
+		h.fail(w, r, http.StatusInternalServerError, err)
+		return
+	}
+	data["Result"] = res
+	if err != nil {
+		data["Error"] = err.Error()
+	}
+	h.cfg.Logger.Info("ui: requeued dead items", "by", h.actor(r), "messages", len(res.Messages), "letters", len(res.Letters))
+	h.render(w, r, http.StatusOK, "requeue", data)
+}
+
+// hiddenField is a name and value carried from a preview to its confirm.
+type hiddenField struct{ Name, Value string }
+
+func hiddenFields(q url.Values, names []string) []hiddenField {
+	var out []hiddenField
+	for _, n := range names {
+		for _, v := range q[n] {
+			if v != "" {
+				out = append(out, hiddenField{n, v})
+			}
+		}
+	}
+	return out
+}
