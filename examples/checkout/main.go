@@ -4,8 +4,15 @@
 // relay, plus a fake payment provider honouring Idempotency-Key. It places
 // orders that exercise every guarantee — success, a declined payment, out of
 // stock, a provider blip, a duplicate POST, a participant crash, a failed
-// saga replayed after its cause is fixed — prints each order's timeline and
-// a summary, and exits 0 only if every order ended as expected.
+// saga replayed after its cause is fixed, an order delivered (the
+// warehouse's "picked" event from Kafka, the carrier's "delivered" webhook
+// sent twice), a parcel that never arrives (cancelled and refunded by the
+// escalation timer) — prints each order's timeline and a summary, and exits
+// 0 only if every order ended as expected.
+//
+// After payment and shipment, the checkout saga waits: for the warehouse's
+// event, then for the carrier's webhook, at most -escalation (48 hours in
+// production; 3 seconds here, so that you can watch the escalation).
 //
 // It runs on the PostgreSQL and the Kafka cluster you give it:
 //
@@ -48,11 +55,17 @@ func run(ctx context.Context, args []string, getenv func(string) string, out, er
 	brokers := fs.String("brokers", "", "Kafka brokers, comma-separated (default $KAFKA_BROKERS)")
 	prefix := fs.String("schema-prefix", shop.SchemaPrefixDefault, "start of the services' schema names")
 	keep := fs.Bool("keep", false, "keep the services' schemas after the run")
+	escalation := fs.Duration("escalation", shop.DemoEscalationDefault,
+		"how long an order waits for its delivery before it is cancelled and refunded (48h in production; compressed for the demo)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 
-	opts := shop.DemoOptions{DSN: *dsn, SchemaPrefix: *prefix, Keep: *keep}
+	if *escalation <= 0 {
+		fmt.Fprintln(errOut, "checkout: -escalation must be positive")
+		return 2
+	}
+	opts := shop.DemoOptions{DSN: *dsn, SchemaPrefix: *prefix, Keep: *keep, Escalation: *escalation}
 	kcfg, err := kafkaconfig.FromEnv(getenv)
 	if err != nil {
 		fmt.Fprintln(errOut, "checkout:", err)

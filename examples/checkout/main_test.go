@@ -32,7 +32,7 @@ func TestProgramRunsOnTheGivenDatabaseAndBrokers(t *testing.T) {
 		func(string) string { return "" }, &out, &errOut)
 	t.Log(out.String())
 	require.Equal(t, 0, status, "stderr: %s", errOut.String())
-	require.Contains(t, out.String(), "7 orders in ")
+	require.Contains(t, out.String(), "9 orders in ")
 	require.Contains(t, out.String(), "every order ended as expected")
 	require.Contains(t, out.String(), "schemas: "+schema+"_")
 
@@ -54,16 +54,20 @@ func TestProgramNeedsADatabaseAndBrokers(t *testing.T) {
 		{name: "no brokers", args: []string{"-dsn", "postgres://127.0.0.1:1/x"}},
 		{name: "no database", env: map[string]string{"KAFKA_BROKERS": "127.0.0.1:1"}},
 		{name: "a bad flag", args: []string{"-dns", "postgres://127.0.0.1:1/x"}, env: map[string]string{"KAFKA_BROKERS": "127.0.0.1:1"}},
+		{name: "no escalation", args: []string{"-dsn", "postgres://127.0.0.1:1/x", "-escalation", "0s"}, env: map[string]string{"KAFKA_BROKERS": "127.0.0.1:1"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out, errOut bytes.Buffer
 			status := run(context.Background(), tc.args, func(k string) string { return tc.env[k] }, &out, &errOut)
 			require.Equal(t, 2, status)
 			require.Empty(t, out.String())
-			if tc.name != "a bad flag" {
-				require.Contains(t, errOut.String(), "give a PostgreSQL (-dsn or DATABASE_URL) and Kafka brokers (-brokers or KAFKA_BROKERS)")
-			} else {
+			switch tc.name {
+			case "no escalation":
+				require.Contains(t, errOut.String(), "-escalation must be positive")
+			case "a bad flag":
 				require.Contains(t, errOut.String(), "flag provided but not defined: -dns")
+			default:
+				require.Contains(t, errOut.String(), "give a PostgreSQL (-dsn or DATABASE_URL) and Kafka brokers (-brokers or KAFKA_BROKERS)")
 			}
 		})
 	}

@@ -3,6 +3,7 @@ package shop_test
 import (
 	"context"
 	"fmt"
+	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagaflow/sagaflow/examples/checkout/shop"
+	"github.com/sagaflow/sagaflow/idempotency"
 	"github.com/sagaflow/sagaflow/internal/kafkatest"
 	"github.com/sagaflow/sagaflow/internal/pgtest"
 	"github.com/sagaflow/sagaflow/saga"
@@ -36,6 +38,13 @@ func TestCheckoutUnderTheCrashMatrix(t *testing.T) {
 	sys, err := shop.Start(ctx, env)
 	require.NoError(t, err)
 	t.Cleanup(sys.Stop)
+	// The checkout saga waits for the warehouse (which publishes by itself)
+	// and the carrier's webhook: serve it.
+	mw, err := idempotency.New(env.Orders.Pool, &idempotency.Config{Schema: env.Orders.Schema, Required: true, Identity: idempotency.SharedIdentity})
+	require.NoError(t, err)
+	srv := httptest.NewServer(sys.Handler(mw.Wrap))
+	t.Cleanup(srv.Close)
+	sys.Carrier.SetWebhook(srv.URL + shop.WebhookPath)
 	table := func(d shop.DB, name string) string { return pgx.Identifier{d.Schema, name}.Sanitize() }
 	start := func(ctx context.Context, e *saga.Engine, o shop.Order) (uuid.UUID, error) {
 		var id uuid.UUID

@@ -21,6 +21,11 @@ import (
 // SchemaPrefixDefault starts the names of the schemas Demo creates.
 const SchemaPrefixDefault = "checkout"
 
+// DemoEscalationDefault is the demo's escalation: the 48 hours an order
+// waits for its delivery in production (EscalationDefault), compressed so
+// that the demo's lost parcel is cancelled and refunded while you watch.
+const DemoEscalationDefault = 3 * time.Second
+
 // serviceMaxConns is the least pool size of each service: its relay, its
 // engine's workers and listener, and its consumers hold connections at once.
 const serviceMaxConns = 12
@@ -47,6 +52,10 @@ type DemoOptions struct {
 	// Logger receives the services' logs. Defaults to a logger that drops
 	// them.
 	Logger *slog.Logger
+	// Escalation is how long an order waits for the carrier's "delivered"
+	// webhook before it is cancelled and refunded (Env.Escalation).
+	// Defaults to DemoEscalationDefault.
+	Escalation time.Duration
 }
 
 // Demo runs the checkout program: it creates a schema per service, starts
@@ -73,7 +82,10 @@ func Demo(ctx context.Context, out io.Writer, opts DemoOptions) (results []Resul
 		return nil, err
 	}
 
-	env := Env{Brokers: opts.Brokers, Dialer: opts.Dialer, Logger: opts.Logger}
+	if opts.Escalation <= 0 {
+		opts.Escalation = DemoEscalationDefault
+	}
+	env := Env{Brokers: opts.Brokers, Dialer: opts.Dialer, Logger: opts.Logger, Escalation: opts.Escalation}
 	for _, svc := range []struct {
 		db   *DB
 		name string
@@ -114,8 +126,10 @@ func Demo(ctx context.Context, out io.Writer, opts DemoOptions) (results []Resul
 	go func() { _ = srv.Serve(ln) }()
 	defer srv.Close()
 	base := "http://" + ln.Addr().String()
-	fmt.Fprintf(out, "Order service: %s (POST /orders, GET /orders/{id}); schemas: %s, %s, %s, %s\n",
-		base, env.Orders.Schema, env.Inventory.Schema, env.Payments.Schema, env.Shipping.Schema)
+	fmt.Fprintf(out, "Order service: %s (POST /orders, GET /orders/{id}, POST %s); schemas: %s, %s, %s, %s\n",
+		base, WebhookPath, env.Orders.Schema, env.Inventory.Schema, env.Payments.Schema, env.Shipping.Schema)
+	fmt.Fprintf(out, "Time is compressed: an order waits %s for its delivery (%s in production) before it is cancelled and refunded.\n",
+		opts.Escalation, EscalationDefault)
 	if opts.Keep {
 		fmt.Fprintln(out, "The schemas are kept after the run.")
 	}

@@ -85,6 +85,7 @@ func (c *client) wait(ctx context.Context, id string) (*OrderView, error) {
 // prints each order's timeline to out, and returns every scenario's result.
 func (s *System) Run(ctx context.Context, base string, out io.Writer) ([]Result, error) {
 	c := &client{base: base, http: &http.Client{Timeout: 10 * time.Second}}
+	s.Carrier.SetWebhook(base + WebhookPath)
 	var results []Result
 	scenario := func(name, want string, run func(ctx context.Context) (string, string, bool, error)) error {
 		ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
@@ -97,6 +98,7 @@ func (s *System) Run(ctx context.Context, base string, out io.Writer) ([]Result,
 		if id != "" {
 			if v, err := c.get(id); err == nil {
 				printTimeline(out, name, v)
+				printWebhooks(out, s.Carrier.Attempts(id))
 			}
 		}
 		return nil
@@ -122,7 +124,7 @@ func (s *System) Run(ctx context.Context, base string, out io.Writer) ([]Result,
 		return id, v, err
 	}
 
-	_ = scenario("success", "completed, order confirmed, shipped", func(ctx context.Context) (string, string, bool, error) {
+	_ = scenario("success", "completed, order delivered, shipped", func(ctx context.Context) (string, string, bool, error) {
 		before := stock("book")
 		id, v, err := place(ctx, "k-success", PlaceOrder{SKU: "book", Qty: 1, Amount: 50, Address: "1 Main St"})
 		if err != nil {
@@ -130,7 +132,7 @@ func (s *System) Run(ctx context.Context, base string, out io.Writer) ([]Result,
 		}
 		shipped := s.fulfilled(ctx, id)
 		got := outcome(v) + map[bool]string{true: ", shipped", false: ", not shipped"}[shipped]
-		return id, got, v.Saga.Status == saga.StatusCompleted && v.Status == "confirmed" && shipped && stock("book") == before-1, nil
+		return id, got, v.Saga.Status == saga.StatusCompleted && v.Status == "delivered" && shipped && stock("book") == before-1, nil
 	})
 	_ = scenario("payment declined", "compensated, order rejected (card_declined), stock released", func(ctx context.Context) (string, string, bool, error) {
 		before := stock("book")
@@ -219,7 +221,60 @@ func (s *System) Run(ctx context.Context, base string, out io.Writer) ([]Result,
 		got := first + " → " + outcome(v) + map[bool]string{true: ", refunded", false: ", NOT refunded"}[refunded]
 		return id, got, strings.HasPrefix(first, "failed") && v.Saga.Status == saga.StatusCompensated && refunded, nil
 	})
+	_ = scenario("delivered", "completed, order delivered: picked (Kafka), delivered (webhook sent twice, one signal)", func(ctx context.Context) (string, string, bool, error) {
+		id, v, err := place(ctx, "k-delivered", PlaceOrder{SKU: "book", Qty: 1, Amount: 40, Address: "4 Elm St"})
+		if err != nil {
+			return id, "", false, err
+		}
+		// The carrier's second webhook may still be on its way when the
+		// saga has ended.
+		attempts := s.webhooks(ctx, id, 2)
+		sigs, err := s.Engine.Signals(ctx, v.SagaID)
+		if err != nil {
+			return id, "", false, err
+		}
+		count := map[string]int{}
+		for _, sg := range sigs {
+			count[sg.Name+" "+sg.Status]++
+		}
+		replayed := 0
+		for _, a := range attempts {
+			if a.Replayed {
+				replayed++
+			}
+		}
+		got := fmt.Sprintf("%s, %d picked and %d delivered signal, %d webhooks of which %d replayed",
+			outcome(v), count[SignalPicked+" delivered"], count[SignalDelivered+" delivered"], len(attempts), replayed)
+		return id, got, v.Saga.Status == saga.StatusCompleted && v.Status == "delivered" && len(sigs) == 2 &&
+			count[SignalPicked+" delivered"] == 1 && count[SignalDelivered+" delivered"] == 1 &&
+			len(attempts) == 2 && !attempts[0].Replayed && attempts[1].Replayed, nil
+	})
+	_ = scenario("never delivered", fmt.Sprintf("compensated after the %s escalation, order cancelled (wait_timeout), refunded, stock released", s.env.Escalation),
+		func(ctx context.Context) (string, string, bool, error) {
+			before := stock("book")
+			id, v, err := place(ctx, "k-lost", PlaceOrder{SKU: "book", Qty: 1, Amount: 70, Address: LostAddress})
+			if err != nil {
+				return id, "", false, err
+			}
+			refunded, released := s.Provider.Refunded("ch_"+id), stock("book") == before
+			got := outcome(v) + map[bool]string{true: ", refunded", false: ", NOT refunded"}[refunded] +
+				map[bool]string{true: ", stock released", false: ", stock NOT released"}[released]
+			return id, got, v.Saga.Status == saga.StatusCompensated && v.Status == "cancelled" &&
+				v.Saga.LastError != nil && v.Saga.LastError.Code == saga.CodeWaitTimeout && refunded && released, nil
+		})
 	return results, nil
+}
+
+// webhooks waits until the carrier has had n answers about the order, and
+// returns them.
+func (s *System) webhooks(ctx context.Context, orderID string, n int) []WebhookAttempt {
+	for {
+		a := s.Carrier.Attempts(orderID)
+		if len(a) >= n || ctx.Err() != nil {
+			return a
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
 }
 
 // fulfilled waits for the shipping service's fulfilment saga of the order.
@@ -245,6 +300,23 @@ func printTimeline(out io.Writer, name string, v *OrderView) {
 		line := fmt.Sprintf("  +%.1fms\t%s\t%s\t%s", float64(ev.At.Sub(t0).Microseconds())/1000, ev.Type, ev.Step, ev.Direction)
 		if ev.Error != "" {
 			line += "\t" + ev.Error + " (" + ev.ErrorCode + ")"
+		}
+		fmt.Fprintln(w, line)
+	}
+	_ = w.Flush()
+}
+
+// printWebhooks adds the carrier's webhooks about an order to its timeline.
+func printWebhooks(out io.Writer, attempts []WebhookAttempt) {
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	for i, a := range attempts {
+		what := "first"
+		if i > 0 {
+			what = "resent"
+		}
+		line := fmt.Sprintf("  carrier\twebhook %s\tPOST %s, Idempotency-Key %s\t→ %d %s", what, WebhookPath, a.Key, a.Status, http.StatusText(a.Status))
+		if a.Replayed {
+			line += ", Idempotent-Replayed: the stored answer, no second signal"
 		}
 		fmt.Fprintln(w, line)
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/sagaflow/sagaflow/inbox"
 	"github.com/sagaflow/sagaflow/migrations"
+	"github.com/sagaflow/sagaflow/outbox"
 	"github.com/sagaflow/sagaflow/participant"
 	"github.com/sagaflow/sagaflow/relay"
 	"github.com/sagaflow/sagaflow/saga"
@@ -30,10 +31,23 @@ const (
 	TopicPayments  = "payments.commands"
 	TopicShipping  = "shipping.commands"
 	TopicReplies   = "orders.replies"
+	// TopicWarehouse carries the warehouse's events (WarehousePicked) to
+	// whoever follows them: the order service maps them to signals.
+	TopicWarehouse = "warehouse.events"
 )
 
 // Topics lists every topic the system needs, with the saga's command topic.
-var Topics = []string{saga.CommandTopicDefault + ".checkout", TopicInventory, TopicPayments, TopicShipping, TopicReplies}
+var Topics = []string{saga.CommandTopicDefault + ".checkout", TopicInventory, TopicPayments, TopicShipping, TopicReplies, TopicWarehouse}
+
+// EscalationDefault is how long an order waits for the carrier's
+// "delivered" webhook before it is cancelled and refunded.
+const EscalationDefault = 48 * time.Hour
+
+// Signals the checkout saga awaits after payment and shipment.
+const (
+	SignalPicked    = "picked"    // from the warehouse's Kafka topic
+	SignalDelivered = "delivered" // from the carrier's webhook
+)
 
 // Order is the checkout saga's state.
 type Order struct {
@@ -43,6 +57,7 @@ type Order struct {
 	Amount   int    `json:"amount"`
 	Address  string `json:"address"`
 	ChargeID string `json:"charge_id,omitempty"`
+	Tracking string `json:"tracking,omitempty"`
 }
 
 // Commands and replies between the services: their contracts are in
@@ -68,6 +83,19 @@ type (
 	PaymentCharged struct {
 		ChargeID string `json:"charge_id"`
 	}
+	// WarehousePicked is the warehouse's event on TopicWarehouse: the
+	// order's parcel is picked and packed, ready for the carrier.
+	WarehousePicked struct {
+		OrderID string `json:"order_id"`
+		Picker  string `json:"picker"`
+	}
+	// CarrierEvent is the body of the carrier's webhook, POST
+	// /webhooks/carrier.
+	CarrierEvent struct {
+		Event    string `json:"event"` // "delivered"
+		OrderID  string `json:"order_id"`
+		Tracking string `json:"tracking"`
+	}
 )
 
 // DB is one service's schema.
@@ -84,6 +112,10 @@ type Env struct {
 	Brokers                               []string
 	Dialer                                *kafka.Dialer
 	Logger                                *slog.Logger
+	// Escalation is how long an order waits for its delivery before it is
+	// cancelled and refunded. Defaults to EscalationDefault; the demo
+	// compresses it to seconds.
+	Escalation time.Duration
 }
 
 // System is the order service (orchestrator) and the inventory, payment and
@@ -94,6 +126,7 @@ type System struct {
 	Checkout *saga.Definition[Order]
 	Ship     *saga.Engine // the shipping service's own engine, for fulfilment
 	Provider *Provider
+	Carrier  *Carrier
 	provider *http.Server
 	addr     string
 
@@ -103,9 +136,16 @@ type System struct {
 	// of reserving stock of this SKU.
 	CrashInventoryOn atomic.Value // string
 	inventoryCrashes atomic.Int32
+
+	// ManualFulfilment silences the warehouse's "picked" events and the
+	// carrier: a test sends them itself.
+	ManualFulfilment atomic.Bool
 }
 
 // Fulfilment is the shipping service's own saga: pick, pack, ship, notify.
+// The shipping service is the warehouse too: its pick step publishes
+// WarehousePicked on TopicWarehouse, and its ship step hands the parcel to
+// the Carrier.
 type Fulfilment struct {
 	OrderID string `json:"order_id"`
 	Address string `json:"address"`
@@ -123,7 +163,11 @@ func schemaSQL(d DB, stmts ...string) error {
 // Start migrates every schema, creates the services' tables and starts
 // everything: relays, consumers, engines, the provider. Stop undoes it.
 func Start(ctx context.Context, env Env) (*System, error) {
-	s := &System{env: env, Provider: NewProvider()}
+	if env.Escalation <= 0 {
+		env.Escalation = EscalationDefault
+	}
+	s := &System{env: env, Provider: NewProvider(), Carrier: NewCarrier()}
+	s.stop = append(s.stop, s.Carrier.Close)
 	for _, d := range []DB{env.Orders, env.Inventory, env.Payments, env.Shipping} {
 		if _, err := migrations.Migrate(ctx, d.Pool, d.Schema); err != nil {
 			return nil, err
@@ -131,7 +175,9 @@ func Start(ctx context.Context, env Env) (*System, error) {
 	}
 	err := errors.Join(
 		schemaSQL(env.Orders, `CREATE TABLE IF NOT EXISTS {s}.orders (id text PRIMARY KEY, sku text, qty int, amount int,
-			address text, status text NOT NULL, saga_id uuid, created_at timestamptz DEFAULT now())`),
+			address text, status text NOT NULL, saga_id uuid, created_at timestamptz DEFAULT now())`,
+			`CREATE TABLE IF NOT EXISTS {s}.carrier_webhooks (id bigserial PRIMARY KEY, order_id text NOT NULL, event text NOT NULL,
+			tracking text NOT NULL, received_at timestamptz DEFAULT clock_timestamp())`),
 		schemaSQL(env.Inventory, `CREATE TABLE IF NOT EXISTS {s}.stock (sku text PRIMARY KEY, available int NOT NULL CHECK (available >= 0))`,
 			`CREATE TABLE IF NOT EXISTS {s}.reservations (order_id text PRIMARY KEY, sku text, qty int, released boolean DEFAULT false)`,
 			`INSERT INTO {s}.stock VALUES ('book', 100), ('lamp', 0), ('mug', 10) ON CONFLICT DO NOTHING`),
@@ -195,9 +241,9 @@ func (s *System) startRelay(ctx context.Context, d DB) error {
 	return nil
 }
 
-// consume runs a participant's consumer on topic, restarting it when it
-// crashes, until the system stops.
-func (s *System) consume(topic, group string, p *participant.Participant, crashes func() bool) {
+// consume runs a consumer of topic into in, with handlers, restarting it
+// when it crashes, until the system stops.
+func (s *System) consume(topic, group string, in *inbox.Inbox, handlers map[string]inbox.HandlerFunc, crashes func() bool) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -207,7 +253,7 @@ func (s *System) consume(topic, group string, p *participant.Participant, crashe
 				HeartbeatInterval: 200 * time.Millisecond, SessionTimeout: 6 * time.Second, RebalanceTimeout: 2 * time.Second})
 			runCtx, stopRun := context.WithCancel(ctx)
 			reader := &crashingReader{Reader: r, crashes: crashes, crash: stopRun}
-			c, err := p.Inbox().NewConsumer(reader, &inbox.ConsumerConfig{Handlers: p.Handlers(), RetryMax: time.Second})
+			c, err := in.NewConsumer(reader, &inbox.ConsumerConfig{Handlers: handlers, RetryMax: time.Second})
 			if err != nil {
 				panic(err) // a programming error: the handlers are registered above
 			}
@@ -287,7 +333,7 @@ func (s *System) startInventory(context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.consume(TopicInventory, "inventory", p, func() bool {
+	s.consume(TopicInventory, "inventory", p.Inbox(), p.Handlers(), func() bool {
 		return crashNow.CompareAndSwap(true, false)
 	})
 	return nil
@@ -367,7 +413,7 @@ func (s *System) startPayments(context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.consume(TopicPayments, "payments", p, nil)
+	s.consume(TopicPayments, "payments", p.Inbox(), p.Handlers(), nil)
 	return nil
 }
 
@@ -381,10 +427,37 @@ func (s *System) startShipping(ctx context.Context) error {
 			return err
 		}
 	}
+	// The warehouse tells whoever follows its topic that the parcel is
+	// picked: an event in its outbox, in the step's transaction, that the
+	// relay publishes after the commit.
+	events, err := outbox.New(d.Pool, d.Schema)
+	if err != nil {
+		return err
+	}
+	pick := func(ctx context.Context, run *saga.StepRun, f *Fulfilment) error {
+		if err := logStep("pick")(ctx, run, f); err != nil || s.ManualFulfilment.Load() {
+			return err
+		}
+		body, err := json.Marshal(WarehousePicked{OrderID: f.OrderID, Picker: "bay-7"})
+		if err != nil {
+			return err
+		}
+		return events.InsertTx(ctx, run.Tx, outbox.Message{Topic: TopicWarehouse, Key: f.OrderID, Type: "WarehousePicked", Payload: body})
+	}
+	// The parcel goes to the carrier, which calls the order service's
+	// webhook when it is delivered. The carrier takes a parcel once per
+	// order, so a retried step hands nothing over twice.
+	handOver := func(ctx context.Context, run *saga.StepRun, f *Fulfilment) error {
+		if err := logStep("ship")(ctx, run, f); err != nil || s.ManualFulfilment.Load() {
+			return err
+		}
+		s.Carrier.Collect(f.OrderID, f.Address)
+		return nil
+	}
 	fulfil := saga.Define("fulfilment",
-		saga.Step[Fulfilment]{Name: "pick", Action: logStep("pick"), Compensate: logStep("restock")},
+		saga.Step[Fulfilment]{Name: "pick", Action: pick, Compensate: logStep("restock")},
 		saga.Step[Fulfilment]{Name: "pack", Action: logStep("pack"), Compensate: logStep("unpack")},
-		saga.Step[Fulfilment]{Name: "ship", Action: logStep("ship")},
+		saga.Step[Fulfilment]{Name: "ship", Action: handOver},
 		saga.Step[Fulfilment]{Name: "notify", Action: logStep("notify")},
 	)
 	engine, err := saga.New(d.Pool, &saga.Config{Schema: d.Schema, Workers: 2, PollInterval: 100 * time.Millisecond, Logger: s.env.Logger})
@@ -417,7 +490,7 @@ func (s *System) startShipping(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.consume(TopicShipping, "shipping", p, nil)
+	s.consume(TopicShipping, "shipping", p.Inbox(), p.Handlers(), nil)
 	return nil
 }
 
@@ -430,8 +503,14 @@ func (s *System) startOrders(ctx context.Context) error {
 			return err
 		}
 	}
+	// The order is rejected when it fails before it was confirmed, and
+	// cancelled (by confirm's compensation) when it fails after.
+	reject := func(ctx context.Context, run *saga.StepRun, o *Order) error {
+		_, err := run.Tx.Exec(ctx, "UPDATE "+d.table("orders")+" SET status = 'rejected' WHERE id = $1 AND status <> 'cancelled'", o.ID)
+		return err
+	}
 	s.Checkout = saga.Define("checkout",
-		saga.Step[Order]{Name: "accept", Action: setStatus("accepted"), Compensate: setStatus("rejected")},
+		saga.Step[Order]{Name: "accept", Action: setStatus("accepted"), Compensate: reject},
 		saga.Step[Order]{Name: "reserve", Timeout: 20 * time.Second, Remote: &saga.Remote[Order]{
 			Topic: TopicInventory, Type: "inventory.reserve", CompensateType: "inventory.release",
 			Command: func(_ context.Context, _ *saga.StepRun, o *Order) (any, error) {
@@ -461,7 +540,23 @@ func (s *System) startOrders(ctx context.Context) error {
 				return CreateShipment{OrderID: o.ID, Address: o.Address}, nil
 			},
 		}},
-		saga.Step[Order]{Name: "confirm", Action: setStatus("confirmed")},
+		saga.Step[Order]{Name: "confirm", Action: setStatus("confirmed"), Compensate: setStatus("cancelled")},
+		// Fulfilment, the part of the order that waits: for the warehouse's
+		// event (a signal from Kafka, see consumeWarehouse), then for the
+		// carrier's webhook (a signal sent by the webhook's handler). A
+		// signal that comes early is kept until its step awaits it.
+		saga.Step[Order]{Name: "picked", Wait: saga.OnSignal(SignalPicked,
+			func(ctx context.Context, run *saga.StepRun, o *Order, ev WarehousePicked) error {
+				return setStatus("picked")(ctx, run, o)
+			})},
+		// The escalation: no delivery within Env.Escalation (48 hours), and
+		// the step fails for good (code wait_timeout); the saga compensates:
+		// the order is cancelled, the payment refunded, the stock released.
+		saga.Step[Order]{Name: "delivered", Wait: saga.OnSignal(SignalDelivered,
+			func(ctx context.Context, run *saga.StepRun, o *Order, ev CarrierEvent) error {
+				o.Tracking = ev.Tracking
+				return setStatus("delivered")(ctx, run, o)
+			}).Timeout(s.env.Escalation)},
 	)
 	engine, err := saga.New(d.Pool, &saga.Config{Schema: d.Schema, Workers: 2, Logger: s.env.Logger, RescueInterval: time.Second,
 		Kafka: &saga.KafkaConfig{Brokers: s.env.Brokers, Dialer: s.env.Dialer, ReplyTopic: TopicReplies}})
@@ -476,5 +571,25 @@ func (s *System) startOrders(ctx context.Context) error {
 	}
 	s.Engine = engine
 	s.stop = append(s.stop, func() { _ = engine.Stop(context.Background()) })
+	return s.consumeWarehouse(engine)
+}
+
+// consumeWarehouse follows the warehouse's topic: each WarehousePicked
+// becomes the "picked" signal of the order's checkout saga, in the inbox's
+// transaction. The inbox deduplicates by message id, and so does the
+// signal (its id is the message id): a redelivered event has no second
+// effect.
+func (s *System) consumeWarehouse(engine *saga.Engine) error {
+	in, err := inbox.New(s.env.Orders.Pool, &inbox.Config{Consumer: "orders-warehouse", Schema: s.env.Orders.Schema, Logger: s.env.Logger})
+	if err != nil {
+		return err
+	}
+	picked := saga.SignalOn(engine, SignalPicked, func(_ inbox.Message, ev WarehousePicked) (saga.Signal, error) {
+		if ev.OrderID == "" {
+			return saga.Signal{}, errors.New("WarehousePicked without order_id")
+		}
+		return saga.Signal{Saga: s.Checkout.Name(), BusinessKey: ev.OrderID}, nil
+	})
+	s.consume(TopicWarehouse, "orders-warehouse", in, map[string]inbox.HandlerFunc{"WarehousePicked": picked}, nil)
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -26,6 +27,7 @@ func TestDemoScenarios(t *testing.T) {
 	}
 	kc := kafkatest.New(t, kafkatest.SeedTopics(3, shop.Topics...))
 	env.Brokers = kc.Addrs()
+	env.Escalation = 2 * time.Second // the "never delivered" order waits this long, in the demo's compressed time
 	sys, err := shop.Start(ctx, env)
 	require.NoError(t, err)
 	t.Cleanup(sys.Stop)
@@ -38,7 +40,7 @@ func TestDemoScenarios(t *testing.T) {
 	results, err := sys.Run(ctx, srv.URL, &out)
 	require.NoError(t, err)
 	t.Log(out.String())
-	require.Len(t, results, 7)
+	require.Len(t, results, 9)
 	for _, r := range results {
 		require.True(t, r.OK, "%s: want %s, got %s", r.Scenario, r.Want, r.Got)
 	}
