@@ -16,7 +16,7 @@ help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_\/-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: demo
-demo: ## run the checkout example: four services over Kafka, seven scenarios, a summary; UI=127.0.0.1:8080 then serves the web UI on its data
+demo: ## run the checkout example: four services over Kafka, nine scenarios, an order's span tree, a summary; UI=127.0.0.1:8080 then serves the web UI on its data
 	$(GO) run ./examples/checkout/cmd/demo $(if $(UI),-ui $(UI))
 
 # The crash-point matrix and the short chaos soak need a build whose fault

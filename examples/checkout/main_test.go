@@ -5,6 +5,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 
@@ -35,6 +36,32 @@ func TestProgramRunsOnTheGivenDatabaseAndBrokers(t *testing.T) {
 	require.Contains(t, out.String(), "9 orders in ")
 	require.Contains(t, out.String(), "every order ended as expected")
 	require.Contains(t, out.String(), "schemas: "+schema+"_")
+
+	// The successful order is one trace across the four services: the
+	// request at its root, and each participant's work under the step
+	// that called it, with the reply under the participant's handler.
+	tree := out.String()[strings.Index(out.String(), "as one trace:"):]
+	require.Contains(t, tree, "spans across inventory, orders, payments, shipping")
+	lines := strings.Split(tree, "\n")
+	require.True(t, strings.HasPrefix(lines[2], "└─ POST /orders"), "the request is the root: %q", lines[2])
+	depth := func(name string) int {
+		t.Helper()
+		for _, l := range lines {
+			if i := strings.Index(l, "─ "+name+" "); i >= 0 {
+				return utf8.RuneCountInString(l[:i])
+			}
+		}
+		t.Fatalf("no span %q in the tree:\n%s", name, tree)
+		return 0
+	}
+	for _, call := range []struct{ step, service string }{
+		{"reserve", "inventory.reserve"}, {"charge", "payments.charge"}, {"ship", "shipping.create"},
+	} {
+		step := depth("step checkout/" + call.step)
+		require.Greater(t, depth("process "+call.service), step, "the %s service's work is under the step that called it", call.service)
+		require.Greater(t, depth("handle "+call.service), depth("process "+call.service))
+		require.Greater(t, depth("reply checkout/"+call.step), depth("handle "+call.service), "the reply continues the handler's span")
+	}
 
 	var left int
 	require.NoError(t, pool.QueryRow(context.Background(),

@@ -9,12 +9,15 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sagaflow/sagaflow/examples/checkout/spantree"
 	"github.com/sagaflow/sagaflow/idempotency"
 )
 
@@ -85,7 +88,10 @@ func Demo(ctx context.Context, out io.Writer, opts DemoOptions) (results []Resul
 	if opts.Escalation <= 0 {
 		opts.Escalation = DemoEscalationDefault
 	}
-	env := Env{Brokers: opts.Brokers, Dialer: opts.Dialer, Logger: opts.Logger, Escalation: opts.Escalation}
+	// Every service's spans are recorded in memory, so that the summary can
+	// draw one order's trace across the four services.
+	spans := &spantree.Recorder{}
+	env := Env{Brokers: opts.Brokers, Dialer: opts.Dialer, Logger: opts.Logger, Escalation: opts.Escalation, Tracing: spans.Provider}
 	for _, svc := range []struct {
 		db   *DB
 		name string
@@ -122,7 +128,7 @@ func Demo(ctx context.Context, out io.Writer, opts DemoOptions) (results []Resul
 	if err != nil {
 		return nil, fmt.Errorf("shop: order service: %w", err)
 	}
-	srv := &http.Server{Handler: sys.Handler(mw.Wrap), ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: traced(spans.Provider("orders"), sys.Handler(mw.Wrap)), ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
 	defer srv.Close()
 	base := "http://" + ln.Addr().String()
@@ -133,7 +139,58 @@ func Demo(ctx context.Context, out io.Writer, opts DemoOptions) (results []Resul
 	if opts.Keep {
 		fmt.Fprintln(out, "The schemas are kept after the run.")
 	}
-	return sys.Run(ctx, base, out)
+	results, err = sys.Run(ctx, base, out)
+	if err == nil {
+		drawOrderTrace(ctx, out, spans, env.Orders, results)
+	}
+	return results, err
+}
+
+// traced starts a span for every request to the order service, as an
+// instrumented HTTP server would: an order's trace begins at POST /orders.
+func traced(tp trace.TracerProvider, next http.Handler) http.Handler {
+	tracer := tp.Tracer("checkout/http")
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		name := r.Method + " " + r.URL.Path
+		if strings.HasPrefix(r.URL.Path, "/orders/") {
+			name = r.Method + " /orders/{id}"
+		}
+		ctx, span := tracer.Start(r.Context(), name, trace.WithSpanKind(trace.SpanKindServer))
+		defer span.End()
+		next.ServeHTTP(w, r.WithContext(ctx))
+	})
+}
+
+// drawOrderTrace prints the span tree of the first order that completed:
+// its trace, from POST /orders through the inventory, payment and shipping
+// services and back, with each span's service and duration.
+func drawOrderTrace(ctx context.Context, out io.Writer, spans *spantree.Recorder, orders DB, results []Result) {
+	for _, r := range results {
+		if !r.OK || !strings.HasPrefix(r.Got, "completed") {
+			continue
+		}
+		var tc *string
+		err := orders.Pool.QueryRow(ctx, "SELECT trace_context FROM "+orders.table("saga_instances")+
+			" WHERE saga_name = 'checkout' AND business_key = $1", r.OrderID).Scan(&tc)
+		if err != nil || tc == nil {
+			fmt.Fprintf(out, "\nNo trace for order %s: %v\n", r.OrderID, err)
+			return
+		}
+		parts := strings.Split(strings.SplitN(*tc, "\n", 2)[0], "-")
+		if len(parts) != 4 {
+			return
+		}
+		id, err := trace.TraceIDFromHex(parts[1])
+		if err != nil {
+			return
+		}
+		// The last spans (the relay's marking, a consumer's commit) end a
+		// moment after the saga does.
+		time.Sleep(500 * time.Millisecond)
+		fmt.Fprintf(out, "\nOrder %s (%s) as one trace:\n", r.OrderID, r.Scenario)
+		spans.Draw(out, id)
+		return
+	}
 }
 
 // Main is the checkout program once it knows its PostgreSQL and Kafka: it

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sagaflow/sagaflow/inbox"
 	"github.com/sagaflow/sagaflow/migrations"
@@ -116,6 +117,18 @@ type Env struct {
 	// cancelled and refunded. Defaults to EscalationDefault; the demo
 	// compresses it to seconds.
 	Escalation time.Duration
+	// Tracing, when set, gives each service ("orders", "inventory",
+	// "payments", "shipping") its TracerProvider; nil uses OpenTelemetry's
+	// global one.
+	Tracing func(service string) trace.TracerProvider
+}
+
+// tracer is the TracerProvider of service, or nil for the global one.
+func (s *System) tracer(service string) trace.TracerProvider {
+	if s.env.Tracing == nil {
+		return nil
+	}
+	return s.env.Tracing(service)
 }
 
 // System is the order service (orchestrator) and the inventory, payment and
@@ -191,8 +204,8 @@ func Start(ctx context.Context, env Env) (*System, error) {
 	if err := s.startProvider(); err != nil {
 		return nil, err
 	}
-	for _, d := range []DB{env.Orders, env.Inventory, env.Payments, env.Shipping} {
-		if err := s.startRelay(ctx, d); err != nil {
+	for i, d := range []DB{env.Orders, env.Inventory, env.Payments, env.Shipping} {
+		if err := s.startRelay(ctx, d, []string{"orders", "inventory", "payments", "shipping"}[i]); err != nil {
 			s.Stop()
 			return nil, err
 		}
@@ -225,9 +238,10 @@ func (s *System) startProvider() error {
 	return nil
 }
 
-func (s *System) startRelay(ctx context.Context, d DB) error {
+func (s *System) startRelay(ctx context.Context, d DB, service string) error {
 	w := relay.NewKafkaWriter(s.env.Brokers, &relay.WriterOpts{Dialer: s.env.Dialer, BatchTimeout: time.Millisecond})
-	r, err := relay.New(d.Pool, w, &relay.Config{Schema: d.Schema, PollInterval: 200 * time.Millisecond, Logger: s.env.Logger})
+	r, err := relay.New(d.Pool, w, &relay.Config{Schema: d.Schema, PollInterval: 200 * time.Millisecond, Logger: s.env.Logger,
+		TracerProvider: s.tracer(service)})
 	if err != nil {
 		return err
 	}
@@ -243,7 +257,7 @@ func (s *System) startRelay(ctx context.Context, d DB) error {
 
 // consume runs a consumer of topic into in, with handlers, restarting it
 // when it crashes, until the system stops.
-func (s *System) consume(topic, group string, in *inbox.Inbox, handlers map[string]inbox.HandlerFunc, crashes func() bool) {
+func (s *System) consume(service, topic, group string, in *inbox.Inbox, handlers map[string]inbox.HandlerFunc, crashes func() bool) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -253,7 +267,8 @@ func (s *System) consume(topic, group string, in *inbox.Inbox, handlers map[stri
 				HeartbeatInterval: 200 * time.Millisecond, SessionTimeout: 6 * time.Second, RebalanceTimeout: 2 * time.Second})
 			runCtx, stopRun := context.WithCancel(ctx)
 			reader := &crashingReader{Reader: r, crashes: crashes, crash: stopRun}
-			c, err := in.NewConsumer(reader, &inbox.ConsumerConfig{Handlers: handlers, RetryMax: time.Second})
+			c, err := in.NewConsumer(reader, &inbox.ConsumerConfig{Handlers: handlers, RetryMax: time.Second,
+				TracerProvider: s.tracer(service)})
 			if err != nil {
 				panic(err) // a programming error: the handlers are registered above
 			}
@@ -284,7 +299,7 @@ func (r *crashingReader) CommitMessages(ctx context.Context, msgs ...kafka.Messa
 
 func (s *System) participant(d DB, name string) (*participant.Participant, error) {
 	return participant.New(d.Pool, &participant.Config{Consumer: name, Schema: d.Schema, Logger: s.env.Logger,
-		ReplyTopics: []string{TopicReplies}})
+		ReplyTopics: []string{TopicReplies}, TracerProvider: s.tracer(name)})
 }
 
 // startInventory: reserve stock, and release it as the compensation.
@@ -333,7 +348,7 @@ func (s *System) startInventory(context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.consume(TopicInventory, "inventory", p.Inbox(), p.Handlers(), func() bool {
+	s.consume("inventory", TopicInventory, "inventory", p.Inbox(), p.Handlers(), func() bool {
 		return crashNow.CompareAndSwap(true, false)
 	})
 	return nil
@@ -413,7 +428,7 @@ func (s *System) startPayments(context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.consume(TopicPayments, "payments", p.Inbox(), p.Handlers(), nil)
+	s.consume("payments", TopicPayments, "payments", p.Inbox(), p.Handlers(), nil)
 	return nil
 }
 
@@ -460,7 +475,8 @@ func (s *System) startShipping(ctx context.Context) error {
 		saga.Step[Fulfilment]{Name: "ship", Action: handOver},
 		saga.Step[Fulfilment]{Name: "notify", Action: logStep("notify")},
 	)
-	engine, err := saga.New(d.Pool, &saga.Config{Schema: d.Schema, Workers: 2, PollInterval: 100 * time.Millisecond, Logger: s.env.Logger})
+	engine, err := saga.New(d.Pool, &saga.Config{Schema: d.Schema, Workers: 2, PollInterval: 100 * time.Millisecond, Logger: s.env.Logger,
+		TracerProvider: s.tracer("shipping")})
 	if err != nil {
 		return err
 	}
@@ -490,7 +506,7 @@ func (s *System) startShipping(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.consume(TopicShipping, "shipping", p.Inbox(), p.Handlers(), nil)
+	s.consume("shipping", TopicShipping, "shipping", p.Inbox(), p.Handlers(), nil)
 	return nil
 }
 
@@ -559,7 +575,8 @@ func (s *System) startOrders(ctx context.Context) error {
 			}).Timeout(s.env.Escalation)},
 	)
 	engine, err := saga.New(d.Pool, &saga.Config{Schema: d.Schema, Workers: 2, Logger: s.env.Logger, RescueInterval: time.Second,
-		Kafka: &saga.KafkaConfig{Brokers: s.env.Brokers, Dialer: s.env.Dialer, ReplyTopic: TopicReplies}})
+		TracerProvider: s.tracer("orders"),
+		Kafka:          &saga.KafkaConfig{Brokers: s.env.Brokers, Dialer: s.env.Dialer, ReplyTopic: TopicReplies}})
 	if err != nil {
 		return err
 	}
@@ -590,6 +607,6 @@ func (s *System) consumeWarehouse(engine *saga.Engine) error {
 		}
 		return saga.Signal{Saga: s.Checkout.Name(), BusinessKey: ev.OrderID}, nil
 	})
-	s.consume(TopicWarehouse, "orders-warehouse", in, map[string]inbox.HandlerFunc{"WarehousePicked": picked}, nil)
+	s.consume("orders", TopicWarehouse, "orders-warehouse", in, map[string]inbox.HandlerFunc{"WarehousePicked": picked}, nil)
 	return nil
 }
