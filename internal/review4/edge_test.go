@@ -177,4 +177,3 @@ func TestChildInputFails(t *testing.T) {
 	require.Empty(t, page.Sagas)
 	t.Logf("failed child input ends the parent with code %q", in.LastError.Code)
 }
-

@@ -188,8 +188,10 @@ func TestChildExhaustsRetries(t *testing.T) {
 	t.Parallel()
 	v := newEnv(t)
 	childDef := saga.Define("flaky-child", saga.Step[kid]{Name: "work",
-		Action: func(context.Context, *saga.StepRun, *kid) error { return steps.RetryAfter(time.Minute, errors.New("busy")) },
-		Retry:  &saga.RetryPolicy{MaxAttempts: 2}})
+		Action: func(context.Context, *saga.StepRun, *kid) error {
+			return steps.RetryAfter(time.Minute, errors.New("busy"))
+		},
+		Retry: &saga.RetryPolicy{MaxAttempts: 2}})
 	parent := saga.Define("flaky-parent",
 		saga.Step[state]{Name: "first", Action: act[state](v, "first"), Compensate: act[state](v, "undo-first")},
 		saga.Step[state]{Name: "spawn", Wait: saga.Child(childDef,
