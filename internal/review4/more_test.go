@@ -3,7 +3,10 @@ package review4_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -372,4 +375,84 @@ func TestRerunFromAwait(t *testing.T) {
 	ss := signals(t, v.e, st.ID)
 	require.Len(t, ss, 2)
 	require.Equal(t, 1, ss[1].Epoch)
+}
+
+// An engine that is never started and registers nothing is a client: it can
+// signal sagas that other engines run, by id and by name and business key.
+func TestSignalFromClientEngine(t *testing.T) {
+	t.Parallel()
+	v := newEnv(t)
+	def := saga.Define("client",
+		saga.Step[state]{Name: "a", Wait: saga.OnSignal("x", appendSig(v))},
+		saga.Step[state]{Name: "b", Wait: saga.OnSignal("x", appendSig(v))},
+	)
+	v.run(t, def)
+	client := newEngine(t, v.pool, v.schema)
+	ctx := context.Background()
+	st, err := saga.Start(ctx, v.e, def, state{}, &saga.StartOpts{BusinessKey: "k"})
+	require.NoError(t, err)
+	_, err = sig(t, client, saga.Signal{SagaID: st.ID, Name: "x", ID: "1", Payload: ev{V: "id"}})
+	require.NoError(t, err)
+	_, err = sig(t, client, saga.Signal{Saga: "client", BusinessKey: "k", Name: "x", ID: "2", Payload: ev{V: "key"}})
+	require.NoError(t, err)
+	in := sagatest.WaitEnded(t, v.e, st.ID, wopts)
+	require.Equal(t, saga.StatusCompleted, in.Status, sagatest.Describe(in))
+}
+
+// Cancel and signal race on many sagas: each ends, the signal takes effect at
+// most once, and each call fails only with the documented errors.
+func TestCancelRacesSignal(t *testing.T) {
+	t.Parallel()
+	v := newEnv(t)
+	def := saga.Define("cancelrace",
+		saga.Step[state]{Name: "first", Action: act[state](v, "first"), Compensate: act[state](v, "undo-first")},
+		saga.Step[state]{Name: "a", Wait: saga.OnSignal("x", appendSig(v)), Compensate: act[state](v, "undo-a")},
+		saga.Step[state]{Name: "nap", Wait: saga.Sleep[state](time.Hour)},
+	)
+	v.run(t, def)
+	ctx := context.Background()
+	const n = 30
+	ids := make([]uuid.UUID, n)
+	for i := range n {
+		st, err := saga.Start(ctx, v.e, def, state{}, nil)
+		require.NoError(t, err)
+		ids[i] = st.ID
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*n)
+	for i, id := range ids {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			time.Sleep(time.Duration(rand.IntN(20)) * time.Millisecond) // a random moment
+			if err := v.e.Cancel(ctx, id, "race"); err != nil && !errors.Is(err, saga.ErrNotRunning) {
+				errs <- fmt.Errorf("cancel %d: %w", i, err)
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			time.Sleep(time.Duration(rand.IntN(20)) * time.Millisecond)
+			if _, err := v.e.Signal(ctx, saga.Signal{SagaID: id, Name: "x", ID: "s"}); err != nil &&
+				!errors.Is(err, saga.ErrSignalRejected) {
+				errs <- fmt.Errorf("signal %d: %w", i, err)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	for _, id := range ids {
+		in := sagatest.WaitEnded(t, v.e, id, wopts)
+		require.Equal(t, saga.StatusCompensated, in.Status, sagatest.Describe(in))
+		got := count(in, "signal_received:a")
+		require.LessOrEqual(t, got, 1)
+		require.Equal(t, got, v.effects(t, id, "sig:a"))
+		require.Equal(t, got, v.effects(t, id, "undo-a"), "a delivered await is compensated, once")
+		require.Equal(t, 1, v.effects(t, id, "undo-first"))
+		for _, s := range signals(t, v.e, id) {
+			require.Equal(t, got == 1, s.Status == "delivered", "signal %+v vs timeline %s", s, sagatest.Describe(in))
+		}
+	}
 }
