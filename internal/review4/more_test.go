@@ -450,7 +450,7 @@ func TestCancelRacesSignal(t *testing.T) {
 		require.LessOrEqual(t, got, 1)
 		require.Equal(t, got, v.effects(t, id, "sig:a"))
 		require.Equal(t, got, v.effects(t, id, "undo-a"), "a delivered await is compensated, once")
-		require.Equal(t, 1, v.effects(t, id, "undo-first"))
+		require.Equal(t, v.effects(t, id, "first"), v.effects(t, id, "undo-first"), "a cancel may land before it ran")
 		for _, s := range signals(t, v.e, id) {
 			require.Equal(t, got == 1, s.Status == "delivered", "signal %+v vs timeline %s", s, sagatest.Describe(in))
 		}
