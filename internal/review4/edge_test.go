@@ -177,3 +177,109 @@ func TestChildInputFails(t *testing.T) {
 	require.Empty(t, page.Sagas)
 	t.Logf("failed child input ends the parent with code %q", in.LastError.Code)
 }
+
+// Payloads of odd Go types: one that cannot be encoded is refused with an
+// error (not a panic, nothing written); a nil payload decodes to the zero
+// value; []byte that is not JSON is refused.
+func TestSignalPayloadGoTypes(t *testing.T) {
+	t.Parallel()
+	v := newEnv(t)
+	def := saga.Define("types",
+		saga.Step[state]{Name: "a", Wait: saga.OnSignal("x", func(ctx context.Context, run *saga.StepRun, s *state, p int) error {
+			s.N = p + 100
+			return nil
+		})},
+	)
+	v.run(t, def)
+	st, err := saga.Start(context.Background(), v.e, def, state{}, nil)
+	require.NoError(t, err)
+	for name, p := range map[string]any{"chan": make(chan int), "func": func() {}, "bytes": []byte("not json")} {
+		require.NotPanics(t, func() {
+			_, err = sig(t, v.e, saga.Signal{SagaID: st.ID, Name: "x", Payload: p})
+		}, name)
+		require.ErrorIs(t, err, saga.ErrInvalidInput, name)
+	}
+	require.Empty(t, signals(t, v.e, st.ID))
+	_, err = sig(t, v.e, saga.Signal{SagaID: st.ID, Name: "x", ID: "nil"})
+	require.NoError(t, err)
+	in := sagatest.WaitEnded(t, v.e, st.ID, wopts)
+	require.Equal(t, saga.StatusCompleted, in.Status, sagatest.Describe(in))
+	var s state
+	require.NoError(t, in.DecodeState(&s))
+	require.Equal(t, 100, s.N)
+}
+
+// A saga whose deadline passes while it compensates is left to finish
+// (WithDeadline's doc): the rescuer counts no deadline for it.
+func TestDeadlineWhileCompensating(t *testing.T) {
+	t.Parallel()
+	v := newEnv(t)
+	g := newGate()
+	def := saga.Define("dl-comp",
+		saga.Step[state]{Name: "first", Action: act[state](v, "first"), Compensate: func(ctx context.Context, run *saga.StepRun, _ *state) error {
+			if err := g.wait(ctx); err != nil {
+				return err
+			}
+			return v.effect(ctx, run, "undo-first")
+		}},
+		saga.Step[state]{Name: "boom", Action: func(context.Context, *saga.StepRun, *state) error {
+			return steps.Permanent(errors.New("boom"))
+		}},
+	)
+	v.run(t, def)
+	ctx := context.Background()
+	st, err := saga.Start(ctx, v.e, def, state{}, &saga.StartOpts{Deadline: time.Second})
+	require.NoError(t, err)
+	g.started(t)
+	in := get(t, v.e, st.ID)
+	require.NotNil(t, in.Deadline)
+	deadline := time.Now().Add(30 * time.Second)
+	for { // until the database's clock is past the saga's deadline
+		var past bool
+		require.NoError(t, v.pool.QueryRow(ctx, "SELECT now() > $1", *in.Deadline).Scan(&past))
+		if past {
+			break
+		}
+		require.True(t, time.Now().Before(deadline))
+		time.Sleep(50 * time.Millisecond) // poll
+	}
+	r, err := v.e.RescueNow(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 0, r.Deadlines)
+	close(g.release)
+	in = sagatest.WaitEnded(t, v.e, st.ID, wopts)
+	require.Equal(t, saga.StatusCompensated, in.Status, sagatest.Describe(in))
+	require.Equal(t, 1, v.effects(t, st.ID, "undo-first"))
+	require.NotEqual(t, saga.CodeDeadline, in.LastError.Code)
+	require.Equal(t, 0, count(in, "cancel_requested:boom")+count(in, "cancel_requested:first"), sagatest.Describe(in))
+}
+
+// The deadline comes before the end of a sleep: the saga is cancelled with
+// CodeDeadline and its timer never fires.
+func TestDeadlineBeforeTimer(t *testing.T) {
+	t.Parallel()
+	v := newEnv(t)
+	def := saga.Define("dl-nap",
+		saga.Step[state]{Name: "first", Action: act[state](v, "first"), Compensate: act[state](v, "undo-first")},
+		saga.Step[state]{Name: "nap", Wait: saga.Sleep[state](2 * time.Hour)},
+		saga.Step[state]{Name: "after", Action: act[state](v, "after")},
+	).WithDeadline(time.Hour)
+	ctl := v.controlDef()
+	v.run(t, def, ctl)
+	ctx := context.Background()
+	st, err := saga.Start(ctx, v.e, def, state{}, nil)
+	require.NoError(t, err)
+	waitingFor(t, v.e, st.ID, "timer", "")
+	require.NoError(t, v.clock().Advance(ctx, 90*time.Minute))
+	in := sagatest.WaitEnded(t, v.e, st.ID, wopts)
+	require.Equal(t, saga.StatusCompensated, in.Status, sagatest.Describe(in))
+	require.Equal(t, saga.CodeDeadline, in.LastError.Code)
+	c, err := saga.Start(ctx, v.e, ctl, state{}, nil)
+	require.NoError(t, err)
+	waitingFor(t, v.e, c.ID, "timer", "")
+	require.NoError(t, v.clock().Advance(ctx, time.Hour))
+	sagatest.WaitEnded(t, v.e, c.ID, wopts)
+	in = get(t, v.e, st.ID)
+	require.Equal(t, 0, count(in, "timer_fired:nap"), sagatest.Describe(in))
+	require.Equal(t, 0, v.effects(t, st.ID, "after"))
+}
