@@ -194,3 +194,21 @@ func (v *env) controlDef() *saga.Definition[state] {
 		saga.Step[state]{Name: "nap", Wait: saga.Sleep[state](time.Minute)},
 		saga.Step[state]{Name: "done", Action: act[state](v, "done")})
 }
+
+// poll reads saga id until met holds or d passes, and returns the saga as
+// last read and whether met held: for tests that report a stuck saga as a
+// finding instead of failing.
+func poll(t *testing.T, e *saga.Engine, id uuid.UUID, d time.Duration, met func(*saga.Instance) bool) (*saga.Instance, bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		in := get(t, e, id)
+		if met(in) {
+			return in, true
+		}
+		if time.Now().After(deadline) {
+			return in, false
+		}
+		time.Sleep(20 * time.Millisecond) // poll interval
+	}
+}
