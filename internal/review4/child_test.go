@@ -20,12 +20,13 @@ type kid struct {
 	Done string `json:"done,omitempty"`
 }
 
-// family is a child definition (its "work" step fails for good when Fail;
-// its "hold" step awaits signal "go") and a parent that starts it with the
-// business key in the parent's state N-th... the parent's Got[0], if any.
+// family is a child definition (its "work" step fails for good when Fail,
+// that is when the parent's state has N == 1; its "hold" step awaits signal
+// "go") and a parent that starts it, with the parent's Got[0] as the child's
+// business key when there is one.
 type family struct {
-	child, parent *saga.Definition[state]
-	childDef      *saga.Definition[kid]
+	parent   *saga.Definition[state]
+	childDef *saga.Definition[kid]
 }
 
 func newFamily(v *env, name string, limit time.Duration) family {
