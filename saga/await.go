@@ -80,10 +80,10 @@ func (b *batch) await(ctx context.Context, sg *store.Saga, def *compiled, idx in
 			b.waitEnded = true
 		}
 	}
-	handler := func(call func(ctx context.Context) ([]byte, error), amend func(*decision)) error {
+	handler := func(call func(ctx context.Context) ([]byte, error), amend, final func(*decision)) error {
 		started := time.Now()
 		newState, herr := e.callHandler(ctx, b.tx, run, fwd, timeout, call)
-		return b.outcome(ctx, sg, def, idx, fwd, key, sp, last, attempt, started, newState, herr, amend)
+		return b.outcome(ctx, sg, def, idx, fwd, key, sp, last, attempt, started, newState, herr, amend, final)
 	}
 	// write queues d; nothing ran that could need rolling back.
 	write := func(d decision, done func()) error {
@@ -97,6 +97,12 @@ func (b *batch) await(ctx context.Context, sg *store.Saga, def *compiled, idx in
 			func(d *decision) {
 				ended(EventSignalReceived, map[string]any{"signal_id": safetext.Text(sig.SignalID, 200), "seq": sig.Seq})(d)
 				d.tr.DeliverSignal, d.tr.DeliverStep = sig.Seq, sg.StepName
+			},
+			// The step failed for good on this signal (its payload does
+			// not decode, say): it is not kept for another await.
+			func(d *decision) {
+				d.tr.DeliverSignal, d.tr.DeliverStep = sig.Seq, sg.StepName
+				d.tr.RejectSignal = "the step that took it failed for good: " + deref(d.tr.LastErrorCode) + ": " + deref(d.tr.LastError)
 			})
 
 	case w.kind == store.WaitChild && waiting && (childGone || Status(child.Status).Terminal()):
@@ -106,7 +112,7 @@ func (b *batch) await(ctx context.Context, sg *store.Saga, def *compiled, idx in
 		}
 		if child != nil && Status(child.Status) == StatusCompleted {
 			return handler(func(ctx context.Context) ([]byte, error) { return w.childDone(ctx, run, sg.State, child.State) },
-				ended(EventChildEnded, detail))
+				ended(EventChildEnded, detail), nil)
 		}
 		why := fmt.Sprintf("child saga %s (%s) no longer exists", deref(sg.WaitFor), w.childName)
 		if child != nil {
@@ -133,7 +139,7 @@ func (b *batch) await(ctx context.Context, sg *store.Saga, def *compiled, idx in
 		}
 		switch {
 		case w.onTimeout != nil:
-			return handler(func(ctx context.Context) ([]byte, error) { return w.onTimeout(ctx, run, sg.State) }, leave)
+			return handler(func(ctx context.Context) ([]byte, error) { return w.onTimeout(ctx, run, sg.State) }, leave, nil)
 		case w.goOn:
 			d := e.machine.success(sg, def, idx, fwd, nil, 0, key.String())
 			leave(&d)

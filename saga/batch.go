@@ -269,6 +269,14 @@ func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, derr 
 		}
 	}
 	if c.Type == wakeType {
+		if b.tx.moved[ls.ID] {
+			// This batch moved the saga on already (a wake-up for another
+			// signal, say): the saga's row as read is no longer its row.
+			// Look again in a later transaction, which reads it afresh.
+			e.stats.deferred.Add(1)
+			b.deferred = append(b.deferred, deferral{id: c.ID})
+			return nil
+		}
 		b.delivered = append(b.delivered, c.ID)
 		return b.wake(b.traceWake(ctx, c, &ls.Saga), ls, def, last)
 	}
@@ -335,7 +343,7 @@ func (b *batch) execute(ctx context.Context, sg *store.Saga, def *compiled, idx 
 	newState, herr := e.callHandler(ctx, b.tx, run, dir, def.steps[idx].timeout, func(ctx context.Context) ([]byte, error) {
 		return def.run(ctx, run, idx, dir, sg.State)
 	})
-	return b.outcome(ctx, sg, def, idx, dir, key, sp, last, attempt, started, newState, herr, nil)
+	return b.outcome(ctx, sg, def, idx, dir, key, sp, last, attempt, started, newState, herr, nil, nil)
 }
 
 // stepRun is the StepRun of attempt of sg's current step, in direction dir.
@@ -352,9 +360,10 @@ func (b *batch) stepRun(sg *store.Saga, key steps.Key, dir steps.Direction, atte
 
 // outcome writes what a step's handler returned: newState and herr, after
 // it started at started. amend, when set, adds to the decision of a
-// success (what a wait's end writes with it).
+// success (what a wait's end writes with it); final, to that of a failure
+// that is not retried.
 func (b *batch) outcome(ctx context.Context, sg *store.Saga, def *compiled, idx int, dir steps.Direction, key steps.Key, sp string,
-	last bool, attempt int, started time.Time, newState []byte, herr error, amend func(*decision)) error {
+	last bool, attempt int, started time.Time, newState []byte, herr error, amend, final func(*decision)) error {
 	e := b.e
 	elapsed := time.Since(started)
 	fault.At(ctx, fault.EngineAfterHandler)
@@ -378,6 +387,9 @@ func (b *batch) outcome(ctx context.Context, sg *store.Saga, def *compiled, idx 
 	}
 	fail := func(herr error) (*store.Transition, func()) {
 		d := e.machine.failure(sg, def, idx, dir, attempt, herr, elapsed)
+		if final != nil && !d.retry {
+			final(&d)
+		}
 		return e.transition(sg, d), func() {
 			e.stats.failed.Add(1)
 			if d.retry {

@@ -2,6 +2,8 @@ package saga
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -52,7 +54,7 @@ func SignalOn[E any](e *Engine, name string, route func(msg inbox.Message, ev E)
 			sig.Name = name
 		}
 		if sig.ID == "" {
-			sig.ID = msg.ID
+			sig.ID = signalID(msg.ID)
 		}
 		if sig.Payload == nil {
 			sig.Payload = json.RawMessage(msg.Value)
@@ -69,4 +71,15 @@ func SignalOn[E any](e *Engine, name string, route func(msg inbox.Message, ev E)
 		}
 		return err
 	}
+}
+
+// signalID is the signal id of a message with id: the id itself when a
+// signal id can be it, else, as the inbox records such ids, "sha256:" and
+// the hex SHA-256 of its bytes, so that any message id deduplicates.
+func signalID(id string) string {
+	if id != "" && safetext.Problem(id, safetext.MaxKeyBytes) == "" {
+		return id
+	}
+	sum := sha256.Sum256([]byte(id))
+	return "sha256:" + hex.EncodeToString(sum[:])
 }

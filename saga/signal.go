@@ -34,7 +34,10 @@ type Signal struct {
 	// to a new UUID, which deduplicates nothing.
 	ID string
 	// Payload is the signal's content, encoded as JSON ([json.RawMessage]
-	// and []byte holding JSON are sent as they are).
+	// and []byte holding JSON are sent as they are). It is stored as bytes,
+	// as sent: JSON that escapes a NUL ("\u0000") is accepted, and a
+	// handler that copies it into the saga's state fails its step
+	// (PostgreSQL's jsonb refuses it).
 	Payload any
 }
 
@@ -43,8 +46,9 @@ type SignalResult struct {
 	// SagaID is the saga the signal was addressed to; uuid.Nil when none
 	// matched.
 	SagaID uuid.UUID
-	// Seq orders the saga's signals; signals of one name are delivered in
-	// this order.
+	// Seq orders the saga's signals; an await takes the pending signal of
+	// its name with the lowest Seq among those committed when it looks
+	// (a signal whose transaction commits late may be overtaken).
 	Seq int64
 	// Duplicate is true when a signal with the same ID had been recorded
 	// for the saga before: nothing new was written.
@@ -227,8 +231,10 @@ type SignalInfo struct {
 	Name    string
 	ID      string
 	Payload json.RawMessage // as sent; not necessarily valid JSON for a signal from a foreign writer
-	// Status is "pending" (kept for a step that awaits it), "delivered" or
-	// "rejected" (Error says why).
+	// Status is "pending" (not taken by any step: kept for a step that
+	// awaits it, and left so when the saga ends first), "delivered", or
+	// "rejected" (Error says why: no saga could take it, or the step that
+	// took it failed for good).
 	Status string
 	Error  string
 	// Step and Epoch say where it was delivered.
@@ -242,7 +248,9 @@ type SignalInfo struct {
 const maxSignalsListed = 1000
 
 // Signals returns the signals recorded for saga id, oldest first (at most
-// 1000).
+// 1000), and those addressed to id that matched no saga. (A signal
+// addressed by name and business key that matched no saga is recorded
+// with that address, which Signals does not list.)
 func (e *Engine) Signals(ctx context.Context, id uuid.UUID) ([]SignalInfo, error) {
 	if err := e.ready("Engine.Signals"); err != nil {
 		return nil, err

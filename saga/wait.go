@@ -138,7 +138,9 @@ const CodeSignalPayload = "signal_payload"
 //     timeout) while it waits: the child is cancelled too.
 //
 // The step's own Compensate, if any, runs when a later step fails; it is
-// the place to undo what the completed child did.
+// the place to undo what the completed child did. A child whose
+// StartOpts.BusinessKey belongs to another saga is not started: the step
+// fails for good with code [CodeChildStart].
 func Child[S, C any](def *Definition[C], input func(ctx context.Context, run *StepRun, s *S) (C, *StartOpts, error),
 	done func(ctx context.Context, run *StepRun, s *S, child C) error) *Wait[S] {
 	w := &Wait[S]{kind: store.WaitChild}

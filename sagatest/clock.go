@@ -83,6 +83,10 @@ func NewClock(pool *pgxpool.Pool, schema string, engines ...*saga.Engine) *Clock
 // message header, not in a column). The idempotency package's keys are not
 // moved either.
 //
+// Advance takes the rows it moves, so it waits for the transactions of
+// running steps that hold them (a step's own timeout bounds that wait):
+// time cannot pass in the middle of a running step.
+//
 // Rows written after Advance read them are not moved: wait until the engine
 // has written what should come due (say, Wait for Event("step_failed:charge")
 // before advancing past its retry's backoff), then Advance.

@@ -240,9 +240,12 @@ type Transition struct {
 	// wait's timer command that is no longer needed.
 	Supersede []uuid.UUID
 	// DeliverSignal, when not 0, marks that signal (its seq) delivered at
-	// step DeliverStep (the step the saga leaves).
+	// step DeliverStep (the step the saga leaves); with RejectSignal set,
+	// it marks it rejected instead, with that reason (the step that took
+	// it failed for good).
 	DeliverSignal int64
 	DeliverStep   string
+	RejectSignal  string
 	// CancelChild, when set, records a cancel request for a child saga
 	// that the saga no longer waits for (the caller adds, to Messages, a
 	// command that makes an engine look at it).
@@ -470,7 +473,7 @@ func New(schema string) (*Store, error) {
 		refuseCancel: `WITH d AS (DELETE FROM ` + s + `.saga_cancel_requests WHERE saga_id = $1 RETURNING saga_id, epoch, reason)
 			INSERT INTO ` + s + `.saga_history (saga_id, event, epoch, error, error_code, detail)
 			SELECT d.saga_id, $2, d.epoch, d.reason, $3, jsonb_build_object('refused', $4::text) FROM d`,
-		cancelRequests: `SELECT saga_id, epoch, reason FROM ` + s + `.saga_cancel_requests WHERE saga_id = ANY($1)`,
+		cancelRequests: `SELECT saga_id, epoch, reason, coalesce(code, '') FROM ` + s + `.saga_cancel_requests WHERE saga_id = ANY($1)`,
 		// A Kafka command that cannot run yet leaves its partition for the
 		// outbox, to be published again after a delay: held since $9 (the
 		// first hold, in database time), or now. Nothing is written when it
@@ -908,7 +911,7 @@ func (s *Store) QueueTransition(b *pgx.Batch, t *Transition) *pgx.QueuedQuery {
 		b.Queue(s.w.deletePending, pgIDs(t.Supersede))
 	}
 	if t.DeliverSignal != 0 {
-		b.Queue(s.w.deliverSignal, t.DeliverSignal, t.DeliverStep, t.Epoch)
+		b.Queue(s.w.deliverSignal, t.DeliverSignal, t.DeliverStep, t.Epoch, nullStr(t.RejectSignal))
 	}
 	if c := t.CancelChild; c != nil {
 		b.Queue(s.w.cancelChild, pgID(c.ID), c.Reason, c.Code, EventCancelRequested)
@@ -1197,7 +1200,7 @@ func (s *Store) CancelRequests(ctx context.Context, db DBTX, ids []uuid.UUID) (m
 	out := map[uuid.UUID]CancelRequest{}
 	var id uuid.UUID
 	var r CancelRequest
-	_, err = pgx.ForEachRow(rows, []any{(*[16]byte)(&id), &r.Epoch, &r.Reason}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{(*[16]byte)(&id), &r.Epoch, &r.Reason, &r.Code}, func() error {
 		out[id] = r
 		return nil
 	})

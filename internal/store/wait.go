@@ -28,7 +28,8 @@ type waitStatements struct {
 func newWaitStatements(s string) waitStatements {
 	return waitStatements{
 		deletePending: `DELETE FROM ` + s + `.outbox WHERE id = ANY($1) AND status = 'pending'`,
-		deliverSignal: `UPDATE ` + s + `.saga_signals SET status = 'delivered', delivered_at = clock_timestamp(), step_name = $2, epoch = $3
+		deliverSignal: `UPDATE ` + s + `.saga_signals SET status = CASE WHEN $4::text IS NULL THEN 'delivered' ELSE 'rejected' END,
+				error = $4, delivered_at = clock_timestamp(), step_name = $2, epoch = $3
 			WHERE seq = $1 AND status = 'pending'`,
 		// A child the parent no longer waits for is asked to cancel, in
 		// the parent's transition; a child that ended, or has a request
@@ -61,7 +62,7 @@ func newWaitStatements(s string) waitStatements {
 				SELECT seq FROM ` + s + `.saga_signals WHERE saga_id IS NULL AND created_at < now() - $1 * interval '1 microsecond'
 				ORDER BY created_at LIMIT $2)`,
 		signals: `SELECT seq, name, signal_id, payload, status, coalesce(error, ''), step_name, epoch, created_at, delivered_at
-			FROM ` + s + `.saga_signals WHERE saga_id = $1 ORDER BY seq LIMIT $2`,
+			FROM ` + s + `.saga_signals WHERE coalesce(saga_id::text, target) = $1::text ORDER BY seq LIMIT $2`,
 	}
 }
 
@@ -159,9 +160,10 @@ type Signal struct {
 	DeliveredAt *time.Time
 }
 
-// Signals returns up to limit signals sent to saga id, oldest first.
+// Signals returns up to limit signals sent to saga id, oldest first: those
+// it has, and those addressed to its id that matched no saga.
 func (s *Store) Signals(ctx context.Context, db DBTX, id uuid.UUID, limit int) ([]Signal, error) {
-	rows, err := db.Query(ctx, s.w.signals, pgID(id), limit)
+	rows, err := db.Query(ctx, s.w.signals, id.String(), limit)
 	if err != nil {
 		return nil, fmt.Errorf("store: signals of saga %s: %w", id, err)
 	}
