@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/sagaflow/sagaflow/internal/safetext"
 	"github.com/sagaflow/sagaflow/internal/store"
 )
 
@@ -187,7 +189,15 @@ type RequeueOpts struct {
 	// DryRun does everything in a transaction that is rolled back, and
 	// reports what would have been requeued and what would have failed.
 	DryRun bool
+	// Reason is recorded, with who asked when the caller says so ("by
+	// anna: provider fixed"), in the history of each saga whose command is
+	// requeued ([EventCommandRequeued]). Defaults to "requeued".
+	Reason string
 }
+
+// EventCommandRequeued: an operator requeued a parked command of the saga
+// ([Engine.RequeueDead]); the detail has its message id, topic and reason.
+const EventCommandRequeued = "command_requeued"
 
 // RequeueResult reports [Engine.RequeueDead].
 type RequeueResult struct {
@@ -250,11 +260,11 @@ func (e *Engine) RequeueDead(ctx context.Context, opts *RequeueOpts) (*RequeueRe
 			return nil, err
 		}
 	}
-	if err := e.requeueMessages(ctx, messages, o.DryRun, res); err != nil {
+	if err := e.requeueMessages(ctx, messages, o.DryRun, o.Reason, res); err != nil {
 		return res, err
 	}
 	for _, id := range letters {
-		if err := e.requeueLetter(ctx, id, o.DryRun, res); err != nil {
+		if err := e.requeueLetter(ctx, id, o.DryRun, o.Reason, res); err != nil {
 			return res, err
 		}
 	}
@@ -326,7 +336,7 @@ func (e *Engine) selectDead(ctx context.Context, o *RequeueOpts) ([]uuid.UUID, [
 // errDryRun rolls back a dry run's transaction.
 var errDryRun = errors.New("dry run")
 
-func (e *Engine) requeueMessages(ctx context.Context, ids []uuid.UUID, dryRun bool, res *RequeueResult) error {
+func (e *Engine) requeueMessages(ctx context.Context, ids []uuid.UUID, dryRun bool, reason string, res *RequeueResult) error {
 	if len(ids) == 0 {
 		return nil
 	}
@@ -335,6 +345,9 @@ func (e *Engine) requeueMessages(ctx context.Context, ids []uuid.UUID, dryRun bo
 	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
 		var err error
 		if done, why, err = e.st.RequeueDeadMessages(ctx, tx, ids); err != nil {
+			return err
+		}
+		if err := e.st.RecordRequeued(ctx, tx, done, EventCommandRequeued, requeueReason(reason)); err != nil {
 			return err
 		}
 		if dryRun {
@@ -362,11 +375,14 @@ func (e *Engine) requeueMessages(ctx context.Context, ids []uuid.UUID, dryRun bo
 	return nil
 }
 
-func (e *Engine) requeueLetter(ctx context.Context, id int64, dryRun bool, res *RequeueResult) error {
+func (e *Engine) requeueLetter(ctx context.Context, id int64, dryRun bool, reason string, res *RequeueResult) error {
 	var done *store.RequeuedLetter
 	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
 		var err error
 		if done, err = e.st.RequeueDeadLetter(ctx, tx, id, uuid.Must(uuid.NewV7())); err != nil {
+			return err
+		}
+		if err := e.st.RecordRequeued(ctx, tx, []uuid.UUID{done.OutboxID}, EventCommandRequeued, requeueReason(reason)); err != nil {
 			return err
 		}
 		if dryRun {
@@ -383,4 +399,13 @@ func (e *Engine) requeueLetter(ctx context.Context, id int64, dryRun bool, res *
 	}
 	res.Letters = append(res.Letters, RequeuedLetter(*done))
 	return nil
+}
+
+// requeueReason is the stored reason of a requeue.
+func requeueReason(reason string) string {
+	reason = safetext.Text(strings.TrimSpace(reason), maxReasonBytes)
+	if reason == "" {
+		return "requeued"
+	}
+	return reason
 }

@@ -228,3 +228,40 @@ func stripParen(s string) string {
 	}
 	return s
 }
+
+// A requeued command of a saga is recorded in the saga's history, with the
+// reason (who asked); a dry run records nothing.
+func TestRequeueDeadRecordsItInTheSagasHistory(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	def := threeSteps(b, "requeued", nil)
+	require.NoError(t, b.engine.Register(def))
+	ctx := context.Background()
+	st, err := saga.Start(ctx, b.engine, def, order{}, nil) // not started: its first command waits
+	require.NoError(t, err)
+	var cmd uuid.UUID
+	require.NoError(t, b.pool.QueryRow(ctx, `UPDATE `+b.table("outbox")+` SET status = 'dead', last_error = 'parked by hand'
+		WHERE saga_id = $1 RETURNING id`, st.ID).Scan(&cmd))
+	events := func() int {
+		return b.count(t, `SELECT count(*) FROM `+b.table("saga_history")+` WHERE saga_id = $1 AND event = $2`, st.ID, saga.EventCommandRequeued)
+	}
+	_, err = b.engine.RequeueDead(ctx, &saga.RequeueOpts{MessageIDs: []uuid.UUID{cmd}, DryRun: true, Reason: "by anna"})
+	require.NoError(t, err)
+	require.Zero(t, events(), "a dry run records nothing")
+	res, err := b.engine.RequeueDead(ctx, &saga.RequeueOpts{MessageIDs: []uuid.UUID{cmd}, Reason: "by anna: the provider is back"})
+	require.NoError(t, err)
+	require.Equal(t, []uuid.UUID{cmd}, res.Messages)
+	in, err := b.engine.Get(ctx, st.ID)
+	require.NoError(t, err)
+	var found bool
+	for _, ev := range in.History {
+		if ev.Type == saga.EventCommandRequeued {
+			found = true
+			require.Contains(t, string(ev.Detail), "by anna: the provider is back")
+			require.Contains(t, string(ev.Detail), cmd.String())
+		}
+	}
+	require.True(t, found, "the requeue is in the saga's history")
+	b.start(t)
+	require.Equal(t, saga.StatusCompleted, b.waitTerminal(t, st.ID).Status, "the requeued command ran")
+}

@@ -251,6 +251,7 @@ func (h *Handler) doRequeue(w http.ResponseWriter, r *http.Request) {
 		h.render(w, r, http.StatusBadRequest, "requeue", data)
 		return
 	}
+	o.Reason = "requeued from the web UI by " + h.actor(r)
 	res, err := h.engine.RequeueDead(r.Context(), o)
 	if err != nil && res == nil {
 		h.fail(w, r, http.StatusInternalServerError, err)

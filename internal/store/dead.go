@@ -528,3 +528,21 @@ func headersFromMap(m map[string]string) []RawHeader {
 func PositionID(topic string, partition int, offset int64) string {
 	return topic + "/" + strconv.Itoa(partition) + "/" + strconv.FormatInt(offset, 10)
 }
+
+// RecordRequeued writes, for each outbox row of ids that belongs to a saga
+// that exists, a history entry event for its saga with the row's id, topic
+// and reason: an operator sent a parked command again.
+func (s *Store) RecordRequeued(ctx context.Context, db DBTX, ids []uuid.UUID, event, reason string) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	q := quoteSchema(s.schema)
+	_, err := db.Exec(ctx, `INSERT INTO `+q+`.saga_history (saga_id, event, detail)
+		SELECT o.saga_id, $2, jsonb_build_object('message_id', o.id::text, 'topic', o.topic, 'reason', $3::text)
+		FROM `+q+`.outbox o JOIN `+q+`.saga_instances si ON si.id = o.saga_id
+		WHERE o.id = ANY($1)`, pgIDs(ids), event, reason)
+	if err != nil {
+		return fmt.Errorf("store: record %d requeued messages: %w", len(ids), err)
+	}
+	return nil
+}
