@@ -50,12 +50,12 @@ type waitsOpts struct {
 
 // WaitsReport is what `bench waits` writes with -out.
 type WaitsReport struct {
-	StartedAt string         `json:"started_at"`
-	Opts      waitsOpts      `json:"opts"`
-	Sleepers  []SleepersRun  `json:"sleepers,omitempty"`
-	Timers    []TimersRun    `json:"timers,omitempty"`
-	Signals   []SignalsRun   `json:"signals,omitempty"`
-	Notes     []string       `json:"notes,omitempty"`
+	StartedAt string        `json:"started_at"`
+	Opts      waitsOpts     `json:"opts"`
+	Sleepers  []SleepersRun `json:"sleepers,omitempty"`
+	Timers    []TimersRun   `json:"timers,omitempty"`
+	Signals   []SignalsRun  `json:"signals,omitempty"`
+	Notes     []string      `json:"notes,omitempty"`
 }
 
 // SleepersRun is one repetition of the sleepers part: the same closed loop
