@@ -74,6 +74,7 @@ type SleepersRun struct {
 	LoadAvgAtStart  string  `json:"loadavg"`
 	EmptyFirst      bool    `json:"empty_first"`
 	EmptyWallSecond float64 `json:"empty_window_s"`
+	OldestXactS     float64 `json:"oldest_xact_s"`
 	SleepWallSecond float64 `json:"sleepers_window_s"`
 }
 
@@ -90,6 +91,7 @@ type TimersRun struct {
 	FiredPerSec  float64 `json:"fired_per_s"`
 	LoadAvg      string  `json:"loadavg"`
 	InsertSecond float64 `json:"insert_s"`
+	OldestXactS  float64 `json:"oldest_xact_s"`
 }
 
 // SignalsRun is one repetition of the signals part.
@@ -105,6 +107,7 @@ type SignalsRun struct {
 	Count      int                `json:"signals"`
 	NotWaiting int                `json:"signalled_before_wait"`
 	LoadAvg    string             `json:"loadavg"`
+	OldestXact float64            `json:"oldest_xact_s"`
 }
 
 func waitsMain(args []string) error {
@@ -315,6 +318,7 @@ func benchSleepers(ctx context.Context, o *waitsOpts) ([]SleepersRun, error) {
 		if r == 0 {
 			run.FillSeconds, run.AsleepSeconds = fill.Seconds(), asleep.Seconds()
 		}
+		xw := watchXacts(ctx, pool)
 		order := []string{empty, full}
 		if !run.EmptyFirst {
 			order = []string{full, empty}
@@ -331,6 +335,7 @@ func benchSleepers(ctx context.Context, o *waitsOpts) ([]SleepersRun, error) {
 				run.SleepStepsPerS, run.SleepP99Ms, run.SleepWallSecond = s.Rate, s.P99Ms, s.WallSeconds
 			}
 		}
+		run.OldestXactS = xw.end()
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+qs+`.saga_instances WHERE wait_kind = 'timer'`).Scan(&run.StillAsleep); err != nil {
 			return nil, err
 		}
@@ -395,7 +400,9 @@ func benchTimers(ctx context.Context, o *waitsOpts, rep int) (TimersRun, error) 
 	zero.Store(z.UnixMicro())
 	progress("timers rep %d: %d sagas written in %.1fs; first timer due in %s", rep, n, run.InsertSecond, lead)
 	run.LoadAvg = loadAvg()
+	xw := watchXacts(ctx, pool)
 	if err := e.Start(ctx); err != nil {
+		xw.end()
 		return run, err
 	}
 	defer func() {
@@ -406,8 +413,10 @@ func benchTimers(ctx context.Context, o *waitsOpts, rep int) (TimersRun, error) 
 	qs := pgx.Identifier{schema}.Sanitize()
 	if _, err := pollCount(ctx, pool, `SELECT count(*) FROM `+qs+`.saga_history WHERE event = 'timer_fired'`, n,
 		lead+o.TimerSpan+5*time.Minute); err != nil {
+		xw.end()
 		return run, err
 	}
+	run.OldestXactS = xw.end()
 	rows, err := pool.Query(ctx, `SELECT (s.state->>'offset_us')::int8, f.at, (f.detail->>'late_ms')::float8, w.at
 		FROM `+qs+`.saga_history f
 		JOIN `+qs+`.saga_instances s ON s.id = f.saga_id
@@ -565,6 +574,8 @@ func benchSignals(ctx context.Context, o *waitsOpts, rep int) (SignalsRun, error
 		b.queue <- ticket{id: id}
 	}
 	m := &meter{pool: pool, app: app}
+	xw := watchXacts(ctx, pool)
+	defer xw.end()
 	for _, c := range strings.Split(o.SignalConcs, ",") {
 		var conc int
 		if _, err := fmt.Sscan(c, &conc); err != nil || conc < 1 {
@@ -590,6 +601,7 @@ func benchSignals(ctx context.Context, o *waitsOpts, rep int) (SignalsRun, error
 	}
 	run.Achieved = float64(s.Latency) / s.WallSeconds
 	run.P50Ms, run.P99Ms, run.Count = s.P50Ms, s.P99Ms, s.Latency
+	run.OldestXact = xw.end()
 	// A signal that came before its saga was back at its wait: its
 	// latency is not that of a waiting saga; count them.
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+qs+`.saga_signals g
@@ -605,22 +617,63 @@ func benchSignals(ctx context.Context, o *waitsOpts, rep int) (SignalsRun, error
 func printWaits(w io.Writer, r *WaitsReport) {
 	fmt.Fprintf(w, "\nwaits benchmark, started %s, load average now %s\n", r.StartedAt, loadAvg())
 	if len(r.Sleepers) > 0 {
-		fmt.Fprintf(w, "\n| rep | sleepers | steps/s, empty | steps/s, with sleepers | ratio | saga p99 ms empty / sleepers | load avg |\n|---:|---:|---:|---:|---:|---|---|\n")
+		fmt.Fprintf(w, "\n| rep | sleepers | steps/s, empty | steps/s, with sleepers | ratio | saga p99 ms empty / sleepers | load avg | oldest xact s |\n|---:|---:|---:|---:|---:|---|---|---:|\n")
 		for _, s := range r.Sleepers {
-			fmt.Fprintf(w, "| %d | %d | %.0f | %.0f | %.2f | %.1f / %.1f | %s |\n", s.Rep+1, s.Sleepers, s.EmptyStepsPerS, s.SleepStepsPerS, s.Ratio, s.EmptyP99Ms, s.SleepP99Ms, s.LoadAvgAtStart)
+			fmt.Fprintf(w, "| %d | %d | %.0f | %.0f | %.2f | %.1f / %.1f | %s | %.0f |\n", s.Rep+1, s.Sleepers, s.EmptyStepsPerS, s.SleepStepsPerS, s.Ratio, s.EmptyP99Ms, s.SleepP99Ms, s.LoadAvgAtStart, s.OldestXactS)
 		}
 		fmt.Fprintf(w, "\nfill: %.1f s to start, %.1f s until all asleep\n", r.Sleepers[0].FillSeconds, r.Sleepers[0].AsleepSeconds)
 	}
 	if len(r.Timers) > 0 {
-		fmt.Fprintf(w, "\n| rep | timers | due per s | fired per s | late p50 ms | late p99 ms | late max ms | wait started after due | load avg |\n|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+		fmt.Fprintf(w, "\n| rep | timers | due per s | fired per s | late p50 ms | late p99 ms | late max ms | wait started after due | load avg | oldest xact s |\n|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|\n")
 		for _, t := range r.Timers {
-			fmt.Fprintf(w, "| %d | %d | %.0f | %.0f | %.1f | %.1f | %.1f | %d | %s |\n", t.Rep+1, t.Timers, t.Rate, t.FiredPerSec, t.P50Ms, t.P99Ms, t.MaxMs, t.StartedLate, t.LoadAvg)
+			fmt.Fprintf(w, "| %d | %d | %.0f | %.0f | %.1f | %.1f | %.1f | %d | %s | %.0f |\n", t.Rep+1, t.Timers, t.Rate, t.FiredPerSec, t.P50Ms, t.P99Ms, t.MaxMs, t.StartedLate, t.LoadAvg, t.OldestXactS)
 		}
 	}
 	if len(r.Signals) > 0 {
-		fmt.Fprintf(w, "\n| rep | peak signals/s (in flight) | offered /s | achieved /s | p50 ms | p99 ms | signals in window | signalled before the wait (whole run) | load avg |\n|---:|---|---:|---:|---:|---:|---:|---:|---|\n")
+		fmt.Fprintf(w, "\n| rep | peak signals/s (in flight) | offered /s | achieved /s | p50 ms | p99 ms | signals in window | signalled before the wait (whole run) | load avg | oldest xact s |\n|---:|---|---:|---:|---:|---:|---:|---:|---|---:|\n")
 		for _, s := range r.Signals {
-			fmt.Fprintf(w, "| %d | %.0f (%d) | %.0f | %.0f | %.1f | %.1f | %d | %d | %s |\n", s.Rep+1, s.PeakRate, s.PeakConc, s.Offered, s.Achieved, s.P50Ms, s.P99Ms, s.Count, s.NotWaiting, s.LoadAvg)
+			fmt.Fprintf(w, "| %d | %.0f (%d) | %.0f | %.0f | %.1f | %.1f | %d | %d | %s | %.0f |\n", s.Rep+1, s.PeakRate, s.PeakConc, s.Offered, s.Achieved, s.P50Ms, s.P99Ms, s.Count, s.NotWaiting, s.LoadAvg, s.OldestXact)
 		}
 	}
+}
+
+// xactWatch samples, every second, the age of the oldest open transaction
+// on the server, in any database. One open for long holds back the cleanup
+// of every table: the outbox's consumed commands stay in its index, and
+// each claim walks over them.
+type xactWatch struct {
+	stop chan struct{}
+	done chan struct{}
+	once sync.Once
+	max  time.Duration
+}
+
+func watchXacts(ctx context.Context, pool *pgxpool.Pool) *xactWatch {
+	w := &xactWatch{stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			var age time.Duration
+			if err := pool.QueryRow(ctx, `SELECT coalesce(max(clock_timestamp() - xact_start), '0') FROM pg_stat_activity
+				WHERE backend_xid IS NOT NULL OR backend_xmin IS NOT NULL`).Scan(&age); err == nil {
+				w.max = max(w.max, age)
+			}
+			select {
+			case <-w.stop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return w
+}
+
+// end stops the watch (once; later calls only read) and returns the
+// oldest transaction's age seen, in seconds.
+func (w *xactWatch) end() float64 {
+	w.once.Do(func() { close(w.stop) })
+	<-w.done
+	return w.max.Seconds()
 }
