@@ -46,6 +46,8 @@ type waitsOpts struct {
 	SignalRounds int
 	HalfWindow   time.Duration
 	Out          string
+	// Workers of the engine in the timers and signals parts.
+	Workers int
 }
 
 // WaitsReport is what `bench waits` writes with -out.
@@ -94,10 +96,19 @@ type TimersRun struct {
 	OldestXactS  float64 `json:"oldest_xact_s"`
 }
 
+// ConcPoint is a closed loop of signals at one load.
+type ConcPoint struct {
+	Conc   int     `json:"in_flight"`
+	PerSec float64 `json:"signals_per_s"`
+	P50Ms  float64 `json:"p50_ms"`
+	P99Ms  float64 `json:"p99_ms"`
+}
+
 // SignalsRun is one repetition of the signals part.
 type SignalsRun struct {
 	Rep        int                `json:"rep"`
 	Peak       map[string]float64 `json:"peak_signals_per_s_by_conc"`
+	ByConc     []ConcPoint        `json:"closed_loop"`
 	PeakRate   float64            `json:"peak_signals_per_s"`
 	PeakConc   int                `json:"peak_conc"`
 	Offered    float64            `json:"offered_signals_per_s"`
@@ -120,14 +131,15 @@ func waitsMain(args []string) error {
 	fs.DurationVar(&o.Window, "window", 5*time.Second, "measured window of a closed loop")
 	fs.Float64Var(&o.TimerRate, "timer-rate", 1000, "timers coming due per second")
 	fs.DurationVar(&o.TimerSpan, "timer-span", 20*time.Second, "how long timers keep coming due")
-	fs.StringVar(&o.SignalConcs, "signal-conc", "16,64,256", "signals in flight tried for the peak")
+	fs.IntVar(&o.Workers, "workers", 8, "engine Workers in the timers and signals parts (bench compare's for 8 or more in flight)")
+	fs.StringVar(&o.SignalConcs, "signal-conc", "1,16,64,256", "signals in flight tried for the peak")
 	fs.IntVar(&o.SignalPool, "signal-pool", 2000, "waiting sagas the signals go to, round-robin")
 	fs.IntVar(&o.SignalRounds, "signal-rounds", 40, "signal waits per saga")
 	fs.DurationVar(&o.HalfWindow, "half-window", 10*time.Second, "measured window at half of the peak")
 	fs.StringVar(&o.Out, "out", "", "write the report as JSON to this file")
 	_ = fs.Parse(args)
-	if o.Reps < 1 || o.Sleepers < 0 || o.Conc < 1 || o.TimerRate <= 0 || o.SignalPool < 1 || o.SignalRounds < 1 {
-		return errors.New("waits: -reps, -conc, -timer-rate, -signal-pool and -signal-rounds must be positive")
+	if o.Reps < 1 || o.Sleepers < 0 || o.Conc < 1 || o.TimerRate <= 0 || o.SignalPool < 1 || o.SignalRounds < 1 || o.Workers < 1 {
+		return errors.New("waits: -reps, -conc, -timer-rate, -signal-pool, -signal-rounds and -workers must be positive")
 	}
 	ctx := context.Background()
 	rep := WaitsReport{StartedAt: time.Now().UTC().Format(time.RFC3339), Opts: o}
@@ -358,7 +370,7 @@ func benchTimers(ctx context.Context, o *waitsOpts, rep int) (TimersRun, error) 
 	n := int(o.TimerRate * o.TimerSpan.Seconds())
 	run := TimersRun{Rep: rep, Timers: n, Rate: o.TimerRate}
 	app := "bench-waits-timers-" + randomSuffix()
-	pool, err := connect(ctx, app, 24)
+	pool, err := connect(ctx, app, o.Workers+16)
 	if err != nil {
 		return run, err
 	}
@@ -378,7 +390,7 @@ func benchTimers(ctx context.Context, o *waitsOpts, rep int) (TimersRun, error) 
 		})},
 		saga.Step[timed]{Name: "after", Action: func(context.Context, *saga.StepRun, *timed) error { return nil }},
 	)
-	e, err := saga.New(pool, &saga.Config{Schema: schema, Workers: 8, PollInterval: 50 * time.Millisecond, Logger: discard})
+	e, err := saga.New(pool, &saga.Config{Schema: schema, Workers: o.Workers, PollInterval: 50 * time.Millisecond, Logger: discard})
 	if err != nil {
 		return run, err
 	}
@@ -516,7 +528,7 @@ func (b *signalBench) signal(ctx context.Context) error {
 func benchSignals(ctx context.Context, o *waitsOpts, rep int) (SignalsRun, error) {
 	run := SignalsRun{Rep: rep, Peak: map[string]float64{}, LoadAvg: loadAvg()}
 	app := "bench-waits-signals-" + randomSuffix()
-	pool, err := connect(ctx, app, 8+16+4)
+	pool, err := connect(ctx, app, o.Workers+16+4)
 	if err != nil {
 		return run, err
 	}
@@ -540,7 +552,7 @@ func benchSignals(ctx context.Context, o *waitsOpts, rep int) (SignalsRun, error
 			}})
 	}
 	def := saga.Define("signalled", steps...)
-	b.e, err = saga.New(pool, &saga.Config{Schema: schema, Workers: 8, PollInterval: 50 * time.Millisecond, Logger: discard})
+	b.e, err = saga.New(pool, &saga.Config{Schema: schema, Workers: o.Workers, PollInterval: 50 * time.Millisecond, Logger: discard})
 	if err != nil {
 		return run, err
 	}
@@ -588,6 +600,7 @@ func benchSignals(ctx context.Context, o *waitsOpts, rep int) (SignalsRun, error
 		}
 		rate := float64(s.Latency) / s.WallSeconds
 		run.Peak[c] = rate
+		run.ByConc = append(run.ByConc, ConcPoint{Conc: conc, PerSec: rate, P50Ms: s.P50Ms, P99Ms: s.P99Ms})
 		progress("signals rep %d: %d in flight: %.0f signals/s, p50 %.1f ms, p99 %.1f ms", rep, conc, rate, s.P50Ms, s.P99Ms)
 		if rate > run.PeakRate {
 			run.PeakRate, run.PeakConc = rate, conc
@@ -631,9 +644,16 @@ func printWaits(w io.Writer, r *WaitsReport) {
 	}
 	if len(r.Signals) > 0 {
 		fmt.Fprintf(w, "\n| rep | peak signals/s (in flight) | offered /s | achieved /s | p50 ms | p99 ms | signals in window | signalled before the wait (whole run) | load avg | oldest xact s |\n|---:|---|---:|---:|---:|---:|---:|---:|---|---:|\n")
+		var loops []string
 		for _, s := range r.Signals {
+			var cl []string
+			for _, p := range s.ByConc {
+				cl = append(cl, fmt.Sprintf("%d in flight: %.0f/s p50 %.1f p99 %.1f ms", p.Conc, p.PerSec, p.P50Ms, p.P99Ms))
+			}
+			loops = append(loops, fmt.Sprintf("rep %d closed loops: %s\n", s.Rep+1, strings.Join(cl, "; ")))
 			fmt.Fprintf(w, "| %d | %.0f (%d) | %.0f | %.0f | %.1f | %.1f | %d | %d | %s | %.0f |\n", s.Rep+1, s.PeakRate, s.PeakConc, s.Offered, s.Achieved, s.P50Ms, s.P99Ms, s.Count, s.NotWaiting, s.LoadAvg, s.OldestXact)
 		}
+		fmt.Fprintf(w, "\n%s", strings.Join(loops, ""))
 	}
 }
 
