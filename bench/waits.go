@@ -585,6 +585,12 @@ func benchSignals(ctx context.Context, o *waitsOpts, rep int) (SignalsRun, error
 	for _, id := range ids {
 		b.queue <- ticket{id: id}
 	}
+	// settle waits until the previous load's signals are all handled: no
+	// command is due.
+	settle := func() error {
+		_, err := pollCount(ctx, pool, `SELECT (count(*) = 0)::int FROM `+qs+`.outbox WHERE available_at <= now()`, 1, 2*time.Minute)
+		return err
+	}
 	m := &meter{pool: pool, app: app}
 	xw := watchXacts(ctx, pool)
 	defer xw.end()
@@ -595,6 +601,9 @@ func benchSignals(ctx context.Context, o *waitsOpts, rep int) (SignalsRun, error
 		}
 		ro := runOpts{Conc: conc, Warmup: time.Second, WarmupMax: 30 * time.Second, Window: o.Window, WindowMax: 15 * time.Second}
 		var s Sample
+		if err := settle(); err != nil {
+			return run, err
+		}
 		if err := closedLoop(ctx, &ro, m, b.signal, &s); err != nil {
 			return run, fmt.Errorf("peak at %d in flight: %w", conc, err)
 		}
@@ -605,6 +614,9 @@ func benchSignals(ctx context.Context, o *waitsOpts, rep int) (SignalsRun, error
 		if rate > run.PeakRate {
 			run.PeakRate, run.PeakConc = rate, conc
 		}
+	}
+	if err := settle(); err != nil {
+		return run, err
 	}
 	ro := runOpts{Rate: run.PeakRate / 2, Warmup: 2 * time.Second, Window: o.HalfWindow}
 	run.Offered = ro.Rate
