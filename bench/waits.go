@@ -106,19 +106,22 @@ type ConcPoint struct {
 
 // SignalsRun is one repetition of the signals part.
 type SignalsRun struct {
-	Rep        int                `json:"rep"`
-	Peak       map[string]float64 `json:"peak_signals_per_s_by_conc"`
-	ByConc     []ConcPoint        `json:"closed_loop"`
-	PeakRate   float64            `json:"peak_signals_per_s"`
-	PeakConc   int                `json:"peak_conc"`
-	Offered    float64            `json:"offered_signals_per_s"`
-	Achieved   float64            `json:"achieved_signals_per_s"`
-	P50Ms      float64            `json:"p50_ms"`
-	P99Ms      float64            `json:"p99_ms"`
-	Count      int                `json:"signals"`
-	NotWaiting int                `json:"signalled_before_wait"`
-	LoadAvg    string             `json:"loadavg"`
-	OldestXact float64            `json:"oldest_xact_s"`
+	Rep      int                `json:"rep"`
+	Peak     map[string]float64 `json:"peak_signals_per_s_by_conc"`
+	ByConc   []ConcPoint        `json:"closed_loop"`
+	PeakRate float64            `json:"peak_signals_per_s"`
+	PeakConc int                `json:"peak_conc"`
+	Offered  float64            `json:"offered_signals_per_s"`
+	Achieved float64            `json:"achieved_signals_per_s"`
+	P50Ms    float64            `json:"p50_ms"`
+	P99Ms    float64            `json:"p99_ms"`
+	Count    int                `json:"signals"`
+	// ScansPerSignal is index scans of outbox_direct_pending per signal
+	// sent in the half-load run.
+	ScansPerSignal float64 `json:"claim_index_scans_per_signal"`
+	NotWaiting     int     `json:"signalled_before_wait"`
+	LoadAvg        string  `json:"loadavg"`
+	OldestXact     float64 `json:"oldest_xact_s"`
 }
 
 func waitsMain(args []string) error {
@@ -620,9 +623,22 @@ func benchSignals(ctx context.Context, o *waitsOpts, rep int) (SignalsRun, error
 	}
 	ro := runOpts{Rate: run.PeakRate / 2, Warmup: 2 * time.Second, Window: o.HalfWindow}
 	run.Offered = ro.Rate
+	// Scans of the engine's claim index (claims and next-due look-ups) per
+	// signal: the cost of waking every worker for each one.
+	scans := func() int64 {
+		var n int64
+		_ = pool.QueryRow(ctx, `SELECT coalesce(sum(idx_scan), 0) FROM pg_stat_user_indexes
+			WHERE schemaname = $1 AND indexrelname = 'outbox_direct_pending'`, schema).Scan(&n)
+		return n
+	}
+	scans0 := scans()
 	var s Sample
 	if err := openLoop(ctx, &ro, m, b.signal, &s); err != nil {
 		return run, fmt.Errorf("half of peak: %w", err)
+	}
+	time.Sleep(1500 * time.Millisecond) // backends report their statistics at most every second
+	if s.Latency > 0 {
+		run.ScansPerSignal = float64(scans()-scans0) / float64(run.Offered*(s.WarmupSeconds+s.WallSeconds))
 	}
 	run.Achieved = float64(s.Latency) / s.WallSeconds
 	run.P50Ms, run.P99Ms, run.Count = s.P50Ms, s.P99Ms, s.Latency
@@ -655,7 +671,7 @@ func printWaits(w io.Writer, r *WaitsReport) {
 		}
 	}
 	if len(r.Signals) > 0 {
-		fmt.Fprintf(w, "\n| rep | peak signals/s (in flight) | offered /s | achieved /s | p50 ms | p99 ms | signals in window | signalled before the wait (whole run) | load avg | oldest xact s |\n|---:|---|---:|---:|---:|---:|---:|---:|---|---:|\n")
+		fmt.Fprintf(w, "\n| rep | peak signals/s (in flight) | offered /s | achieved /s | p50 ms | p99 ms | signals in window | signalled before the wait (whole run) | claim-index scans per signal | load avg | oldest xact s |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|\n")
 		var loops []string
 		for _, s := range r.Signals {
 			var cl []string
@@ -663,7 +679,7 @@ func printWaits(w io.Writer, r *WaitsReport) {
 				cl = append(cl, fmt.Sprintf("%d in flight: %.0f/s p50 %.1f p99 %.1f ms", p.Conc, p.PerSec, p.P50Ms, p.P99Ms))
 			}
 			loops = append(loops, fmt.Sprintf("rep %d closed loops: %s\n", s.Rep+1, strings.Join(cl, "; ")))
-			fmt.Fprintf(w, "| %d | %.0f (%d) | %.0f | %.0f | %.1f | %.1f | %d | %d | %s | %.0f |\n", s.Rep+1, s.PeakRate, s.PeakConc, s.Offered, s.Achieved, s.P50Ms, s.P99Ms, s.Count, s.NotWaiting, s.LoadAvg, s.OldestXact)
+			fmt.Fprintf(w, "| %d | %.0f (%d) | %.0f | %.0f | %.1f | %.1f | %d | %d | %.1f | %s | %.0f |\n", s.Rep+1, s.PeakRate, s.PeakConc, s.Offered, s.Achieved, s.P50Ms, s.P99Ms, s.Count, s.NotWaiting, s.ScansPerSignal, s.LoadAvg, s.OldestXact)
 		}
 		fmt.Fprintf(w, "\n%s", strings.Join(loops, ""))
 	}
