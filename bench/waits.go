@@ -662,6 +662,14 @@ func printWaits(w io.Writer, r *WaitsReport) {
 		for _, s := range r.Sleepers {
 			fmt.Fprintf(w, "| %d | %d | %.0f | %.0f | %.2f | %.1f / %.1f | %s | %.0f |\n", s.Rep+1, s.Sleepers, s.EmptyStepsPerS, s.SleepStepsPerS, s.Ratio, s.EmptyP99Ms, s.SleepP99Ms, s.LoadAvgAtStart, s.OldestXactS)
 		}
+		var em, sl []float64
+		for _, s := range r.Sleepers {
+			em, sl = append(em, s.EmptyStepsPerS), append(sl, s.SleepStepsPerS)
+		}
+		me, msl := summarize(em), summarize(sl)
+		if me.Median > 0 {
+			fmt.Fprintf(w, "\nmedians over the repetitions: %.0f steps/s empty, %.0f with sleepers: ratio %.2f\n", me.Median, msl.Median, msl.Median/me.Median)
+		}
 		fmt.Fprintf(w, "\nfill: %.1f s to start, %.1f s until all asleep\n", r.Sleepers[0].FillSeconds, r.Sleepers[0].AsleepSeconds)
 	}
 	if len(r.Timers) > 0 {
