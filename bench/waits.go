@@ -48,6 +48,10 @@ type waitsOpts struct {
 	Out          string
 	// Workers of the engine in the timers and signals parts.
 	Workers int
+	// Analyze the sleepers' tables before measuring, as autovacuum would
+	// within a minute or so; false measures with the statistics of the
+	// fill.
+	Analyze bool
 }
 
 // WaitsReport is what `bench waits` writes with -out.
@@ -134,6 +138,7 @@ func waitsMain(args []string) error {
 	fs.DurationVar(&o.Window, "window", 5*time.Second, "measured window of a closed loop")
 	fs.Float64Var(&o.TimerRate, "timer-rate", 1000, "timers coming due per second")
 	fs.DurationVar(&o.TimerSpan, "timer-span", 20*time.Second, "how long timers keep coming due")
+	fs.BoolVar(&o.Analyze, "analyze", true, "ANALYZE the sleepers' tables before measuring (false: the statistics of the fill)")
 	fs.IntVar(&o.Workers, "workers", 8, "engine Workers in the timers and signals parts (bench compare's for 8 or more in flight)")
 	fs.StringVar(&o.SignalConcs, "signal-conc", "1,16,64,256", "signals in flight tried for the peak")
 	fs.IntVar(&o.SignalPool, "signal-pool", 2000, "waiting sagas the signals go to, round-robin")
@@ -311,8 +316,10 @@ func benchSleepers(ctx context.Context, o *waitsOpts) ([]SleepersRun, error) {
 	}
 	asleep := time.Since(asleepStart)
 	progress("all asleep after %s", asleep.Round(time.Millisecond))
-	if _, err := pool.Exec(ctx, "ANALYZE "+qs+".outbox; ANALYZE "+qs+".saga_instances; ANALYZE "+qs+".saga_history"); err != nil {
-		return nil, err
+	if o.Analyze {
+		if _, err := pool.Exec(ctx, "ANALYZE "+qs+".outbox; ANALYZE "+qs+".saga_instances; ANALYZE "+qs+".saga_history"); err != nil {
+			return nil, err
+		}
 	}
 
 	measure := func(schema string, rep int) (Sample, error) {
