@@ -48,10 +48,11 @@ type waitsOpts struct {
 	Out          string
 	// Workers of the engine in the timers and signals parts.
 	Workers int
-	// Analyze the sleepers' tables before measuring, as autovacuum would
-	// within a minute or so; false measures with the statistics of the
-	// fill.
-	Analyze bool
+	// Vacuum runs VACUUM ANALYZE on both schemas' tables before
+	// measuring: what autovacuum does in the minute or two after the fill.
+	// false measures while autovacuum may still be at it, with the fill's
+	// statistics.
+	Vacuum bool
 }
 
 // WaitsReport is what `bench waits` writes with -out.
@@ -138,7 +139,7 @@ func waitsMain(args []string) error {
 	fs.DurationVar(&o.Window, "window", 5*time.Second, "measured window of a closed loop")
 	fs.Float64Var(&o.TimerRate, "timer-rate", 1000, "timers coming due per second")
 	fs.DurationVar(&o.TimerSpan, "timer-span", 20*time.Second, "how long timers keep coming due")
-	fs.BoolVar(&o.Analyze, "analyze", true, "ANALYZE the sleepers' tables before measuring (false: the statistics of the fill)")
+	fs.BoolVar(&o.Vacuum, "vacuum", true, "VACUUM ANALYZE the tables after the fill, as autovacuum would soon (false: measure while it may still run)")
 	fs.IntVar(&o.Workers, "workers", 8, "engine Workers in the timers and signals parts (bench compare's for 8 or more in flight)")
 	fs.StringVar(&o.SignalConcs, "signal-conc", "1,16,64,256", "signals in flight tried for the peak")
 	fs.IntVar(&o.SignalPool, "signal-pool", 2000, "waiting sagas the signals go to, round-robin")
@@ -316,10 +317,14 @@ func benchSleepers(ctx context.Context, o *waitsOpts) ([]SleepersRun, error) {
 	}
 	asleep := time.Since(asleepStart)
 	progress("all asleep after %s", asleep.Round(time.Millisecond))
-	if o.Analyze {
-		if _, err := pool.Exec(ctx, "ANALYZE "+qs+".outbox; ANALYZE "+qs+".saga_instances; ANALYZE "+qs+".saga_history"); err != nil {
-			return nil, err
+	if o.Vacuum {
+		for _, sc := range []string{empty, full} {
+			q := pgx.Identifier{sc}.Sanitize()
+			if _, err := pool.Exec(ctx, "VACUUM (ANALYZE) "+q+".outbox, "+q+".saga_instances, "+q+".saga_history, "+q+".inbox"); err != nil {
+				return nil, err
+			}
 		}
+		progress("vacuumed")
 	}
 
 	measure := func(schema string, rep int) (Sample, error) {
