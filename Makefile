@@ -92,7 +92,7 @@ bench/quick: ## a short bench/compare (~4 min), report in bench/results-quick.js
 	cd bench && $(GO) run . compare -quick -out results-quick.json
 
 .PHONY: bench/waits
-bench/waits: ## sagas that wait (~8 min): 100k sleepers vs none, timer lateness at 1,000/s, signal latency at half of peak
+bench/waits: ## sagas that wait (~4-8 min): 100k sleepers vs none, timer lateness at 1,000/s, signal latency at half of peak
 	cd bench && $(GO) run . waits -reps 2 -out results-waits.json
 
 .PHONY: bench/test
