@@ -91,6 +91,10 @@ bench/compare: ## sagaflow beside River, Temporal's dev server, Watermill and ra
 bench/quick: ## a short bench/compare (~4 min), report in bench/results-quick.json
 	cd bench && $(GO) run . compare -quick -out results-quick.json
 
+.PHONY: bench/waits
+bench/waits: ## sagas that wait (~4-8 min): 100k sleepers vs none, timer lateness at 1,000/s, signal latency at half of peak
+	cd bench && $(GO) run . waits -reps 2 -out results-waits.json
+
 .PHONY: bench/test
 bench/test: ## tests and vet of the benchmark module
 	cd bench && $(GO) vet ./... && $(GO) test ./...

@@ -5,6 +5,7 @@
 //
 //	bench compare [flags]   run every system × scenario, interleaved, each run in a child process
 //	bench run [flags]       one measured run (what compare spawns); prints one JSON sample
+//	bench waits [flags]     sagas that wait (issue #13): sleepers, timer lateness, signal latency
 //	bench plot -in F -out D draw the curves of a compare report as PNGs
 //	bench markdown -in F    print a compare report's tables as Markdown
 //
@@ -26,6 +27,8 @@ func main() {
 		err = compareMain(os.Args[2:])
 	case "run":
 		err = runMain(os.Args[2:])
+	case "waits":
+		err = waitsMain(os.Args[2:])
 	case "plot":
 		err = plotMain(os.Args[2:])
 	case "markdown":
@@ -43,6 +46,7 @@ func usage() {
 	fmt.Fprintln(os.Stderr, `usage:
   bench compare [-quick] [-reps N] [-systems a,b] [-scenarios a,b] [-json] [-out results.json]
   bench run -system S -scenario S [-conc N] ...   (one run; compare spawns these)
+  bench waits [-reps N] [-parts sleepers,timers,signals] [-sleepers N] [-out waits.json]
   bench plot -in results.json -out DIR
   bench markdown -in results.json`)
 	os.Exit(2)

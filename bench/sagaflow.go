@@ -47,6 +47,13 @@ type sagaflowSystem struct {
 }
 
 func newSagaflow(ctx context.Context, o *runOpts, kafkaMode bool) (*sagaflowSystem, error) {
+	return newSagaflowWith(ctx, o, kafkaMode, nil)
+}
+
+// newSagaflowWith is newSagaflow with more definitions registered beside the
+// benchmark's saga (the sleepers of the waits benchmark), so that the
+// engine knows every saga in its schema.
+func newSagaflowWith(ctx context.Context, o *runOpts, kafkaMode bool, extra []saga.AnyDefinition) (*sagaflowSystem, error) {
 	app := "bench-" + o.System + "-" + randomSuffix()
 	workers := sagaflowWorkers(o.Conc)
 	pool, err := connect(ctx, app, workers+min(max(o.Conc, 1), 16)+4)
@@ -103,7 +110,7 @@ func newSagaflow(ctx context.Context, o *runOpts, kafkaMode bool) (*sagaflowSyst
 		saga.Step[order]{Name: "b", Action: step(false)},
 		saga.Step[order]{Name: "c", Action: step(true)},
 	)
-	if err := s.engine.Register(s.def); err != nil {
+	if err := s.engine.Register(append([]saga.AnyDefinition{s.def}, extra...)...); err != nil {
 		s.close()
 		return nil, err
 	}

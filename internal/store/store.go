@@ -452,9 +452,14 @@ func New(schema string) (*Store, error) {
 			last_error = COALESCE($4, last_error)
 			WHERE id = ANY($1)`,
 		markDead: `UPDATE ` + s + `.outbox SET status = 'dead', last_error = $2, attempts = attempts + 1 WHERE id = $1`,
-		nextDue: `SELECT EXTRACT(EPOCH FROM min(available_at) - now()) FROM ` + s + `.outbox
+		// ORDER BY ... LIMIT 1 rather than min(): with statistics that
+		// do not know the table's future commands yet (a burst of timers
+		// before autovacuum analyzed it), the planner reads every one of
+		// them for min(); here it reads the first index entry.
+		nextDue: `SELECT EXTRACT(EPOCH FROM (SELECT available_at FROM ` + s + `.outbox
 			WHERE topic = $1 AND delivery = 'direct' AND status = 'pending' AND available_at > now()
-				AND (aggregatetype = ANY($2) OR created_at < available_at - $3 * interval '1 microsecond')`,
+				AND (aggregatetype = ANY($2) OR created_at < available_at - $3 * interval '1 microsecond')
+			ORDER BY available_at LIMIT 1) - now())`,
 		getSaga:          `SELECT ` + sagaColumns + ` FROM ` + s + `.saga_instances WHERE id = $1`,
 		getSagaForUpdate: `SELECT ` + sagaColumns + ` FROM ` + s + `.saga_instances WHERE id = $1 FOR NO KEY UPDATE`,
 		history: `SELECT id, saga_id, event, step_name, direction, epoch, attempt, error, error_code, detail, at
