@@ -81,13 +81,14 @@ type childSpec[S any] struct {
 	def  AnyDefinition
 }
 
-// Sleep waits d, from when the saga reaches the step.
+// Sleep waits d, from when the saga reaches the step; a zero or negative d
+// does not wait.
 func Sleep[S any](d time.Duration) *Wait[S] {
 	return &Wait[S]{kind: store.WaitTimer, sleep: func(*S) time.Duration { return d }}
 }
 
 // SleepFor waits as long as fn says, given the state when the saga reaches
-// the step.
+// the step (a zero or negative duration does not wait).
 func SleepFor[S any](fn func(s *S) time.Duration) *Wait[S] {
 	return &Wait[S]{kind: store.WaitTimer, sleep: fn}
 }

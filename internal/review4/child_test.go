@@ -227,10 +227,9 @@ func TestChildBusinessKeyCollision(t *testing.T) {
 		require.NoError(t, err)
 		e1 := sagatest.WaitEnded(t, v.e, p1.ID, wopts)
 		e2 := sagatest.WaitEnded(t, v.e, p2.ID, wopts)
-		t.Skipf("FINDING (doc gap): two parents whose Child input returns the same BusinessKey share one "+
-			"child saga (%s); both parents ended %s/%s with the child's result, and the second parent's "+
-			"cancel would cancel the first's child; Child's doc says nothing about business keys", c1.ID,
-			e1.Status, e2.Status)
+		t.Fatalf("two parents whose Child input returns the same BusinessKey share one child saga (%s); "+
+			"both parents ended %s/%s with the child's result: Child's doc says the second step fails with "+
+			"CodeChildStart", c1.ID, e1.Status, e2.Status)
 	}
 	t.Logf("second parent waits for its own child %s", in2.Wait.For)
 }

@@ -1,8 +1,9 @@
 // Package review4_test is an outside reviewer's black-box tests of the
 // waiting features (timers, signals, child sagas, deadlines), written from
 // the documentation only: README "Sagas that wait", saga/doc.go guarantee 12
-// and go doc of packages saga and sagatest. A test skipped with "FINDING:"
-// records where the behaviour differs from the docs, or the docs are silent.
+// and go doc of packages saga and sagatest. What the review found was fixed
+// or documented; a test whose message says "FIXED FINDING, BROKEN AGAIN"
+// guards one of the fixes.
 package review4_test
 
 import (
