@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sagaflow/sagaflow/internal/safetext"
 	"github.com/sagaflow/sagaflow/internal/store"
@@ -33,7 +34,7 @@ import (
 // The saga's execution lock is held throughout, and a signal's or child's
 // wake-up is a command that takes the same lock: whichever of the two
 // commits second sees the other, so no wake-up is missed.
-func (b *batch) await(ctx context.Context, sg *store.Saga, def *compiled, idx int, key steps.Key, sp string, last, woken bool) error {
+func (b *batch) await(ctx context.Context, sg *store.Saga, def *compiled, idx int, key steps.Key, sp string, last, woken bool) (err error) {
 	e := b.e
 	w := def.steps[idx].wait
 	fwd := steps.Forward
@@ -42,7 +43,6 @@ func (b *batch) await(ctx context.Context, sg *store.Saga, def *compiled, idx in
 	var now time.Time
 	var sig *store.PendingSignal
 	var child *store.Saga
-	var err error
 	if w.kind == store.WaitSignal {
 		now, sig, err = e.st.ProbeSignal(ctx, tx, sg.ID, w.signal)
 	} else {
@@ -91,12 +91,28 @@ func (b *batch) await(ctx context.Context, sg *store.Saga, def *compiled, idx in
 		return nil
 	}
 
+	// cont is the transition of a wait that ended and moved the saga on;
+	// moved is set once it is written. The step it moved to then runs at
+	// once, in this batch (see [batch.continueAt]).
+	var cont *store.Transition
+	var moved bool
+	keep := func(d *decision) {
+		cont = d.tr
+		d.applied = func() { moved = true }
+	}
+	defer func() {
+		if cont != nil && err == nil {
+			err = b.continueAt(ctx, sg, def, cont, &moved, last)
+		}
+	}()
+
 	switch {
 	case sig != nil:
 		return handler(func(ctx context.Context) ([]byte, error) { return w.onSignal(ctx, run, sg.State, sig.Payload) },
 			func(d *decision) {
 				ended(EventSignalReceived, map[string]any{"signal_id": safetext.Text(sig.SignalID, 200), "seq": sig.Seq})(d)
 				d.tr.DeliverSignal, d.tr.DeliverStep = sig.Seq, sg.StepName
+				keep(d)
 			},
 			// The step failed for good on this signal (its payload does
 			// not decode, say): it is not kept for another await.
@@ -112,7 +128,7 @@ func (b *batch) await(ctx context.Context, sg *store.Saga, def *compiled, idx in
 		}
 		if child != nil && Status(child.Status) == StatusCompleted {
 			return handler(func(ctx context.Context) ([]byte, error) { return w.childDone(ctx, run, sg.State, child.State) },
-				ended(EventChildEnded, detail), nil)
+				func(d *decision) { ended(EventChildEnded, detail)(d); keep(d) }, nil)
 		}
 		why := fmt.Sprintf("child saga %s (%s) no longer exists", deref(sg.WaitFor), w.childName)
 		if child != nil {
@@ -128,7 +144,8 @@ func (b *batch) await(ctx context.Context, sg *store.Saga, def *compiled, idx in
 	case w.kind == store.WaitTimer && waiting && sg.WaitUntil != nil && !now.Before(*sg.WaitUntil):
 		d := e.machine.success(sg, def, idx, fwd, nil, 0, key.String())
 		ended(EventTimerFired, map[string]any{"late_ms": now.Sub(*sg.WaitUntil).Milliseconds()})(&d)
-		return write(d, func() { e.stats.succeeded.Add(1) })
+		keep(&d)
+		return write(d, func() { e.stats.succeeded.Add(1); moved = true })
 
 	case waiting && w.kind != store.WaitTimer && sg.WaitUntil != nil && !now.Before(*sg.WaitUntil):
 		// Nothing came in time.
@@ -314,4 +331,40 @@ func (e *Engine) parentWake(sg *store.Saga) (store.Message, bool) {
 		return store.Message{}, false
 	}
 	return e.nudgeAt(*sg.ParentID, *sg.ParentName, k.Step, k.Direction, k.Epoch, 1, wakeType), true
+}
+
+// continueAt runs, in this batch, the step that the wait's end tr moved
+// sg to, when it is a local action that runs forward now: a signal's or a
+// timer's next step then costs no second claim and commit of its own. The
+// wait's end is sent first, and the step runs only when its fence held
+// (moved): a step that the wait's end failed instead (its writes refused)
+// must not run on top of that failure. The command tr wrote for the step
+// stays in the outbox, to be claimed later as stale.
+func (b *batch) continueAt(ctx context.Context, sg *store.Saga, def *compiled, tr *store.Transition, moved *bool, last bool) error {
+	idx := tr.StepIndex
+	if Status(tr.Status) != StatusRunning || steps.Direction(tr.Direction) != steps.Forward || idx < 0 || idx >= len(def.steps) ||
+		len(tr.Messages) == 0 {
+		return nil
+	}
+	if s := def.steps[idx]; s.wait != nil || s.remoteTopic != "" || s.name != tr.StepName {
+		return nil
+	}
+	if err := b.tx.flush(); err != nil {
+		return err
+	}
+	if !*moved || b.abandoned != nil || b.e.running.pending(sg.ID) != nil {
+		// Not written, or a cancel request was heard: the step's command
+		// takes the usual way, and the request goes ahead of it.
+		return nil
+	}
+	next := *sg // its version and status moved with the write
+	next.StepIndex, next.StepName, next.Direction, next.Attempt = idx, tr.StepName, tr.Direction, tr.Attempt
+	next.WaitKind, next.WaitFor, next.WaitUntil, next.AwaitingReply = nil, nil, nil, false
+	next.LastError, next.LastErrorCode, next.FailedStep = tr.LastError, tr.LastErrorCode, tr.FailedStep
+	if tr.State != nil {
+		next.State = tr.State
+	}
+	id := tr.Messages[len(tr.Messages)-1].ID
+	next.CommandID = &id
+	return b.execute(b.e.tel.beginStep(ctx, b.tx, &next, steps.Forward, trace.SpanContext{}, ""), &next, def, idx, steps.Forward, false, last)
 }

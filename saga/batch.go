@@ -408,7 +408,12 @@ func (b *batch) outcome(ctx context.Context, sg *store.Saga, def *compiled, idx 
 		// recorded instead.
 		b.tx.write(sg, tr, sp, false, last, func(err error) (*store.Transition, func()) {
 			return fail(steps.WithCode(CodeTxAborted, fmt.Errorf("commit step: %w", err)))
-		}, func() { e.stats.succeeded.Add(1) })
+		}, func() {
+			e.stats.succeeded.Add(1)
+			if d.applied != nil {
+				d.applied()
+			}
+		})
 		return nil
 	}
 	tr, done := fail(herr)

@@ -46,6 +46,9 @@ type decision struct {
 	next *nextCommand
 	// retry says that the same step is attempted again, after next's delay.
 	retry bool
+	// applied, when set, runs once the transition is written and its fence
+	// held (the executor's, not the machine's: see [batch.await]).
+	applied func()
 }
 
 // nextCommand is a command a decision writes: for step in direction dir of

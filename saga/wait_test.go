@@ -641,3 +641,46 @@ func TestATimersCommandThatComesEarlyDoesNotEndTheWait(t *testing.T) {
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM `+b.table("outbox")+
 		` WHERE saga_id = $1 AND status = 'pending' AND available_at > now() + interval '2 hours'`, st.ID))
 }
+
+// TestTheStepAfterAWaitRunsInTheSameTransaction: when a signal ends a wait
+// and the next step is a local action, that step runs at once, in the
+// transaction that delivered the signal (one claim and commit fewer),
+// exactly once; its own command, written by the wait's end, is stale when
+// it comes.
+func TestTheStepAfterAWaitRunsInTheSameTransaction(t *testing.T) {
+	b := setup(t, nil)
+	xid := func(ctx context.Context, run *saga.StepRun, s *fulfil) error {
+		var x string
+		if err := run.Tx.QueryRow(ctx, "SELECT txid_current()::text").Scan(&x); err != nil {
+			return err
+		}
+		s.Got = append(s.Got, run.Step+":"+x)
+		return recordEffect(ctx, run, b.schema)
+	}
+	def := saga.Define("inline",
+		saga.Step[fulfil]{Name: "picked", Wait: saga.OnSignal("picked", func(ctx context.Context, run *saga.StepRun, s *fulfil, _ picked) error {
+			return xid(ctx, run, s)
+		})},
+		saga.Step[fulfil]{Name: "ship", Action: xid},
+		saga.Step[fulfil]{Name: "bill", Action: act(b.schema, "bill")},
+	)
+	require.NoError(t, b.engine.Register(def))
+	b.start(t)
+	ctx := context.Background()
+	st, err := saga.Start(ctx, b.engine, def, fulfil{}, nil)
+	require.NoError(t, err)
+	sagatest.Wait(t, b.engine, st.ID, waiting("signal"), waitOpts())
+	_, err = b.engine.Signal(ctx, saga.Signal{SagaID: st.ID, Name: "picked"})
+	require.NoError(t, err)
+	in := b.waitTerminal(t, st.ID)
+	require.Equal(t, saga.StatusCompleted, in.Status)
+	require.Equal(t, []string{"picked/forward", "ship/forward", "bill/forward"}, b.effects(t, st.ID))
+	var s fulfil
+	require.NoError(t, in.DecodeState(&s))
+	require.Len(t, s.Got, 3)
+	picked, ship := strings.TrimPrefix(s.Got[0], "picked:"), strings.TrimPrefix(s.Got[1], "ship:")
+	require.Equal(t, picked, ship, "the signal's delivery and the next step ran in one transaction")
+	waitFor(t, 10*time.Second, func() bool {
+		return b.count(t, `SELECT count(*) FROM `+b.table("outbox")+` WHERE saga_id = $1 AND status = 'pending'`, st.ID) == 0
+	}, "the next step's own command to be consumed as stale")
+}
