@@ -210,7 +210,10 @@
 // child wait may have a time limit with its own outcome: compensate
 // ([Wait.Timeout]), a handler, or go on ([Wait.TimeoutThen]). Retries use
 // the same mechanism: a retry's backoff is its command's due time, so a
-// long backoff holds nothing either. [Instance.Wait] says what a saga waits
+// long backoff holds nothing either. When a wait ends and the next step is
+// a local action, that step runs at once in the same transaction (a
+// second step of the same saga, with its own savepoint, key and history):
+// a signal's effect does not wait for another claim. [Instance.Wait] says what a saga waits
 // for, and [ListOpts.Waiting] lists the sagas that wait.
 //
 // # The scheduler
