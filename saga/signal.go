@@ -87,7 +87,7 @@ func (e *Engine) Signal(ctx context.Context, sig Signal) (SignalResult, error) {
 		return SignalResult{}, fmt.Errorf("saga: signal: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	res, serr := e.SignalTx(ctx, tx, sig)
+	res, serr := e.signalTx(ctx, tx, sig, false)
 	if serr != nil && !errors.Is(serr, ErrSignalRejected) {
 		return res, serr
 	}
@@ -96,6 +96,11 @@ func (e *Engine) Signal(ctx context.Context, sig Signal) (SignalResult, error) {
 		return res, fmt.Errorf("saga: signal %q: commit: %w", safetext.Text(sig.Name, 200), err)
 	}
 	fault.At(ctx, fault.SignalAfterCommit)
+	if serr == nil && !res.Duplicate {
+		// The wake-up is committed: this process's workers look at once,
+		// and the others hear of it (see [Engine.announce]).
+		e.announce()
+	}
 	return res, serr
 }
 
@@ -107,6 +112,13 @@ func (e *Engine) SignalTx(ctx context.Context, tx pgx.Tx, sig Signal) (SignalRes
 	if err := e.ready("Engine.SignalTx"); err != nil {
 		return SignalResult{}, err
 	}
+	return e.signalTx(ctx, tx, sig, true)
+}
+
+// signalTx records sig in tx. notify puts the wake-up's notification in
+// tx, to be delivered with its commit; without it the caller announces
+// the wake-up after the commit.
+func (e *Engine) signalTx(ctx context.Context, tx pgx.Tx, sig Signal, notify bool) (SignalResult, error) {
 	if tx == nil {
 		return SignalResult{}, errors.New("saga: signal: tx is nil")
 	}
@@ -196,8 +208,10 @@ func (e *Engine) SignalTx(ctx context.Context, tx pgx.Tx, sig Signal) (SignalRes
 	if err := e.st.InsertMessage(ctx, tx, &msg); err != nil {
 		return res, fmt.Errorf("saga: %s to %s: %w", op, target, err)
 	}
-	if err := e.st.Notify(ctx, tx, e.cfg.CommandTopic); err != nil {
-		return res, fmt.Errorf("saga: %s to %s: %w", op, target, err)
+	if notify {
+		if err := e.st.Notify(ctx, tx, e.cfg.CommandTopic); err != nil {
+			return res, fmt.Errorf("saga: %s to %s: %w", op, target, err)
+		}
 	}
 	return res, nil
 }
