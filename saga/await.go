@@ -368,3 +368,23 @@ func (b *batch) continueAt(ctx context.Context, sg *store.Saga, def *compiled, t
 	next.CommandID = &id
 	return b.execute(b.e.tel.beginStep(ctx, b.tx, &next, steps.Forward, trace.SpanContext{}, ""), &next, def, idx, steps.Forward, false, last)
 }
+
+// refresh reads ls's saga again, in the batch's transaction, once its lock
+// is held. The claim read it in the snapshot of its statement, which can
+// predate the commit of the transaction that held the lock a moment
+// before. A step command does not mind (it was written with the saga's
+// version, and a stale read only fails the fence), but a wake-up or a
+// cancel command, written by another transaction, would be judged against
+// the older row: a wake-up would find the saga "not waiting" just as it
+// starts to, and be lost.
+func (b *batch) refresh(ctx context.Context, ls *store.LockedSaga) (gone bool, err error) {
+	fresh, err := b.e.st.GetSaga(ctx, b.tx.step(), ls.ID, false)
+	if errors.Is(err, store.ErrNotFound) {
+		return true, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("saga: read saga %s: %w", ls.ID, err)
+	}
+	ls.Saga = *fresh
+	return false, nil
+}

@@ -256,6 +256,17 @@ func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, derr 
 		b.deferred = append(b.deferred, deferral{id: c.ID})
 		return nil
 	}
+	if (c.Type == wakeType || c.Type == cancelType) && !b.tx.moved[ls.ID] {
+		// Written by another transaction than the saga's last step: judge
+		// it against the saga as it is now (see [batch.refresh]).
+		if gone, err := b.refresh(ctx, ls); err != nil || gone {
+			if gone {
+				e.stats.stale.Add(1)
+				b.delivered = append(b.delivered, c.ID)
+			}
+			return err
+		}
+	}
 	if ls.CancelRequest == nil {
 		// A request recorded since the claim, heard of while earlier
 		// commands of the batch ran.
