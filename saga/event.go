@@ -2,8 +2,6 @@ package saga
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -54,7 +52,9 @@ func SignalOn[E any](e *Engine, name string, route func(msg inbox.Message, ev E)
 			sig.Name = name
 		}
 		if sig.ID == "" {
-			sig.ID = signalID(msg.ID)
+			// As the inbox records it: the id itself, or sha256:<hex> of one
+			// that an indexed column cannot hold.
+			sig.ID = safetext.Key(msg.ID)
 		}
 		if sig.Payload == nil {
 			sig.Payload = json.RawMessage(msg.Value)
@@ -73,13 +73,3 @@ func SignalOn[E any](e *Engine, name string, route func(msg inbox.Message, ev E)
 	}
 }
 
-// signalID is the signal id of a message with id: the id itself when a
-// signal id can be it, else, as the inbox records such ids, "sha256:" and
-// the hex SHA-256 of its bytes, so that any message id deduplicates.
-func signalID(id string) string {
-	if id != "" && safetext.Problem(id, safetext.MaxKeyBytes) == "" {
-		return id
-	}
-	sum := sha256.Sum256([]byte(id))
-	return "sha256:" + hex.EncodeToString(sum[:])
-}
