@@ -72,4 +72,3 @@ func SignalOn[E any](e *Engine, name string, route func(msg inbox.Message, ev E)
 		return err
 	}
 }
-
