@@ -148,8 +148,10 @@
 //     wake-up command; the step that awaits it and the wake-up both hold the
 //     saga's execution lock, so a signal is delivered whether it arrives
 //     before the saga reaches the await (it is kept, and signals of one
-//     name are delivered in the order they arrived) or after; it is marked
-//     delivered in the step's transaction, so it takes effect once, and a
+//     name are delivered oldest first, by Seq among those committed) or
+//     after; a wake-up judges the saga as it is once it holds the lock,
+//     not as its claim read it. The signal is marked delivered in the
+//     step's transaction, so it takes effect once, and a
 //     second signal with the same ID is recorded once. A signal that no
 //     saga can take is recorded as rejected, with an error
 //     ([ErrSignalRejected]). A child saga ([Child]) is started in its
