@@ -2,6 +2,7 @@ package saga
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -50,7 +51,7 @@ func TestMachineParksASagaUntilItsWaitEnds(t *testing.T) {
 	require.Equal(t, next("picked", steps.Forward, 2, time.Hour), d.next, "its command is due at the wait's end")
 	require.True(t, d.tr.ExactDeadline)
 	require.Equal(t, time.Hour+5*time.Second+testSlack, d.tr.CheckAfter, "the rescuer waits until after the wait's end")
-	require.Equal(t, []string{EventWaitStarted}, events(d))
+	require.Equal(t, []string{EventWaitStarted}, summary(d).Events)
 
 	// Without a time limit: no command, no rescue deadline.
 	d = testMachine.parked(sg, def, 1, store.WaitSignal, "picked", -1, true)
@@ -66,7 +67,7 @@ func TestMachineKeepsAWaitAcrossRetriesAndClearsItWhenTheSagaMovesOn(t *testing.
 	def := waitDef(t)
 	cmd := uuid.New()
 	sg := waitingAt(def, "picked", store.WaitSignal, "picked", cmd)
-	retry := testMachine.failure(sg, def, 1, steps.Forward, 1, steps.WithCode("x", errFor("handler")), 0)
+	retry := testMachine.failure(sg, def, 1, steps.Forward, 1, steps.WithCode("x", errors.New("handler")), 0)
 	require.True(t, retry.retry)
 	require.Equal(t, store.WaitSignal, retry.tr.WaitKind, "a retry waits on, until the same end")
 	require.False(t, retry.tr.SetWaitUntil)
@@ -106,15 +107,3 @@ func TestMachineWaitTimedOut(t *testing.T) {
 	require.Empty(t, d.tr.Supersede, "the command that found the time up is the wait's own")
 	require.Equal(t, EventWaitTimedOut, d.tr.History[0].Event)
 }
-
-func events(d decision) []string {
-	var out []string
-	for _, h := range d.tr.History {
-		out = append(out, h.Event)
-	}
-	return out
-}
-
-type errFor string
-
-func (e errFor) Error() string { return string(e) }
