@@ -52,38 +52,35 @@ func (e *Engine) nudgeMessage(sg *store.Saga, typ string) store.Message {
 }
 
 func (e *Engine) nudgeAt(id uuid.UUID, name, step string, dir steps.Direction, epoch int, version int64, typ string) store.Message {
-	payload := wire.EncodeCommand(wire.Command{SagaID: wire.UUID(id), Saga: name, Step: step,
-		Direction: dir, Epoch: epoch, Version: max(version, 1)})
-	mid := uuid.Must(uuid.NewV7())
-	m := store.Message{
-		ID: mid, Topic: e.commandTopic(name), Delivery: e.commandDelivery(),
-		AggregateType: aggregateType(name), AggregateID: id.String(), Type: typ, Payload: payload,
-		Headers: map[string]string{wire.HeaderMessageID: mid.String(), wire.HeaderSagaID: id.String(), wire.HeaderType: typ},
-		SagaID:  &id,
-	}
+	m := e.engineMessage(wire.Command{SagaID: wire.UUID(id), Saga: name, Step: step, Direction: dir, Epoch: epoch,
+		Version: max(version, 1)}, typ)
 	e.sign(&m)
 	return m
 }
 
-// commandMessage builds the outbox row of the command for a saga's step.
+// commandMessage builds the outbox row of the command for a saga's step,
+// due after delay; it carries the step's key.
 func (e *Engine) commandMessage(sagaID uuid.UUID, name, step string, dir steps.Direction, epoch int, version int64, delay time.Duration) store.Message {
 	c := wire.Command{SagaID: wire.UUID(sagaID), Saga: name, Step: step, Direction: dir, Epoch: epoch, Version: version}
-	payload := wire.EncodeCommand(c)
+	m := e.engineMessage(c, commandType)
 	key := c.Key().String()
-	id := uuid.Must(uuid.NewV7())
-	m := store.Message{
-		ID: id, Topic: e.commandTopic(name), Delivery: e.commandDelivery(),
-		AggregateType: aggregateType(name), AggregateID: sagaID.String(), Type: commandType, Payload: payload,
-		Headers: map[string]string{
-			wire.HeaderMessageID: id.String(),
-			wire.HeaderSagaID:    sagaID.String(),
-			wire.HeaderStepKey:   key,
-			wire.HeaderType:      commandType,
-		},
-		SagaID: &sagaID, StepKey: &key, Delay: delay,
-	}
+	m.Headers[wire.HeaderStepKey] = key
+	m.StepKey, m.Delay = &key, delay
 	e.sign(&m)
 	return m
+}
+
+// engineMessage is the unsigned outbox row of an engine command of type typ
+// with payload c, on the saga type's command topic, keyed by saga id.
+func (e *Engine) engineMessage(c wire.Command, typ string) store.Message {
+	id := uuid.UUID(c.SagaID)
+	mid := uuid.Must(uuid.NewV7())
+	return store.Message{
+		ID: mid, Topic: e.commandTopic(c.Saga), Delivery: e.commandDelivery(),
+		AggregateType: aggregateType(c.Saga), AggregateID: id.String(), Type: typ, Payload: wire.EncodeCommand(c),
+		Headers: map[string]string{wire.HeaderMessageID: mid.String(), wire.HeaderSagaID: id.String(), wire.HeaderType: typ},
+		SagaID:  &id,
+	}
 }
 
 // current reports whether cmd, which carries the saga's version, is the
