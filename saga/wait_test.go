@@ -15,6 +15,7 @@ import (
 	"github.com/sagaflow/sagaflow/saga"
 	"github.com/sagaflow/sagaflow/sagatest"
 	"github.com/sagaflow/sagaflow/steps"
+	"github.com/sagaflow/sagaflow/wire"
 )
 
 // fulfil is the state of the waiting test sagas.
@@ -683,4 +684,46 @@ func TestTheStepAfterAWaitRunsInTheSameTransaction(t *testing.T) {
 	waitFor(t, 10*time.Second, func() bool {
 		return b.count(t, `SELECT count(*) FROM `+b.table("outbox")+` WHERE saga_id = $1 AND status = 'pending'`, st.ID) == 0
 	}, "the next step's own command to be consumed as stale")
+}
+
+// TestAForgedWakeUpDoesNothing: a sagaflow.wake carries no authority. One
+// that names a step the saga is not at, or a saga with no signal pending,
+// leaves the saga waiting and runs nothing; one for a saga that does not
+// exist is parked, not dropped.
+func TestAForgedWakeUpDoesNothing(t *testing.T) {
+	b := setup(t, nil)
+	def := signalDef(b.schema, nil)
+	require.NoError(t, b.engine.Register(def))
+	b.start(t)
+	ctx := context.Background()
+	st, err := saga.Start(ctx, b.engine, def, fulfil{}, nil)
+	require.NoError(t, err)
+	before := sagatest.Wait(t, b.engine, st.ID, waiting("signal"), waitOpts())
+	forge := func(sagaID uuid.UUID, step string) uuid.UUID {
+		t.Helper()
+		id := uuid.Must(uuid.NewV7())
+		payload := wire.EncodeCommand(wire.Command{SagaID: wire.UUID(sagaID), Saga: "fulfil", Step: step,
+			Direction: wire.Direction("forward"), Epoch: 0, Version: 99})
+		_, err := b.pool.Exec(ctx, `INSERT INTO `+b.table("outbox")+` (id, topic, delivery, aggregatetype, aggregateid, type, payload, saga_id)
+			VALUES ($1, $2, 'direct', 'saga.fulfil', $3, $4, $5, $6)`, id, saga.CommandTopicDefault, sagaID.String(), wire.TypeWake, payload, sagaID)
+		require.NoError(t, err)
+		_, err = b.pool.Exec(ctx, `SELECT pg_notify($1, $2)`, b.schema+"_sagaflow", saga.CommandTopicDefault)
+		require.NoError(t, err)
+		return id
+	}
+	first, second := forge(st.ID, "second"), forge(st.ID, "first")
+	ghost := uuid.Must(uuid.NewV7())
+	forged := forge(ghost, "first")
+	waitFor(t, 10*time.Second, func() bool {
+		return b.count(t, `SELECT count(*) FROM `+b.table("outbox")+` WHERE id = ANY($1) AND status = 'pending'`,
+			[]uuid.UUID{first, second, forged}) == 0
+	}, "the forged wake-ups to be consumed")
+	in, err := b.engine.Get(ctx, st.ID)
+	require.NoError(t, err)
+	require.Equal(t, before.Version, in.Version, "nothing ran")
+	require.Equal(t, "first", in.Step)
+	require.NotNil(t, in.Wait)
+	require.Equal(t, []string{"reserve/forward"}, b.effects(t, st.ID))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM `+b.table("outbox")+` WHERE id = $1 AND status = 'dead'`, forged),
+		"a wake-up for a saga that does not exist is parked")
 }
