@@ -43,6 +43,24 @@ func waiting(kind string) sagatest.Until {
 	})
 }
 
+// waitingAt is a saga that waits at step.
+func waitingAt(step string) sagatest.Until {
+	return sagatest.Cond("waiting at "+step, func(in *saga.Instance) bool { return in.Step == step && in.Wait != nil })
+}
+
+// startWaiting registers def, starts the engine and a saga of def, and
+// returns once the saga waits for a signal.
+func (b *bundle) startWaiting(t *testing.T, def *saga.Definition[fulfil]) (context.Context, saga.Started) {
+	t.Helper()
+	require.NoError(t, b.engine.Register(def))
+	b.start(t)
+	ctx := context.Background()
+	st, err := saga.Start(ctx, b.engine, def, fulfil{}, nil)
+	require.NoError(t, err)
+	sagatest.Wait(t, b.engine, st.ID, waiting("signal"), waitOpts())
+	return ctx, st
+}
+
 func waitOpts() *sagatest.WaitOpts { return &sagatest.WaitOpts{Timeout: 20 * time.Second} }
 
 func countEvents(in *saga.Instance, typ string) int {
@@ -208,20 +226,13 @@ func TestSignalsSentBeforeTheAwaitAreDeliveredInOrder(t *testing.T) {
 func TestADuplicateSignalHasOneEffect(t *testing.T) {
 	b := setup(t, nil)
 	def := signalDef(b.schema, nil)
-	require.NoError(t, b.engine.Register(def))
-	b.start(t)
-	ctx := context.Background()
-	st, err := saga.Start(ctx, b.engine, def, fulfil{}, nil)
-	require.NoError(t, err)
-	sagatest.Wait(t, b.engine, st.ID, waiting("signal"), waitOpts())
+	ctx, st := b.startWaiting(t, def)
 
 	sig := saga.Signal{SagaID: st.ID, Name: "picked", ID: "event-1", Payload: picked{Bin: "A1"}}
 	first, err := b.engine.Signal(ctx, sig)
 	require.NoError(t, err)
 	require.False(t, first.Duplicate)
-	sagatest.Wait(t, b.engine, st.ID, sagatest.Cond("waiting at the second await", func(in *saga.Instance) bool {
-		return in.Step == "second" && in.Wait != nil
-	}), waitOpts())
+	sagatest.Wait(t, b.engine, st.ID, waitingAt("second"), waitOpts())
 	again, err := b.engine.Signal(ctx, sig)
 	require.NoError(t, err)
 	require.True(t, again.Duplicate)
@@ -272,9 +283,7 @@ func TestAnAwaitThatTimesOut(t *testing.T) {
 			require.NotNil(t, in.Wait.Until)
 			require.NoError(t, sagatest.NewClock(b.pool, b.schema, b.engine).Advance(ctx, time.Hour))
 			if tc.status == saga.StatusRunning {
-				in = sagatest.Wait(t, b.engine, st.ID, sagatest.Cond("waiting at the second await", func(in *saga.Instance) bool {
-					return in.Step == "second" && in.Wait != nil
-				}), waitOpts())
+				in = sagatest.Wait(t, b.engine, st.ID, waitingAt("second"), waitOpts())
 				require.Nil(t, in.Wait.Until, "the second await has no time limit")
 				require.Nil(t, in.NextCheckAt, "a wait without a time limit has no rescue deadline")
 				require.Equal(t, 1, countEvents(in, saga.EventWaitTimedOut))
@@ -363,12 +372,7 @@ func TestSignalInputPostgreSQLRefusesIsAClearError(t *testing.T) {
 func TestSignalTxCountsWithTheCallersCommit(t *testing.T) {
 	b := setup(t, nil)
 	def := signalDef(b.schema, nil)
-	require.NoError(t, b.engine.Register(def))
-	b.start(t)
-	ctx := context.Background()
-	st, err := saga.Start(ctx, b.engine, def, fulfil{}, nil)
-	require.NoError(t, err)
-	sagatest.Wait(t, b.engine, st.ID, waiting("signal"), waitOpts())
+	ctx, st := b.startWaiting(t, def)
 
 	tx, err := b.pool.Begin(ctx)
 	require.NoError(t, err)
@@ -665,13 +669,8 @@ func TestTheStepAfterAWaitRunsInTheSameTransaction(t *testing.T) {
 		saga.Step[fulfil]{Name: "ship", Action: xid},
 		saga.Step[fulfil]{Name: "bill", Action: act(b.schema, "bill")},
 	)
-	require.NoError(t, b.engine.Register(def))
-	b.start(t)
-	ctx := context.Background()
-	st, err := saga.Start(ctx, b.engine, def, fulfil{}, nil)
-	require.NoError(t, err)
-	sagatest.Wait(t, b.engine, st.ID, waiting("signal"), waitOpts())
-	_, err = b.engine.Signal(ctx, saga.Signal{SagaID: st.ID, Name: "picked"})
+	ctx, st := b.startWaiting(t, def)
+	_, err := b.engine.Signal(ctx, saga.Signal{SagaID: st.ID, Name: "picked"})
 	require.NoError(t, err)
 	in := b.waitTerminal(t, st.ID)
 	require.Equal(t, saga.StatusCompleted, in.Status)
