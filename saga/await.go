@@ -372,7 +372,9 @@ func (b *batch) continueAt(ctx context.Context, sg *store.Saga, def *compiled, t
 // refresh reads ls's saga again, in the batch's transaction, once its lock
 // is held. The claim read it in the snapshot of its statement, which can
 // predate the commit of the transaction that held the lock a moment
-// before. A step command does not mind (it was written with the saga's
+// before; and a command of this batch may have moved it since (the read
+// sends the batch's queued writes first, so it sees them, and no queued
+// write is left to restore the row it replaces). A step command does not mind (it was written with the saga's
 // version, and a stale read only fails the fence), but a wake-up or a
 // cancel command, written by another transaction, would be judged against
 // the older row: a wake-up would find the saga "not waiting" just as it

@@ -256,9 +256,10 @@ func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, derr 
 		b.deferred = append(b.deferred, deferral{id: c.ID})
 		return nil
 	}
-	if (c.Type == wakeType || c.Type == cancelType) && !b.tx.moved[ls.ID] {
+	if c.Type == wakeType || c.Type == cancelType {
 		// Written by another transaction than the saga's last step: judge
-		// it against the saga as it is now (see [batch.refresh]).
+		// it against the saga as it is now, this batch's own writes
+		// included (see [batch.refresh]).
 		if gone, err := b.refresh(ctx, ls); err != nil || gone {
 			if gone {
 				e.stats.stale.Add(1)
@@ -280,14 +281,6 @@ func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, derr 
 		}
 	}
 	if c.Type == wakeType {
-		if b.tx.moved[ls.ID] {
-			// This batch moved the saga on already (a wake-up for another
-			// signal, say): the saga's row as read is no longer its row.
-			// Look again in a later transaction, which reads it afresh.
-			e.stats.deferred.Add(1)
-			b.deferred = append(b.deferred, deferral{id: c.ID})
-			return nil
-		}
 		b.delivered = append(b.delivered, c.ID)
 		return b.wake(b.traceWake(ctx, c, &ls.Saga), ls, def, last)
 	}

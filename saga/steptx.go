@@ -9,7 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -51,9 +50,6 @@ type batchTx struct {
 	outer string
 	// ready is set when a command that is due now was written.
 	ready bool
-	// moved lists the sagas this batch has written a transition for: a
-	// wake-up for one of them is stale (see [batch.handle]).
-	moved map[uuid.UUID]bool
 	// clock is the running step's clock, stopped while the step waits for
 	// the batch's earlier writes to be sent; nil between steps. Atomic: an
 	// abandoned handler may still use the transaction.
@@ -140,10 +136,6 @@ func (t *batchTx) write(sg *store.Saga, tr *store.Transition, sp string, rollbac
 	t.clean = w.next
 	t.pending = append(t.pending, pendingOp{w: w})
 	t.applied(w)
-	if t.moved == nil {
-		t.moved = map[uuid.UUID]bool{}
-	}
-	t.moved[sg.ID] = true
 }
 
 // applied moves the saga of w as its write will, once the write is sent.
