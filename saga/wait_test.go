@@ -726,3 +726,29 @@ func TestAForgedWakeUpDoesNothing(t *testing.T) {
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM `+b.table("outbox")+` WHERE id = $1 AND status = 'dead'`, forged),
 		"a wake-up for a saga that does not exist is parked")
 }
+
+// TestTheStepAfterAWaitDoesNotRunOverAFailedEnd: a signal handler that
+// leaves its transaction aborted (and returns nil) has its attempt
+// recorded as failed; the step after the wait must not run in its batch on
+// top of that failure, and runs once, after the retry that succeeds.
+func TestTheStepAfterAWaitDoesNotRunOverAFailedEnd(t *testing.T) {
+	b := setup(t, nil)
+	def := saga.Define("abort",
+		saga.Step[fulfil]{Name: "picked", Retry: fastRetry, Wait: saga.OnSignal("picked",
+			func(ctx context.Context, run *saga.StepRun, _ *fulfil, _ picked) error {
+				if run.Attempt == 1 {
+					_, _ = run.Tx.Exec(ctx, "SELECT 1/0") // ignored: the transaction is aborted
+				}
+				return nil
+			})},
+		saga.Step[fulfil]{Name: "ship", Action: act(b.schema, "ship")},
+	)
+	ctx, st := b.startWaiting(t, def)
+	_, err := b.engine.Signal(ctx, saga.Signal{SagaID: st.ID, Name: "picked"})
+	require.NoError(t, err)
+	in := b.waitTerminal(t, st.ID)
+	require.Equal(t, saga.StatusCompleted, in.Status, sagatest.Describe(in))
+	require.Equal(t, []string{"ship/forward"}, b.effects(t, st.ID), "ship ran once")
+	require.Contains(t, eventTypes(in), "step_failed:picked")
+	require.Equal(t, 1, countEvents(in, saga.EventSignalReceived), "the signal took effect once")
+}
