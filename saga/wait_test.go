@@ -752,3 +752,43 @@ func TestTheStepAfterAWaitDoesNotRunOverAFailedEnd(t *testing.T) {
 	require.Contains(t, eventTypes(in), "step_failed:picked")
 	require.Equal(t, 1, countEvents(in, saga.EventSignalReceived), "the signal took effect once")
 }
+
+// TestAChildInputPostgreSQLRefusesFailsTheStep: a Child input whose
+// business key or state PostgreSQL cannot store fails the step for good
+// with a clear code (child_start), and the parent compensates; nothing is
+// half-started.
+func TestAChildInputPostgreSQLRefusesFailsTheStep(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		key   string
+		state string
+		want  string
+	}{
+		{"NUL in the business key", "order\x00", "", "BusinessKey"},
+		{"invalid UTF-8 in the business key", "order\xff", "", "BusinessKey"},
+		{"10 kB business key", strings.Repeat("k", 10_000), "", "BusinessKey"},
+		{"NUL in the state", "", "a\x00b", "NUL"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := setup(t, nil)
+			child := saga.Define("kid", saga.Step[fulfil]{Name: "one", Action: act(b.schema, "kid")})
+			parent := saga.Define("parent",
+				saga.Step[fulfil]{Name: "charge", Action: act(b.schema, "charge"), Compensate: act(b.schema, "refund")},
+				saga.Step[fulfil]{Name: "kid", Wait: saga.Child(child,
+					func(context.Context, *saga.StepRun, *fulfil) (fulfil, *saga.StartOpts, error) {
+						return fulfil{OrderID: tc.state}, &saga.StartOpts{BusinessKey: tc.key}, nil
+					}, nil)},
+			)
+			require.NoError(t, b.engine.Register(parent, child))
+			b.start(t)
+			st, err := saga.Start(context.Background(), b.engine, parent, fulfil{}, nil)
+			require.NoError(t, err)
+			in := b.waitTerminal(t, st.ID)
+			require.Equal(t, saga.StatusCompensated, in.Status, sagatest.Describe(in))
+			require.Equal(t, saga.CodeChildStart, in.LastError.Code)
+			require.Contains(t, in.LastError.Message, tc.want)
+			require.Zero(t, b.count(t, `SELECT count(*) FROM `+b.table("saga_instances")+` WHERE saga_name = 'kid'`))
+			require.Equal(t, []string{"charge/forward", "charge/compensate"}, b.effects(t, st.ID))
+		})
+	}
+}
