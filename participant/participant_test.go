@@ -44,6 +44,8 @@ type service struct {
 type providers struct {
 	tp trace.TracerProvider
 	mp metric.MeterProvider
+	// allSteps runs the engine in Kafka mode instead of the hybrid default.
+	allSteps bool
 }
 
 func newService(t *testing.T, kc *kafkatest.Cluster, pv providers) *service {
@@ -131,7 +133,9 @@ func newSystem(t *testing.T, paymentsRunning bool, key ...byte) *system {
 	return buildSystem(t, paymentsRunning, providers{}, key...)
 }
 
-// buildSystem is newSystem with pv given to every part of the system.
+// buildSystem is newSystem with pv given to every part of the system. The
+// engine runs in the hybrid mode (the default) unless pv.allSteps asks for
+// Kafka mode.
 func buildSystem(t *testing.T, paymentsRunning bool, pv providers, key ...byte) *system {
 	t.Helper()
 	ctx := context.Background()
@@ -209,11 +213,16 @@ func buildSystem(t *testing.T, paymentsRunning bool, pv providers, key ...byte) 
 		}},
 	)
 	s.engine, err = saga.New(s.orders.pool, &saga.Config{Schema: s.orders.schema, Workers: 2, Logger: quiet,
-		RescueInterval: time.Second, Kafka: &saga.KafkaConfig{Brokers: kc.Addrs(), SigningKey: key},
+		RescueInterval: time.Second, Kafka: &saga.KafkaConfig{Brokers: kc.Addrs(), SigningKey: key, AllSteps: pv.allSteps},
 		TracerProvider: pv.tp, MeterProvider: pv.mp, SagaGaugeInterval: time.Millisecond})
 	require.NoError(t, err)
 	require.NoError(t, s.engine.Register(s.def))
-	require.Equal(t, []string{"sagaflow.commands.checkout", "sagaflow.commands.checkout.replies"}, s.engine.CommandTopics())
+	if pv.allSteps {
+		require.Equal(t, []string{"sagaflow.commands.checkout", "sagaflow.commands.checkout.replies"}, s.engine.CommandTopics())
+	} else {
+		// Hybrid: only the replies travel over Kafka to the engine.
+		require.Equal(t, []string{"sagaflow.commands.checkout.replies"}, s.engine.CommandTopics())
+	}
 	require.NoError(t, s.engine.Start(ctx))
 	t.Cleanup(func() { require.NoError(t, s.engine.Stop(context.Background())) })
 	return s
@@ -233,20 +242,42 @@ func (s *system) wait(t *testing.T, id uuid.UUID) *saga.Instance {
 	return sagatest.WaitEnded(t, s.engine, id, &sagatest.WaitOpts{Timeout: 30 * time.Second})
 }
 
+// A saga whose steps call two services completes in both modes: in the
+// hybrid mode (the default) the engine's own step commands never touch
+// Kafka, only the remote commands and their replies do; in Kafka mode every
+// step command goes over its topic too.
 func TestMultiServiceSagaCompletesOverKafka(t *testing.T) {
 	t.Parallel()
-	s := newSystem(t, true)
-	in := s.run(t, checkout{OrderID: "o-1", Amount: 40})
-	require.Equal(t, saga.StatusCompleted, in.Status)
-	var state checkout
-	require.NoError(t, in.DecodeState(&state))
-	require.Equal(t, "ch_o-1", state.ChargeID, "the payment service's reply reached the saga's state")
-	require.Equal(t, 1, s.inventory.count(t, "SELECT count(*) FROM "+s.inventory.table("stock_moves")+" WHERE move = 'reserve'"))
-	require.Equal(t, 0, s.inventory.count(t, "SELECT count(*) FROM "+s.inventory.table("stock_moves")+" WHERE move = 'release'"))
-	require.Equal(t, 1, s.payments.count(t, "SELECT count(*) FROM "+s.payments.table("charges")))
-	// The participants deduplicated by the step-scoped key.
-	require.Equal(t, 1, s.payments.count(t, "SELECT count(*) FROM "+s.payments.table("inbox")+" WHERE consumer = 'payments/steps' AND key = $1",
-		in.ID.String()+"/charge/forward/0"))
+	for _, allSteps := range []bool{false, true} {
+		t.Run(map[bool]string{false: "hybrid", true: "kafka-mode"}[allSteps], func(t *testing.T) {
+			t.Parallel()
+			s := buildSystem(t, true, providers{allSteps: allSteps})
+			in := s.run(t, checkout{OrderID: "o-1", Amount: 40})
+			require.Equal(t, saga.StatusCompleted, in.Status)
+			var state checkout
+			require.NoError(t, in.DecodeState(&state))
+			require.Equal(t, "ch_o-1", state.ChargeID, "the payment service's reply reached the saga's state")
+			require.Equal(t, 1, s.inventory.count(t, "SELECT count(*) FROM "+s.inventory.table("stock_moves")+" WHERE move = 'reserve'"))
+			require.Equal(t, 0, s.inventory.count(t, "SELECT count(*) FROM "+s.inventory.table("stock_moves")+" WHERE move = 'release'"))
+			require.Equal(t, 1, s.payments.count(t, "SELECT count(*) FROM "+s.payments.table("charges")))
+			// The participants deduplicated by the step-scoped key.
+			require.Equal(t, 1, s.payments.count(t, "SELECT count(*) FROM "+s.payments.table("inbox")+" WHERE consumer = 'payments/steps' AND key = $1",
+				in.ID.String()+"/charge/forward/0"))
+
+			onTopic, err := s.kc.ReadAll(context.Background(), "sagaflow.commands.checkout")
+			require.NoError(t, err)
+			relayed := s.orders.count(t, "SELECT count(*) FROM "+s.orders.table("outbox")+" WHERE delivery = 'relay' AND topic = 'sagaflow.commands.checkout'")
+			if allSteps {
+				require.NotEmpty(t, onTopic, "Kafka mode carries the step commands over their topic")
+				require.Positive(t, relayed)
+			} else {
+				require.Empty(t, onTopic, "the hybrid mode claims the step commands from PostgreSQL")
+				require.Zero(t, relayed)
+			}
+			require.Positive(t, s.orders.count(t, "SELECT count(*) FROM "+s.orders.table("outbox")+" WHERE delivery = 'relay' AND topic = 'payments.commands'"),
+				"the remote commands went through the relay in both modes")
+		})
+	}
 }
 
 // With signing on in every service, commands, replies, refusals and remote

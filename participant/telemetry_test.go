@@ -27,7 +27,9 @@ func TestTelemetryOneTraceAcrossServices(t *testing.T) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	s := buildSystem(t, true, providers{tp: tp, mp: mp})
+	// Kafka mode, so that the engine's own step commands cross the bus too
+	// and their publish spans join the trace.
+	s := buildSystem(t, true, providers{tp: tp, mp: mp, allSteps: true})
 
 	ctx, caller := tp.Tracer("test").Start(context.Background(), "POST /orders")
 	st, err := saga.Start(ctx, s.engine, s.def, checkout{OrderID: "o-traced", Amount: 40}, nil)

@@ -38,7 +38,7 @@ func Example() {
 	}
 	checkout := saga.Define("checkout", saga.Step[Order]{Name: "reserve",
 		Action: func(context.Context, *saga.StepRun, *Order) error { return nil }})
-	client, err := saga.New(pool, &saga.Config{Schema: schema, Kafka: &saga.KafkaConfig{Brokers: kc.Addrs()}})
+	client, err := saga.New(pool, &saga.Config{Schema: schema, Kafka: &saga.KafkaConfig{Brokers: kc.Addrs(), AllSteps: true}})
 	if err != nil {
 		panic(err)
 	}

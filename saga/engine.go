@@ -419,7 +419,7 @@ func (e *Engine) Register(defs ...AnyDefinition) error {
 			return err
 		}
 		if c.hasRemote() && e.cfg.Kafka == nil {
-			return fmt.Errorf("%w: saga %q has Remote steps, which need an engine in Kafka mode (Config.Kafka)", ErrInvalidDefinition, c.name)
+			return fmt.Errorf("%w: saga %q has Remote steps, which need an engine with Kafka (Config.Kafka) to reach the participants", ErrInvalidDefinition, c.name)
 		}
 		if _, dup := reg.byName[c.name]; dup || seen[c.name] {
 			return fmt.Errorf("%w: a saga named %q is already registered", ErrInvalidDefinition, c.name)
@@ -495,17 +495,11 @@ func (e *Engine) Start(ctx context.Context) error {
 	started, err := e.life.Start(ctx, func(fetch, work context.Context, wg *sync.WaitGroup) {
 		schedulerDone := e.startScheduler(fetch, schedules)
 		wg.Go(func() { <-schedulerDone })
-		direct := e.cfg.Workers
-		if e.cfg.Kafka != nil {
-			for range e.cfg.Workers {
-				r := e.newCommandReader()
-				wg.Go(func() { e.kafkaWork(fetch, work, r) })
-			}
-			// One direct worker as well: replays and cancel requests that a
-			// tool without the saga's definition (the operator CLI) records
-			// are direct commands in the outbox.
-			direct = 1
+		for range e.kafkaReaders() {
+			r := e.newCommandReader()
+			wg.Go(func() { e.kafkaWork(fetch, work, r) })
 		}
+		direct := e.directWorkers()
 		wakes := make([]chan struct{}, direct)
 		for i := range wakes {
 			wakes[i] = make(chan struct{}, 1)
@@ -518,7 +512,7 @@ func (e *Engine) Start(ctx context.Context) error {
 				}
 			}
 		}
-		if e.cfg.Kafka == nil {
+		if !e.allKafka() {
 			// In Kafka mode the commands a batch writes are relay rows: the
 			// direct worker has nothing to wake for.
 			e.wakeLocal.Store(&wake)

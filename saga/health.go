@@ -34,8 +34,16 @@ func (h *healthState) claimed(err error) {
 
 // expectedWorkers is how many executor goroutines a running engine has.
 func (e *Engine) expectedWorkers() int {
-	if e.cfg.Kafka != nil {
-		return e.cfg.Workers + 1 // and one direct worker (see Start)
+	return e.kafkaReaders() + e.directWorkers()
+}
+
+// directWorkers is how many workers claim commands from the outbox table:
+// Config.Workers, but in Kafka mode only one, for the replays and cancel
+// requests that a tool without the saga's definition (the operator CLI)
+// records as direct commands.
+func (e *Engine) directWorkers() int {
+	if e.allKafka() {
+		return 1
 	}
 	return e.cfg.Workers
 }

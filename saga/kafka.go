@@ -23,12 +23,25 @@ import (
 	"github.com/sagaflow/sagaflow/wire"
 )
 
-// KafkaConfig makes an engine carry step commands over Kafka instead of
-// straight from the outbox table: the commands are still written to the
-// outbox in the step's transaction, a relay (package relay) publishes them,
-// and the engine's workers consume them as members of one consumer group.
-// The executor, the keys and the fencing are the same as in the
-// Postgres-only mode.
+// KafkaConfig connects an engine to Kafka. It has two modes.
+//
+// The hybrid mode (the default) carries over Kafka only what crosses a
+// service boundary: the commands of [Remote] steps, which a relay (package
+// relay) publishes to the participants' topics, and the participants'
+// replies, which the engine consumes in one consumer group, each in the
+// saga's transaction. Every local step is claimed from PostgreSQL exactly
+// as in the Postgres-only mode, at its speed.
+//
+// Kafka mode ([KafkaConfig.AllSteps]) carries every step command over
+// Kafka: the commands are still written to the outbox in the step's
+// transaction, a relay publishes them, and the engine's workers consume them
+// as members of one consumer group. Choose it to spread a saga type's local
+// steps over engines by partition (each engine runs the partitions the
+// group gives it), or to keep every command on the bus for other consumers
+// to see; it costs a relay hop and a consumer group per step. The executor,
+// the keys and the fencing are the same in all modes.
+//
+// The rest of this comment is about Kafka mode.
 //
 // A partition's messages run one at a time: a slow step holds up the
 // commands behind it on its partition, other sagas' too, for as long as it
@@ -45,6 +58,9 @@ import (
 type KafkaConfig struct {
 	// Brokers to consume from. Required.
 	Brokers []string
+	// AllSteps carries every step command over Kafka (Kafka mode), not only
+	// remote steps' commands and replies (the hybrid mode, the default).
+	AllSteps bool
 	// Dialer connects to the brokers (TLS, SASL: see package kafkaconfig).
 	// Defaults to plain TCP.
 	Dialer *kafka.Dialer
@@ -99,45 +115,65 @@ func (e *Engine) sign(m *store.Message) {
 	}
 }
 
-// replyTopic is where participants reply to a saga type's remote steps.
+// replyTopic is where participants reply to a saga type's remote steps:
+// Kafka.ReplyTopic, or the saga type's Kafka command topic + ".replies" (in
+// both modes, so that switching modes keeps the participants' reply topic).
 func (e *Engine) replyTopic(sagaName string) string {
 	if e.cfg.Kafka.ReplyTopic != "" {
 		return e.cfg.Kafka.ReplyTopic
 	}
-	return e.commandTopic(sagaName) + ".replies"
+	return e.cfg.CommandTopic + "." + sagaName + ".replies"
 }
 
+// allKafka reports whether step commands travel over Kafka (Kafka mode).
+func (e *Engine) allKafka() bool { return e.cfg.Kafka != nil && e.cfg.Kafka.AllSteps }
+
 // commandTopic is the topic of a saga type's commands in Kafka mode, or the
-// direct command topic otherwise.
+// direct command topic otherwise (Postgres-only and hybrid modes).
 func (e *Engine) commandTopic(sagaName string) string {
-	if e.cfg.Kafka == nil {
+	if !e.allKafka() {
 		return e.cfg.CommandTopic
 	}
 	return e.cfg.CommandTopic + "." + sagaName
 }
 
 func (e *Engine) commandDelivery() string {
-	if e.cfg.Kafka == nil {
+	if !e.allKafka() {
 		return store.DeliveryDirect
 	}
 	return store.DeliveryRelay
 }
 
-// CommandTopics returns the Kafka topics an engine in Kafka mode consumes:
-// its registered sagas' command topics and, for sagas with remote steps,
-// their reply topics. Create them before starting the engine.
+// CommandTopics returns the Kafka topics an engine with Kafka consumes: in
+// Kafka mode its registered sagas' command topics; in both modes, for sagas
+// with remote steps, their reply topics. Create them before starting the
+// engine. It is empty for an engine without Kafka, and for a hybrid engine
+// whose sagas have no remote steps.
 func (e *Engine) CommandTopics() []string {
-	if e.ready("Engine.CommandTopics") != nil {
+	if e.ready("Engine.CommandTopics") != nil || e.cfg.Kafka == nil {
 		return nil
 	}
 	var topics, replies []string
 	for _, name := range e.registeredNameList() {
-		topics = append(topics, e.commandTopic(name))
+		if e.allKafka() {
+			topics = append(topics, e.commandTopic(name))
+		}
 		if e.lookupName(name).hasRemote() && !slices.Contains(replies, e.replyTopic(name)) {
 			replies = append(replies, e.replyTopic(name))
 		}
 	}
 	return append(topics, replies...)
+}
+
+// kafkaReaders is how many Kafka workers (consumer group members) a started
+// engine runs: one per worker in Kafka mode; in the hybrid mode one per
+// worker as well, since a reply runs the step after it in the reply's
+// transaction, or none when no registered saga has a remote step.
+func (e *Engine) kafkaReaders() int {
+	if e.cfg.Kafka == nil || len(e.CommandTopics()) == 0 {
+		return 0
+	}
+	return e.cfg.Workers
 }
 
 func (e *Engine) newCommandReader() KafkaReader {

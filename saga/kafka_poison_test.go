@@ -53,7 +53,7 @@ func setupKafkaWith(t *testing.T, partitions int, cfg *saga.Config, topics ...st
 	t.Helper()
 	kc := kafkatest.New(t, kafkatest.SeedTopics(int32(partitions), topics...))
 	if cfg.Kafka == nil {
-		cfg.Kafka = &saga.KafkaConfig{}
+		cfg.Kafka = &saga.KafkaConfig{AllSteps: true}
 	}
 	cfg.Kafka.Brokers = kc.Addrs()
 	b := setup(t, cfg)
@@ -289,7 +289,7 @@ func TestForgedMessagesHaveNoEffect(t *testing.T) {
 	t.Parallel()
 	topic := saga.CommandTopicDefault + ".kforged"
 	key := []byte("shared secret")
-	k := setupKafkaWith(t, 1, &saga.Config{Workers: 1, Kafka: &saga.KafkaConfig{SigningKey: key}}, topic)
+	k := setupKafkaWith(t, 1, &saga.Config{Workers: 1, Kafka: &saga.KafkaConfig{SigningKey: key, AllSteps: true}}, topic)
 	var charges atomic.Int64
 	def := threeSteps(k.bundle, "kforged", map[string]saga.StepFunc[order]{
 		"charge/forward": func(ctx context.Context, run *saga.StepRun, s *order) error {

@@ -34,7 +34,7 @@ func setupKafka(t *testing.T, partitions int, sagaNames ...string) *kafkaBundle 
 		topics = append(topics, saga.CommandTopicDefault+"."+n)
 	}
 	kc := kafkatest.New(t, kafkatest.SeedTopics(int32(partitions), topics...))
-	b := setup(t, &saga.Config{Workers: 2, Kafka: &saga.KafkaConfig{Brokers: kc.Addrs()}})
+	b := setup(t, &saga.Config{Workers: 2, Kafka: &saga.KafkaConfig{Brokers: kc.Addrs(), AllSteps: true}})
 	w := relay.NewKafkaWriter(kc.Addrs(), nil)
 	r, err := relay.New(b.pool, w, &relay.Config{Schema: b.schema, PollInterval: 50 * time.Millisecond, Logger: testLogger(t)})
 	require.NoError(t, err)
@@ -137,7 +137,7 @@ func TestKafkaModeTwoEnginesShareTheWork(t *testing.T) {
 	}})
 	require.NoError(t, k.engine.Register(def))
 	second, err := saga.New(k.pool, &saga.Config{Schema: k.schema, Workers: 2, Logger: testLogger(t),
-		Kafka: &saga.KafkaConfig{Brokers: k.kc.Addrs()}})
+		Kafka: &saga.KafkaConfig{Brokers: k.kc.Addrs(), AllSteps: true}})
 	require.NoError(t, err)
 	require.NoError(t, second.Register(def))
 	k.start(t)
@@ -307,7 +307,7 @@ func TestKafkaModeConsumesThroughTheReaderSeam(t *testing.T) {
 			StartOffset: kafka.FirstOffset, MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 50 * time.Millisecond}),
 			fetched: &fetched, committed: &committed}
 	}
-	b := setup(t, &saga.Config{Workers: 1, Kafka: &saga.KafkaConfig{Brokers: kc.Addrs(), NewReader: newReader}})
+	b := setup(t, &saga.Config{Workers: 1, Kafka: &saga.KafkaConfig{Brokers: kc.Addrs(), NewReader: newReader, AllSteps: true}})
 	w := relay.NewKafkaWriter(kc.Addrs(), nil)
 	r, err := relay.New(b.pool, w, &relay.Config{Schema: b.schema, PollInterval: 50 * time.Millisecond, Logger: testLogger(t)})
 	require.NoError(t, err)

@@ -57,7 +57,7 @@ func TestWakeUpsReachIdleEnginesElsewhere(t *testing.T) {
 func TestKafkaModeStepsWakeTheRelay(t *testing.T) {
 	t.Parallel()
 	kc := kafkatest.New(t, kafkatest.SeedTopics(1, saga.CommandTopicDefault+".kwake"))
-	b := setup(t, &saga.Config{Workers: 1, PollInterval: time.Minute, Kafka: &saga.KafkaConfig{Brokers: kc.Addrs()}})
+	b := setup(t, &saga.Config{Workers: 1, PollInterval: time.Minute, Kafka: &saga.KafkaConfig{Brokers: kc.Addrs(), AllSteps: true}})
 	w := relay.NewKafkaWriter(kc.Addrs(), nil)
 	r, err := relay.New(b.pool, w, &relay.Config{Schema: b.schema, PollInterval: time.Minute, Logger: testLogger(t)})
 	require.NoError(t, err)

@@ -41,26 +41,22 @@ func TestNode(t *testing.T) {
 }
 
 // TestCrashMatrix runs every crash point under every fault, with
-// -chaos.seeds seeds each: no saga lost, no database effect doubled, every
-// saga terminal within the deadline after recovery.
+// -chaos.seeds seeds each, in the hybrid mode, and under SIGKILL in Kafka
+// mode too (see chaos.MatrixCells): no saga lost, no database effect
+// doubled, every saga terminal within the deadline after recovery.
 func TestCrashMatrix(t *testing.T) {
 	require.True(t, fault.Enabled)
-	for _, point := range fault.Points {
-		for _, f := range chaos.Faults {
-			for seed := range *seeds {
-				c := chaos.Cell{Point: point, Fault: f, Seed: uint64(seed + 1)}
-				t.Run(c.String(), func(t *testing.T) {
-					t.Parallel()
-					dir := t.TempDir()
-					res, err := chaos.RunCell(context.Background(), dir, nodeCmd, c)
-					require.NoError(t, err, chaos.LogTails(dir, 40))
-					t.Logf("%s hit=%d settled=%s in %s\n%s\n%s\n%s\n%s", c, res.Hit, res.Settle.Round(time.Millisecond), res.Duration.Round(time.Millisecond),
-						res.Report.Line(), res.Report.Detail(), res.Report.WaitLine(), res.Report.PoisonLine())
-					require.True(t, res.Report.OK(), "invariants broken:\n%s\n%s\n%s\n%s", res.Report.Line(), res.Report.Detail(),
-						strings.Join(res.Report.Violations, "\n"), chaos.LogTails(dir, 40))
-				})
-			}
-		}
+	for _, c := range chaos.MatrixCells(fault.Points, chaos.Faults, *seeds) {
+		t.Run(c.String(), func(t *testing.T) {
+			t.Parallel()
+			dir := t.TempDir()
+			res, err := chaos.RunCell(context.Background(), dir, nodeCmd, c)
+			require.NoError(t, err, chaos.LogTails(dir, 40))
+			t.Logf("%s hit=%d settled=%s in %s\n%s\n%s\n%s\n%s", c, res.Hit, res.Settle.Round(time.Millisecond), res.Duration.Round(time.Millisecond),
+				res.Report.Line(), res.Report.Detail(), res.Report.WaitLine(), res.Report.PoisonLine())
+			require.True(t, res.Report.OK(), "invariants broken:\n%s\n%s\n%s\n%s", res.Report.Line(), res.Report.Detail(),
+				strings.Join(res.Report.Violations, "\n"), chaos.LogTails(dir, 40))
+		})
 	}
 }
 

@@ -389,6 +389,29 @@ func (e *Env) checkDeadLetters(ctx context.Context, r *Report, injected []Inject
 			r.PoisonProcessed++
 		}
 	}
+	// A foreign saga's command that was never on Kafka (the hybrid mode's
+	// direct commands) is parked in the outbox: marked dead, with a
+	// history entry under the saga's id.
+	rows, err := e.Pool.Query(ctx, `SELECT h.saga_id::text FROM `+OrdersSchema+`.saga_history h
+		JOIN `+OrdersSchema+`.outbox o ON o.saga_id = h.saga_id AND o.delivery = 'direct' AND o.status = 'dead'
+		WHERE h.event = $1 AND h.error_code = $2`, saga.EventCommandParked, saga.CodeUnknownSaga)
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return err
+		}
+		if foreignIDs[id] {
+			parked[id] = true
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
 	r.ForeignParked = len(parked)
 	for key, id := range foreign {
 		if !parked[id.String()] {

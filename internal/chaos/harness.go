@@ -45,6 +45,9 @@ type Env struct {
 	// Sabotage, when set, makes the nodes started from now on run a broken
 	// workload, to show that the checkers notice (see SabotageEffectsOutsideTx).
 	Sabotage string
+	// AllSteps runs the orders engines in Kafka mode; otherwise in the
+	// hybrid mode, where only remote commands and replies cross Kafka.
+	AllSteps bool
 
 	engine     *saga.Engine // never started: Start only inserts, Cancel records
 	def        *saga.Definition[Order]
@@ -76,8 +79,8 @@ type CancelDone struct {
 
 // NewEnv starts the servers and creates the schemas. dir receives the nodes'
 // logs. Close it when done.
-func NewEnv(ctx context.Context, dir string, nodeCmd NodeCommand) (env *Env, err error) {
-	e := &Env{Dir: dir, nodeCmd: nodeCmd, started: map[string]Order{}, parcels: map[string]Parcel{}, ids: map[string]uuid.UUID{},
+func NewEnv(ctx context.Context, dir string, nodeCmd NodeCommand, allSteps bool) (env *Env, err error) {
+	e := &Env{Dir: dir, nodeCmd: nodeCmd, AllSteps: allSteps, started: map[string]Order{}, parcels: map[string]Parcel{}, ids: map[string]uuid.UUID{},
 		foreign: map[string]uuid.UUID{}, cancels: map[string]CancelDone{}}
 	defer func() {
 		if err != nil {
@@ -100,7 +103,7 @@ func NewEnv(ctx context.Context, dir string, nodeCmd NodeCommand) (env *Env, err
 		return nil, err
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	if e.engine, err = saga.New(e.Pool, EngineConfig(e.Kafka.Addrs(), quiet)); err != nil {
+	if e.engine, err = saga.New(e.Pool, EngineConfig(e.Kafka.Addrs(), quiet, allSteps)); err != nil {
 		return nil, err
 	}
 	e.def, e.slowDef = Definitions(External{}, 0, nil)
@@ -148,7 +151,7 @@ type Node struct {
 // fault spec (point@n) for a sagaflow_faults build.
 func (e *Env) StartNode(name string, roles []string, armed string) (*Node, error) {
 	cfg, err := json.Marshal(NodeConfig{DSN: e.PG.ConnString(), Brokers: e.Kafka.Addrs(), Service: e.Service.URL(), Roles: roles,
-		Sabotage: e.Sabotage})
+		Sabotage: e.Sabotage, AllSteps: e.AllSteps})
 	if err != nil {
 		return nil, err
 	}
@@ -291,6 +294,11 @@ func (e *Env) StartForeign(ctx context.Context, key string) error {
 				return err
 			}
 			id = st.ID
+			if !e.AllSteps {
+				// Hybrid: the command stays a direct one, which every
+				// engine's claim passes over until UnknownSagaGrace.
+				return nil
+			}
 			_, err = tx.Exec(ctx, "UPDATE "+OrdersSchema+".outbox SET topic = $1 WHERE saga_id = $2", Topics()[0], st.ID)
 			return err
 		})

@@ -21,6 +21,26 @@ const (
 // Faults lists the attacks.
 var Faults = []string{FaultKill, FaultPGRestart, FaultBroker}
 
+// MatrixCells lists the matrix's cells for points, faults and seeds: every
+// point under every fault with the engines in the hybrid mode (the
+// default), and every point under SIGKILL in Kafka mode too, where the
+// step commands cross the bus and its consume loop has commit boundaries of
+// its own.
+func MatrixCells(points, faults []string, seeds int) []Cell {
+	var cells []Cell
+	for _, p := range points {
+		for _, f := range faults {
+			for s := range seeds {
+				cells = append(cells, Cell{Point: p, Fault: f, Seed: uint64(s + 1)})
+				if f == FaultKill {
+					cells = append(cells, Cell{Point: p, Fault: f, Seed: uint64(s + 1), AllSteps: true})
+				}
+			}
+		}
+	}
+	return cells
+}
+
 // Cell is one cell of the crash-point matrix.
 type Cell struct {
 	Point string
@@ -28,9 +48,17 @@ type Cell struct {
 	Seed  uint64
 	// Sabotage runs a deliberately broken workload (a negative control).
 	Sabotage string
+	// AllSteps runs the engines in Kafka mode instead of the hybrid mode.
+	AllSteps bool
 }
 
-func (c Cell) String() string { return fmt.Sprintf("%s/%s/seed=%d", c.Point, c.Fault, c.Seed) }
+func (c Cell) String() string {
+	mode := "hybrid"
+	if c.AllSteps {
+		mode = "kafka-mode"
+	}
+	return fmt.Sprintf("%s/%s/%s/seed=%d", c.Point, c.Fault, mode, c.Seed)
+}
 
 // CellResult is what a cell did and found.
 type CellResult struct {
@@ -60,7 +88,7 @@ func RunCell(ctx context.Context, dir string, nodeCmd NodeCommand, c Cell) (*Cel
 	h := fnv.New64a()
 	_, _ = h.Write([]byte(c.Point + c.Fault))
 	rng := rand.New(rand.NewPCG(c.Seed, h.Sum64()))
-	env, err := NewEnv(ctx, dir, nodeCmd)
+	env, err := NewEnv(ctx, dir, nodeCmd, c.AllSteps)
 	if err != nil {
 		return nil, err
 	}

@@ -45,6 +45,9 @@ type NodeConfig struct {
 	Roles   []string `json:"roles"`
 	// Sabotage breaks the workload on purpose; empty for the real one.
 	Sabotage string `json:"sabotage,omitempty"`
+	// AllSteps runs the orders engine in Kafka mode instead of the hybrid
+	// mode.
+	AllSteps bool `json:"all_steps,omitempty"`
 }
 
 // SabotageEffectsOutsideTx makes the local steps write their ledger rows
@@ -83,14 +86,15 @@ func NodeConfigFromEnv() (NodeConfig, error) {
 }
 
 // EngineConfig is the orders engine's configuration, the same in every node
-// and in the parent (which only starts and cancels sagas with it). Commands
-// and replies are signed (see [SigningKey]).
-func EngineConfig(brokers []string, log *slog.Logger) *saga.Config {
+// and in the parent (which only starts and cancels sagas with it): the
+// hybrid mode, or Kafka mode with allSteps. Commands and replies are signed
+// (see [SigningKey]).
+func EngineConfig(brokers []string, log *slog.Logger, allSteps bool) *saga.Config {
 	return &saga.Config{
 		Schema: OrdersSchema, Workers: 2, PollInterval: 200 * time.Millisecond,
 		RescueInterval: time.Second, RescueSlack: 500 * time.Millisecond, HandlerGrace: 2 * time.Second,
 		UnknownSagaGrace: UnknownSagaGrace, Logger: log,
-		Kafka: &saga.KafkaConfig{Brokers: brokers, SessionTimeout: SessionTimeout, SigningKey: SigningKey},
+		Kafka: &saga.KafkaConfig{Brokers: brokers, SessionTimeout: SessionTimeout, SigningKey: SigningKey, AllSteps: allSteps},
 	}
 }
 
@@ -148,7 +152,7 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 		key = nil
 	}
 	if slices.Contains(cfg.Roles, RoleEngine) {
-		ecfg := EngineConfig(cfg.Brokers, log)
+		ecfg := EngineConfig(cfg.Brokers, log, cfg.AllSteps)
 		ecfg.Kafka.SigningKey = key
 		e, err := saga.New(pool, ecfg)
 		if err != nil {

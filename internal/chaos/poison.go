@@ -260,6 +260,11 @@ func (e *Env) InjectPoison(ctx context.Context, n int, rng *rand.Rand) error {
 	for i := range n {
 		t := turn + i
 		kind := poisonKinds[t%len(poisonKinds)]
+		if !e.AllSteps && (kind == "engine-forged-step" || (kind == "engine-bad-id" && len(replies) == 0)) {
+			// In the hybrid mode no engine reads the command topic: the
+			// engine's door on the bus is its reply topic.
+			kind = "engine-forged-ok"
+		}
 		class := poisonClasses[(t/len(poisonKinds))%len(poisonClasses)]
 		var r rec
 		must := true
@@ -290,7 +295,7 @@ func (e *Env) InjectPoison(ctx context.Context, n int, rng *rand.Rand) error {
 			}}
 		case "engine-bad-id":
 			field = "message-id"
-			if t%2 == 0 && len(replies) > 0 {
+			if (t%2 == 0 || !e.AllSteps) && len(replies) > 0 { // hybrid: always a reply
 				// A reply's id plays no part in applying it: a signed copy
 				// with any id is the duplicate it is, and changes nothing.
 				s := pick(rng, replies, nil)

@@ -18,6 +18,7 @@ type SoakConfig struct {
 	Participants int           // participant nodes (payments and its relay)
 	Seed         uint64
 	Deadline     time.Duration // after the attacks, for every saga to end
+	AllSteps     bool          // engines in Kafka mode instead of the hybrid mode
 	Logf         func(format string, args ...any)
 }
 
@@ -58,7 +59,7 @@ func RunSoak(ctx context.Context, dir string, nodeCmd NodeCommand, cfg SoakConfi
 		cfg.Logf = func(string, ...any) {}
 	}
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x5a6af10))
-	env, err := NewEnv(ctx, dir, nodeCmd)
+	env, err := NewEnv(ctx, dir, nodeCmd, cfg.AllSteps)
 	if err != nil {
 		return nil, err
 	}

@@ -130,7 +130,7 @@ func TestEngineNewReaderSeam(t *testing.T) {
 		Schema:  schema,
 		Workers: 1,
 		Kafka: &saga.KafkaConfig{
-			Brokers: kc.Addrs(),
+			Brokers: kc.Addrs(), AllSteps: true,
 			NewReader: func(group string, topics []string) saga.KafkaReader {
 				mu.Lock()
 				defer mu.Unlock()

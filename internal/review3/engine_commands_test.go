@@ -37,7 +37,7 @@ func TestEngineCommandsDeliveredAgainAndForged(t *testing.T) {
 	r, err := relay.New(pool, w, &relay.Config{Schema: schema})
 	require.NoError(t, err)
 	require.NoError(t, r.Start(ctx))
-	e, err := saga.New(pool, &saga.Config{Schema: schema, PollInterval: 20 * time.Millisecond, Kafka: &saga.KafkaConfig{Brokers: kc.Addrs()}})
+	e, err := saga.New(pool, &saga.Config{Schema: schema, PollInterval: 20 * time.Millisecond, Kafka: &saga.KafkaConfig{Brokers: kc.Addrs(), AllSteps: true}})
 	require.NoError(t, err)
 	require.NoError(t, e.Register(def))
 	require.NoError(t, e.Start(ctx))

@@ -62,7 +62,7 @@ func remoteEngine(t *testing.T, kc *kafkatest.Cluster, pool *pgxpool.Pool, schem
 		},
 	}})
 	e, err := saga.New(pool, &saga.Config{Schema: schema, PollInterval: 20 * time.Millisecond,
-		Kafka: &saga.KafkaConfig{Brokers: kc.Addrs(), SigningKey: key}})
+		Kafka: &saga.KafkaConfig{Brokers: kc.Addrs(), SigningKey: key, AllSteps: true}})
 	require.NoError(t, err)
 	require.NoError(t, e.Register(def))
 	require.NoError(t, e.Start(ctx))

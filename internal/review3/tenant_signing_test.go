@@ -112,7 +112,7 @@ func twoTenants(t *testing.T, ownTopics bool) {
 		r, err := relay.New(pool, w, &relay.Config{Schema: schema})
 		require.NoError(t, err)
 		require.NoError(t, r.Start(ctx))
-		cfg := &saga.Config{Schema: schema, PollInterval: 20 * time.Millisecond, Kafka: &saga.KafkaConfig{Brokers: kc.Addrs()}}
+		cfg := &saga.Config{Schema: schema, PollInterval: 20 * time.Millisecond, Kafka: &saga.KafkaConfig{Brokers: kc.Addrs(), AllSteps: true}}
 		if ownTopics {
 			cfg.CommandTopic = "tenant." + schema
 		}

@@ -140,22 +140,19 @@ func matrix(args []string) int {
 		fmt.Fprintln(os.Stderr, "chaos matrix: build with -tags sagaflow_faults")
 		return 2
 	}
-	var cells []chaos.Cell
 	for _, p := range strings.Split(*points, ",") {
 		if !slices.Contains(fault.Points, p) {
 			fmt.Fprintf(os.Stderr, "chaos matrix: unknown point %q (known: %s)\n", p, strings.Join(fault.Points, ", "))
 			return 2
 		}
-		for _, f := range strings.Split(*faults, ",") {
-			if !slices.Contains(chaos.Faults, f) {
-				fmt.Fprintf(os.Stderr, "chaos matrix: unknown fault %q (known: %s)\n", f, strings.Join(chaos.Faults, ", "))
-				return 2
-			}
-			for s := range *seeds {
-				cells = append(cells, chaos.Cell{Point: p, Fault: f, Seed: uint64(s + 1)})
-			}
+	}
+	for _, f := range strings.Split(*faults, ",") {
+		if !slices.Contains(chaos.Faults, f) {
+			fmt.Fprintf(os.Stderr, "chaos matrix: unknown fault %q (known: %s)\n", f, strings.Join(chaos.Faults, ", "))
+			return 2
 		}
 	}
+	cells := chaos.MatrixCells(strings.Split(*points, ","), strings.Split(*faults, ","), *seeds)
 	if *parallel < 1 || len(cells) == 0 {
 		fmt.Fprintln(os.Stderr, "chaos matrix: nothing to run")
 		return 2
