@@ -20,6 +20,7 @@ const (
 	sysRiver         = "river"          // River: a chain of 3 jobs
 	sysTemporal      = "temporal"       // Temporal dev server: a workflow of 3 activities
 	sysDBOS          = "dbos"           // DBOS Transact Go: a workflow of 3 checkpointed steps
+	sysGoWorkflows   = "go-workflows"   // go-workflows on MySQL (MariaDB): a workflow of 3 activities
 	sysRaw           = "raw"            // the SQL of a step, one transaction per step, pgx, no engine
 	sysRawPipelined  = "raw-pipelined"  // the same, each step's transaction sent as one pipelined batch
 	sysRelay         = "sagaflow-relay" // sagaflow's relay draining the outbox
@@ -36,7 +37,7 @@ const (
 	scenarioDrain    = "drain"    // drain a large backlog
 )
 
-var sagaSystems = []string{sysSagaflowPG, sysSagaflowKafka, sysRiver, sysTemporal, sysDBOS, sysRaw, sysRawPipelined}
+var sagaSystems = []string{sysSagaflowPG, sysSagaflowKafka, sysRiver, sysTemporal, sysDBOS, sysGoWorkflows, sysRaw, sysRawPipelined}
 var relaySystems = []string{sysRelay, sysWatermill, sysKafkaGo}
 
 // runOpts is one measured run.
@@ -173,6 +174,8 @@ func newSagaSystem(ctx context.Context, o *runOpts) (sagaSystem, error) {
 		return newTemporal(ctx, o)
 	case sysDBOS:
 		return newDBOS(ctx, o)
+	case sysGoWorkflows:
+		return newGoWorkflows(ctx, o)
 	}
 	return nil, fmt.Errorf("unknown system %q", o.System)
 }

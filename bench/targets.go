@@ -76,7 +76,7 @@ func computeTargets(results []Result) []Target {
 		// Issue #17's bars: twice DBOS Transact (the closest peer), three
 		// times the other engines, past the statement-by-statement raw
 		// baseline, and 0.6 of the pipelined one (the physical ceiling).
-		{sysDBOS, 2}, {sysRiver, 3}, {sysTemporal, 3}, {sysRaw, 1.1}, {sysRawPipelined, 0.6},
+		{sysDBOS, 2}, {sysRiver, 3}, {sysTemporal, 3}, {sysGoWorkflows, 3}, {sysRaw, 1.1}, {sysRawPipelined, 0.6},
 	} {
 		p, ok := bestRate(results, peer.sys, scenarioSteps)
 		out = append(out, ratioTarget("sagaflow-pg ÷ "+peer.sys+", steps/s at each one's best concurrency",
