@@ -68,7 +68,7 @@ func compareMain(args []string) error {
 	fs.BoolVar(&o.jsonOut, "json", false, "print one JSON object per system and scenario on stdout (the table goes to stderr)")
 	fs.StringVar(&o.out, "out", "results.json", "write the whole report (machine, results, every run) here; empty for none")
 	fs.StringVar(&o.run.TemporalBin, "temporal-bin", defaultTemporalBin(), "the temporal CLI")
-	fs.StringVar(&o.run.TemporalPragmas, "temporal-sqlite-pragmas", "", "SQLite pragmas for Temporal's dev server, comma-separated; default: its own")
+	fs.StringVar(&o.run.TemporalPragmas, "temporal-sqlite-pragmas", temporalPragmasDefault, "SQLite pragmas for Temporal's dev server, comma-separated; empty for its own")
 	fs.DurationVar(&o.run.RiverCooldown, "river-fetch-cooldown", riverFetchCooldown, "River's FetchCooldown")
 	_ = fs.Parse(args)
 	command = "bench compare " + strings.Join(args, " ")

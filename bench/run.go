@@ -19,7 +19,10 @@ const (
 	sysSagaflowKafka = "sagaflow-kafka" // the engine, Kafka mode (relay + consumer group, in-process broker)
 	sysRiver         = "river"          // River: a chain of 3 jobs
 	sysTemporal      = "temporal"       // Temporal dev server: a workflow of 3 activities
+	sysDBOS          = "dbos"           // DBOS Transact Go: a workflow of 3 checkpointed steps
+	sysGoWorkflows   = "go-workflows"   // go-workflows on MySQL (MariaDB): a workflow of 3 activities
 	sysRaw           = "raw"            // the SQL of a step, one transaction per step, pgx, no engine
+	sysRawPipelined  = "raw-pipelined"  // the same, each step's transaction sent as one pipelined batch
 	sysRelay         = "sagaflow-relay" // sagaflow's relay draining the outbox
 	sysWatermill     = "watermill"      // Watermill's SQL subscriber + forwarder to Kafka
 	sysKafkaGo       = "kafka-go"       // a raw kafka-go writer, no database
@@ -34,7 +37,7 @@ const (
 	scenarioDrain    = "drain"    // drain a large backlog
 )
 
-var sagaSystems = []string{sysSagaflowPG, sysSagaflowKafka, sysRiver, sysTemporal, sysRaw}
+var sagaSystems = []string{sysSagaflowPG, sysSagaflowKafka, sysRiver, sysTemporal, sysDBOS, sysGoWorkflows, sysRaw, sysRawPipelined}
 var relaySystems = []string{sysRelay, sysWatermill, sysKafkaGo}
 
 // runOpts is one measured run.
@@ -162,11 +165,17 @@ func newSagaSystem(ctx context.Context, o *runOpts) (sagaSystem, error) {
 	case sysSagaflowKafka:
 		return newSagaflow(ctx, o, true)
 	case sysRaw:
-		return newRaw(ctx, o)
+		return newRaw(ctx, o, false)
+	case sysRawPipelined:
+		return newRaw(ctx, o, true)
 	case sysRiver:
 		return newRiver(ctx, o)
 	case sysTemporal:
 		return newTemporal(ctx, o)
+	case sysDBOS:
+		return newDBOS(ctx, o)
+	case sysGoWorkflows:
+		return newGoWorkflows(ctx, o)
 	}
 	return nil, fmt.Errorf("unknown system %q", o.System)
 }

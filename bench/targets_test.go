@@ -20,7 +20,10 @@ func TestComputeTargets(t *testing.T) {
 		s(sysSagaflowPG, scenarioSteps, 256, 0, 5000, 0), // best
 		s(sysRiver, scenarioSteps, 256, 0, 6000, 0),
 		s(sysTemporal, scenarioSteps, 16, 0, 400, 0),
-		s(sysRaw, scenarioSteps, 16, 0, 6000, 0),
+		s(sysRaw, scenarioSteps, 16, 0, 4000, 0),
+		s(sysRawPipelined, scenarioSteps, 256, 0, 10000, 0),
+		s(sysDBOS, scenarioSteps, 16, 0, 2000, 0),
+		s(sysSagaflowKafka, scenarioSteps, 256, 0, 2000, 0),
 		s(sysSagaflowPG, scenarioHalfLoad, 0, 2500, 2500, 40),
 		s(sysSagaflowPG, scenarioHistory, 256, 0, 5000, 0),
 		s(sysSagaflowPG, scenarioHistory, 256, 1000000, 4400, 0),
@@ -44,9 +47,12 @@ func TestComputeTargets(t *testing.T) {
 	}
 	check("sagaflow-pg ÷ river, steps/s at each one's best concurrency", 5000.0/6000, false)
 	check("sagaflow-pg ÷ temporal, steps/s at each one's best concurrency", 12.5, true)
-	check("sagaflow-pg ÷ raw, steps/s at each one's best concurrency", 5000.0/6000, true)
+	check("sagaflow-pg ÷ dbos, steps/s at each one's best concurrency", 2.5, true)
+	check("sagaflow-pg ÷ raw, steps/s at each one's best concurrency", 1.25, true)
+	check("sagaflow-pg ÷ raw-pipelined, steps/s at each one's best concurrency", 0.5, false)
+	check("sagaflow-kafka ÷ sagaflow-pg, steps/s at each one's best concurrency", 0.4, false)
 	check("relay ÷ watermill, 20000-row backlog", 10000.0/6000, false)
-	check("relay ÷ kafka-go, 20000-row backlog", 10000.0/18000, true)
+	check("relay ÷ kafka-go, 20000-row backlog", 10000.0/18000, false)
 	check("sagaflow-pg p99 saga latency (3 steps) at half of peak throughput", 40, true)
 	check("sagaflow-pg steps/s with the largest finished history ÷ with an empty database", 0.88, false)
 }
