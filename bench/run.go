@@ -15,17 +15,18 @@ import (
 
 // Systems.
 const (
-	sysSagaflowPG    = "sagaflow-pg"    // the engine, Postgres-only mode
-	sysSagaflowKafka = "sagaflow-kafka" // the engine, Kafka mode (relay + consumer group, in-process broker)
-	sysRiver         = "river"          // River: a chain of 3 jobs
-	sysTemporal      = "temporal"       // Temporal dev server: a workflow of 3 activities
-	sysDBOS          = "dbos"           // DBOS Transact Go: a workflow of 3 checkpointed steps
-	sysGoWorkflows   = "go-workflows"   // go-workflows on MySQL (MariaDB): a workflow of 3 activities
-	sysRaw           = "raw"            // the SQL of a step, one transaction per step, pgx, no engine
-	sysRawPipelined  = "raw-pipelined"  // the same, each step's transaction sent as one pipelined batch
-	sysRelay         = "sagaflow-relay" // sagaflow's relay draining the outbox
-	sysWatermill     = "watermill"      // Watermill's SQL subscriber + forwarder to Kafka
-	sysKafkaGo       = "kafka-go"       // a raw kafka-go writer, no database
+	sysSagaflowPG     = "sagaflow-pg"     // the engine, Postgres-only mode
+	sysSagaflowKafka  = "sagaflow-kafka"  // the engine, Kafka mode (relay + consumer group, in-process broker)
+	sysSagaflowHybrid = "sagaflow-hybrid" // the engine, hybrid mode: step b remote (a participant over Kafka), a and c local
+	sysRiver          = "river"           // River: a chain of 3 jobs
+	sysTemporal       = "temporal"        // Temporal dev server: a workflow of 3 activities
+	sysDBOS           = "dbos"            // DBOS Transact Go: a workflow of 3 checkpointed steps
+	sysGoWorkflows    = "go-workflows"    // go-workflows on MySQL (MariaDB): a workflow of 3 activities
+	sysRaw            = "raw"             // the SQL of a step, one transaction per step, pgx, no engine
+	sysRawPipelined   = "raw-pipelined"   // the same, each step's transaction sent as one pipelined batch
+	sysRelay          = "sagaflow-relay"  // sagaflow's relay draining the outbox
+	sysWatermill      = "watermill"       // Watermill's SQL subscriber + forwarder to Kafka
+	sysKafkaGo        = "kafka-go"        // a raw kafka-go writer, no database
 )
 
 // Scenarios.
@@ -37,7 +38,7 @@ const (
 	scenarioDrain    = "drain"    // drain a large backlog
 )
 
-var sagaSystems = []string{sysSagaflowPG, sysSagaflowKafka, sysRiver, sysTemporal, sysDBOS, sysGoWorkflows, sysRaw, sysRawPipelined}
+var sagaSystems = []string{sysSagaflowPG, sysSagaflowKafka, sysSagaflowHybrid, sysRiver, sysTemporal, sysDBOS, sysGoWorkflows, sysRaw, sysRawPipelined}
 var relaySystems = []string{sysRelay, sysWatermill, sysKafkaGo}
 
 // runOpts is one measured run.
@@ -164,6 +165,8 @@ func newSagaSystem(ctx context.Context, o *runOpts) (sagaSystem, error) {
 		return newSagaflow(ctx, o, false)
 	case sysSagaflowKafka:
 		return newSagaflow(ctx, o, true)
+	case sysSagaflowHybrid:
+		return newHybrid(ctx, o)
 	case sysRaw:
 		return newRaw(ctx, o, false)
 	case sysRawPipelined:

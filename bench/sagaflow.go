@@ -80,7 +80,7 @@ func newSagaflowWith(ctx context.Context, o *runOpts, kafkaMode bool, extra []sa
 			s.close()
 			return nil, err
 		}
-		cfg.Kafka = &saga.KafkaConfig{Brokers: s.broker.addrs}
+		cfg.Kafka = &saga.KafkaConfig{Brokers: s.broker.addrs, AllSteps: true} // Kafka mode
 		w := relay.NewKafkaWriter(s.broker.addrs, nil)
 		s.writer = w
 		s.relay, err = relay.New(pool, w, &relay.Config{Schema: s.schema, PollInterval: 50 * time.Millisecond, Logger: discard})

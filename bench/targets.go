@@ -82,6 +82,9 @@ func computeTargets(results []Result) []Target {
 		out = append(out, ratioTarget("sagaflow-pg ÷ "+peer.sys+", steps/s at each one's best concurrency",
 			peer.factor, sf, p, okSF, ok, sysSagaflowPG, peer.sys, "steps/s", "in flight"))
 	}
+	hybrid, okH := bestRate(results, sysSagaflowHybrid, scenarioSteps)
+	out = append(out, ratioTarget("sagaflow-hybrid (step 2 of 3 remote) ÷ sagaflow-pg (3 local steps), steps/s at each one's best concurrency",
+		0.6, hybrid, sf, okH, okSF, sysSagaflowHybrid, sysSagaflowPG, "steps/s", "in flight"))
 	kafka, okK := bestRate(results, sysSagaflowKafka, scenarioSteps)
 	out = append(out, ratioTarget("sagaflow-kafka ÷ sagaflow-pg, steps/s at each one's best concurrency",
 		0.5, kafka, sf, okK, okSF, sysSagaflowKafka, sysSagaflowPG, "steps/s", "in flight"))
