@@ -183,15 +183,18 @@
 // slow step delays the commit of the steps batched with it; engines whose
 // steps are slow should use a small BatchSize.
 //
-// # Kafka mode and remote steps
+// # Kafka, remote steps, and the two modes
 //
-// With [Config.Kafka] set, the engine carries step commands over Kafka: they
-// are still written to the outbox in the step's transaction, a relay
-// (package relay) publishes them to one topic per saga type, keyed by saga
-// id, and the engine's workers consume them in one consumer group, each
-// message in its own transaction, committing the offset only after it. The
-// guarantees above hold unchanged; malformed commands go to the
-// dead_letters table.
+// With [Config.Kafka] set, the engine reaches other services over Kafka. In
+// the hybrid mode (the default) only remote steps' commands and their
+// replies cross the broker: local steps are claimed from PostgreSQL exactly
+// as without Kafka. With [KafkaConfig.AllSteps] (Kafka mode) the engine
+// carries every step command over Kafka: they are still written to the
+// outbox in the step's transaction, a relay (package relay) publishes them
+// to one topic per saga type, keyed by saga id, and the engine's workers
+// consume them in one consumer group, each message in its own transaction,
+// committing the offset only after it. In both modes the guarantees above
+// hold unchanged; malformed messages go to the dead_letters table.
 //
 // A step with a [Remote] instead of an Action calls another service: the
 // step sends a command to the service's topic and the saga waits for the
@@ -201,7 +204,7 @@
 // timeout, the step's own compensation included: the service may have done
 // it). A remote compensation whose reply is late is sent again under the
 // same step key until its CompensateRetry attempts are spent; only then does
-// the saga end failed. Remote steps need Kafka mode.
+// the saga end failed. Remote steps need [Config.Kafka] (either mode).
 //
 // # Sagas that wait
 //
