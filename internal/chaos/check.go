@@ -390,11 +390,8 @@ func (e *Env) checkDeadLetters(ctx context.Context, r *Report, injected []Inject
 		}
 	}
 	// A foreign saga's command that was never on Kafka (the hybrid mode's
-	// direct commands) is parked in the outbox: marked dead, with a
-	// history entry under the saga's id.
-	rows, err := e.Pool.Query(ctx, `SELECT h.saga_id::text FROM `+OrdersSchema+`.saga_history h
-		JOIN `+OrdersSchema+`.outbox o ON o.saga_id = h.saga_id AND o.delivery = 'direct' AND o.status = 'dead'
-		WHERE h.event = $1 AND h.error_code = $2`, saga.EventCommandParked, saga.CodeUnknownSaga)
+	// direct commands) is parked in the outbox (see parkedForeign).
+	rows, err := e.Pool.Query(ctx, `SELECT saga_id FROM (`+parkedForeign+`) f`)
 	if err != nil {
 		return err
 	}

@@ -384,11 +384,8 @@ func (e *Env) WaitTerminal(ctx context.Context) error {
 			var n, dead, parked, cancels, pending, unsent int
 			err := e.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+OrdersSchema+`.saga_instances WHERE saga_name <> $5),
 			    (SELECT count(*) FROM unnest($1::text[], $2::int[], $3::bigint[]) p(topic, part, off) WHERE `+deadAt+`),
-			    -- Parked as the checkers count it: an unknown_saga dead letter of
-			    -- the foreign saga. (A poison copy of its command, parked as
-			    -- malformed, names the saga too, and must not count.)
-			    (SELECT count(DISTINCT headers->>'sagaflow-saga-id') FROM `+OrdersSchema+`.dead_letters
-			        WHERE reason LIKE 'unknown_saga:%' AND headers->>'sagaflow-saga-id' = ANY($4::uuid[]::text[])),
+			    -- Parked as the checkers count it (see parkedForeign).
+			    (SELECT count(*) FROM (`+parkedForeign+`) f WHERE f.saga_id = ANY($4::uuid[]::text[])),
 			    (SELECT count(*) FROM `+OrdersSchema+`.saga_cancel_requests),
 			    (SELECT count(*) FROM `+OrdersSchema+`.outbox WHERE status = 'pending' AND delivery = 'relay')
 			        + (SELECT count(*) FROM `+PaymentsSchema+`.outbox WHERE status = 'pending'),
@@ -405,6 +402,17 @@ func (e *Env) WaitTerminal(ctx context.Context) error {
 		}
 	}
 }
+
+// parkedForeign lists the ids of the sagas whose command was parked as
+// unknown_saga: from Kafka, as a dead letter of the foreign saga's command (a
+// poison copy of it, parked as malformed, names the saga too, and must not
+// count); in the hybrid mode, where its command never left PostgreSQL, as a
+// dead direct outbox row with the parking in the saga's history.
+const parkedForeign = `SELECT headers->>'sagaflow-saga-id' AS saga_id FROM ` + OrdersSchema + `.dead_letters
+        WHERE reason LIKE 'unknown_saga:%'
+    UNION SELECT h.saga_id::text FROM ` + OrdersSchema + `.saga_history h
+        JOIN ` + OrdersSchema + `.outbox o ON o.saga_id = h.saga_id AND o.delivery = 'direct' AND o.status = 'dead'
+        WHERE h.event = 'command_parked' AND h.error_code = 'unknown_saga'`
 
 // deadAt is true when the message at p's position (topic, part, off) is in
 // either consumer's dead letters.
