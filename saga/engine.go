@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/metric"
@@ -352,7 +353,8 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	}
 	e := &Engine{
 		pool: pool, cfg: c, st: st, outbox: ob, log: telemetry.Logger(c.Logger), signer: signer,
-		machine: machine{slack: c.RescueSlack, maxState: c.MaxStateBytes},
+		machine:  machine{slack: c.RescueSlack, maxState: c.MaxStateBytes},
+		notifier: notifier{from: "@" + uuid.NewString()[:8]},
 	}
 	if e.tel, err = newEngineTelemetry(e); err != nil {
 		return nil, fmt.Errorf("saga: telemetry: %w", err)
@@ -499,17 +501,16 @@ func (e *Engine) Start(ctx context.Context) error {
 			r := e.newCommandReader()
 			wg.Go(func() { e.kafkaWork(fetch, work, r) })
 		}
-		direct := e.directWorkers()
-		wakes := make([]chan struct{}, direct)
-		for i := range wakes {
-			wakes[i] = make(chan struct{}, 1)
-		}
+		// One wake-up reaches one worker: a send hands it to an idle
+		// worker, or, when none is idle, leaves it for the next worker to
+		// go idle. Waking every worker for each commit made all of them
+		// claim (and look up the next due command) for one command: on a
+		// small machine that herd was most of a signal's latency.
+		wakeup := make(chan struct{}, 1)
 		wake := func() {
-			for _, w := range wakes {
-				select {
-				case w <- struct{}{}:
-				default:
-				}
+			select {
+			case wakeup <- struct{}{}:
+			default:
 			}
 		}
 		if !e.allKafka() {
@@ -517,10 +518,11 @@ func (e *Engine) Start(ctx context.Context) error {
 			// direct worker has nothing to wake for.
 			e.wakeLocal.Store(&wake)
 		}
-		wg.Go(func() { e.listen(fetch, wakes) })
+		direct := e.directWorkers()
+		wg.Go(func() { e.listen(fetch, wake, direct) })
 		wg.Go(func() { e.watchCancels(fetch) })
-		for i := range wakes {
-			wg.Go(func() { e.work(fetch, work, wakes[i]) })
+		for range direct {
+			wg.Go(func() { e.work(fetch, work, wakeup) })
 		}
 	})
 	if err != nil {
@@ -582,19 +584,22 @@ func (e *Engine) stop(ctx context.Context, hard bool) error {
 
 // listen wakes the workers when PostgreSQL announces new commands. If the
 // listening connection fails, workers keep polling until it is back.
-func (e *Engine) listen(ctx context.Context, wakes []chan struct{}) {
+func (e *Engine) listen(ctx context.Context, wake func(), workers int) {
 	lifecycle.Listen(ctx, e.pool, e.st.Channel(), e.log, "engine", func(payload string) {
-		if payload == "" {
-			// (Re)connected: requests made while no one listened.
+		switch {
+		case payload == "":
+			// (Re)connected: requests made while no one listened, and
+			// commands announced meanwhile: every worker looks.
 			go e.interrupt(ctx, e.running.ids())
-		} else {
-			e.notified(ctx, payload)
-		}
-		for _, w := range wakes {
-			select {
-			case w <- struct{}{}:
-			default:
+			for range workers {
+				wake()
 			}
+		case e.notifier.own(payload):
+			// This engine's own announcement: its workers were woken when
+			// it was made (see announce).
+		default:
+			e.notified(ctx, payload)
+			wake()
 		}
 	}, &e.hstate.listening)
 }

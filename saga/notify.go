@@ -3,6 +3,7 @@ package saga
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"time"
 )
@@ -40,6 +41,14 @@ func (e *Engine) announce() {
 // commit is followed by a notification.
 type notifier struct {
 	pending atomic.Bool
+	// from marks this engine's notifications ("@" and a random tag after
+	// the topic), so that its own listener can tell them from the others'.
+	from string
+}
+
+// own reports whether payload is one of this engine's notifications.
+func (n *notifier) own(payload string) bool {
+	return n.from != "" && strings.HasSuffix(payload, n.from)
 }
 
 func (n *notifier) request(e *Engine) {
@@ -51,7 +60,7 @@ func (n *notifier) request(e *Engine) {
 		n.pending.Store(false)
 		ctx, cancel := context.WithTimeout(context.Background(), notifyTimeout)
 		defer cancel()
-		if err := e.st.Notify(ctx, e.pool, e.cfg.CommandTopic); err != nil {
+		if err := e.st.Notify(ctx, e.pool, e.cfg.CommandTopic+n.from); err != nil {
 			e.log.DebugContext(ctx, "sagaflow could not notify; workers elsewhere will poll", slog.Any("error", err))
 		}
 	}()
