@@ -25,12 +25,17 @@ var Faults = []string{FaultKill, FaultPGRestart, FaultBroker}
 // point under every fault with the engines in the hybrid mode (the
 // default), and every point under SIGKILL in Kafka mode too, where the
 // step commands cross the bus and its consume loop has commit boundaries of
-// its own.
+// its own. A point only Kafka mode reaches (a command held back from its
+// partition) runs under every fault in Kafka mode instead.
 func MatrixCells(points, faults []string, seeds int) []Cell {
 	var cells []Cell
 	for _, p := range points {
 		for _, f := range faults {
 			for s := range seeds {
+				if p == fault.EngineAfterHold {
+					cells = append(cells, Cell{Point: p, Fault: f, Seed: uint64(s + 1), AllSteps: true})
+					continue
+				}
 				cells = append(cells, Cell{Point: p, Fault: f, Seed: uint64(s + 1)})
 				if f == FaultKill {
 					cells = append(cells, Cell{Point: p, Fault: f, Seed: uint64(s + 1), AllSteps: true})
