@@ -6,6 +6,7 @@
 //	bench compare [flags]   run every system × scenario, interleaved, each run in a child process
 //	bench run [flags]       one measured run (what compare spawns); prints one JSON sample
 //	bench waits [flags]     sagas that wait (issue #13): sleepers, timer lateness, signal latency
+//	bench scale [flags]     a backlog drained by 1, 2 and 4 engine processes on one schema (issue #17)
 //	bench plot -in F -out D draw the curves of a compare report as PNGs
 //	bench markdown -in F    print a compare report's tables as Markdown
 //
@@ -29,6 +30,10 @@ func main() {
 		err = runMain(os.Args[2:])
 	case "waits":
 		err = waitsMain(os.Args[2:])
+	case "scale":
+		err = scaleMain(os.Args[2:])
+	case "scale-node":
+		err = scaleNodeMain(os.Args[2:])
 	case "plot":
 		err = plotMain(os.Args[2:])
 	case "markdown":
@@ -47,6 +52,7 @@ func usage() {
   bench compare [-quick] [-reps N] [-systems a,b] [-scenarios a,b] [-json] [-out results.json]
   bench run -system S -scenario S [-conc N] ...   (one run; compare spawns these)
   bench waits [-reps N] [-parts sleepers,timers,signals] [-sleepers N] [-out waits.json]
+  bench scale [-procs 1,2,4] [-sagas N] [-workers N] [-reps N] [-out scale.json]
   bench plot -in results.json -out DIR
   bench markdown -in results.json`)
 	os.Exit(2)
