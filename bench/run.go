@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -104,7 +105,19 @@ func runMain(args []string) error {
 	fs := flag.NewFlagSet("run", flag.ExitOnError)
 	var o runOpts
 	o.flags(fs)
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run (this process) here")
 	_ = fs.Parse(args)
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), o.Warmup+o.WarmupMax+o.Window+o.WindowMax+o.TimeBox+5*time.Minute)
 	defer cancel()
 	s := Sample{System: o.System, Scenario: o.Scenario, Rep: o.Rep, History: o.History, StartedAtUnix: time.Now().Unix()}
