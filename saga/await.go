@@ -82,7 +82,7 @@ func (b *batch) await(ctx context.Context, sg *store.Saga, def *compiled, idx in
 	}
 	handler := func(call func(ctx context.Context) ([]byte, error), amend, final func(*decision)) error {
 		started := time.Now()
-		newState, herr := e.callHandler(ctx, b.tx, run, fwd, timeout, call)
+		newState, herr := e.callHandler(ctx, b.tx, run, !def.pastPivot(idx), timeout, call)
 		return b.outcome(ctx, sg, def, idx, fwd, key, sp, last, attempt, started, newState, herr, amend, final)
 	}
 	// write queues d; nothing ran that could need rolling back.

@@ -344,7 +344,8 @@ func (b *batch) execute(ctx context.Context, sg *store.Saga, def *compiled, idx 
 	attempt := sg.Attempt + 1
 	run := b.stepRun(sg, key, dir, attempt)
 	started := time.Now()
-	newState, herr := e.callHandler(ctx, b.tx, run, dir, def.steps[idx].timeout, func(ctx context.Context) ([]byte, error) {
+	cancellable := dir == steps.Forward && !def.pastPivot(idx)
+	newState, herr := e.callHandler(ctx, b.tx, run, cancellable, def.steps[idx].timeout, func(ctx context.Context) ([]byte, error) {
 		return def.run(ctx, run, idx, dir, sg.State)
 	})
 	return b.outcome(ctx, sg, def, idx, dir, key, sp, last, attempt, started, newState, herr, nil, nil)
@@ -378,7 +379,7 @@ func (b *batch) outcome(ctx context.Context, sg *store.Saga, def *compiled, idx 
 				sg.StepName, ab.why, e.cfg.HandlerGrace))}
 		return errAbandoned
 	}
-	if reason, code, ok := interruptedBy(herr, sg, dir); ok {
+	if reason, code, ok := interruptedBy(herr, sg, dir); ok && !def.pastPivot(idx) {
 		// A cancel request interrupted the step: its writes are rolled back
 		// and the request applied in its place.
 		e.running.forget(sg.ID)

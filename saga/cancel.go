@@ -15,6 +15,7 @@ import (
 
 	"github.com/sagaflow/sagaflow/internal/safetext"
 	"github.com/sagaflow/sagaflow/internal/store"
+	"github.com/sagaflow/sagaflow/steps"
 )
 
 // History events of a cancel request.
@@ -117,6 +118,11 @@ func (e *Engine) cancel(ctx context.Context, tx pgx.Tx, id uuid.UUID, reason, co
 	if apply && e.lookupName(sg.Name) == nil {
 		return fmt.Errorf("saga: cancel %s: %w: this engine does not know saga %q; use RequestCancel", id, ErrNotRegistered, sg.Name)
 	}
+	if def := e.lookupName(sg.Name); def != nil && steps.Direction(sg.Direction) == steps.Forward {
+		if idx, ok := def.byName[sg.StepName]; ok && def.pastPivot(idx) {
+			return fmt.Errorf("saga: cancel %s: %w: %s", id, ErrPastPivot, pastPivotRefusal(def))
+		}
+	}
 	recorded, err := e.st.RequestCancel(ctx, tx, id, sg.Epoch, reason, code)
 	if err != nil {
 		return fmt.Errorf("saga: cancel %s: %w", id, err)
@@ -211,6 +217,15 @@ func (b *batch) applyCancel(ctx context.Context, c *store.Claimed, ls *store.Loc
 	if !known {
 		return false, nil // the command's own handling parks or defers it
 	}
+	if def.pastPivot(idx) && steps.Direction(ls.Direction) == steps.Forward {
+		why := pastPivotRefusal(def)
+		if err := b.tx.flush(); err != nil {
+			return false, err
+		}
+		b.tx.clean = ""
+		b.e.log.InfoContext(ctx, "sagaflow refused a cancel request", slog.String("saga_id", ls.ID.String()), slog.String("why", why))
+		return false, b.e.st.RefuseCancel(ctx, b.tx.tx, ls.ID, EventCancelRefused, CodeCancelRefused, why)
+	}
 	sp := b.tx.savepoint()
 	if c.ID != uuid.Nil {
 		b.delivered = append(b.delivered, c.ID)
@@ -218,6 +233,13 @@ func (b *batch) applyCancel(ctx context.Context, c *store.Claimed, ls *store.Loc
 	tr := b.e.transition(&ls.Saga, b.e.machine.cancel(&ls.Saga, def, idx, r.Reason, r.Code))
 	b.tx.write(&ls.Saga, tr, sp, false, last, nil, func() { b.e.stats.cancelled.Add(1) })
 	return true, nil
+}
+
+// pastPivotRefusal is why a cancel request cannot apply to a saga past
+// def's pivot.
+func pastPivotRefusal(def *compiled) string {
+	return fmt.Sprintf("the saga has passed its pivot step %q: it can no longer be compensated, and goes forward until it completes",
+		def.steps[def.pivot].name)
 }
 
 // runningSteps knows the sagas whose commands this engine's workers hold

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/sagaflow/sagaflow/internal/lifecycle"
+	"github.com/sagaflow/sagaflow/internal/store"
 	"github.com/sagaflow/sagaflow/steps"
 	"github.com/sagaflow/sagaflow/wire"
 )
@@ -145,6 +146,20 @@ type Step[S any] struct {
 	// that runs out of time fails with code step_timeout and is retried like
 	// any other failure. Defaults to StepTimeoutDefault.
 	Timeout time.Duration
+	// Pivot marks the step after which the saga can no longer be undone
+	// (the card is charged, the order is shipped): once it has completed,
+	// no compensation runs, and what follows only goes forward. At most one
+	// step of a saga is the pivot; it has no Compensate (it would never
+	// run). See "Pivots" in the package documentation.
+	Pivot bool
+	// Retriable marks a step after the pivot: it is retried until it
+	// succeeds, past Retry.MaxAttempts (with Retry's backoff, at most
+	// Retry.MaxDelay apart), and never compensated. An error it returns as
+	// permanent (steps.Permanent), a refusal of its remote call, or a state
+	// that cannot be decoded ends the saga failed, for an operator to
+	// resume; it is still not compensated. Every step after the pivot must
+	// be Retriable, without Compensate.
+	Retriable bool
 }
 
 // Definition is a typed saga: a name and ordered steps over the state S,
@@ -189,8 +204,10 @@ type AnyDefinition interface {
 
 // compiled is a definition as the executor uses it, without type parameters.
 type compiled struct {
-	name     string
-	steps    []compiledStep
+	name  string
+	steps []compiledStep
+	// pivot is the index of the pivot step, or -1.
+	pivot    int
 	byName   map[string]int
 	deadline time.Duration
 	owner    any // the *Definition[S] it came from
@@ -213,6 +230,7 @@ type compiledStep struct {
 	compensateWith RetryPolicy
 	timeout        time.Duration
 	wait           *compiledWait // set for a step that waits
+	retriable      bool          // after the pivot: retried until it succeeds, never compensated
 }
 
 // remote reports whether step i runs in direction dir as a call to another
@@ -246,6 +264,10 @@ func (c *compiled) policy(i int, dir steps.Direction) RetryPolicy {
 	return c.steps[i].retry
 }
 
+// pastPivot reports whether step i comes after the pivot: the saga has
+// committed to finishing, and only goes forward.
+func (c *compiled) pastPivot(i int) bool { return c.pivot >= 0 && i > c.pivot }
+
 // prevCompensable returns the highest step index <= i that has a
 // compensation, or -1.
 func (c *compiled) prevCompensable(i int) int {
@@ -255,6 +277,44 @@ func (c *compiled) prevCompensable(i int) int {
 		}
 	}
 	return -1
+}
+
+// checkPivot refuses, naming the step, what the pivot rule forbids for step
+// i (s) of saga name, whose earlier steps c holds; it records the pivot.
+// The rule: compensatable steps, then at most one pivot, then retriable
+// steps, which are never compensated and cannot end the saga by
+// compensating.
+func checkPivot[S any](name string, c *compiled, i int, s *Step[S]) error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: saga %q step %q: %s", ErrInvalidDefinition, name, s.Name, fmt.Sprintf(format, args...))
+	}
+	compensatable := s.Compensate != nil || (s.Remote != nil && s.Remote.CompensateType != "")
+	switch {
+	case s.Pivot && c.pivot >= 0:
+		return bad("is a second pivot (step %q is the pivot): a saga has at most one", c.steps[c.pivot].name)
+	case s.Pivot && s.Retriable:
+		return bad("is both the pivot and Retriable: the steps after the pivot are the retriable ones")
+	case s.Pivot && compensatable:
+		return bad("is the pivot and has a compensation, which would never run: nothing is compensated once the pivot has completed")
+	case s.Pivot:
+		c.pivot = i
+		return nil
+	case c.pivot < 0 && s.Retriable:
+		return bad("is Retriable but comes before any pivot: mark the step after which the saga cannot be undone with Pivot")
+	case c.pivot < 0:
+		return nil
+	case compensatable:
+		return bad("comes after the pivot %q and is compensatable: steps after the pivot are never compensated; "+
+			"remove its compensation and mark it Retriable", c.steps[c.pivot].name)
+	case !s.Retriable:
+		return bad("comes after the pivot %q and is not marked Retriable: every step after the pivot is retried until it succeeds", c.steps[c.pivot].name)
+	case s.Wait != nil && s.Wait.kind == store.WaitChild:
+		return bad("waits for a child saga after the pivot %q: a child that fails would fail this step for good; start it before the pivot, "+
+			"or from a retriable step's own code", c.steps[c.pivot].name)
+	case s.Wait != nil && s.Wait.timeout > 0 && !s.Wait.goOn && s.Wait.onTimeout == nil:
+		return bad("comes after the pivot %q and its wait's Timeout compensates: use TimeoutThen", c.steps[c.pivot].name)
+	}
+	return nil
 }
 
 // stateDecodeError means a saga's stored state does not decode into S.
@@ -276,7 +336,7 @@ func (d *Definition[S]) compile() (*compiled, error) {
 	if d.deadline < 0 {
 		return nil, fmt.Errorf("%w: saga %q has a negative deadline", ErrInvalidDefinition, d.name)
 	}
-	c := &compiled{name: d.name, byName: make(map[string]int, len(d.steps)), owner: d, deadline: d.deadline}
+	c := &compiled{name: d.name, byName: make(map[string]int, len(d.steps)), owner: d, deadline: d.deadline, pivot: -1}
 	encode := func(s *S) ([]byte, error) {
 		out, err := json.Marshal(s)
 		if err != nil {
@@ -331,7 +391,11 @@ func (d *Definition[S]) compile() (*compiled, error) {
 		if timeout == 0 {
 			timeout = StepTimeoutDefault
 		}
-		cs := compiledStep{name: s.Name, hasCompensate: s.Compensate != nil, retry: retry, compensateWith: comp, timeout: timeout}
+		if err := checkPivot(d.name, c, i, &s); err != nil {
+			return nil, err
+		}
+		cs := compiledStep{name: s.Name, hasCompensate: s.Compensate != nil, retry: retry, compensateWith: comp, timeout: timeout,
+			retriable: s.Retriable}
 		if s.Remote != nil {
 			cs.remoteTopic, cs.remoteType, cs.remoteCompType = s.Remote.Topic, s.Remote.Type, s.Remote.CompensateType
 			cs.hasCompensate = cs.hasCompensate || s.Remote.CompensateType != ""

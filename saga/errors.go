@@ -32,6 +32,12 @@ var (
 	// compensating or has ended.
 	ErrNotRunning = errors.New("saga: not running")
 
+	// ErrPastPivot is returned by [Engine.Cancel] (and [Engine.CancelTx])
+	// for a saga that has completed its pivot step: it can no longer be
+	// compensated, and goes forward until it completes (see "Pivots" in the
+	// package documentation).
+	ErrPastPivot = errors.New("saga: past its pivot")
+
 	// ErrEngineStarted is returned by [Engine.Register] once the engine runs.
 	ErrEngineStarted = errors.New("saga: engine already started")
 

@@ -71,6 +71,7 @@ const (
 	EventSagaCompensated       = "saga_compensated"
 	EventSagaFailed            = "saga_failed"
 	EventSagaCancelled         = "saga_cancelled"
+	EventDeadlineCleared       = "deadline_cleared" // the saga passed its deadline after its pivot: it goes forward
 	EventCommandParked         = "command_parked"
 	EventSagaRescued           = "saga_rescued"
 	EventSagaResumed           = "saga_resumed"

@@ -114,8 +114,9 @@ func (p *panicError) Error() string { return fmt.Sprintf("panic: %v", p.value) }
 // The step is charged only for its own time: while its first statement
 // waits for the batch to send the writes of earlier steps (which may wait on
 // row locks held elsewhere), its clock stops. A cancel request for the saga
-// cancels the handler's context with a [cancelRequested] cause.
-func (e *Engine) callHandler(ctx context.Context, t *batchTx, run *StepRun, dir steps.Direction, timeout time.Duration,
+// cancels the handler's context with a [cancelRequested] cause, when the
+// step is cancellable: a forward step before the pivot.
+func (e *Engine) callHandler(ctx context.Context, t *batchTx, run *StepRun, cancellable bool, timeout time.Duration,
 	call func(ctx context.Context) ([]byte, error)) ([]byte, error) {
 	base, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -124,7 +125,7 @@ func (e *Engine) callHandler(ctx context.Context, t *batchTx, run *StepRun, dir 
 	stepCtx := &stepContext{Context: base, clock: clock}
 	t.clock.Store(clock)
 	defer t.clock.Store(nil)
-	if dir == steps.Forward {
+	if cancellable {
 		e.running.start(run.SagaID, cancel)
 		defer e.running.stop(run.SagaID)
 	}

@@ -243,7 +243,10 @@ func (m machine) failure(sg *store.Saga, def *compiled, idx int, dir steps.Direc
 
 	policy := def.policy(idx, dir)
 	var ra *steps.RetryAfterError
-	retryable := !steps.IsPermanent(herr) && de == nil && attempt < policy.MaxAttempts
+	// A retriable step, after the pivot, has no attempt limit: it runs
+	// until it succeeds or fails for good.
+	retriable := dir == steps.Forward && def.steps[idx].retriable
+	retryable := !steps.IsPermanent(herr) && de == nil && (attempt < policy.MaxAttempts || retriable)
 	if retryable {
 		delay := policy.Backoff(attempt)
 		if errors.As(herr, &ra) {
@@ -266,9 +269,10 @@ func (m machine) failure(sg *store.Saga, def *compiled, idx int, dir steps.Direc
 	tr.History = append(tr.History, failed)
 	tr.Attempt = attempt
 	tr.LastError, tr.LastErrorCode, tr.FailedStep = &msg, &code, &sg.StepName
-	if dir == steps.Compensate || de != nil {
-		// A compensation gave up, or the state cannot be read at all: park
-		// the saga for an operator.
+	if dir == steps.Compensate || de != nil || def.pastPivot(idx) {
+		// A compensation gave up, or the state cannot be read at all, or a
+		// step after the pivot failed for good (nothing may be undone any
+		// more): park the saga for an operator.
 		tr.Status = store.StatusFailed
 		tr.History = append(tr.History, store.HistoryEntry{SagaID: sg.ID, Event: EventSagaFailed, StepName: sg.StepName,
 			Direction: string(dir), Epoch: sg.Epoch, Error: msg, ErrorCode: code})
@@ -514,7 +518,9 @@ func (m machine) rescue(s *store.StuckSaga, def *compiled) rescueDecision {
 		timeout := steps.WithCode(CodeReplyTimeout, fmt.Errorf("no reply to step %q within its timeout (%s)",
 			s.StepName, def.steps[idx].timeout))
 		dir := steps.Direction(s.Direction)
-		if dir == steps.Forward {
+		if dir == steps.Forward && !def.pastPivot(idx) {
+			// After the pivot the command goes again instead, under the
+			// same step key, like a compensation's.
 			timeout = steps.Permanent(timeout)
 		}
 		d := m.failure(&s.Saga, def, idx, dir, s.Attempt+1, timeout, 0)
@@ -546,7 +552,7 @@ func (m machine) rescue(s *store.StuckSaga, def *compiled) rescueDecision {
 	detail, _ := json.Marshal(map[string]any{"reason": reason, "attempt": attempt})
 	rescued := store.HistoryEntry{SagaID: s.ID, Event: EventSagaRescued, StepName: s.StepName,
 		Direction: s.Direction, Epoch: s.Epoch, Attempt: attempt, Detail: detail}
-	if attempt >= def.policy(idx, dir).MaxAttempts {
+	if attempt >= def.policy(idx, dir).MaxAttempts && !(dir == steps.Forward && def.steps[idx].retriable) {
 		d := m.failure(&s.Saga, def, idx, dir, attempt,
 			steps.Permanent(steps.WithCode(CodeRescueExhausted, errors.New(reason))), 0)
 		d.tr.History = append([]store.HistoryEntry{rescued}, d.tr.History...)

@@ -176,6 +176,13 @@ func (e *Engine) enforceDeadlines(ctx context.Context, names []string, res *Resc
 			res.Deadlines++
 		case errors.Is(err, ErrNotRunning), errors.Is(err, ErrNotFound):
 			// Ended, or began compensating, since it was read.
+		case errors.Is(err, ErrPastPivot):
+			// Past its pivot, a saga only goes forward: its deadline no
+			// longer applies, and is cleared so that the next passes look
+			// at the others.
+			if err := e.st.ClearDeadline(ctx, e.pool, id, EventDeadlineCleared); err != nil {
+				e.log.ErrorContext(ctx, "sagaflow could not clear the deadline of a saga past its pivot", slog.String("saga_id", id.String()), slog.Any("error", err))
+			}
 		case ctx.Err() != nil:
 			return ctx.Err()
 		default:

@@ -146,6 +146,18 @@ func (s *Store) DeadlineDue(ctx context.Context, db DBTX, names []string, limit 
 	return ids, nil
 }
 
+// ClearDeadline removes the deadline of saga id, with a history entry of
+// event saying why: a saga past its pivot only goes forward.
+func (s *Store) ClearDeadline(ctx context.Context, db DBTX, id uuid.UUID, event string) error {
+	_, err := db.Exec(ctx, `WITH c AS (UPDATE `+quoteSchema(s.schema)+`.saga_instances SET deadline_at = NULL WHERE id = $1 AND deadline_at IS NOT NULL RETURNING id, step_name, epoch)
+		INSERT INTO `+quoteSchema(s.schema)+`.saga_history (saga_id, event, step_name, direction, epoch, error, error_code)
+		SELECT id, $2, step_name, 'forward', epoch, 'the saga passed its deadline after its pivot: it goes forward until it completes', 'past_pivot' FROM c`, id, event)
+	if err != nil {
+		return fmt.Errorf("store: clear deadline of %s: %w", id, err)
+	}
+	return nil
+}
+
 // Signal is a row of saga_signals, as [Store.Signals] reads it.
 type Signal struct {
 	Seq         int64
