@@ -183,6 +183,35 @@
 // slow step delays the commit of the steps batched with it; engines whose
 // steps are slow should use a small BatchSize.
 //
+// # Pivots
+//
+// A saga in Garcia-Molina's sense is compensatable steps, then a pivot, then
+// retriable steps. Mark the step after which the saga can no longer be
+// undone with [Step.Pivot] (the card is charged), and every step after it
+// with [Step.Retriable]. The rule, checked by [Engine.Register], which names
+// the step that breaks it:
+//
+//   - at most one step is the pivot, and it has no compensation (it would
+//     never run);
+//   - every step after the pivot is Retriable and has no compensation, local
+//     or remote; none waits for a child saga, and no wait after it has a
+//     Timeout that compensates (use TimeoutThen);
+//   - no Retriable step comes before the pivot.
+//
+// Compensation never crosses the pivot. Until the pivot has completed, the
+// saga behaves as any other: a failure, a cancel or a deadline compensates
+// the completed steps before it. Once the pivot has completed, the saga only
+// goes forward: a retriable step is retried past its MaxAttempts, with its
+// backoff, until it succeeds (a remote one is sent again under the same step
+// key when no reply comes in time); a permanent error, a participant's
+// refusal or a state that cannot be decoded ends the saga failed, not
+// compensated, for an operator to [Engine.Resume] once the cause is fixed.
+// [Engine.Cancel] refuses a saga past its pivot with [ErrPastPivot]; a
+// cancel request recorded without the definition (the operator CLI) is
+// refused and recorded ([EventCancelRefused]) when an engine applies it, and
+// never interrupts the running step; a saga deadline that passes after the
+// pivot is cleared ([EventDeadlineCleared]).
+//
 // # Kafka, remote steps, and the two modes
 //
 // With [Config.Kafka] set, the engine reaches other services over Kafka. In
