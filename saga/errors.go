@@ -48,6 +48,11 @@ var (
 	ErrNotReplayable = errors.New("saga: not replayable")
 )
 
+// ErrConcurrencyLimit is returned by a start with [StartOpts.NoWait] whose
+// concurrency key has as many running sagas as its definition's limit; the
+// error names the key and the limit.
+var ErrConcurrencyLimit = errors.New("saga: concurrency limit reached")
+
 // Error codes stored with a saga's last error and its history entries. Codes
 // that a handler attaches with steps.WithCode are stored as given.
 const (

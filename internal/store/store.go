@@ -1051,9 +1051,12 @@ type ListFilter struct {
 	EndedBefore   time.Time // exclusive
 	FailedStep    string
 	ErrorCode     string
-	Waiting       bool   // only sagas that wait
-	Cursor        string // from a previous page's NextCursor
-	Limit         int
+	Waiting       bool // only sagas that wait
+	// Concurrency keys (concurrency.go): sagas with this key; only waiting ones.
+	ConcurrencyKey string
+	Queued         bool
+	Cursor         string // from a previous page's NextCursor
+	Limit          int
 }
 
 // ListSagas returns sagas matching f, newest first, and the cursor of the next
@@ -1095,6 +1098,7 @@ func (s *Store) ListSagas(ctx context.Context, db DBTX, f ListFilter) ([]Saga, s
 	if f.Waiting {
 		where = append(where, "wait_kind IS NOT NULL")
 	}
+	where = s.concurrencyFilter(where, f, arg)
 	if f.Cursor != "" {
 		at, id, err := decodeCursor(f.Cursor)
 		if err != nil {
