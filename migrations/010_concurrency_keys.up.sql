@@ -46,6 +46,52 @@ CREATE INDEX saga_concurrency_queue_key ON {{schema}}.saga_concurrency_queue (sa
 CREATE INDEX saga_instances_concurrency_key ON {{schema}}.saga_instances (saga_name, concurrency_key)
     WHERE concurrency_key IS NOT NULL;
 
+-- A saga was just inserted, in this transaction, with a key: it takes a
+-- slot when its key is under its limit and nobody waits, else it joins the
+-- queue (its first command held, no rescue deadline). Returns its position,
+-- 0 when admitted, or -1 when this transaction did not insert the saga (a
+-- start that found an existing saga): then nothing is written. A raised
+-- limit takes effect at the key's next release.
+CREATE FUNCTION {{schema}}.saga_concurrency_admit(p_id uuid, p_name text, p_key text, p_max integer,
+        p_command uuid, p_check_us bigint, OUT pos integer, OUT running integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    k {{schema}}.saga_concurrency_keys%ROWTYPE;
+BEGIN
+    PERFORM 1 FROM {{schema}}.saga_instances s
+        WHERE s.id = p_id AND s.concurrency_key IS NULL
+          AND s.xmin::text = (pg_current_xact_id()::text::numeric % 4294967296)::text;
+    IF NOT FOUND THEN
+        pos := -1;
+        running := 0;
+        RETURN;
+    END IF;
+    INSERT INTO {{schema}}.saga_concurrency_keys AS c (saga_name, ckey, max_slots, running)
+        VALUES (p_name, p_key, p_max, 0)
+        ON CONFLICT (saga_name, ckey) DO UPDATE SET max_slots = EXCLUDED.max_slots
+        RETURNING * INTO k;
+    IF k.running < k.max_slots AND NOT EXISTS (SELECT 1 FROM {{schema}}.saga_concurrency_queue q
+                                               WHERE q.saga_name = p_name AND q.ckey = p_key) THEN
+        UPDATE {{schema}}.saga_concurrency_keys SET running = k.running + 1 WHERE saga_name = p_name AND ckey = p_key;
+        INSERT INTO {{schema}}.saga_concurrency_holders (saga_id, saga_name, ckey) VALUES (p_id, p_name, p_key);
+        UPDATE {{schema}}.saga_instances SET concurrency_key = p_key WHERE id = p_id;
+        pos := 0;
+        running := k.running + 1;
+        RETURN;
+    END IF;
+    SELECT count(*) + 1 INTO pos FROM {{schema}}.saga_concurrency_queue q WHERE q.saga_name = p_name AND q.ckey = p_key;
+    INSERT INTO {{schema}}.saga_concurrency_queue (saga_id, saga_name, ckey, command_id, check_us)
+        VALUES (p_id, p_name, p_key, p_command, p_check_us);
+    UPDATE {{schema}}.outbox SET available_at = 'infinity' WHERE id = p_command;
+    UPDATE {{schema}}.saga_instances SET concurrency_key = p_key, next_check_at = NULL WHERE id = p_id;
+    INSERT INTO {{schema}}.saga_history (saga_id, event, step_name, direction, epoch, attempt, detail)
+        SELECT p_id, 'concurrency_queued', s.step_name, s.direction, s.epoch, 0,
+               jsonb_build_object('concurrency_key', p_key, 'position', pos, 'running', k.running, 'limit', k.max_slots)
+        FROM {{schema}}.saga_instances s WHERE s.id = p_id;
+    running := k.running;
+END
+$$;
+
 -- A slot is given back: the saga that held it no longer does (it ended, or
 -- was deleted while running). The next waiting sagas of the key are admitted
 -- while the key is under its limit; a saga that was still waiting only

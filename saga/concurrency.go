@@ -2,11 +2,12 @@ package saga
 
 import (
 	"context"
-	"encoding/json"
+	"errors"
 	"fmt"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/sagaflow/sagaflow/internal/safetext"
 	"github.com/sagaflow/sagaflow/internal/store"
@@ -78,29 +79,13 @@ type ConcurrencyInfo struct {
 	Limit   int `json:"limit"`
 }
 
-// admission is what a keyed start does.
-type admission int
-
-const (
-	admitRun    admission = iota // take a slot, run
-	admitQueue                   // wait in the key's queue
-	admitRefuse                  // return ErrConcurrencyLimit
-)
-
-// admit decides a keyed start, given how many sagas of its key hold a slot
-// (running) and the limit. Waiting sagas go first: a start is admitted only
-// while the key is under its limit, and the queue is admitted by the release
-// itself, so a start never overtakes a waiting saga (the release leaves the
-// key at its limit while anyone waits).
-func (m machine) admit(running, limit int, noWait bool) admission {
-	switch {
-	case running < limit:
-		return admitRun
-	case noWait:
-		return admitRefuse
-	default:
-		return admitQueue
-	}
+// refuses decides a start with [StartOpts.NoWait]: it is refused when its
+// key has no free slot, or when sagas wait (a start never overtakes them).
+// Without NoWait, the same rule decides between a slot and the queue, in
+// the function saga_concurrency_admit of migration 010, which runs in the
+// start's transaction.
+func (m machine) refuses(running, waiting, limit int) bool {
+	return running >= limit || waiting > 0
 }
 
 // checkConcurrency checks a start's concurrency key against def.
@@ -121,45 +106,81 @@ func checkConcurrency(def *compiled, o *StartOpts) error {
 	return nil
 }
 
-// startConcurrent starts sg under its concurrency key in one transaction:
-// db's when the caller gave one (own false), else a transaction of the
-// engine's pool. startSaga writes the saga's rows (see [Engine.startRaw]).
+// startConcurrent starts sg under its concurrency key, atomically: the
+// saga's rows (startSaga, see [Engine.startRaw]) and its slot or place in
+// the queue. In the caller's transaction (own false) these are statements
+// of db; on the engine's pool, one pipelined batch, which PostgreSQL runs as
+// one implicit transaction, so a keyed start costs no extra round trip.
+// With [StartOpts.NoWait], the key is locked and checked first, in a
+// transaction.
 func (e *Engine) startConcurrent(ctx context.Context, db store.DBTX, own bool, def *compiled, sg *store.Saga, rows *store.Transition,
 	o *StartOpts, startSaga func(store.DBTX) (bool, error)) (bool, error) {
-	var inserted bool
-	run := func(db store.DBTX) error {
-		key := o.ConcurrencyKey
-		running, err := e.st.LockConcurrencyKey(ctx, db, def.name, key, def.concurrency)
+	key, cmd, check := o.ConcurrencyKey, rows.Messages[0].ID, e.firstDeadline(def.steps[0].timeout)
+	var a store.Admission
+	switch {
+	case o.NoWait:
+		run := func(db store.DBTX) error {
+			running, waiting, err := e.st.LockConcurrencyKey(ctx, db, def.name, key, def.concurrency)
+			if err != nil {
+				return err
+			}
+			if e.machine.refuses(running, waiting, def.concurrency) {
+				return fmt.Errorf("saga: start %s: concurrency key %q has %d of %d sagas running and %d waiting: %w",
+					def.name, key, running, def.concurrency, waiting, ErrConcurrencyLimit)
+			}
+			if _, err := startSaga(db); err != nil {
+				return err
+			}
+			a, err = e.st.AdmitStarted(ctx, db, sg.ID, def.name, key, def.concurrency, cmd, check)
+			return err
+		}
+		var err error
+		if own {
+			err = pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error { return run(tx) })
+		} else {
+			err = run(db)
+		}
 		if err != nil {
-			return err
-		}
-		a := e.machine.admit(running, def.concurrency, o.NoWait)
-		if a == admitRefuse {
-			return fmt.Errorf("saga: start %s: concurrency key %q has %d of %d sagas running: %w",
-				def.name, key, running, def.concurrency, ErrConcurrencyLimit)
-		}
-		inserted, err = startSaga(db)
-		if err != nil || !inserted {
-			return err
-		}
-		if a == admitRun {
-			return e.st.AdmitConcurrent(ctx, db, sg.ID, def.name, key)
-		}
-		pos, err := e.st.QueueConcurrent(ctx, db, sg.ID, def.name, key, rows.Messages[0].ID, e.firstDeadline(def.steps[0].timeout))
-		if err != nil {
-			return err
-		}
-		detail, _ := json.Marshal(map[string]any{"concurrency_key": key, "position": pos, "running": running, "limit": def.concurrency})
-		return e.st.InsertHistory(ctx, db, &store.HistoryEntry{SagaID: sg.ID, Event: EventConcurrencyQueued,
-			StepName: sg.StepName, Direction: sg.Direction, Detail: detail})
-	}
-	if own {
-		if err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error { return run(tx) }); err != nil {
 			return false, err
 		}
-		return inserted, nil
+	case own:
+		b := &pgx.Batch{}
+		if _, err := startSaga(batchDB{b}); err != nil {
+			return false, err
+		}
+		e.st.QueueAdmitStarted(b, &a, sg.ID, def.name, key, def.concurrency, cmd, check)
+		if err := e.pool.SendBatch(ctx, b).Close(); err != nil {
+			return false, fmt.Errorf("saga: start %s with concurrency key %q: %w", def.name, key, err)
+		}
+	default:
+		if _, err := startSaga(db); err != nil {
+			return false, err
+		}
+		var err error
+		if a, err = e.st.AdmitStarted(ctx, db, sg.ID, def.name, key, def.concurrency, cmd, check); err != nil {
+			return false, err
+		}
 	}
-	return inserted, run(db)
+	return a.Position >= 0, nil
+}
+
+// batchDB queues the statements of a store call into a batch instead of
+// running them: Exec only, whose result the batch reports when it is
+// read. It serves [store.Store.StartSaga], which runs one Exec; a call that
+// reads rows fails here, loudly, rather than reading nothing.
+type batchDB struct{ b *pgx.Batch }
+
+func (d batchDB) Exec(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	d.b.Queue(sql, args...)
+	return pgconn.CommandTag{}, nil
+}
+
+func (d batchDB) Query(context.Context, string, ...any) (pgx.Rows, error) {
+	return nil, errors.New("saga: batched start: a query cannot run inside a batch")
+}
+
+func (d batchDB) QueryRow(context.Context, string, ...any) pgx.Row {
+	return errRow{errors.New("saga: batched start: a query cannot run inside a batch")}
 }
 
 // fillConcurrency sets the Concurrency of those of ins started with a key.

@@ -2,24 +2,21 @@ package saga
 
 import "testing"
 
-func TestMachineAdmit(t *testing.T) {
+func TestMachineRefuses(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
-		running, limit int
-		noWait         bool
-		want           admission
+		running, waiting, limit int
+		want                    bool
 	}{
-		{0, 1, false, admitRun},
-		{0, 1, true, admitRun},
-		{1, 1, false, admitQueue},
-		{1, 1, true, admitRefuse},
-		{2, 3, false, admitRun},
-		{3, 3, false, admitQueue},
-		{4, 3, false, admitQueue}, // above the limit after a resume
-		{4, 3, true, admitRefuse},
+		{0, 0, 1, false},
+		{1, 0, 1, true},
+		{2, 0, 3, false},
+		{2, 1, 3, true}, // a start never overtakes a waiting saga
+		{3, 0, 3, true},
+		{4, 0, 3, true}, // above the limit after a resume
 	} {
-		if got := (machine{}).admit(c.running, c.limit, c.noWait); got != c.want {
-			t.Errorf("admit(%d, %d, %v) = %v, want %v", c.running, c.limit, c.noWait, got, c.want)
+		if got := (machine{}).refuses(c.running, c.waiting, c.limit); got != c.want {
+			t.Errorf("refuses(%d, %d, %d) = %v, want %v", c.running, c.waiting, c.limit, got, c.want)
 		}
 	}
 }

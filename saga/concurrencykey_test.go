@@ -482,3 +482,23 @@ func TestConcurrencyKeyReleaseCommitsWithTheEnd(t *testing.T) {
 	require.Equal(t, saga.StatusCompleted, b.waitTerminal(t, second.ID).Status)
 	b.requireKeysFree(t)
 }
+
+// TestConcurrencyKeyStartIsAtomic makes the admission fail after the saga's
+// rows were sent (a trigger in the test's schema refuses the slot): the
+// start returns the error and leaves no saga, no history and no command.
+func TestConcurrencyKeyStartIsAtomic(t *testing.T) {
+	t.Parallel()
+	b := setupKeyed(t)
+	def := keyed(b, "atomic-start", 1, nil)
+	require.NoError(t, b.engine.Register(def))
+	ctx := context.Background()
+	_, err := b.pool.Exec(ctx, `CREATE FUNCTION `+b.table("refuse")+`() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'slot refused by test'; END $$;
+		CREATE TRIGGER refuse BEFORE INSERT ON `+b.table("saga_concurrency_holders")+` FOR EACH ROW EXECUTE FUNCTION `+b.table("refuse")+`()`)
+	require.NoError(t, err)
+	_, err = saga.Start(ctx, b.engine, def, order{OrderID: "x"}, &saga.StartOpts{ConcurrencyKey: "k", BusinessKey: "order-1"})
+	require.ErrorContains(t, err, "slot refused by test")
+	for _, table := range []string{"saga_instances", "saga_history", "outbox"} {
+		require.Zero(t, b.count(t, "SELECT count(*) FROM "+b.table(table)), table)
+	}
+}

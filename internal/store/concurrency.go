@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 )
 
 // This file holds the statements of concurrency keys (migration 010). The
@@ -13,59 +14,69 @@ import (
 // transaction that ends the saga (see 010_concurrency_keys.up.sql).
 
 // LockConcurrencyKey locks the counter row of (name, key) in db's
-// transaction, creating it when missing and setting its limit to max, and
-// returns how many sagas hold one of its slots. The lock is held until the
-// transaction ends, so the caller's decision to admit or queue a saga is the
-// only one for this key meanwhile.
-func (s *Store) LockConcurrencyKey(ctx context.Context, db DBTX, name, key string, max int) (int, error) {
-	var running int
-	err := db.QueryRow(ctx, `INSERT INTO `+quoteSchema(s.schema)+`.saga_concurrency_keys AS k (saga_name, ckey, max_slots, running)
-		VALUES ($1, $2, $3, 0)
-		ON CONFLICT (saga_name, ckey) DO UPDATE SET max_slots = EXCLUDED.max_slots
-		RETURNING k.running`, name, key, int32(max)).Scan(&running)
+// transaction, creating it when missing with the limit max, and returns how
+// many sagas hold one of its slots and how many wait. The lock is held until
+// the transaction ends, so nothing else admits or queues a saga of this key
+// meanwhile.
+func (s *Store) LockConcurrencyKey(ctx context.Context, db DBTX, name, key string, max int) (running, waiting int, err error) {
+	q := quoteSchema(s.schema)
+	err = db.QueryRow(ctx, `WITH k AS (
+			INSERT INTO `+q+`.saga_concurrency_keys AS k (saga_name, ckey, max_slots, running)
+			VALUES ($1, $2, $3, 0)
+			ON CONFLICT (saga_name, ckey) DO UPDATE SET max_slots = EXCLUDED.max_slots
+			RETURNING k.running)
+		SELECT k.running, (SELECT count(*) FROM `+q+`.saga_concurrency_queue w WHERE w.saga_name = $1 AND w.ckey = $2) FROM k`,
+		name, key, int32(max)).Scan(&running, &waiting)
 	if err != nil {
-		return 0, fmt.Errorf("store: lock concurrency key %q of %s: %w", key, name, err)
+		return 0, 0, fmt.Errorf("store: lock concurrency key %q of %s: %w", key, name, err)
 	}
-	return running, nil
+	return running, waiting, nil
 }
 
-// AdmitConcurrent records that the just started saga id of name holds a
-// slot of key. The caller holds the key's lock ([Store.LockConcurrencyKey]).
-func (s *Store) AdmitConcurrent(ctx context.Context, db DBTX, id uuid.UUID, name, key string) error {
-	q := quoteSchema(s.schema)
-	_, err := db.Exec(ctx, `WITH k AS (
-			UPDATE `+q+`.saga_concurrency_keys SET running = running + 1 WHERE saga_name = $2 AND ckey = $3
-		), h AS (
-			INSERT INTO `+q+`.saga_concurrency_holders (saga_id, saga_name, ckey) VALUES ($1, $2, $3)
-		)
-		UPDATE `+q+`.saga_instances SET concurrency_key = $3 WHERE id = $1`, pgID(id), name, key)
-	if err != nil {
-		return fmt.Errorf("store: admit saga %s with concurrency key %q: %w", id, key, err)
-	}
-	return nil
+// admitSQL calls the function of migration 010 that admits or queues a saga
+// just inserted with a key.
+func (s *Store) admitSQL() string {
+	return `SELECT pos, running FROM ` + quoteSchema(s.schema) + `.saga_concurrency_admit($1, $2, $3, $4, $5, $6)`
 }
 
-// QueueConcurrent puts the just started saga id of name in key's queue: its
-// first command (the outbox row commandID) is held, due at 'infinity', and
-// it has no rescue deadline until it is admitted; then its deadline is
-// checkAfter from the admission. The caller holds the key's lock. It
-// returns the saga's position in the queue, 1 for the first.
-func (s *Store) QueueConcurrent(ctx context.Context, db DBTX, id uuid.UUID, name, key string, commandID uuid.UUID, checkAfter time.Duration) (int, error) {
-	q := quoteSchema(s.schema)
-	var pos int
-	err := db.QueryRow(ctx, `WITH qu AS (
-			INSERT INTO `+q+`.saga_concurrency_queue (saga_id, saga_name, ckey, command_id, check_us) VALUES ($1, $2, $3, $4, $5)
-		), o AS (
-			UPDATE `+q+`.outbox SET available_at = 'infinity' WHERE id = $4
-		), sg AS (
-			UPDATE `+q+`.saga_instances SET concurrency_key = $3, next_check_at = NULL WHERE id = $1
-		)
-		SELECT count(*) + 1 FROM `+q+`.saga_concurrency_queue WHERE saga_name = $2 AND ckey = $3`,
-		pgID(id), name, key, pgID(commandID), micros(checkAfter)).Scan(&pos)
+// Admission is what became of a saga started with a concurrency key.
+type Admission struct {
+	// Position is 0 when the saga took a slot, its place in the key's queue
+	// when it waits (1 for the next), -1 when the start inserted no saga
+	// (one existed).
+	Position int
+	// Running is how many sagas hold a slot of the key.
+	Running int
+}
+
+// AdmitStarted admits or queues saga id of name, just inserted in db's
+// transaction with its first command commandID, under key with limit max:
+// it takes a slot when the key is under its limit and nobody waits, else it
+// waits in the key's queue, its command held (due at 'infinity') and with
+// no rescue deadline until admitted; then its deadline is checkAfter from
+// the admission.
+func (s *Store) AdmitStarted(ctx context.Context, db DBTX, id uuid.UUID, name, key string, max int, commandID uuid.UUID, checkAfter time.Duration) (Admission, error) {
+	var a Admission
+	err := db.QueryRow(ctx, s.admitSQL(), s.admitArgs(id, name, key, max, commandID, checkAfter)...).Scan(&a.Position, &a.Running)
 	if err != nil {
-		return 0, fmt.Errorf("store: queue saga %s with concurrency key %q: %w", id, key, err)
+		return a, fmt.Errorf("store: admit saga %s with concurrency key %q: %w", id, key, err)
 	}
-	return pos, nil
+	return a, nil
+}
+
+// QueueAdmitStarted queues [Store.AdmitStarted] in batch b; a is set when
+// the batch's results are read.
+func (s *Store) QueueAdmitStarted(b *pgx.Batch, a *Admission, id uuid.UUID, name, key string, max int, commandID uuid.UUID, checkAfter time.Duration) {
+	b.Queue(s.admitSQL(), s.admitArgs(id, name, key, max, commandID, checkAfter)...).QueryRow(func(row pgx.Row) error {
+		if err := row.Scan(&a.Position, &a.Running); err != nil {
+			return fmt.Errorf("store: admit saga %s with concurrency key %q: %w", id, key, err)
+		}
+		return nil
+	})
+}
+
+func (s *Store) admitArgs(id uuid.UUID, name, key string, max int, commandID uuid.UUID, checkAfter time.Duration) []any {
+	return []any{pgID(id), name, key, int32(max), pgID(commandID), micros(checkAfter)}
 }
 
 // Concurrency is a saga's place under its concurrency key.
