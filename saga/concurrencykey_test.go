@@ -63,7 +63,7 @@ func setupKeyed(t *testing.T) *bundle {
 func (b *bundle) requireKeysFree(t *testing.T) {
 	t.Helper()
 	require.Zero(t, b.count(t, "SELECT coalesce(sum(running), 0) FROM "+b.table("saga_concurrency_keys")), "slots still counted")
-	require.Zero(t, b.count(t, "SELECT count(*) FROM "+b.table("saga_concurrency_holders")), "slots still held")
+	require.Zero(t, b.count(t, "SELECT count(*) FROM "+b.table("saga_concurrency_keys")), "keys still in use")
 	require.Zero(t, b.count(t, "SELECT count(*) FROM "+b.table("saga_concurrency_queue")), "sagas still queued")
 	require.Zero(t, b.count(t, "SELECT count(*) FROM "+b.table("outbox")+" WHERE available_at = 'infinity'"), "held commands left")
 }
@@ -306,7 +306,6 @@ func TestConcurrencyKeyTenantsIndependent(t *testing.T) {
 	}
 	for i, b := range bs {
 		require.Equal(t, 1, b.count(t, "SELECT running FROM "+b.table("saga_concurrency_keys")+" WHERE ckey = 'same'"), "schema %d", i)
-		require.Equal(t, 1, b.count(t, "SELECT count(*) FROM "+b.table("saga_concurrency_holders")+" WHERE saga_id = $1", ids[i]))
 	}
 }
 
@@ -494,7 +493,7 @@ func TestConcurrencyKeyStartIsAtomic(t *testing.T) {
 	ctx := context.Background()
 	_, err := b.pool.Exec(ctx, `CREATE FUNCTION `+b.table("refuse")+`() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN RAISE EXCEPTION 'slot refused by test'; END $$;
-		CREATE TRIGGER refuse BEFORE INSERT ON `+b.table("saga_concurrency_holders")+` FOR EACH ROW EXECUTE FUNCTION `+b.table("refuse")+`()`)
+		CREATE TRIGGER refuse BEFORE INSERT ON `+b.table("saga_concurrency_keys")+` FOR EACH ROW EXECUTE FUNCTION `+b.table("refuse")+`()`)
 	require.NoError(t, err)
 	_, err = saga.Start(ctx, b.engine, def, order{OrderID: "x"}, &saga.StartOpts{ConcurrencyKey: "k", BusinessKey: "order-1"})
 	require.ErrorContains(t, err, "slot refused by test")

@@ -85,7 +85,8 @@ type Concurrency struct {
 	// Position is the saga's place in its key's queue, 1 for the next to
 	// be admitted; 0 when it is not waiting.
 	Position int
-	// Holding says the saga holds one of the key's slots.
+	// Holding says the saga holds one of the key's slots: it has not ended
+	// and does not wait.
 	Holding bool
 	// Running and Max are the key's slots in use and its limit.
 	Running, Max int
@@ -102,7 +103,7 @@ func (s *Store) SagaConcurrency(ctx context.Context, db DBTX, ids []uuid.UUID) (
 	rows, err := db.Query(ctx, `SELECT s.id, s.concurrency_key,
 			coalesce((SELECT count(*) FROM `+q+`.saga_concurrency_queue o
 				WHERE o.saga_name = w.saga_name AND o.ckey = w.ckey AND o.seq <= w.seq), 0),
-			EXISTS (SELECT 1 FROM `+q+`.saga_concurrency_holders h WHERE h.saga_id = s.id),
+			w.saga_id IS NULL AND s.status IN ('running', 'compensating'),
 			coalesce(k.running, 0), coalesce(k.max_slots, 0)
 		FROM `+q+`.saga_instances s
 		LEFT JOIN `+q+`.saga_concurrency_queue w ON w.saga_id = s.id
