@@ -288,16 +288,19 @@ func concurrencyStatus(t *testing.T, b *bundle, id uuid.UUID) saga.Status {
 
 // TestConcurrencyKeyTenantsIndependent: the same definition and key in two
 // schemas are two keys: a saga holding the key in one does not hold back
-// the other.
+// the other; both run their first step at the same time.
 func TestConcurrencyKeyTenantsIndependent(t *testing.T) {
 	t.Parallel()
 	release := make(chan struct{})
-	defer close(release)
+	entered := make(chan struct{}, 8)
 	var bs []*bundle
 	var ids []uuid.UUID
 	for range 2 {
 		b := setupKeyed(t)
-		def := keyed(b, "tenant", 1, func(string) <-chan struct{} { return release })
+		def := keyed(b, "tenant", 1, func(string) <-chan struct{} {
+			entered <- struct{}{}
+			return release
+		})
 		require.NoError(t, b.engine.Register(def))
 		st, err := saga.Start(context.Background(), b.engine, def, order{OrderID: "x"}, &saga.StartOpts{ConcurrencyKey: "same"})
 		require.NoError(t, err)
@@ -306,6 +309,14 @@ func TestConcurrencyKeyTenantsIndependent(t *testing.T) {
 	}
 	for i, b := range bs {
 		require.Equal(t, 1, b.count(t, "SELECT running FROM "+b.table("saga_concurrency_keys")+" WHERE ckey = 'same'"), "schema %d", i)
+		b.start(t)
+	}
+	<-entered // both tenants' sagas are inside their first step at once
+	<-entered
+	close(release)
+	for i, b := range bs {
+		require.Equal(t, saga.StatusCompleted, b.waitTerminal(t, ids[i]).Status)
+		b.requireKeysFree(t)
 	}
 }
 
