@@ -58,9 +58,11 @@ DECLARE
     k_running integer;
     fresh     boolean;
 BEGIN
+    -- Inserted by this transaction: created_at defaults to now(), the
+    -- transaction's start, also when the insert ran in a savepoint (whose
+    -- xmin would not be the transaction's id).
     PERFORM 1 FROM {{schema}}.saga_instances s
-        WHERE s.id = p_id AND s.concurrency_key IS NULL
-          AND s.xmin::text = (pg_current_xact_id()::text::numeric % 4294967296)::text;
+        WHERE s.id = p_id AND s.concurrency_key IS NULL AND s.created_at = now();
     IF NOT FOUND THEN
         pos := -1;
         running := 0;

@@ -512,3 +512,40 @@ func TestConcurrencyKeyStartIsAtomic(t *testing.T) {
 		require.Zero(t, b.count(t, "SELECT count(*) FROM "+b.table(table)), table)
 	}
 }
+
+// TestConcurrencyKeyStartTxInSavepoint starts keyed sagas in a savepoint of
+// the caller's transaction (pgx's nested transaction): they are admitted
+// and queued as in the transaction itself, and a start that finds the
+// existing saga by business key takes nothing.
+func TestConcurrencyKeyStartTxInSavepoint(t *testing.T) {
+	t.Parallel()
+	b := setupKeyed(t)
+	def := keyed(b, "savepoint", 1, nil)
+	require.NoError(t, b.engine.Register(def))
+	ctx := context.Background()
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	sp, err := tx.Begin(ctx)
+	require.NoError(t, err)
+	var ids []uuid.UUID
+	for i := range 2 {
+		st, err := saga.StartTx(ctx, b.engine, sp, def, order{OrderID: fmt.Sprint(i)}, &saga.StartOpts{ConcurrencyKey: "k", BusinessKey: fmt.Sprint("o-", i)})
+		require.NoError(t, err)
+		require.False(t, st.Existing)
+		ids = append(ids, st.ID)
+	}
+	again, err := saga.StartTx(ctx, b.engine, sp, def, order{OrderID: "0"}, &saga.StartOpts{ConcurrencyKey: "k", BusinessKey: "o-0"})
+	require.NoError(t, err)
+	require.True(t, again.Existing)
+	require.Equal(t, ids[0], again.ID)
+	require.NoError(t, sp.Commit(ctx))
+	require.NoError(t, tx.Commit(ctx))
+	require.False(t, concurrencyOf(t, b, ids[0]).Queued)
+	c := concurrencyOf(t, b, ids[1])
+	require.Equal(t, &saga.ConcurrencyInfo{Key: "k", Queued: true, Position: 1, Running: 1, Limit: 1}, c)
+	b.start(t)
+	for _, id := range ids {
+		require.Equal(t, saga.StatusCompleted, b.waitTerminal(t, id).Status)
+	}
+	b.requireKeysFree(t)
+}
