@@ -13,8 +13,7 @@
 -- rescuer, a cancel, an operator. A crash therefore cannot leak or double
 -- a slot: the release commits with the end, or neither does.
 ALTER TABLE {{schema}}.saga_instances ADD COLUMN concurrency_key text;
--- saga_instances.concurrency_key has no index on purpose: setting it at the
--- start then stays a HOT update (no index touched), and listing by key
+-- The key is written with the saga's row. It has no index: listing by key
 -- narrows by name or status first.
 
 -- One row per key in use: how many sagas hold a slot, and the definition's
@@ -58,11 +57,12 @@ DECLARE
     k_running integer;
     fresh     boolean;
 BEGIN
-    -- Inserted by this transaction: created_at defaults to now(), the
-    -- transaction's start, also when the insert ran in a savepoint (whose
-    -- xmin would not be the transaction's id).
+    -- Inserted, with its key, by this transaction: created_at defaults to
+    -- now(), the transaction's start, also when the insert ran in a
+    -- savepoint (whose xmin would not be the transaction's id). The engine
+    -- calls this once per start, right after the insert.
     PERFORM 1 FROM {{schema}}.saga_instances s
-        WHERE s.id = p_id AND s.concurrency_key IS NULL AND s.created_at = now();
+        WHERE s.id = p_id AND s.concurrency_key = p_key AND s.created_at = now();
     IF NOT FOUND THEN
         pos := -1;
         running := 0;
@@ -80,7 +80,6 @@ BEGIN
         fresh := true;
     END IF;
     IF fresh THEN
-        UPDATE {{schema}}.saga_instances SET concurrency_key = p_key WHERE id = p_id;
         pos := 0;
         running := k_running;
         RETURN;
@@ -89,7 +88,7 @@ BEGIN
     INSERT INTO {{schema}}.saga_concurrency_queue (saga_id, saga_name, ckey, command_id, check_us)
         VALUES (p_id, p_name, p_key, p_command, p_check_us);
     UPDATE {{schema}}.outbox SET available_at = 'infinity' WHERE id = p_command;
-    UPDATE {{schema}}.saga_instances SET concurrency_key = p_key, next_check_at = NULL WHERE id = p_id;
+    UPDATE {{schema}}.saga_instances SET next_check_at = NULL WHERE id = p_id;
     INSERT INTO {{schema}}.saga_history (saga_id, event, step_name, direction, epoch, attempt, detail)
         SELECT p_id, 'concurrency_queued', s.step_name, s.direction, s.epoch, 0,
                jsonb_build_object('concurrency_key', p_key, 'position', pos, 'running', k_running, 'limit', k_max)

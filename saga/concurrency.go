@@ -116,6 +116,7 @@ func checkConcurrency(def *compiled, o *StartOpts) error {
 func (e *Engine) startConcurrent(ctx context.Context, db store.DBTX, own bool, def *compiled, sg *store.Saga, rows *store.Transition,
 	o *StartOpts, startSaga func(store.DBTX) (bool, error)) (bool, error) {
 	key, cmd, check := o.ConcurrencyKey, rows.Messages[0].ID, e.firstDeadline(def.steps[0].timeout)
+	sg.ConcurrencyKey = &key
 	var a store.Admission
 	switch {
 	case o.NoWait:
@@ -128,7 +129,9 @@ func (e *Engine) startConcurrent(ctx context.Context, db store.DBTX, own bool, d
 				return fmt.Errorf("saga: start %s: concurrency key %q has %d of %d sagas running and %d waiting: %w",
 					def.name, key, running, def.concurrency, waiting, ErrConcurrencyLimit)
 			}
-			if _, err := startSaga(db); err != nil {
+			inserted, err := startSaga(db)
+			if err != nil || !inserted {
+				a.Position = -1
 				return err
 			}
 			a, err = e.st.AdmitStarted(ctx, db, sg.ID, def.name, key, def.concurrency, cmd, check)
@@ -153,10 +156,10 @@ func (e *Engine) startConcurrent(ctx context.Context, db store.DBTX, own bool, d
 			return false, fmt.Errorf("saga: start %s with concurrency key %q: %w", def.name, key, err)
 		}
 	default:
-		if _, err := startSaga(db); err != nil {
+		inserted, err := startSaga(db)
+		if err != nil || !inserted {
 			return false, err
 		}
-		var err error
 		if a, err = e.st.AdmitStarted(ctx, db, sg.ID, def.name, key, def.concurrency, cmd, check); err != nil {
 			return false, err
 		}

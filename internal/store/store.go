@@ -91,6 +91,9 @@ type Saga struct {
 	// the traceparent value, then, when there is one, a newline and the
 	// tracestate value. nil when the saga has none.
 	TraceContext *string
+	// ConcurrencyKey is the saga's concurrency key (concurrency.go), written
+	// by StartSaga only.
+	ConcurrencyKey *string
 }
 
 // Kinds of wait (saga_instances.wait_kind).
@@ -329,9 +332,9 @@ func New(schema string) (*Store, error) {
 		startSaga: `WITH s AS (
 				INSERT INTO ` + s + `.saga_instances
 				(id, saga_name, business_key, status, step_index, step_name, direction, epoch, attempt, state, next_check_at, command_id,
-				 deadline_at, parent_id, parent_name, parent_key, trace_context)
+				 deadline_at, parent_id, parent_name, parent_key, trace_context, concurrency_key)
 				VALUES ($1, $2, $3, $4, $5, $6, $7, 0, 0, $8, clock_timestamp() + $9 * interval '1 microsecond', ($20::uuid[])[1],
-				 clock_timestamp() + $30 * interval '1 microsecond', $31, $32, $33, $34::text)
+				 clock_timestamp() + $30 * interval '1 microsecond', $31, $32, $33, $34::text, $35::text)
 				ON CONFLICT DO NOTHING
 				RETURNING id
 			), h AS (` + insertHistoryFrom("s", 12) + `
@@ -344,9 +347,9 @@ func New(schema string) (*Store, error) {
 		startSagaOne: `WITH s AS (
 				INSERT INTO ` + s + `.saga_instances
 				(id, saga_name, business_key, status, step_index, step_name, direction, epoch, attempt, state, next_check_at, command_id,
-				 deadline_at, parent_id, parent_name, parent_key, trace_context)
+				 deadline_at, parent_id, parent_name, parent_key, trace_context, concurrency_key)
 				VALUES ($1, $2, $3, $4, $5, $6, $7, 0, 0, $8, clock_timestamp() + $9 * interval '1 microsecond', $20::uuid,
-				 clock_timestamp() + $30 * interval '1 microsecond', $31, $32, $33, $34::text)
+				 clock_timestamp() + $30 * interval '1 microsecond', $31, $32, $33, $34::text, $35::text)
 				ON CONFLICT DO NOTHING
 				RETURNING id
 			), h AS (
@@ -565,7 +568,7 @@ func (s *Store) StartSaga(ctx context.Context, db DBTX, sg *Saga, checkAfter, de
 		d := micros(deadline)
 		deadlineUS = &d
 	}
-	args = append(args, deadlineUS, pgIDPtr(sg.ParentID), sg.ParentName, sg.ParentKey, sg.TraceContext)
+	args = append(args, deadlineUS, pgIDPtr(sg.ParentID), sg.ParentName, sg.ParentKey, sg.TraceContext, sg.ConcurrencyKey)
 	tag, err := db.Exec(ctx, q, args...)
 	if err != nil {
 		return false, fmt.Errorf("store: start saga %s %s: %w", sg.Name, sg.ID, err)
