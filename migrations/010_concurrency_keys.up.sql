@@ -124,17 +124,18 @@ BEGIN
             ON CONFLICT (saga_name, ckey) DO UPDATE SET running = c.running + 1;
         RETURN NULL;
     END IF;
-    DELETE FROM {{schema}}.saga_concurrency_queue WHERE saga_id = s.id RETURNING * INTO q;
-    IF FOUND THEN
-        DELETE FROM {{schema}}.outbox WHERE id = q.command_id AND status = 'pending' AND available_at = 'infinity';
-        RETURN NULL;
-    END IF;
-    -- The usual end: the key's last saga, nobody waiting.
+    -- The usual end, in one statement: the key's last saga, nobody
+    -- waiting (so this saga does not wait either).
     DELETE FROM {{schema}}.saga_concurrency_keys c
         WHERE c.saga_name = s.saga_name AND c.ckey = s.concurrency_key AND c.running = 1
           AND NOT EXISTS (SELECT 1 FROM {{schema}}.saga_concurrency_queue w
                           WHERE w.saga_name = s.saga_name AND w.ckey = s.concurrency_key);
     IF FOUND THEN
+        RETURN NULL;
+    END IF;
+    DELETE FROM {{schema}}.saga_concurrency_queue WHERE saga_id = s.id RETURNING * INTO q;
+    IF FOUND THEN
+        DELETE FROM {{schema}}.outbox WHERE id = q.command_id AND status = 'pending' AND available_at = 'infinity';
         RETURN NULL;
     END IF;
     UPDATE {{schema}}.saga_concurrency_keys SET running = running - 1
