@@ -126,7 +126,7 @@ func (e *Engine) startConcurrent(ctx context.Context, db store.DBTX, own bool, d
 				return err
 			}
 			if e.machine.refuses(running, waiting, def.concurrency) {
-				return fmt.Errorf("saga: start %s: concurrency key %q has %d of %d sagas running and %d waiting: %w",
+				return fmt.Errorf("start %s: concurrency key %q has %d of %d sagas running and %d waiting: %w",
 					def.name, key, running, def.concurrency, waiting, ErrConcurrencyLimit)
 			}
 			inserted, err := startSaga(db)
@@ -153,7 +153,7 @@ func (e *Engine) startConcurrent(ctx context.Context, db store.DBTX, own bool, d
 		}
 		e.st.QueueAdmitStarted(b, &a, sg.ID, def.name, key, def.concurrency, cmd, check)
 		if err := e.pool.SendBatch(ctx, b).Close(); err != nil {
-			return false, fmt.Errorf("saga: start %s with concurrency key %q: %w", def.name, key, err)
+			return false, fmt.Errorf("start %s with concurrency key %q: %w", def.name, key, err)
 		}
 	default:
 		inserted, err := startSaga(db)
