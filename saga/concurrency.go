@@ -17,11 +17,14 @@ import (
 // customer, an order, an account). See [Definition.WithConcurrency] and
 // [StartOpts.ConcurrencyKey].
 //
-// A start with a key locks the key's counter row in the start's transaction
-// (the caller's, for [StartTx]), and [machine.admit] decides: the saga takes
-// a slot and runs, or it waits in the key's queue, in start order, with its
-// first command held (due at 'infinity', so no worker and no relay sees it,
-// and it holds back nothing of other keys). A trigger of migration 010
+// A start with a key writes the saga's row with its key and, in the same
+// transaction (the caller's, for [StartTx]), calls saga_concurrency_admit of
+// migration 010, which locks the key's counter row and decides: the saga
+// takes a slot and runs, or it waits in the key's queue, in start order,
+// with its first command held (due at 'infinity', so no worker and no relay
+// sees it, and it holds back nothing of other keys). [machine.refuses] is
+// the same rule for a start with [StartOpts.NoWait], decided before the
+// saga is written. A trigger of migration 010
 // releases the slot in the transaction that ends the saga, whatever ends it
 // (a step, the rescuer, a cancel, an operator), and admits the next waiting
 // sagas of the key in that same transaction.
