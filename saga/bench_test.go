@@ -236,6 +236,13 @@ func engineRun(b *testing.B, pool *pgxpool.Pool, schema string, conc, steps, inf
 // it is not nil.
 func engineRunWith(b *testing.B, pool *pgxpool.Pool, schema string, conc, steps, inflight int,
 	mod func(*saga.Config)) (float64, time.Duration, time.Duration) {
+	return engineRunKeyed(b, pool, schema, conc, steps, inflight, mod, false)
+}
+
+// engineRunKeyed is engineRunWith; keyed gives the definition a concurrency
+// limit of 1 and each saga a key of its own (bench_concurrency_test.go).
+func engineRunKeyed(b *testing.B, pool *pgxpool.Pool, schema string, conc, steps, inflight int,
+	mod func(*saga.Config), keyed bool) (float64, time.Duration, time.Duration) {
 	ctx := context.Background()
 	batch := saga.BatchSizeDefault
 	if v, err := strconv.Atoi(os.Getenv("SAGAFLOW_BENCH_BATCH")); err == nil {
@@ -264,6 +271,9 @@ func engineRunWith(b *testing.B, pool *pgxpool.Pool, schema string, conc, steps,
 		saga.Step[order]{Name: "b", Action: step(false)},
 		saga.Step[order]{Name: "c", Action: step(true)},
 	)
+	if keyed {
+		def.WithConcurrency(1)
+	}
 	require.NoError(b, e.Register(def))
 	require.NoError(b, e.Start(ctx))
 	defer func() {
@@ -285,7 +295,11 @@ func engineRunWith(b *testing.B, pool *pgxpool.Pool, schema string, conc, steps,
 				id := uuid.Must(uuid.NewV7())
 				ch := make(chan struct{})
 				done.Store(id, ch)
-				_, err := saga.Start(ctx, e, def, order{OrderID: "x"}, &saga.StartOpts{ID: id})
+				opts := &saga.StartOpts{ID: id}
+				if keyed {
+					opts.ConcurrencyKey = id.String()
+				}
+				_, err := saga.Start(ctx, e, def, order{OrderID: "x"}, opts)
 				require.NoError(b, err)
 				ids.Store(id, true)
 				<-ch

@@ -169,6 +169,9 @@ type Definition[S any] struct {
 	name     string
 	steps    []Step[S]
 	deadline time.Duration
+	// concurrency is the limit of running sagas per concurrency key
+	// (concurrency.go); 0 for none.
+	concurrency int
 }
 
 // WithDeadline gives every saga of d a deadline: a saga that has not ended
@@ -210,7 +213,9 @@ type compiled struct {
 	pivot    int
 	byName   map[string]int
 	deadline time.Duration
-	owner    any // the *Definition[S] it came from
+	// concurrency is the limit per concurrency key (concurrency.go).
+	concurrency int
+	owner       any // the *Definition[S] it came from
 	// run decodes the state, runs step i in direction dir and encodes the
 	// state again.
 	run func(ctx context.Context, r *StepRun, i int, dir steps.Direction, state []byte) ([]byte, error)
@@ -333,10 +338,14 @@ func (d *Definition[S]) compile() (*compiled, error) {
 	if len(d.steps) == 0 {
 		return nil, fmt.Errorf("%w: saga %q has no steps", ErrInvalidDefinition, d.name)
 	}
+	if err := checkConcurrencyLimit(d.name, d.concurrency); err != nil {
+		return nil, err
+	}
 	if d.deadline < 0 {
 		return nil, fmt.Errorf("%w: saga %q has a negative deadline", ErrInvalidDefinition, d.name)
 	}
-	c := &compiled{name: d.name, byName: make(map[string]int, len(d.steps)), owner: d, deadline: d.deadline, pivot: -1}
+	c := &compiled{name: d.name, byName: make(map[string]int, len(d.steps)), owner: d, deadline: d.deadline, concurrency: d.concurrency,
+		pivot: -1}
 	encode := func(s *S) ([]byte, error) {
 		out, err := json.Marshal(s)
 		if err != nil {

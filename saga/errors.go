@@ -54,6 +54,12 @@ var (
 	ErrNotReplayable = errors.New("saga: not replayable")
 )
 
+// ErrConcurrencyLimit is returned by a start with [StartOpts.NoWait] whose
+// concurrency key has no free slot: as many running sagas as its
+// definition's limit, or sagas waiting for one. The error names the key,
+// the limit and the counts.
+var ErrConcurrencyLimit = errors.New("saga: concurrency limit reached")
+
 // Error codes stored with a saga's last error and its history entries. Codes
 // that a handler attaches with steps.WithCode are stored as given.
 const (

@@ -126,6 +126,9 @@ type Instance struct {
 	Deadline *time.Time `json:"deadline,omitempty"`
 	// ParentID is, for a child saga ([Child]), the saga that started it.
 	ParentID *uuid.UUID `json:"parent_id,omitempty"`
+	// Concurrency is the saga's place under its concurrency key
+	// ([StartOpts.ConcurrencyKey]), nil when it was started without one.
+	Concurrency *ConcurrencyInfo `json:"concurrency,omitempty"`
 	// History is the timeline, oldest first. Filled by [Engine.Get], empty
 	// in [Engine.List] results.
 	History []Event `json:"history,omitempty"`
@@ -201,7 +204,11 @@ func (e *Engine) Get(ctx context.Context, id uuid.UUID) (*Instance, error) {
 	if err != nil {
 		return nil, err
 	}
-	in := instanceFrom(sg)
+	one := []Instance{instanceFrom(sg)}
+	if err := e.fillConcurrency(ctx, one); err != nil {
+		return nil, err
+	}
+	in := one[0]
 	in.History = make([]Event, 0, len(hist))
 	for _, h := range hist {
 		in.History = append(in.History, Event{
@@ -235,6 +242,11 @@ type ListOpts struct {
 	// Waiting keeps only sagas that wait (for a timer, a signal or a child
 	// saga, see [Wait]).
 	Waiting bool
+	// ConcurrencyKey keeps only sagas started with this concurrency key
+	// ([StartOpts.ConcurrencyKey]).
+	ConcurrencyKey string
+	// Queued keeps only sagas waiting for a slot of their concurrency key.
+	Queued bool
 	// Cursor continues a previous listing: pass its NextCursor.
 	Cursor string
 	// Limit is the page size. Defaults to ListLimitDefault; at most
@@ -268,12 +280,13 @@ func (e *Engine) List(ctx context.Context, opts *ListOpts) (*ListResult, error) 
 	}
 	if err := checkInput("list", inputField{"ListOpts.Name", o.Name, 0}, inputField{"ListOpts.BusinessKey", o.BusinessKey, 0},
 		inputField{"ListOpts.FailedStep", o.FailedStep, 0}, inputField{"ListOpts.ErrorCode", o.ErrorCode, 0},
-		inputField{"ListOpts.Cursor", o.Cursor, 0}); err != nil {
+		inputField{"ListOpts.Cursor", o.Cursor, 0}, inputField{"ListOpts.ConcurrencyKey", o.ConcurrencyKey, 0}); err != nil {
 		return nil, err
 	}
 	f := store.ListFilter{Name: o.Name, BusinessKey: o.BusinessKey, CreatedAfter: o.CreatedAfter,
 		CreatedBefore: o.CreatedBefore, EndedAfter: o.EndedAfter, EndedBefore: o.EndedBefore,
-		FailedStep: o.FailedStep, ErrorCode: o.ErrorCode, Waiting: o.Waiting, Cursor: o.Cursor, Limit: o.Limit}
+		FailedStep: o.FailedStep, ErrorCode: o.ErrorCode, Waiting: o.Waiting, Cursor: o.Cursor, Limit: o.Limit,
+		ConcurrencyKey: o.ConcurrencyKey, Queued: o.Queued}
 	for _, s := range o.Statuses {
 		f.Statuses = append(f.Statuses, string(s))
 	}
@@ -284,6 +297,9 @@ func (e *Engine) List(ctx context.Context, opts *ListOpts) (*ListResult, error) 
 	res := &ListResult{NextCursor: next, Sagas: make([]Instance, 0, len(rows))}
 	for i := range rows {
 		res.Sagas = append(res.Sagas, instanceFrom(&rows[i]))
+	}
+	if err := e.fillConcurrency(ctx, res.Sagas); err != nil {
+		return nil, err
 	}
 	return res, nil
 }

@@ -32,6 +32,17 @@ type StartOpts struct {
 	// has not ended by then is cancelled with code [CodeDeadline] and
 	// compensates. It overrides the definition's ([Definition.WithDeadline]).
 	Deadline time.Duration
+	// ConcurrencyKey puts the saga under a key of its definition's
+	// concurrency limit ([Definition.WithConcurrency]): while the key has as
+	// many running sagas as the limit, the saga waits, in start order, and
+	// its first step runs once one of them ends. At most
+	// [safetext.MaxKeyBytes] bytes of valid UTF-8 without NUL. Setting it for
+	// a definition without a limit is an error.
+	ConcurrencyKey string
+	// NoWait makes a start whose ConcurrencyKey is at its limit fail with an
+	// error wrapping [ErrConcurrencyLimit], starting nothing, instead of
+	// waiting.
+	NoWait bool
 }
 
 // Started says which saga a start refers to.
@@ -103,6 +114,9 @@ func (e *Engine) startRaw(ctx context.Context, db store.DBTX, own bool, def *com
 	if o.Deadline < 0 {
 		return Started{}, fmt.Errorf("%w: start %s: StartOpts.Deadline is negative", ErrInvalidInput, def.name)
 	}
+	if err := checkConcurrency(def, &o); err != nil {
+		return Started{}, err
+	}
 	deadline := def.deadline
 	if o.Deadline > 0 {
 		deadline = o.Deadline
@@ -136,7 +150,16 @@ func (e *Engine) startRaw(ctx context.Context, db store.DBTX, own bool, def *com
 		Messages: []store.Message{e.commandMessage(id, def.name, first.name, steps.Forward, 0, 1, 0)},
 	}
 	span := e.tel.traceStart(ctx, sg, rows)
-	inserted, err := e.st.StartSaga(ctx, db, sg, e.firstDeadline(first.timeout), deadline, rows, e.cfg.CommandTopic, !own)
+	startSaga := func(db store.DBTX) (bool, error) {
+		return e.st.StartSaga(ctx, db, sg, e.firstDeadline(first.timeout), deadline, rows, e.cfg.CommandTopic, !own)
+	}
+	var inserted bool
+	var err error
+	if o.ConcurrencyKey != "" { // concurrency.go
+		inserted, err = e.startConcurrent(ctx, db, own, def, sg, rows, &o, startSaga)
+	} else {
+		inserted, err = startSaga(db)
+	}
 	endStart(span, inserted, err)
 	if err != nil {
 		return Started{}, fmt.Errorf("saga: %w", err)

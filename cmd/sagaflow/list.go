@@ -27,6 +27,8 @@ func setupList(fs *flag.FlagSet) runFunc {
 	fs.StringVar(&f.failedStep, "failed-step", "", "only sagas whose last error came from this `step`")
 	fs.StringVar(&f.errorCode, "error-code", "", "only sagas whose last error has this `code`")
 	fs.BoolVar(&f.opts.Waiting, "waiting", false, "only sagas that wait for a timer, a signal or a child saga")
+	fs.StringVar(&f.opts.ConcurrencyKey, "concurrency-key", "", "only sagas started with this concurrency `key`")
+	fs.BoolVar(&f.opts.Queued, "queued", false, "only sagas waiting for a slot of their concurrency key")
 	fs.IntVar(&f.opts.Limit, "limit", 0, fmt.Sprintf("page size, `n` (default %d, at most %d)", saga.ListLimitDefault, saga.ListLimitMax))
 	fs.StringVar(&f.opts.Cursor, "cursor", "", "continue a previous listing from its next-page `cursor`")
 	return func(ctx context.Context, c *cli, args []string) error {
@@ -73,7 +75,7 @@ func printSagaTable(c *cli, res *saga.ListResult) {
 			code = in.LastError.Code
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", in.ID, cell(in.Name), cell(in.Status), cell(in.Step),
-			cell(in.Direction), strconv.Itoa(in.Attempt), formatWait(in.Wait), formatTime(in.CreatedAt), cell(code))
+			cell(in.Direction), strconv.Itoa(in.Attempt), listWait(&in), formatTime(in.CreatedAt), cell(code))
 	}
 	tw.Flush()
 	if res.NextCursor != "" {

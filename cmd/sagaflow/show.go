@@ -96,6 +96,9 @@ func printSaga(w io.Writer, in *saga.Instance, sigs []saga.SignalInfo) {
 	row("ended", formatTimePtr(in.EndedAt))
 	row("next check", formatTimePtr(in.NextCheckAt))
 	row("waits for", formatWait(in.Wait))
+	if in.Concurrency != nil {
+		row("concurrency key", formatConcurrency(in.Concurrency))
+	}
 	row("deadline", formatTimePtr(in.Deadline))
 	if in.ParentID != nil {
 		row("parent", in.ParentID.String())

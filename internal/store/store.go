@@ -91,6 +91,9 @@ type Saga struct {
 	// the traceparent value, then, when there is one, a newline and the
 	// tracestate value. nil when the saga has none.
 	TraceContext *string
+	// ConcurrencyKey is the saga's concurrency key (concurrency.go), written
+	// by StartSaga only.
+	ConcurrencyKey *string
 }
 
 // Kinds of wait (saga_instances.wait_kind).
@@ -329,9 +332,9 @@ func New(schema string) (*Store, error) {
 		startSaga: `WITH s AS (
 				INSERT INTO ` + s + `.saga_instances
 				(id, saga_name, business_key, status, step_index, step_name, direction, epoch, attempt, state, next_check_at, command_id,
-				 deadline_at, parent_id, parent_name, parent_key, trace_context)
+				 deadline_at, parent_id, parent_name, parent_key, trace_context, concurrency_key)
 				VALUES ($1, $2, $3, $4, $5, $6, $7, 0, 0, $8, clock_timestamp() + $9 * interval '1 microsecond', ($20::uuid[])[1],
-				 clock_timestamp() + $30 * interval '1 microsecond', $31, $32, $33, $34::text)
+				 clock_timestamp() + $30 * interval '1 microsecond', $31, $32, $33, $34::text, $35::text)
 				ON CONFLICT DO NOTHING
 				RETURNING id
 			), h AS (` + insertHistoryFrom("s", 12) + `
@@ -344,9 +347,9 @@ func New(schema string) (*Store, error) {
 		startSagaOne: `WITH s AS (
 				INSERT INTO ` + s + `.saga_instances
 				(id, saga_name, business_key, status, step_index, step_name, direction, epoch, attempt, state, next_check_at, command_id,
-				 deadline_at, parent_id, parent_name, parent_key, trace_context)
+				 deadline_at, parent_id, parent_name, parent_key, trace_context, concurrency_key)
 				VALUES ($1, $2, $3, $4, $5, $6, $7, 0, 0, $8, clock_timestamp() + $9 * interval '1 microsecond', $20::uuid,
-				 clock_timestamp() + $30 * interval '1 microsecond', $31, $32, $33, $34::text)
+				 clock_timestamp() + $30 * interval '1 microsecond', $31, $32, $33, $34::text, $35::text)
 				ON CONFLICT DO NOTHING
 				RETURNING id
 			), h AS (
@@ -565,7 +568,7 @@ func (s *Store) StartSaga(ctx context.Context, db DBTX, sg *Saga, checkAfter, de
 		d := micros(deadline)
 		deadlineUS = &d
 	}
-	args = append(args, deadlineUS, pgIDPtr(sg.ParentID), sg.ParentName, sg.ParentKey, sg.TraceContext)
+	args = append(args, deadlineUS, pgIDPtr(sg.ParentID), sg.ParentName, sg.ParentKey, sg.TraceContext, sg.ConcurrencyKey)
 	tag, err := db.Exec(ctx, q, args...)
 	if err != nil {
 		return false, fmt.Errorf("store: start saga %s %s: %w", sg.Name, sg.ID, err)
@@ -1051,9 +1054,12 @@ type ListFilter struct {
 	EndedBefore   time.Time // exclusive
 	FailedStep    string
 	ErrorCode     string
-	Waiting       bool   // only sagas that wait
-	Cursor        string // from a previous page's NextCursor
-	Limit         int
+	Waiting       bool // only sagas that wait
+	// Concurrency keys (concurrency.go): sagas with this key; only waiting ones.
+	ConcurrencyKey string
+	Queued         bool
+	Cursor         string // from a previous page's NextCursor
+	Limit          int
 }
 
 // ListSagas returns sagas matching f, newest first, and the cursor of the next
@@ -1095,6 +1101,7 @@ func (s *Store) ListSagas(ctx context.Context, db DBTX, f ListFilter) ([]Saga, s
 	if f.Waiting {
 		where = append(where, "wait_kind IS NOT NULL")
 	}
+	where = s.concurrencyFilter(where, f, arg)
 	if f.Cursor != "" {
 		at, id, err := decodeCursor(f.Cursor)
 		if err != nil {
