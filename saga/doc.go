@@ -183,6 +183,23 @@
 // slow step delays the commit of the steps batched with it; engines whose
 // steps are slow should use a small BatchSize.
 //
+// # Concurrency keys
+//
+// [Definition.WithConcurrency] limits the sagas of a definition that run at
+// once per key ([StartOpts.ConcurrencyKey]). A saga counts from its start until
+// it ends (completed, compensated or failed, including by a cancel). A start
+// beyond the limit returns at once. Its saga waits, in start order, at its
+// first step, with that step's command held. No worker claims it, and it holds
+// back nothing of other keys. [Engine.Get] shows its place
+// ([Instance.Concurrency]). With [StartOpts.NoWait], such a start fails with
+// [ErrConcurrencyLimit] instead.
+//
+// The slot is released in the transaction that writes the saga's end, and the
+// next waiting saga is admitted in that same transaction. A crash therefore
+// neither leaks nor doubles a slot. [StartTx] takes the slot in the caller's
+// transaction: a rollback takes none. Resuming or rerunning a failed saga takes
+// a slot again at once, ahead of the queue.
+//
 // # Pivots
 //
 // A saga in Garcia-Molina's sense is compensatable steps, then a pivot, then
