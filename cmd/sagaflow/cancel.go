@@ -6,14 +6,24 @@ import (
 	"fmt"
 
 	"github.com/google/uuid"
+
+	"github.com/sagaflow/sagaflow/saga"
 )
 
 func setupCancel(fs *flag.FlagSet) runFunc {
 	reason := fs.String("reason", "cancelled with the sagaflow CLI", "`text` recorded as the saga's last error")
+	plan := fs.Bool("plan", false, "show which compensations the cancel would run, and their keys; change nothing")
 	return func(ctx context.Context, c *cli, args []string) error {
 		id, err := parseID("cancel", args)
 		if err != nil {
 			return err
+		}
+		if *plan {
+			p, err := planOne(ctx, c, id, saga.PlanCancel, "")
+			if err != nil {
+				return err
+			}
+			return printPlan(c, id, "", p)
 		}
 		engine, err := c.connect(ctx)
 		if err != nil {

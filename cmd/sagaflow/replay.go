@@ -38,6 +38,7 @@ func setupReplay(fs *flag.FlagSet) runFunc {
 		saga.BulkReplayMaxDefault, saga.BulkReplayMaxLimit))
 	fs.Float64Var(&o.RatePerSecond, "rate", 0, fmt.Sprintf("--bulk: at most `r` replays per second (default %d)", saga.ReplayRateDefault))
 	fs.BoolVar(&o.DryRun, "dry-run", false, "--bulk: list what would be replayed and change nothing")
+	plan := fs.Bool("plan", false, "show which steps would run again, which compensations would run, and which keys are reused or new; change nothing")
 	return func(ctx context.Context, c *cli, args []string) error {
 		if *bulk {
 			if err := noArgs("replay --bulk", args); err != nil {
@@ -48,6 +49,10 @@ func setupReplay(fs *flag.FlagSet) runFunc {
 			}
 			if err := checkBulkStatuses(o.Statuses, o.FromStep); err != nil {
 				return err
+			}
+			if *plan {
+				o.DryRun = true
+				return planBulk(ctx, c, o)
 			}
 			return replayBulk(ctx, c, o)
 		}
@@ -63,6 +68,17 @@ func setupReplay(fs *flag.FlagSet) runFunc {
 		id, err := parseID("replay", args)
 		if err != nil {
 			return err
+		}
+		if *plan {
+			action := saga.PlanResume
+			if o.FromStep != "" {
+				action = saga.PlanRerun
+			}
+			p, err := planOne(ctx, c, id, action, o.FromStep)
+			if err != nil {
+				return err
+			}
+			return printPlan(c, id, o.FromStep, p)
 		}
 		return replayOne(ctx, c, id, o.FromStep, o.Reason)
 	}
