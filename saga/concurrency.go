@@ -19,12 +19,12 @@ import (
 //
 // A start with a key writes the saga's row with its key and, in the same
 // transaction (the caller's, for [StartTx]), calls saga_concurrency_admit of
-// migration 010, which locks the key's counter row and decides: the saga
+// migration 009, which locks the key's counter row and decides: the saga
 // takes a slot and runs, or it waits in the key's queue, in start order,
 // with its first command held (due at 'infinity', so no worker and no relay
 // sees it, and it holds back nothing of other keys). [machine.refuses] is
 // the same rule for a start with [StartOpts.NoWait], decided before the
-// saga is written. A trigger of migration 010
+// saga is written. A trigger of migration 009
 // releases the slot in the transaction that ends the saga, whatever ends it
 // (a step, the rescuer, a cancel, an operator), and admits the next waiting
 // sagas of the key in that same transaction.
@@ -85,7 +85,7 @@ type ConcurrencyInfo struct {
 // refuses decides a start with [StartOpts.NoWait]: it is refused when its
 // key has no free slot, or when sagas wait (a start never overtakes them).
 // Without NoWait, the same rule decides between a slot and the queue, in
-// the function saga_concurrency_admit of migration 010, which runs in the
+// the function saga_concurrency_admit of migration 009, which runs in the
 // start's transaction.
 func (m machine) refuses(running, waiting, limit int) bool {
 	return running >= limit || waiting > 0

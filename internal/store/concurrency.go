@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// This file holds the statements of concurrency keys (migration 010). The
+// This file holds the statements of concurrency keys (migration 009). The
 // release of a slot is not here: a trigger on saga_instances does it in the
 // transaction that ends the saga (see 010_concurrency_keys.up.sql).
 
@@ -33,7 +33,7 @@ func (s *Store) LockConcurrencyKey(ctx context.Context, db DBTX, name, key strin
 	return running, waiting, nil
 }
 
-// admitSQL calls the function of migration 010 that admits or queues a saga
+// admitSQL calls the function of migration 009 that admits or queues a saga
 // just inserted with a key.
 func (s *Store) admitSQL() string {
 	return `SELECT pos, running FROM ` + quoteSchema(s.schema) + `.saga_concurrency_admit($1, $2, $3, $4, $5, $6)`
