@@ -236,6 +236,11 @@ func (r *LogicalRelay) stream(ctx context.Context) error {
 	relations := map[uint32]*pglogrepl.RelationMessage{}
 	var txRows []store.RelayMessage
 	var confirmed pglogrepl.LSN
+	// Before PostgreSQL 17 a restart may forget confirmations made since
+	// the last checkpoint, and a relay killed after its mark replays what
+	// it marked: until the first transaction still pending, rows already
+	// published are skipped (one query per replayed transaction).
+	replaying := true
 	nextStatus := time.Now().Add(r.cfg.StatusInterval)
 	for {
 		if time.Now().After(nextStatus) && confirmed != 0 {
@@ -300,6 +305,13 @@ func (r *LogicalRelay) stream(ctx context.Context) error {
 					txRows = append(txRows, row)
 				}
 			case *pglogrepl.CommitMessage:
+				if replaying && len(txRows) > 0 {
+					n := len(txRows)
+					if txRows, err = r.stillPending(ctx, txRows); err != nil {
+						return err
+					}
+					replaying = len(txRows) < n
+				}
 				if err := r.publishTx(ctx, txRows); err != nil {
 					return err
 				}
@@ -313,6 +325,33 @@ func (r *LogicalRelay) stream(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// stillPending returns the rows of rows that are still pending.
+func (r *LogicalRelay) stillPending(ctx context.Context, rows []store.RelayMessage) ([]store.RelayMessage, error) {
+	ids := make([]uuid.UUID, len(rows))
+	for i := range rows {
+		ids[i] = rows[i].ID
+	}
+	q, err := r.pool.Query(ctx, `SELECT id FROM `+migrations.QuoteSchema(r.cfg.Schema)+`.outbox
+		WHERE id = ANY($1) AND status = 'pending'`, ids)
+	if err != nil {
+		return nil, fmt.Errorf("relay: read the status of %d replayed rows: %w", len(ids), err)
+	}
+	pending, err := pgx.CollectRows(q, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return nil, fmt.Errorf("relay: read the status of %d replayed rows: %w", len(ids), err)
+	}
+	out := rows[:0]
+	for _, row := range rows {
+		for _, id := range pending {
+			if id == row.ID {
+				out = append(out, row)
+				break
+			}
+		}
+	}
+	return out, nil
 }
 
 func (r *LogicalRelay) confirm(ctx context.Context, conn *pgconn.PgConn, lsn pglogrepl.LSN) error {

@@ -220,5 +220,11 @@ func TestLogicalRelayEndToEnd(t *testing.T) {
 	require.Contains(t, lastErr, relay.CodeMalformedHeaders)
 	require.NoError(t, e.pool.QueryRow(e.ctx, `SELECT status FROM cdc.outbox WHERE id = $1`, delayed).Scan(&status))
 	require.Equal(t, "pending", status, "a delayed row is left to the polling relay")
-	t.Logf("%d rows, %d messages read (%d duplicates)", len(want), len(msgs), len(msgs)-len(want))
+	dup := []string{}
+	for _, m := range msgs {
+		if id, _ := header(m, store.HeaderMessageID); n[id] > 1 {
+			dup = append(dup, string(m.Value))
+		}
+	}
+	t.Logf("%d rows, %d messages read (%d duplicates): %v", len(want), len(msgs), len(msgs)-len(want), dup)
 }
