@@ -17,9 +17,12 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/sagaflow/sagaflow/health"
 	"github.com/sagaflow/sagaflow/internal/store"
+	"github.com/sagaflow/sagaflow/internal/telemetry"
 	"github.com/sagaflow/sagaflow/migrations"
 )
 
@@ -62,6 +65,11 @@ type LogicalConfig struct {
 	StatusInterval time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// MeterProvider makes the relay's metrics: sagaflow.outbox.slot.lag
+	// (bytes of WAL the slot holds back, read from pg_replication_slots at
+	// each collection) and sagaflow.outbox.published. Defaults to the
+	// global provider.
+	MeterProvider metric.MeterProvider
 }
 
 // LogicalRelay publishes the outbox's relay rows from PostgreSQL's logical
@@ -73,15 +81,16 @@ type LogicalConfig struct {
 // transaction's end to the slot. A crash before the confirmation streams
 // the transaction again: consumers deduplicate on sagaflow-message-id.
 type LogicalRelay struct {
-	pool     *pgxpool.Pool
-	connStr  string
-	w        Writer
-	cfg      LogicalConfig
-	st       *store.Store
-	log      *slog.Logger
-	outages  atomic.Int64
-	running  atomic.Bool
-	confirms atomic.Uint64 // the last LSN confirmed to the slot
+	pool      *pgxpool.Pool
+	connStr   string
+	w         Writer
+	cfg       LogicalConfig
+	st        *store.Store
+	log       *slog.Logger
+	outages   atomic.Int64
+	running   atomic.Bool
+	confirms  atomic.Uint64 // the last LSN confirmed to the slot
+	published atomic.Int64
 }
 
 // NewLogical returns a LogicalRelay that reads the stream over a
@@ -136,10 +145,39 @@ func NewLogical(pool *pgxpool.Pool, replConnString string, w Writer, cfg *Logica
 	if err != nil {
 		return nil, fmt.Errorf("relay: LogicalConfig.Schema: %w", err)
 	}
-	return &LogicalRelay{
+	r := &LogicalRelay{
 		pool: pool, connStr: replConnString + sep + "replication=database", w: w, cfg: c,
 		st: st, log: c.Logger,
-	}, nil
+	}
+	if err := r.instrument(); err != nil {
+		return nil, fmt.Errorf("relay: logical relay metrics: %w", err)
+	}
+	return r, nil
+}
+
+func (r *LogicalRelay) instrument() error {
+	m := telemetry.Meter(r.cfg.MeterProvider)
+	lag, err := m.Int64ObservableGauge("sagaflow.outbox.slot.lag", metric.WithUnit("By"),
+		metric.WithDescription("Bytes of WAL the log-based relay's replication slot holds back."))
+	if err != nil {
+		return err
+	}
+	published, err := m.Int64ObservableCounter("sagaflow.outbox.published", metric.WithUnit("{message}"),
+		metric.WithDescription("Outbox rows this relay published."))
+	if err != nil {
+		return err
+	}
+	slot := attribute.String("slot", r.cfg.Slot)
+	_, err = m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		o.ObserveInt64(published, r.published.Load())
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if n, err := r.SlotLag(ctx); err == nil {
+			o.ObserveInt64(lag, n, metric.WithAttributes(slot))
+		}
+		return nil
+	}, lag, published)
+	return err
 }
 
 // Setup creates the publication (inserts of delivery 'relay' rows only,
@@ -444,6 +482,7 @@ func (r *LogicalRelay) publishTx(ctx context.Context, rows []store.RelayMessage)
 	if err := r.st.MarkPublished(ctx, r.pool, acked); err != nil {
 		return err
 	}
+	r.published.Add(int64(len(acked)))
 	return r.st.MarkFailed(ctx, r.pool, dead)
 }
 

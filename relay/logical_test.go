@@ -10,6 +10,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/sagaflow/sagaflow/internal/kafkatest"
 	"github.com/sagaflow/sagaflow/internal/pgtest"
@@ -27,6 +29,7 @@ type logicalEnv struct {
 	pool *pgxpool.Pool
 	kc   *kafkatest.Cluster
 	lr   *relay.LogicalRelay
+	mr   *sdkmetric.ManualReader
 
 	mu     sync.Mutex
 	cancel context.CancelFunc
@@ -52,12 +55,14 @@ func setupLogical(t *testing.T) *logicalEnv {
 	kc := kafkatest.New(t, kafkatest.SeedTopics(3, topicOrders))
 	w := relay.NewKafkaWriter(kc.Addrs(), &relay.WriterOpts{MaxAttempts: 1, MetadataTTL: 500 * time.Millisecond})
 	t.Cleanup(func() { _ = w.Close() })
+	mr := sdkmetric.NewManualReader()
 	lr, err := relay.NewLogical(pool, srv.ConnString(), w, &relay.LogicalConfig{
 		Schema: cdcSchema, Slot: "cdc_test", Publication: "cdc_test", StatusInterval: 200 * time.Millisecond,
+		Logger: quiet, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(mr)),
 	})
 	require.NoError(t, err)
 	require.NoError(t, lr.Setup(ctx))
-	return &logicalEnv{ctx: ctx, srv: srv, pool: pool, kc: kc, lr: lr}
+	return &logicalEnv{ctx: ctx, srv: srv, pool: pool, kc: kc, lr: lr, mr: mr}
 }
 
 // start runs the relay until stop, restarting it whenever Run returns an
@@ -190,6 +195,17 @@ func TestLogicalRelayEndToEnd(t *testing.T) {
 	require.False(t, rep.Ready, "health flags a slot that lags: %+v", rep)
 	require.Equal(t, "slot", rep.Checks[2].Name)
 	require.False(t, rep.Checks[2].OK, "the slot check fails: %+v", rep.Checks[2])
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, e.mr.Collect(e.ctx, &rm))
+	var gauge int64 = -1
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if g, ok := m.Data.(metricdata.Gauge[int64]); ok && m.Name == "sagaflow.outbox.slot.lag" && len(g.DataPoints) == 1 {
+				gauge = g.DataPoints[0].Value
+			}
+		}
+	}
+	require.GreaterOrEqual(t, gauge, lag, "the slot lag gauge reports the lag")
 	e.start()
 	waitFor(t, time.Minute, "rows written while stopped published", func() bool { return e.published(t) == len(want) })
 	e.kill()
