@@ -279,6 +279,7 @@ func (r *LogicalRelay) stream(ctx context.Context) error {
 	// it marked: until the first transaction still pending, rows already
 	// published are skipped (one query per replayed transaction).
 	replaying := true
+	inTx := false
 	nextStatus := time.Now().Add(r.cfg.StatusInterval)
 	for {
 		if time.Now().After(nextStatus) && confirmed != 0 {
@@ -310,6 +311,14 @@ func (r *LogicalRelay) stream(ctx context.Context) error {
 			if err != nil {
 				return fmt.Errorf("relay: keepalive: %w", err)
 			}
+			// Between transactions, everything the server sent up to
+			// ServerWALEnd has been handled: confirming it lets an idle slot
+			// (or one whose WAL is all other tables) move on. A transaction
+			// still open commits later, so it is not skipped on a restart.
+			if !inTx && ka.ServerWALEnd > confirmed {
+				confirmed = ka.ServerWALEnd
+				r.confirms.Store(uint64(confirmed))
+			}
 			if ka.ReplyRequested {
 				nextStatus = time.Now()
 			}
@@ -327,6 +336,7 @@ func (r *LogicalRelay) stream(ctx context.Context) error {
 				relations[m.RelationID] = m
 			case *pglogrepl.BeginMessage:
 				txRows = txRows[:0]
+				inTx = true
 			case *pglogrepl.InsertMessage:
 				rel := relations[m.RelationID]
 				if rel == nil {
@@ -354,6 +364,7 @@ func (r *LogicalRelay) stream(ctx context.Context) error {
 					return err
 				}
 				txRows = txRows[:0]
+				inTx = false
 				confirmed = m.TransactionEndLSN
 				r.confirms.Store(uint64(confirmed))
 				if err := r.confirm(ctx, conn, confirmed); err != nil {

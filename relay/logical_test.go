@@ -208,6 +208,19 @@ func TestLogicalRelayEndToEnd(t *testing.T) {
 	require.GreaterOrEqual(t, gauge, lag, "the slot lag gauge reports the lag")
 	e.start()
 	waitFor(t, time.Minute, "rows written while stopped published", func() bool { return e.published(t) == len(want) })
+
+	// WAL of other tables only: the idle relay still moves its slot on,
+	// past it, so an idle slot does not look behind.
+	_, err = e.pool.Exec(e.ctx, `CREATE TABLE cdc.other AS SELECT g FROM generate_series(1, 10000) g`)
+	require.NoError(t, err)
+	var after string
+	require.NoError(t, e.pool.QueryRow(e.ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&after))
+	waitFor(t, time.Minute, "the slot to move past other tables' WAL", func() bool {
+		var past bool
+		require.NoError(t, e.pool.QueryRow(e.ctx, `SELECT confirmed_flush_lsn >= $1::pg_lsn FROM pg_replication_slots
+			WHERE slot_name = 'cdc_test'`, after).Scan(&past))
+		return past
+	})
 	e.kill()
 
 	msgs, err := e.kc.ReadAll(e.ctx, topicOrders)
