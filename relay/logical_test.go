@@ -1,0 +1,265 @@
+package relay_test
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/sagaflow/sagaflow/internal/kafkatest"
+	"github.com/sagaflow/sagaflow/internal/pgtest"
+	"github.com/sagaflow/sagaflow/internal/store"
+	"github.com/sagaflow/sagaflow/migrations"
+	"github.com/sagaflow/sagaflow/relay"
+)
+
+// logicalEnv is a throwaway server with wal_level=logical, a migrated
+// schema on it, a kfake cluster and a log-based relay run by a supervisor
+// that restarts it when its stream breaks.
+type logicalEnv struct {
+	ctx  context.Context
+	srv  *pgtest.Server
+	pool *pgxpool.Pool
+	kc   *kafkatest.Cluster
+	lr   *relay.LogicalRelay
+	mr   *sdkmetric.ManualReader
+
+	mu     sync.Mutex
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+const cdcSchema = "cdc"
+
+func setupLogical(t *testing.T) *logicalEnv {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	srv, err := pgtest.StartLogicalServer(ctx)
+	if err != nil {
+		t.Skipf("no throwaway PostgreSQL with wal_level=logical (needs the PostgreSQL server binaries: initdb, postgres): %v", err)
+	}
+	t.Cleanup(func() { _ = srv.Stop(context.Background()) })
+	pool, err := pgxpool.New(ctx, srv.ConnString())
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	_, err = migrations.Migrate(ctx, pool, cdcSchema)
+	require.NoError(t, err)
+	kc := kafkatest.New(t, kafkatest.SeedTopics(3, topicOrders))
+	w := relay.NewKafkaWriter(kc.Addrs(), &relay.WriterOpts{MaxAttempts: 1, MetadataTTL: 500 * time.Millisecond})
+	t.Cleanup(func() { _ = w.Close() })
+	mr := sdkmetric.NewManualReader()
+	lr, err := relay.NewLogical(pool, srv.ConnString(), w, &relay.LogicalConfig{
+		Schema: cdcSchema, Slot: "cdc_test", Publication: "cdc_test", StatusInterval: 200 * time.Millisecond,
+		Logger: quiet, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(mr)),
+	})
+	require.NoError(t, err)
+	require.NoError(t, lr.Setup(ctx))
+	return &logicalEnv{ctx: ctx, srv: srv, pool: pool, kc: kc, lr: lr, mr: mr}
+}
+
+// start runs the relay until stop, restarting it whenever Run returns an
+// error (a PostgreSQL restart breaks the stream).
+func (e *logicalEnv) start() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	ctx, cancel := context.WithCancel(e.ctx)
+	e.cancel, e.done = cancel, make(chan struct{})
+	go func(done chan struct{}) {
+		defer close(done)
+		for ctx.Err() == nil {
+			if err := e.lr.Run(ctx); err == nil {
+				return
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}(e.done)
+}
+
+// kill stops the relay at once: whatever it had not confirmed stays in the
+// slot.
+func (e *logicalEnv) kill() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.cancel()
+	<-e.done
+}
+
+// insert commits one transaction of relay rows with the given sequence
+// numbers as payload, all under one key, retrying while the server restarts.
+func (e *logicalEnv) insert(t *testing.T, seqs []int, delivery string) []uuid.UUID {
+	t.Helper()
+	ids := make([]uuid.UUID, len(seqs))
+	for i := range ids {
+		ids[i] = uuid.New()
+	}
+	var err error
+	for range 100 {
+		err = func() error {
+			tx, err := e.pool.Begin(e.ctx)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = tx.Rollback(e.ctx) }()
+			for i, s := range seqs {
+				if _, err := tx.Exec(e.ctx, `INSERT INTO cdc.outbox (id, topic, delivery, aggregateid, type, payload)
+					VALUES ($1, $2, $3, 'k', 'test', $4)`, ids[i], topicOrders, delivery, []byte(strconv.Itoa(s))); err != nil {
+					return err
+				}
+			}
+			return tx.Commit(e.ctx)
+		}()
+		if err == nil {
+			return ids
+		}
+		time.Sleep(50 * time.Millisecond) // the server is restarting
+	}
+	require.NoError(t, err)
+	return nil
+}
+
+func (e *logicalEnv) published(t *testing.T) int {
+	var n int
+	for range 100 {
+		if err := e.pool.QueryRow(e.ctx, `SELECT count(*) FROM cdc.outbox WHERE status = 'published'`).Scan(&n); err == nil {
+			return n
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatal("count published rows: the server does not answer")
+	return 0
+}
+
+// TestLogicalRelayEndToEnd streams the outbox to kfake through a PostgreSQL
+// restart and a hard stop of the relay, and counts every message by id.
+func TestLogicalRelayEndToEnd(t *testing.T) {
+	e := setupLogical(t)
+	e.start()
+
+	var want []uuid.UUID
+	seq := 0
+	batch := func(n int) {
+		seqs := make([]int, n)
+		for i := range seqs {
+			seq++
+			seqs[i] = seq
+		}
+		want = append(want, e.insert(t, seqs, "relay")...)
+	}
+	for range 10 {
+		batch(5)
+	}
+	direct := e.insert(t, []int{-1, -2}, "direct")
+	var delayed, bad uuid.UUID
+	delayed, bad = uuid.New(), uuid.New()
+	_, err := e.pool.Exec(e.ctx, `INSERT INTO cdc.outbox (id, topic, aggregateid, type, payload, available_at)
+		VALUES ($1, $2, 'k', 'test', '\x00', now() + interval '1 hour')`, delayed, topicOrders)
+	require.NoError(t, err)
+	_, err = e.pool.Exec(e.ctx, `INSERT INTO cdc.outbox (id, topic, aggregateid, type, payload, headers)
+		VALUES ($1, $2, 'k', 'test', '\x00', '{"n": 1}')`, bad, topicOrders)
+	require.NoError(t, err)
+	big, badTopic := uuid.New(), uuid.New()
+	_, err = e.pool.Exec(e.ctx, `INSERT INTO cdc.outbox (id, topic, aggregateid, type, payload)
+		VALUES ($1, $2, 'k', 'test', $3)`, big, topicOrders, make([]byte, relay.MaxMessageBytesDefault+1))
+	require.NoError(t, err)
+	_, err = e.pool.Exec(e.ctx, `INSERT INTO cdc.outbox (id, topic, aggregateid, type, payload)
+		VALUES ($1, 'no/such topic', 'k', 'test', '\x00')`, badTopic)
+	require.NoError(t, err)
+	batch(5) // after the bad rows: not held back
+	waitFor(t, time.Minute, "first rows published", func() bool { return e.published(t) == len(want) })
+
+	// PostgreSQL restarts while rows are being written.
+	batch(25)
+	require.NoError(t, e.srv.Restart(e.ctx))
+	batch(25)
+	waitFor(t, time.Minute, "rows after the restart published", func() bool { return e.published(t) == len(want) })
+
+	// A hard stop: nothing more is confirmed; rows written meanwhile wait
+	// in the slot, whose lag health reports.
+	e.kill()
+	batch(30)
+	lag, err := e.lr.SlotLag(e.ctx)
+	require.NoError(t, err)
+	require.Positive(t, lag, "the slot lags while the relay is stopped")
+	rep := e.lr.Check(e.ctx, 0)
+	require.False(t, rep.Ready, "health flags a slot that lags: %+v", rep)
+	require.Equal(t, "slot", rep.Checks[2].Name)
+	require.False(t, rep.Checks[2].OK, "the slot check fails: %+v", rep.Checks[2])
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, e.mr.Collect(e.ctx, &rm))
+	var gauge int64 = -1
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if g, ok := m.Data.(metricdata.Gauge[int64]); ok && m.Name == "sagaflow.outbox.slot.lag" && len(g.DataPoints) == 1 {
+				gauge = g.DataPoints[0].Value
+			}
+		}
+	}
+	require.GreaterOrEqual(t, gauge, lag, "the slot lag gauge reports the lag")
+	e.start()
+	waitFor(t, time.Minute, "rows written while stopped published", func() bool { return e.published(t) == len(want) })
+
+	// WAL of other tables only: the idle relay still moves its slot on,
+	// past it, so an idle slot does not look behind.
+	_, err = e.pool.Exec(e.ctx, `CREATE TABLE cdc.other AS SELECT g FROM generate_series(1, 10000) g`)
+	require.NoError(t, err)
+	var after string
+	require.NoError(t, e.pool.QueryRow(e.ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&after))
+	waitFor(t, time.Minute, "the slot to move past other tables' WAL", func() bool {
+		var past bool
+		require.NoError(t, e.pool.QueryRow(e.ctx, `SELECT confirmed_flush_lsn >= $1::pg_lsn FROM pg_replication_slots
+			WHERE slot_name = 'cdc_test'`, after).Scan(&past))
+		return past
+	})
+	e.kill()
+
+	msgs, err := e.kc.ReadAll(e.ctx, topicOrders)
+	require.NoError(t, err)
+	n := copies(t, msgs)
+	for _, id := range want {
+		require.GreaterOrEqual(t, n[id.String()], 1, "message %s lost", id)
+	}
+	for _, id := range append(direct, delayed, bad, big, badTopic) {
+		require.Zero(t, n[id.String()], "message %s must not be published", id)
+	}
+	require.Len(t, n, len(want), "only the relay rows are published")
+
+	// Commit order: one key, one partition; the first copy of each
+	// sequence number comes in increasing order.
+	seen := map[string]bool{}
+	last := 0
+	for _, m := range msgs {
+		id, _ := header(m, store.HeaderMessageID)
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		s, err := strconv.Atoi(string(m.Value))
+		require.NoError(t, err)
+		require.Greater(t, s, last, "message %d published after %d", s, last)
+		last = s
+	}
+
+	var status, lastErr string
+	require.NoError(t, e.pool.QueryRow(e.ctx, `SELECT status, last_error FROM cdc.outbox WHERE id = $1`, bad).Scan(&status, &lastErr))
+	require.Equal(t, "dead", status)
+	require.Contains(t, lastErr, relay.CodeMalformedHeaders)
+	for id, code := range map[uuid.UUID]string{big: relay.CodeTooLarge, badTopic: relay.CodeInvalidTopic} {
+		require.NoError(t, e.pool.QueryRow(e.ctx, `SELECT status, last_error FROM cdc.outbox WHERE id = $1`, id).Scan(&status, &lastErr))
+		require.Equal(t, "dead", status, "row %s", id)
+		require.Contains(t, lastErr, code)
+	}
+	require.NoError(t, e.pool.QueryRow(e.ctx, `SELECT status FROM cdc.outbox WHERE id = $1`, delayed).Scan(&status))
+	require.Equal(t, "pending", status, "a delayed row is left to the polling relay")
+	t.Logf("%d rows, %d messages read (%d duplicates), 0 lost", len(want), len(msgs), len(msgs)-len(want))
+}
