@@ -143,6 +143,17 @@
 // claimed it, so without crashes every row is published once. Keep them
 // few: claimers that step over each other's locks slow each other down.
 //
+// # The log-based relay
+//
+// [LogicalRelay] reads the outbox's relay inserts from a pgoutput
+// replication slot instead of claiming them, publishes each committed
+// transaction through the same [Writer], message building and dead-letter
+// codes, marks it published, and only then confirms the slot. It needs
+// wal_level=logical, a slot, a publication with a row filter and the
+// REPLICATION privilege ([LogicalRelay.Setup] creates the publication and
+// the slot); rows due later and requeued rows are left to a polling relay.
+// See docs/relays.md.
+//
 // # Waking up
 //
 // A running relay looks for due rows after every cycle that filled its
