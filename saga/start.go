@@ -36,7 +36,7 @@ type StartOpts struct {
 	// concurrency limit ([Definition.WithConcurrency]): while the key has as
 	// many running sagas as the limit, the saga waits, in start order, and
 	// its first step runs once one of them ends. At most
-	// [safetext.MaxKeyBytes] bytes of valid UTF-8 without NUL. Setting it for
+	// [github.com/sagaflow/sagaflow/wire.MaxKeyBytes] bytes of valid UTF-8 without NUL. Setting it for
 	// a definition without a limit is an error.
 	ConcurrencyKey string
 	// NoWait makes a start whose ConcurrencyKey is at its limit fail with an
