@@ -183,3 +183,9 @@ CREATE TRIGGER saga_concurrency_delete AFTER DELETE ON {{schema}}.saga_instances
     FOR EACH ROW
     WHEN (OLD.concurrency_key IS NOT NULL AND OLD.status IN ('running', 'compensating'))
     EXECUTE FUNCTION {{schema}}.saga_concurrency_trigger();
+
+-- Listing a key's sagas (ListOpts.ConcurrencyKey, `sagaflow list
+-- --concurrency-key`) finds them by this index, newest first, as the other
+-- list filters do; sagas without a key are not in it.
+CREATE INDEX saga_instances_concurrency_key ON {{schema}}.saga_instances (concurrency_key, created_at DESC, id DESC)
+    WHERE concurrency_key IS NOT NULL;

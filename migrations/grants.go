@@ -24,7 +24,7 @@ import (
 //   - SELECT on the migrations table, which Engine.Start checks.
 //
 // Advisory locks, LISTEN and NOTIFY need no grant. Identity columns
-// (saga_history.id, dead_letters.id) need none either.
+// (saga_history.id, dead_letters.id, saga_signals.seq) need none either.
 func Grants(schema, role string) (string, error) {
 	if err := ValidateSchema(schema); err != nil {
 		return "", err
@@ -35,7 +35,7 @@ func Grants(schema, role string) (string, error) {
 	s, r := QuoteSchema(schema), pgx.Identifier{role}.Sanitize()
 	return fmt.Sprintf(`GRANT USAGE ON SCHEMA %[1]s TO %[2]s;
 GRANT SELECT, INSERT, UPDATE, DELETE ON %[1]s.saga_instances, %[1]s.saga_history, %[1]s.saga_cancel_requests,
-	%[1]s.outbox, %[1]s.inbox, %[1]s.dead_letters, %[1]s.idempotency_keys TO %[2]s;
+	%[1]s.outbox, %[1]s.inbox, %[1]s.dead_letters, %[1]s.idempotency_keys, %[1]s.saga_signals TO %[2]s;
 GRANT SELECT ON %[1]s.sagaflow_migrations TO %[2]s;
 GRANT SELECT, INSERT, UPDATE, DELETE ON %[1]s.saga_concurrency_keys, %[1]s.saga_concurrency_queue TO %[2]s;
 `, s, r), nil
