@@ -33,12 +33,12 @@ func TestPivotRegistrationRules(t *testing.T) {
 		steps []saga.Step[st]
 		name  string
 	}{
-		"two pivots": {[]saga.Step[st]{{Name: "p1", Action: noop, Pivot: true}, {Name: "p2bad", Action: noop, Pivot: true}}, "p2bad"},
-		"pivot with compensate": {[]saga.Step[st]{{Name: "pcomp", Action: noop, Pivot: true, Compensate: noop}}, "pcomp"},
+		"two pivots":                {[]saga.Step[st]{{Name: "p1", Action: noop, Pivot: true}, {Name: "p2bad", Action: noop, Pivot: true}}, "p2bad"},
+		"pivot with compensate":     {[]saga.Step[st]{{Name: "pcomp", Action: noop, Pivot: true, Compensate: noop}}, "pcomp"},
 		"non-retriable after pivot": {[]saga.Step[st]{{Name: "p", Action: noop, Pivot: true}, {Name: "after1", Action: noop}}, "after1"},
 		"retriable with compensate": {[]saga.Step[st]{{Name: "p", Action: noop, Pivot: true}, {Name: "rcomp", Action: noop, Retriable: true, Compensate: noop}}, "rcomp"},
-		"retriable before pivot": {[]saga.Step[st]{{Name: "early", Action: noop, Retriable: true}, {Name: "p", Action: noop, Pivot: true}}, "early"},
-		"retriable without pivot": {[]saga.Step[st]{{Name: "a", Action: noop}, {Name: "lonely", Action: noop, Retriable: true}}, "lonely"},
+		"retriable before pivot":    {[]saga.Step[st]{{Name: "early", Action: noop, Retriable: true}, {Name: "p", Action: noop, Pivot: true}}, "early"},
+		"retriable without pivot":   {[]saga.Step[st]{{Name: "a", Action: noop}, {Name: "lonely", Action: noop, Retriable: true}}, "lonely"},
 	}
 	for label, c := range cases {
 		e, err := saga.New(pool, &saga.Config{Schema: schema, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
