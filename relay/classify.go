@@ -51,6 +51,19 @@ func (c errorClass) String() string {
 // first, and only an error that carries no Kafka code is judged as a
 // connection error.
 func classify(err error) (errorClass, string) {
+	var pub *PublishError
+	if errors.As(err, &pub) {
+		switch {
+		case pub.Permanent:
+			if pub.Code == "" {
+				return classPermanent, CodeRejected
+			}
+			return classPermanent, pub.Code
+		case pub.Outage:
+			return classOutage, ""
+		}
+		return classRetry, ""
+	}
 	var tooLarge kafka.MessageTooLargeError
 	if errors.As(err, &tooLarge) {
 		// kafka-go refused it before sending: larger than the writer's

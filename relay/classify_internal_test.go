@@ -82,3 +82,24 @@ func TestClassify(t *testing.T) {
 	var ne net.Error
 	require.ErrorAs(t, wrap(kafka.InvalidTopic), &ne)
 }
+
+// TestClassifyPublishError: a non-Kafka writer's own verdict decides, even
+// wrapped, and a permanent one without a code parks as rejected.
+func TestClassifyPublishError(t *testing.T) {
+	cases := []struct {
+		err   error
+		class errorClass
+		code  string
+	}{
+		{&PublishError{Permanent: true, Code: "http_410", Err: errors.New("gone")}, classPermanent, "http_410"},
+		{fmt.Errorf("wrapped: %w", &PublishError{Permanent: true, Err: errors.New("x")}), classPermanent, CodeRejected},
+		{&PublishError{Outage: true, Err: errors.New("503")}, classOutage, ""},
+		{&PublishError{Err: io.EOF}, classRetry, ""}, // its verdict wins over the EOF inside
+	}
+	for _, c := range cases {
+		class, code := classify(c.err)
+		if class != c.class || code != c.code {
+			t.Errorf("classify(%v) = %v %q, want %v %q", c.err, class, code, c.class, c.code)
+		}
+	}
+}
