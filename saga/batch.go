@@ -280,6 +280,11 @@ func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, derr 
 			return err
 		}
 	}
+	if ls.Paused && (c.Type == wakeType || c.Type == commandType) && !Status(ls.Status).Terminal() {
+		// Paused since the command was written: it waits for the pause to
+		// be lifted (see [Engine.Pause]).
+		return b.hold(ctx, c, ls)
+	}
 	if c.Type == wakeType {
 		b.delivered = append(b.delivered, c.ID)
 		return b.wake(b.traceWake(ctx, c, &ls.Saga), ls, def, last)

@@ -1,6 +1,10 @@
 package saga
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/sagaflow/sagaflow/internal/store"
+)
 
 func TestMachineRefuses(t *testing.T) {
 	t.Parallel()
@@ -18,5 +22,12 @@ func TestMachineRefuses(t *testing.T) {
 		if got := (machine{}).refuses(c.running, c.waiting, c.limit); got != c.want {
 			t.Errorf("refuses(%d, %d, %d) = %v, want %v", c.running, c.waiting, c.limit, got, c.want)
 		}
+	}
+}
+
+// The public pause codes are the ones the store writes.
+func TestPauseCodesMatchTheStore(t *testing.T) {
+	if PauseCodeOperator != store.PauseCodeOperator || PauseCodeExhausted != store.PauseCodeExhausted {
+		t.Fatalf("pause codes differ: %q/%q vs %q/%q", PauseCodeOperator, PauseCodeExhausted, store.PauseCodeOperator, store.PauseCodeExhausted)
 	}
 }

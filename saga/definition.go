@@ -160,6 +160,14 @@ type Step[S any] struct {
 	// resume; it is still not compensated. Every step after the pivot must
 	// be Retriable, without Compensate.
 	Retriable bool
+	// PauseWhenExhausted pauses the saga for an operator when Action's
+	// retries are spent (Retry.MaxAttempts attempts failed with errors that
+	// are not permanent), instead of compensating; for a Retriable step,
+	// instead of retrying on. The saga keeps its position and records the
+	// last error; [Engine.Resume] runs the step again with its attempts
+	// counted afresh. A permanent error still compensates (or, after the
+	// pivot, fails the saga). See "Pause" in the package documentation.
+	PauseWhenExhausted bool
 }
 
 // Definition is a typed saga: a name and ordered steps over the state S,
@@ -236,6 +244,7 @@ type compiledStep struct {
 	timeout        time.Duration
 	wait           *compiledWait // set for a step that waits
 	retriable      bool          // after the pivot: retried until it succeeds, never compensated
+	pauseExhausted bool          // pause the saga, not compensate, when its retries are spent
 }
 
 // remote reports whether step i runs in direction dir as a call to another
@@ -404,7 +413,7 @@ func (d *Definition[S]) compile() (*compiled, error) {
 			return nil, err
 		}
 		cs := compiledStep{name: s.Name, hasCompensate: s.Compensate != nil, retry: retry, compensateWith: comp, timeout: timeout,
-			retriable: s.Retriable}
+			retriable: s.Retriable, pauseExhausted: s.PauseWhenExhausted}
 		if s.Remote != nil {
 			cs.remoteTopic, cs.remoteType, cs.remoteCompType = s.Remote.Topic, s.Remote.Type, s.Remote.CompensateType
 			cs.hasCompensate = cs.hasCompensate || s.Remote.CompensateType != ""

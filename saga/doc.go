@@ -229,6 +229,35 @@
 // never interrupts the running step; a saga deadline that passes after the
 // pivot is cleared ([EventDeadlineCleared]).
 //
+// # Pause
+//
+// [Engine.Pause] pauses one saga that has not ended, [Engine.PauseType] every
+// saga of a type (including those started while the pause lasts). A paused
+// saga starts no new step, compensation, retry, timer or signal delivery; a
+// step that runs when the pause commits finishes and records its outcome,
+// and the command it writes next waits. [Engine.Resume] (or
+// [Engine.ResumeType]) lifts the pause: each held command becomes due when
+// it was due before, or at once when that time has passed, so a timer that
+// fell due during the pause fires once, after it. A pause is a row in the
+// database, not a status: [Instance.Paused] shows it, [ListOpts.Paused]
+// finds paused sagas, a cancel of a paused saga is recorded and compensates
+// after the resume, the rescuer leaves paused sagas alone (their deadline
+// starts again at resume), and the saga deadline does not fire during a
+// pause. A saga that ends is no longer paused.
+//
+// How it holds: the step commands of a paused saga wait in the outbox, due
+// at 'infinity' (a trigger holds those written during the pause), and an
+// engine that claims one (a command that escaped the hold by racing the
+// pause, or one consumed from Kafka in Kafka mode) writes it back held
+// instead of running it. Other sagas, of this type or any other, are not
+// held back.
+//
+// A step with [Step.PauseWhenExhausted] pauses its saga, instead of
+// compensating (or, if Retriable, instead of retrying on), when its
+// retries are spent: the on-call engineer decides. The saga keeps its
+// position and last error ([PauseCodeExhausted]); Resume runs the step again
+// with its attempts counted afresh. A permanent error still compensates.
+//
 // # Kafka, remote steps, and the two modes
 //
 // With [Config.Kafka] set, the engine reaches other services over Kafka. In
@@ -292,7 +321,8 @@
 // [Engine.Get] returns a saga with its timeline in database time,
 // [Engine.List] filters and pages through sagas, [Engine.Cancel]
 // compensates a running saga, interrupting its running step
-// ([Engine.RequestCancel] from a tool that does not know the definition).
+// ([Engine.RequestCancel] from a tool that does not know the definition),
+// and [Engine.Pause] holds one (see "Pause").
 // [Engine.DeadMessages], [Engine.DeadLetters] and [Engine.RequeueDead] list
 // and send again what was parked. Once the cause of a failure is fixed,
 // [Engine.Resume] restarts a failed saga where it failed, [Engine.Rerun]

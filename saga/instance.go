@@ -129,6 +129,9 @@ type Instance struct {
 	// Concurrency is the saga's place under its concurrency key
 	// ([StartOpts.ConcurrencyKey]), nil when it was started without one.
 	Concurrency *ConcurrencyInfo `json:"concurrency,omitempty"`
+	// Paused says why the saga is paused ([Engine.Pause],
+	// [Engine.PauseType], Step.PauseWhenExhausted), nil when it is not.
+	Paused *PauseInfo `json:"paused,omitempty"`
 	// History is the timeline, oldest first. Filled by [Engine.Get], empty
 	// in [Engine.List] results.
 	History []Event `json:"history,omitempty"`
@@ -208,6 +211,9 @@ func (e *Engine) Get(ctx context.Context, id uuid.UUID) (*Instance, error) {
 	if err := e.fillConcurrency(ctx, one); err != nil {
 		return nil, err
 	}
+	if err := e.fillPauses(ctx, one); err != nil {
+		return nil, err
+	}
 	in := one[0]
 	in.History = make([]Event, 0, len(hist))
 	for _, h := range hist {
@@ -247,6 +253,9 @@ type ListOpts struct {
 	ConcurrencyKey string
 	// Queued keeps only sagas waiting for a slot of their concurrency key.
 	Queued bool
+	// Paused keeps only sagas that have not ended and are paused, on their
+	// own ([Engine.Pause]) or with their type ([Engine.PauseType]).
+	Paused bool
 	// Cursor continues a previous listing: pass its NextCursor.
 	Cursor string
 	// Limit is the page size. Defaults to ListLimitDefault; at most
@@ -286,7 +295,7 @@ func (e *Engine) List(ctx context.Context, opts *ListOpts) (*ListResult, error) 
 	f := store.ListFilter{Name: o.Name, BusinessKey: o.BusinessKey, CreatedAfter: o.CreatedAfter,
 		CreatedBefore: o.CreatedBefore, EndedAfter: o.EndedAfter, EndedBefore: o.EndedBefore,
 		FailedStep: o.FailedStep, ErrorCode: o.ErrorCode, Waiting: o.Waiting, Cursor: o.Cursor, Limit: o.Limit,
-		ConcurrencyKey: o.ConcurrencyKey, Queued: o.Queued}
+		ConcurrencyKey: o.ConcurrencyKey, Queued: o.Queued, Paused: o.Paused}
 	for _, s := range o.Statuses {
 		f.Statuses = append(f.Statuses, string(s))
 	}
@@ -299,6 +308,9 @@ func (e *Engine) List(ctx context.Context, opts *ListOpts) (*ListResult, error) 
 		res.Sagas = append(res.Sagas, instanceFrom(&rows[i]))
 	}
 	if err := e.fillConcurrency(ctx, res.Sagas); err != nil {
+		return nil, err
+	}
+	if err := e.fillPauses(ctx, res.Sagas); err != nil {
 		return nil, err
 	}
 	return res, nil

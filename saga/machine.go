@@ -246,7 +246,11 @@ func (m machine) failure(sg *store.Saga, def *compiled, idx int, dir steps.Direc
 	// A retriable step, after the pivot, has no attempt limit: it runs
 	// until it succeeds or fails for good.
 	retriable := dir == steps.Forward && def.steps[idx].retriable
-	retryable := !steps.IsPermanent(herr) && de == nil && (attempt < policy.MaxAttempts || retriable)
+	transient := !steps.IsPermanent(herr) && de == nil
+	if transient && dir == steps.Forward && def.steps[idx].pauseExhausted && attempt >= policy.MaxAttempts {
+		return m.pauseExhausted(d, sg, failed, attempt, policy.MaxAttempts, msg, code, extra, elapsed)
+	}
+	retryable := transient && (attempt < policy.MaxAttempts || retriable)
 	if retryable {
 		delay := policy.Backoff(attempt)
 		if errors.As(herr, &ra) {
@@ -279,6 +283,28 @@ func (m machine) failure(sg *store.Saga, def *compiled, idx int, dir steps.Direc
 		return d
 	}
 	m.startCompensation(&d, sg, def, idx)
+	return d
+}
+
+// pauseExhausted is the decision for a step that asked to pause when its
+// retries ran out (Step.PauseWhenExhausted), after attempt failed: the saga
+// pauses at the step, whose command is written held, with its attempts
+// counted afresh for when an operator resumes it.
+func (m machine) pauseExhausted(d decision, sg *store.Saga, failed store.HistoryEntry, attempt, max int, msg, code string,
+	extra map[string]any, elapsed time.Duration) decision {
+	tr := d.tr
+	extra["paused"] = true
+	failed.Detail = durationDetail(elapsed, extra)
+	reason := fmt.Sprintf("step %q failed %d times (Retry.MaxAttempts %d); last error: %s", sg.StepName, attempt, max, msg)
+	detail, _ := json.Marshal(map[string]string{"reason": reason})
+	tr.History = append(tr.History, failed, store.HistoryEntry{SagaID: sg.ID, Event: EventSagaPaused, StepName: sg.StepName,
+		Direction: string(steps.Forward), Epoch: sg.Epoch, Attempt: attempt, Error: msg, ErrorCode: store.PauseCodeExhausted, Detail: detail})
+	tr.Attempt = 0
+	tr.LastError, tr.LastErrorCode = &msg, &code
+	step := sg.StepName
+	tr.Pause = &store.Pause{Kind: store.PauseSaga, SagaName: sg.Name, Code: store.PauseCodeExhausted, Reason: reason, StepName: &step}
+	d.next = &nextCommand{step: sg.StepName, dir: steps.Forward, epoch: sg.Epoch}
+	d.retry = true
 	return d
 }
 

@@ -29,9 +29,38 @@ import (
 // failed compensating gets back, as its last error, what made it compensate
 // (a step's failure, a cancel), as it had before the compensation failed.
 //
+// Resume also lifts the pause of a paused saga ([Engine.Pause], or a step's
+// Step.PauseWhenExhausted): it continues where it paused, each held command
+// due when it was due before, or now when that has passed; a step that
+// paused runs again with its attempts counted afresh. A saga whose type is
+// paused ([Engine.PauseType]) stays held until [Engine.ResumeType].
+//
 // Resume needs no definition: an operator tool can call it on an engine
 // that registered none; an engine that knows the saga runs it.
 func (e *Engine) Resume(ctx context.Context, id uuid.UUID, reason string) error {
+	if err := e.ready("resume"); err != nil {
+		return err
+	}
+	lifted := false
+	err := pgx.BeginTxFunc(ctx, e.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		// Not the row lock: a step that ran when the saga was paused may
+		// still run, and holds it.
+		sg, err := e.st.GetSaga(ctx, tx, id, false)
+		if errors.Is(err, store.ErrNotFound) {
+			return ErrNotFound
+		}
+		if err != nil {
+			return err
+		}
+		lifted, err = e.unpause(ctx, tx, sg, safetext.Text(reason, maxReasonBytes))
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("saga: resume %s: %w", id, err)
+	}
+	if lifted {
+		return nil // a paused saga has not ended: there is nothing to replay
+	}
 	return e.resume(ctx, id, reason, 0)
 }
 

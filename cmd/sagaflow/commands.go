@@ -59,6 +59,19 @@ func commands() []command {
 			about: "Cancel a running saga: its completed steps are compensated in reverse order. The CLI knows\n" +
 				"no saga definitions, so it records a cancel request that an engine which knows the saga\n" +
 				"carries out. A saga that is compensating or has ended cannot be cancelled (exit code 1)."},
+		{name: "pause", args: "<id> | --type NAME [--reason R]", setup: setupPause,
+			summary: "pause a saga, or every saga of a type: no new step starts",
+			about: "Pause a saga that has not ended, or with --type every saga of that name (and those started\n" +
+				"while the pause lasts): a step that runs finishes, and no new step, compensation, retry, timer\n" +
+				"or signal delivery starts until unpause. Pausing a paused saga changes nothing. A saga that has\n" +
+				"ended cannot be paused (exit code 1)."},
+		{name: "unpause", args: "<id> | --type NAME [--reason R]", setup: setupUnpause,
+			summary: "lift a pause: the saga continues where it paused",
+			about: "Lift the pause of a saga (set by pause, or by a step whose retries ran out and that asks to\n" +
+				"pause), or with --type of every saga of that name: each held command is due when it was due\n" +
+				"before, or now when that has passed; a step that paused runs again with its attempts counted\n" +
+				"afresh. A saga paused on its own stays paused when its type's pause is lifted. A saga that is\n" +
+				"not paused is refused (exit code 1)."},
 		{name: "signal", args: "<id> <signal> | --saga NAME --key K <signal> [--payload JSON] [--id ID]", setup: setupSignal,
 			summary: "send a signal to a saga, for a step that awaits it",
 			about: "Send a signal to a saga, addressed by its id or by its name and business key: a step that\n" +

@@ -29,6 +29,7 @@ func setupList(fs *flag.FlagSet) runFunc {
 	fs.BoolVar(&f.opts.Waiting, "waiting", false, "only sagas that wait for a timer, a signal or a child saga")
 	fs.StringVar(&f.opts.ConcurrencyKey, "concurrency-key", "", "only sagas started with this concurrency `key`")
 	fs.BoolVar(&f.opts.Queued, "queued", false, "only sagas waiting for a slot of their concurrency key")
+	fs.BoolVar(&f.opts.Paused, "paused", false, "only sagas that are paused, on their own or with their type")
 	fs.IntVar(&f.opts.Limit, "limit", 0, fmt.Sprintf("page size, `n` (default %d, at most %d)", saga.ListLimitDefault, saga.ListLimitMax))
 	fs.StringVar(&f.opts.Cursor, "cursor", "", "continue a previous listing from its next-page `cursor`")
 	return func(ctx context.Context, c *cli, args []string) error {

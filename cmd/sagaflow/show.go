@@ -99,6 +99,17 @@ func printSaga(w io.Writer, in *saga.Instance, sigs []saga.SignalInfo) {
 	if in.Concurrency != nil {
 		row("concurrency key", formatConcurrency(in.Concurrency))
 	}
+	if p := in.Paused; p != nil {
+		by := "this saga"
+		if p.Type {
+			by = "its type"
+		}
+		at := ""
+		if p.Step != "" {
+			at = " at step " + cell(p.Step)
+		}
+		row("paused", fmt.Sprintf("since %s, %s%s (%s): %s", formatTime(p.At), by, at, cell(p.Code), oneLine(p.Reason, 500)))
+	}
 	row("deadline", formatTimePtr(in.Deadline))
 	if in.ParentID != nil {
 		row("parent", in.ParentID.String())

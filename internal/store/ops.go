@@ -29,8 +29,9 @@ func newOpsStatements(s string) opsStatements {
 					THEN 'in_flight' ELSE o.status END
 					FROM ` + s + `.outbox o WHERE o.id = s.command_id),
 				EXTRACT(EPOCH FROM now() - s.next_check_at)
-			FROM (SELECT * FROM ` + s + `.saga_instances
+			FROM (SELECT * FROM ` + s + `.saga_instances s
 				WHERE status IN ('running', 'compensating') AND next_check_at < now() AND saga_name = ANY($1)
+					AND NOT ` + pausedSQL(s) + `
 				ORDER BY next_check_at LIMIT $2) s`,
 		extendDeadline: `UPDATE ` + s + `.saga_instances SET next_check_at = clock_timestamp() + $3 * interval '1 microsecond'
 			WHERE id = $1 AND version = $2`,

@@ -171,6 +171,9 @@ type LockedSaga struct {
 	Processed bool
 	// CancelRequest is the saga's pending cancel request, or nil.
 	CancelRequest *CancelRequest
+	// Paused is true while the saga, or its type, is paused (see
+	// [Store.InsertPause]): its step commands must be held, not run.
+	Paused bool
 }
 
 // CancelRequest is a durable request to cancel a saga, recorded by
@@ -249,6 +252,10 @@ type Transition struct {
 	DeliverSignal int64
 	DeliverStep   string
 	RejectSignal  string
+	// Pause, when set, pauses the saga (kind PauseSaga) with the
+	// transition, before its messages are written: its next command is
+	// written held (a step that asked to pause when its retries ran out).
+	Pause *Pause
 	// CancelChild, when set, records a cancel request for a child saga
 	// that the saga no longer waits for (the caller adds, to Messages, a
 	// command that makes an engine look at it).
@@ -392,7 +399,8 @@ func New(schema string) (*Store, error) {
 		claimAndLock: `SELECT c.id, c.aggregatetype, c.type, c.payload, c.saga_id, c.attempts, EXTRACT(EPOCH FROM now() - c.created_at),
 				` + prefixColumns("s.") + `, pg_try_advisory_xact_lock(hashtextextended(s.id::text, $5)),
 				c.step_key, (SELECT true FROM ` + s + `.inbox i WHERE i.consumer = $6 AND i.key = c.step_key LIMIT 1) IS NOT NULL,
-				r.epoch, r.reason, r.code, coalesce(c.headers->>'traceparent', ''), coalesce(c.headers->>'tracestate', '')
+				r.epoch, r.reason, r.code, coalesce(c.headers->>'traceparent', ''), coalesce(c.headers->>'tracestate', ''),
+				s.id IS NOT NULL AND ` + pausedSQL(s) + `
 			FROM (SELECT id, aggregatetype, type, payload, saga_id, attempts, created_at, available_at, step_key, headers
 				FROM ` + s + `.outbox
 				WHERE topic = $1 AND delivery = 'direct' AND status = 'pending' AND available_at <= now()
@@ -412,7 +420,7 @@ func New(schema string) (*Store, error) {
 		// of every key of the consumer when statistics are stale.
 		lockSagas: `SELECT ` + prefixColumns("s.") + `, pg_try_advisory_xact_lock(hashtextextended(s.id::text, $2)),
 				(SELECT true FROM ` + s + `.inbox i WHERE i.consumer = $3 AND i.key = $4 LIMIT 1) IS NOT NULL,
-				r.epoch, r.reason, r.code
+				r.epoch, r.reason, r.code, ` + pausedSQL(s) + `
 			FROM ` + s + `.saga_instances s
 			LEFT JOIN ` + s + `.saga_cancel_requests r ON r.saga_id = s.id
 			WHERE s.id = ANY($1) ORDER BY s.id`,
@@ -756,9 +764,10 @@ func (s *Store) ClaimAndLock(ctx context.Context, tx pgx.Tx, topic string, limit
 		var processed bool
 		var cancelEpoch *int
 		var cancelReason, cancelCode *string
+		var paused bool
 		n = nullSaga{} // pgx fills the pointees it finds: never share them between rows
 		args := append([]any{(*[16]byte)(&c.ID), &c.AggregateType, &c.Type, &c.Payload, &sagaID, &c.Attempts, &age}, dest...)
-		if err := rows.Scan(append(args, &locked, &stepKey, &processed, &cancelEpoch, &cancelReason, &cancelCode, &c.TraceParent, &c.TraceState)...); err != nil {
+		if err := rows.Scan(append(args, &locked, &stepKey, &processed, &cancelEpoch, &cancelReason, &cancelCode, &c.TraceParent, &c.TraceState, &paused)...); err != nil {
 			return nil, nil, fmt.Errorf("store: claim commands on %s: %w", topic, err)
 		}
 		c.Age = time.Duration(age * float64(time.Second))
@@ -769,7 +778,8 @@ func (s *Store) ClaimAndLock(ctx context.Context, tx pgx.Tx, topic string, limit
 		}
 		ls := sagas[n.ID.Bytes]
 		if ls == nil {
-			ls = &LockedSaga{Saga: n.saga(), Locked: locked != nil && *locked, CancelRequest: cancelRequest(cancelEpoch, cancelReason, cancelCode)}
+			ls = &LockedSaga{Saga: n.saga(), Locked: locked != nil && *locked, CancelRequest: cancelRequest(cancelEpoch, cancelReason, cancelCode),
+				Paused: paused}
 			sagas[ls.ID] = ls
 		}
 		if processed && stepKey != nil && *stepKey == currentKey(&ls.Saga) {
@@ -838,7 +848,7 @@ func (s *Store) LockSagas(ctx context.Context, tx pgx.Tx, ids []uuid.UUID, stepK
 		ls := &LockedSaga{}
 		var cancelEpoch *int
 		var cancelReason, cancelCode *string
-		if err := rows.Scan(append(sagaDest(&ls.Saga), &ls.Locked, &ls.Processed, &cancelEpoch, &cancelReason, &cancelCode)...); err != nil {
+		if err := rows.Scan(append(sagaDest(&ls.Saga), &ls.Locked, &ls.Processed, &cancelEpoch, &cancelReason, &cancelCode, &ls.Paused)...); err != nil {
 			return nil, fmt.Errorf("store: lock sagas: %w", err)
 		}
 		ls.CancelRequest = cancelRequest(cancelEpoch, cancelReason, cancelCode)
@@ -923,6 +933,9 @@ func (s *Store) QueueTransition(b *pgx.Batch, t *Transition) *pgx.QueuedQuery {
 	}
 	if c := t.CancelChild; c != nil {
 		b.Queue(s.w.cancelChild, pgID(c.ID), c.Reason, c.Code, EventCancelRequested)
+	}
+	if p := t.Pause; p != nil {
+		b.Queue(s.insertSagaPauseSQL(), pgID(t.ID), p.SagaName, p.Code, p.Reason, p.StepName)
 	}
 	for i := range t.Messages {
 		b.Queue(s.q.insertOutbox, s.outboxArgs(&t.Messages[i])...)
@@ -1058,6 +1071,7 @@ type ListFilter struct {
 	// Concurrency keys (concurrency.go): sagas with this key; only waiting ones.
 	ConcurrencyKey string
 	Queued         bool
+	Paused         bool   // only sagas paused, by themselves or by their type
 	Cursor         string // from a previous page's NextCursor
 	Limit          int
 }
@@ -1102,6 +1116,11 @@ func (s *Store) ListSagas(ctx context.Context, db DBTX, f ListFilter) ([]Saga, s
 		where = append(where, "wait_kind IS NOT NULL")
 	}
 	where = s.concurrencyFilter(where, f, arg)
+	if f.Paused {
+		p := quoteSchema(s.schema) + ".saga_pauses"
+		where = append(where, "(status IN ('running', 'compensating') AND (id IN (SELECT saga_id FROM "+p+" WHERE kind = 'saga')"+
+			" OR saga_name IN (SELECT saga_name FROM "+p+" WHERE kind = 'type')))")
+	}
 	if f.Cursor != "" {
 		at, id, err := decodeCursor(f.Cursor)
 		if err != nil {

@@ -1,0 +1,225 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// This file holds the statements of pauses (migration 010). A pause is a
+// row of saga_pauses; while it exists, a trigger on the outbox holds every
+// step command of the paused sagas at 'infinity' (see 010_pause.up.sql).
+
+// Pause kinds and codes.
+const (
+	PauseSaga = "saga"
+	PauseType = "type"
+
+	PauseCodeOperator  = "operator"
+	PauseCodeExhausted = "retries_exhausted"
+)
+
+// Pause is a row of saga_pauses.
+type Pause struct {
+	Kind     string // PauseSaga or PauseType
+	SagaID   *uuid.UUID
+	SagaName string
+	Code     string
+	Reason   string
+	StepName *string
+	At       time.Time
+}
+
+// heldRows is the predicate of the outbox rows a pause holds: a saga's step
+// commands (local and remote) and its wake-ups, still pending.
+const heldRows = `o.status = 'pending' AND o.saga_id IS NOT NULL AND (o.step_key IS NOT NULL OR o.type = 'sagaflow.wake')`
+
+// insertSagaPauseSQL pauses one saga, unless it is paused already.
+func (s *Store) insertSagaPauseSQL() string {
+	return `INSERT INTO ` + quoteSchema(s.schema) + `.saga_pauses (kind, saga_id, saga_name, code, reason, step_name)
+		VALUES ('saga', $1, $2, $3, $4, $5) ON CONFLICT (saga_id) WHERE kind = 'saga' DO NOTHING`
+}
+
+// HoldPaused writes m (a step command or wake-up consumed from Kafka for a
+// paused saga) back to the outbox, held until the pause is lifted.
+func (s *Store) HoldPaused(ctx context.Context, db DBTX, m *Message) error {
+	args := s.outboxArgs(m)
+	_, err := db.Exec(ctx, `INSERT INTO `+quoteSchema(s.schema)+`.outbox
+		(id, topic, delivery, aggregatetype, aggregateid, type, payload, headers, saga_id, step_key, created_at, available_at, paused_from)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, clock_timestamp(), 'infinity', clock_timestamp())`, args[:10]...)
+	if err != nil {
+		return fmt.Errorf("store: hold command of paused saga: %w", err)
+	}
+	return nil
+}
+
+// HoldClaimed holds the claimed direct command id of a paused saga where it
+// is, until the pause is lifted.
+func (s *Store) HoldClaimed(ctx context.Context, db DBTX, id uuid.UUID) error {
+	_, err := db.Exec(ctx, `UPDATE `+quoteSchema(s.schema)+`.outbox SET paused_from = clock_timestamp(), available_at = 'infinity'
+		WHERE id = $1`, pgID(id))
+	if err != nil {
+		return fmt.Errorf("store: hold command of paused saga: %w", err)
+	}
+	return nil
+}
+
+// InsertPause records p in tx (the pause of saga p.SagaID, or of every
+// saga named p.SagaName) and holds the commands already written. It reports
+// false when the same pause was recorded already (then nothing changes).
+func (s *Store) InsertPause(ctx context.Context, tx pgx.Tx, p *Pause) (bool, error) {
+	q := quoteSchema(s.schema)
+	conflict := `(saga_id) WHERE kind = 'saga'`
+	if p.Kind == PauseType {
+		conflict = `(saga_name) WHERE kind = 'type'`
+	}
+	var inserted bool
+	err := tx.QueryRow(ctx, `INSERT INTO `+q+`.saga_pauses (kind, saga_id, saga_name, code, reason, step_name)
+		VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT `+conflict+` DO NOTHING RETURNING true`,
+		p.Kind, pgIDPtr(p.SagaID), p.SagaName, p.Code, p.Reason, p.StepName).Scan(&inserted)
+	if err == pgx.ErrNoRows {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("store: pause: %w", err)
+	}
+	where := `o.saga_id = $1`
+	arg := any(pgIDPtr(p.SagaID))
+	if p.Kind == PauseType {
+		where, arg = `o.aggregatetype = 'saga.' || $1::text`, p.SagaName
+	}
+	// Rows claimed right now are skipped, not waited for: the step that
+	// claimed them runs on, and the engine holds a paused saga's command
+	// it claims (see LockedSaga.Paused).
+	if _, err := tx.Exec(ctx, `UPDATE `+q+`.outbox SET paused_from = available_at, available_at = 'infinity'
+		WHERE id IN (SELECT o.id FROM `+q+`.outbox o
+			WHERE `+where+` AND `+heldRows+` AND o.available_at <> 'infinity' FOR UPDATE SKIP LOCKED)`, arg); err != nil {
+		return false, fmt.Errorf("store: pause: hold commands: %w", err)
+	}
+	return true, nil
+}
+
+// DeletePause lifts the pause of saga id (kind PauseSaga) or of every saga
+// named name (PauseType) in tx, and makes the commands it held due when they
+// were due before (now, when that has passed), unless another pause still
+// holds them. It returns the pause lifted, or nil when there was none.
+func (s *Store) DeletePause(ctx context.Context, tx pgx.Tx, kind string, id *uuid.UUID, name string) (*Pause, error) {
+	q := quoteSchema(s.schema)
+	where, arg := `kind = 'saga' AND saga_id = $1`, any(pgIDPtr(id))
+	held := `o.saga_id = $1`
+	if kind == PauseType {
+		where, arg = `kind = 'type' AND saga_name = $1`, name
+		held = `o.aggregatetype = 'saga.' || $1::text`
+	}
+	p := &Pause{Kind: kind}
+	var sid [16]byte
+	var hasID bool
+	rows, err := tx.Query(ctx, `DELETE FROM `+q+`.saga_pauses WHERE `+where+`
+		RETURNING saga_id IS NOT NULL, coalesce(saga_id, '00000000-0000-0000-0000-000000000000'), saga_name, code, reason, step_name, paused_at`, arg)
+	if err != nil {
+		return nil, fmt.Errorf("store: resume pause: %w", err)
+	}
+	found := false
+	for rows.Next() {
+		found = true
+		if err := rows.Scan(&hasID, &sid, &p.SagaName, &p.Code, &p.Reason, &p.StepName, &p.At); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("store: resume pause: %w", err)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("store: resume pause: %w", err)
+	}
+	if !found {
+		return nil, nil
+	}
+	if hasID {
+		u := uuid.UUID(sid)
+		p.SagaID = &u
+	}
+	// The trigger holds again what another pause (of the saga, or of its
+	// type) still covers.
+	if _, err := tx.Exec(ctx, `UPDATE `+q+`.outbox o SET available_at = greatest(o.paused_from, clock_timestamp()), paused_from = NULL
+		WHERE `+held+` AND o.paused_from IS NOT NULL AND o.status = 'pending'`, arg); err != nil {
+		return nil, fmt.Errorf("store: resume pause: release commands: %w", err)
+	}
+	return p, nil
+}
+
+// Pauses returns the pauses that cover the sagas ids (their own, or their
+// type's), by saga id; a saga covered by both gets its own.
+func (s *Store) Pauses(ctx context.Context, db DBTX, ids []uuid.UUID) (map[uuid.UUID]*Pause, error) {
+	out := map[uuid.UUID]*Pause{}
+	if len(ids) == 0 {
+		return out, nil
+	}
+	q := quoteSchema(s.schema)
+	rows, err := db.Query(ctx, `SELECT s.id, p.kind, p.saga_name, p.code, p.reason, p.step_name, p.paused_at
+		FROM `+q+`.saga_instances s
+		JOIN `+q+`.saga_pauses p ON (p.kind = 'saga' AND p.saga_id = s.id) OR (p.kind = 'type' AND p.saga_name = s.saga_name)
+		WHERE s.id = ANY($1)
+		ORDER BY p.kind DESC`, pgIDs(ids)) // 'type' before 'saga': the saga's own pause wins
+	if err != nil {
+		return nil, fmt.Errorf("store: read pauses: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id [16]byte
+		p := &Pause{}
+		if err := rows.Scan(&id, &p.Kind, &p.SagaName, &p.Code, &p.Reason, &p.StepName, &p.At); err != nil {
+			return nil, fmt.Errorf("store: read pauses: %w", err)
+		}
+		u := uuid.UUID(id)
+		if p.Kind == PauseSaga {
+			p.SagaID = &u
+		}
+		out[u] = p
+	}
+	return out, rows.Err()
+}
+
+// TypePauses returns the saga types that are paused as a whole.
+func (s *Store) TypePauses(ctx context.Context, db DBTX) ([]Pause, error) {
+	rows, err := db.Query(ctx, `SELECT saga_name, code, reason, paused_at FROM `+quoteSchema(s.schema)+`.saga_pauses
+		WHERE kind = 'type' ORDER BY saga_name`)
+	if err != nil {
+		return nil, fmt.Errorf("store: read type pauses: %w", err)
+	}
+	defer rows.Close()
+	var out []Pause
+	for rows.Next() {
+		p := Pause{Kind: PauseType}
+		if err := rows.Scan(&p.SagaName, &p.Code, &p.Reason, &p.At); err != nil {
+			return nil, fmt.Errorf("store: read type pauses: %w", err)
+		}
+		out = append(out, p)
+	}
+	return out, rows.Err()
+}
+
+// pausedSQL is a condition, on a saga row aliased s, that is true while the
+// saga is paused (by itself or by its type).
+func pausedSQL(schema string) string {
+	return `EXISTS (SELECT 1 FROM ` + schema + `.saga_pauses p
+		WHERE (p.kind = 'saga' AND p.saga_id = s.id) OR (p.kind = 'type' AND p.saga_name = s.saga_name))`
+}
+
+// RestartDeadline moves the rescue deadline of saga id, if it has one, to
+// at least d from now: a saga whose pause is lifted is not rescued at once
+// for the time it spent paused. It does not wait for a step that runs (and
+// will set the deadline itself).
+func (s *Store) RestartDeadline(ctx context.Context, db DBTX, id uuid.UUID, d time.Duration) error {
+	q := quoteSchema(s.schema)
+	_, err := db.Exec(ctx, `UPDATE `+q+`.saga_instances
+		SET next_check_at = greatest(next_check_at, clock_timestamp() + $2 * interval '1 microsecond')
+		WHERE id = (SELECT id FROM `+q+`.saga_instances WHERE id = $1 FOR NO KEY UPDATE SKIP LOCKED)
+			AND next_check_at IS NOT NULL`, pgID(id), micros(d))
+	if err != nil {
+		return fmt.Errorf("store: restart deadline of saga %s: %w", id, err)
+	}
+	return nil
+}
