@@ -37,7 +37,8 @@ func Grants(schema, role string) (string, error) {
 GRANT SELECT, INSERT, UPDATE, DELETE ON %[1]s.saga_instances, %[1]s.saga_history, %[1]s.saga_cancel_requests,
 	%[1]s.outbox, %[1]s.inbox, %[1]s.dead_letters, %[1]s.idempotency_keys, %[1]s.saga_signals TO %[2]s;
 GRANT SELECT ON %[1]s.sagaflow_migrations TO %[2]s;
-GRANT SELECT, INSERT, UPDATE, DELETE ON %[1]s.saga_concurrency_keys, %[1]s.saga_concurrency_queue, %[1]s.saga_pauses TO %[2]s;
+GRANT SELECT, INSERT, UPDATE, DELETE ON %[1]s.saga_concurrency_keys, %[1]s.saga_concurrency_queue, %[1]s.saga_pauses,
+	%[1]s.saga_branches TO %[2]s;
 `, s, r), nil
 }
 

@@ -275,7 +275,9 @@ func (e *Engine) startChild(ctx context.Context, db store.DBTX, parent *store.Sa
 	}
 	o.ID = id
 	keyText := key.String()
-	st, err := e.startRaw(ctx, db, false, cdef, raw, o, &store.Saga{ParentID: &parent.ID, ParentName: &parent.Name, ParentKey: &keyText})
+	pv := max(parent.DefVersion, 1)
+	st, err := e.startRaw(ctx, db, false, cdef, raw, o, &store.Saga{ParentID: &parent.ID, ParentName: &parent.Name, ParentKey: &keyText,
+		ParentVersion: &pv})
 	switch {
 	case err == nil && st.ID != id:
 		return steps.Permanent(steps.WithCode(CodeChildStart, fmt.Errorf("start child saga %q: business key %q belongs to saga %s",
@@ -307,10 +309,10 @@ func (b *batch) wake(ctx context.Context, ls *store.LockedSaga, def *compiled, l
 // saga c asks to cancel look at the request: the child's name and first
 // step come from the definition of sg's step that waits for it.
 func (e *Engine) childCancel(sg *store.Saga, c *store.ChildCancel) (store.Message, bool) {
-	if def := e.lookupName(sg.Name); def != nil {
+	if def := e.lookup(sg); def != nil {
 		if idx, ok := def.byName[sg.StepName]; ok && def.steps[idx].wait != nil && def.steps[idx].wait.childName != "" {
 			w := def.steps[idx].wait
-			return e.nudgeAt(c.ID, w.childName, w.childFirst, steps.Forward, 0, 1, cancelType), true
+			return e.nudgeAt(c.ID, w.childName, w.childDef.Version(), w.childFirst, steps.Forward, 0, 1, cancelType), true
 		}
 	}
 	// Only a step that waits for a child names one; the request alone
@@ -330,7 +332,7 @@ func (e *Engine) parentWake(sg *store.Saga) (store.Message, bool) {
 			"saga_id", sg.ID.String(), "parent_key", safetext.Text(*sg.ParentKey, 300))
 		return store.Message{}, false
 	}
-	return e.nudgeAt(*sg.ParentID, *sg.ParentName, k.Step, k.Direction, k.Epoch, 1, wakeType), true
+	return e.nudgeAt(*sg.ParentID, *sg.ParentName, deref(sg.ParentVersion), k.Step, k.Direction, k.Epoch, 1, wakeType), true
 }
 
 // continueAt runs, in this batch, the step that the wait's end tr moved

@@ -117,7 +117,7 @@ func TestBadInputIsParkedAndTheWorkerKeepsServing(t *testing.T) {
 	// Every bad command is parked as dead with its reason, none deleted.
 	// Every bad command is parked as dead with its reason, none deleted.
 	require.Contains(t, reason(garbage), "malformed command: decode payload")
-	require.Contains(t, reason(wrongType), `message type "orders.created" is not "sagaflow.step", "sagaflow.cancel" or "sagaflow.wake"`)
+	require.Contains(t, reason(wrongType), `message type "orders.created" is not "sagaflow.step", "sagaflow.cancel", "sagaflow.wake" or "sagaflow.branch"`)
 	// A field this engine does not know is ignored (a newer engine may have
 	// added it): the command decodes, and is parked only because its row
 	// names no saga.

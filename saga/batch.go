@@ -42,6 +42,9 @@ type batch struct {
 	// fired, a signal was delivered, a child's end seen, a time limit
 	// passed).
 	waitEnded bool
+	// announce is how many more workers to wake after the commit (a
+	// parallel step's branches, one each).
+	announce int
 }
 
 // newBatch returns a batch in tx; msg is the Kafka message it runs, or nil
@@ -65,7 +68,11 @@ func (e *Engine) transition(sg *store.Saga, d decision) *store.Transition {
 		}
 	}
 	if c := d.next; c != nil {
-		d.tr.Messages = append(d.tr.Messages, e.commandMessage(sg.ID, sg.Name, c.step, c.dir, c.epoch, sg.Version+1, c.delay))
+		ver := sg.DefVersion
+		if d.tr.DefVersion != 0 {
+			ver = d.tr.DefVersion // a migration moves the saga to another version
+		}
+		d.tr.Messages = append(d.tr.Messages, e.commandMessage(sg.ID, sg.Name, ver, c.step, c.dir, c.epoch, sg.Version+1, c.delay))
 	}
 	stampAll(d.tr, sg.TraceContext)
 	return d.tr
@@ -79,6 +86,12 @@ type deferral struct {
 // runBatch claims up to BatchSize commands, runs their steps in one
 // transaction (each under its own savepoint) and commits once.
 func (e *Engine) runBatch(fetchCtx, ctx context.Context) (res batchResult, err error) {
+	return e.runBatchOn(fetchCtx, ctx, e.cfg.CommandTopic, e.cfg.BatchSize)
+}
+
+// runBatchOn claims up to limit commands of topic and runs them as
+// [Engine.runBatch] does.
+func (e *Engine) runBatchOn(fetchCtx, ctx context.Context, topic string, limit int) (res batchResult, err error) {
 	bt, err := e.beginBatch(fetchCtx, ctx)
 	if err != nil {
 		return res, err
@@ -87,7 +100,7 @@ func (e *Engine) runBatch(fetchCtx, ctx context.Context) (res batchResult, err e
 	// Claim, read the sagas and try their locks in one statement: the
 	// sagas are found by the rows' saga_id, which handle checks against the
 	// payload before it uses them.
-	claimed, sagas, err := e.st.ClaimAndLock(ctx, bt.tx, e.cfg.CommandTopic, e.cfg.BatchSize, e.knownAggregates(), e.cfg.UnknownSagaGrace)
+	claimed, sagas, err := e.st.ClaimAndLock(ctx, bt.tx, topic, limit, e.knownAggregates(), e.cfg.UnknownSagaGrace)
 	if err != nil {
 		return res, err
 	}
@@ -171,6 +184,9 @@ func (e *Engine) finish(ctx context.Context, b *batch) error {
 	if t.ready {
 		// Wakes direct workers, or the relay that publishes Kafka commands.
 		e.announce()
+		for range b.announce {
+			e.announce()
+		}
 	}
 	return nil
 }
@@ -242,7 +258,7 @@ func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, derr 
 	if ls.Name != cmd.Saga {
 		return b.park(ctx, c, &ls.ID, CodeMalformed, fmt.Sprintf("command names saga %q but saga %s is a %q", cmd.Saga, ls.ID, ls.Name))
 	}
-	def := e.lookupName(ls.Name)
+	def := e.lookup(&ls.Saga)
 	if def == nil {
 		_, err := b.unknown(ctx, c, &ls.ID, CodeUnknownSaga,
 			fmt.Sprintf("no definition named %q is registered with this engine (registered: %s)", ls.Name, e.registeredNames()))
@@ -267,6 +283,15 @@ func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, derr 
 			}
 			return err
 		}
+	}
+	if c.Type == branchType {
+		// A branch runs beside the others of its group (it holds its own
+		// lock, not the saga's): pause and cancel are applied by the
+		// saga's own commands, and a branch finds the group gone.
+		if ls.Paused && !Status(ls.Status).Terminal() {
+			return b.hold(ctx, c, ls)
+		}
+		return b.branch(b.traceStep(ctx, c, &ls.Saga, steps.Forward), c, cmd, ls, def, last)
 	}
 	if ls.CancelRequest == nil {
 		// A request recorded since the claim, heard of while earlier
@@ -346,8 +371,18 @@ func (b *batch) execute(ctx context.Context, sg *store.Saga, def *compiled, idx 
 	if def.steps[idx].wait != nil && dir == steps.Forward {
 		return b.await(ctx, sg, def, idx, key, sp, last, false)
 	}
+	if def.steps[idx].parallel != nil && dir == steps.Forward {
+		return b.enterGroup(ctx, sg, def, idx, sp, last)
+	}
 	attempt := sg.Attempt + 1
 	run := b.stepRun(sg, key, dir, attempt)
+	if def.steps[idx].parallel != nil {
+		// Compensating a parallel step undoes its completed branches.
+		var err error
+		if run.group, err = b.groupResults(ctx, sg, def, idx); err != nil {
+			return err
+		}
+	}
 	started := time.Now()
 	cancellable := dir == steps.Forward && !def.pastPivot(idx)
 	newState, herr := e.callHandler(ctx, b.tx, run, cancellable, def.steps[idx].timeout, func(ctx context.Context) ([]byte, error) {
@@ -446,7 +481,7 @@ func (b *batch) send(ctx context.Context, sg *store.Saga, def *compiled, idx int
 	id := uuid.Must(uuid.NewV7())
 	keyText := key.String()
 	msg := store.Message{
-		ID: id, Topic: topic, Delivery: store.DeliveryRelay, AggregateType: aggregateType(sg.Name),
+		ID: id, Topic: topic, Delivery: store.DeliveryRelay, AggregateType: aggregateType(sg.Name, sg.DefVersion),
 		AggregateID: sg.ID.String(), Type: typ, Payload: payload, SagaID: &sg.ID, StepKey: &keyText,
 		Headers: map[string]string{
 			wire.HeaderMessageID: id.String(), wire.HeaderType: typ, wire.HeaderSagaID: sg.ID.String(),
@@ -466,7 +501,7 @@ func (b *batch) reply(ctx context.Context, c *store.Claimed, ls *store.LockedSag
 	e := b.e
 	b.delivered = append(b.delivered, c.ID)
 	sg := &ls.Saga
-	def := e.lookupName(sg.Name)
+	def := e.lookup(sg)
 	idx, known := 0, false
 	if def != nil {
 		idx, known = def.byName[sg.StepName]

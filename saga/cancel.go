@@ -115,10 +115,10 @@ func (e *Engine) cancel(ctx context.Context, tx pgx.Tx, id uuid.UUID, reason, co
 	if Status(sg.Status) != StatusRunning {
 		return fmt.Errorf("saga: cancel %s: status is %s: %w", id, sg.Status, ErrNotRunning)
 	}
-	if apply && e.lookupName(sg.Name) == nil {
+	if apply && e.lookup(sg) == nil {
 		return fmt.Errorf("saga: cancel %s: %w: this engine does not know saga %q; use RequestCancel", id, ErrNotRegistered, sg.Name)
 	}
-	if def := e.lookupName(sg.Name); def != nil && steps.Direction(sg.Direction) == steps.Forward {
+	if def := e.lookup(sg); def != nil && steps.Direction(sg.Direction) == steps.Forward {
 		if idx, ok := def.byName[sg.StepName]; ok && def.pastPivot(idx) {
 			return fmt.Errorf("saga: cancel %s: %w: %s", id, ErrPastPivot, pastPivotRefusal(def))
 		}
@@ -172,7 +172,7 @@ func (e *Engine) applyCancelNow(ctx context.Context, tx pgx.Tx, id uuid.UUID) (b
 	if ls == nil || !ls.Locked || ls.CancelRequest == nil || Status(ls.Status) != StatusRunning {
 		return false, nil
 	}
-	def := e.lookupName(ls.Name)
+	def := e.lookup(&ls.Saga)
 	if def == nil {
 		return false, nil
 	}

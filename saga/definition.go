@@ -51,6 +51,10 @@ type StepRun struct {
 	Direction   steps.Direction
 	Epoch       int
 	Attempt     int // 1 for the first attempt
+
+	// group holds, for the compensation of a parallel step, the branches
+	// that completed, in the order of the definition.
+	group []branchResult
 }
 
 // IdempotencyKey returns Key as a string, ready for an Idempotency-Key header.
@@ -134,6 +138,9 @@ type Step[S any] struct {
 	// Wait, instead of Action, makes the step wait: for a time, a signal
 	// or a child saga (see [Wait]).
 	Wait *Wait[S]
+	// Parallel, instead of Action, makes the step a group of branches that
+	// run at once and join when all have completed (see [Parallel]).
+	Parallel *Parallel[S]
 	// Compensate undoes Action after a later step failed for good, or after
 	// the saga was cancelled. Optional: a step without one is skipped when
 	// compensating.
@@ -180,6 +187,8 @@ type Definition[S any] struct {
 	// concurrency is the limit of running sagas per concurrency key
 	// (concurrency.go); 0 for none.
 	concurrency int
+	// version is the definition's version (version.go); 0 means 1.
+	version int
 }
 
 // WithDeadline gives every saga of d a deadline: a saga that has not ended
@@ -210,13 +219,16 @@ func (d *Definition[S]) Name() string {
 // AnyDefinition is a [Definition] of any state type, as the engine holds it.
 type AnyDefinition interface {
 	Name() string
+	// Version is the definition's version (see [Definition.WithVersion]).
+	Version() int
 	compile() (*compiled, error)
 }
 
 // compiled is a definition as the executor uses it, without type parameters.
 type compiled struct {
-	name  string
-	steps []compiledStep
+	name    string
+	version int // at least 1
+	steps   []compiledStep
 	// pivot is the index of the pivot step, or -1.
 	pivot    int
 	byName   map[string]int
@@ -242,9 +254,10 @@ type compiledStep struct {
 	retry          RetryPolicy
 	compensateWith RetryPolicy
 	timeout        time.Duration
-	wait           *compiledWait // set for a step that waits
-	retriable      bool          // after the pivot: retried until it succeeds, never compensated
-	pauseExhausted bool          // pause the saga, not compensate, when its retries are spent
+	wait           *compiledWait     // set for a step that waits
+	parallel       *compiledParallel // set for a parallel step
+	retriable      bool              // after the pivot: retried until it succeeds, never compensated
+	pauseExhausted bool              // pause the saga, not compensate, when its retries are spent
 }
 
 // remote reports whether step i runs in direction dir as a call to another
@@ -353,7 +366,10 @@ func (d *Definition[S]) compile() (*compiled, error) {
 	if d.deadline < 0 {
 		return nil, fmt.Errorf("%w: saga %q has a negative deadline", ErrInvalidDefinition, d.name)
 	}
-	c := &compiled{name: d.name, byName: make(map[string]int, len(d.steps)), owner: d, deadline: d.deadline, concurrency: d.concurrency,
+	if d.version < 0 || d.version > VersionMax {
+		return nil, fmt.Errorf("%w: saga %q: version %d is outside 1..%d", ErrInvalidDefinition, d.name, d.version, VersionMax)
+	}
+	c := &compiled{name: d.name, version: max(d.version, 1), byName: make(map[string]int, len(d.steps)), owner: d, deadline: d.deadline, concurrency: d.concurrency,
 		pivot: -1}
 	encode := func(s *S) ([]byte, error) {
 		out, err := json.Marshal(s)
@@ -370,7 +386,7 @@ func (d *Definition[S]) compile() (*compiled, error) {
 			return nil, fmt.Errorf("%w: saga %q has two steps named %q", ErrInvalidDefinition, d.name, s.Name)
 		}
 		kinds := 0
-		for _, set := range []bool{s.Action != nil, s.Remote != nil, s.Wait != nil} {
+		for _, set := range []bool{s.Action != nil, s.Remote != nil, s.Wait != nil, s.Parallel != nil} {
 			if set {
 				kinds++
 			}
@@ -378,6 +394,10 @@ func (d *Definition[S]) compile() (*compiled, error) {
 		switch {
 		case kinds == 0:
 			return nil, fmt.Errorf("%w: saga %q step %q has no Action", ErrInvalidDefinition, d.name, s.Name)
+		case kinds > 1 && s.Parallel != nil:
+			return nil, fmt.Errorf("%w: saga %q step %q has Parallel and an Action, Remote or Wait: its branches are its work", ErrInvalidDefinition, d.name, s.Name)
+		case s.Parallel != nil && s.Compensate != nil:
+			return nil, fmt.Errorf("%w: saga %q step %q has Parallel and Compensate: give each branch its Compensate", ErrInvalidDefinition, d.name, s.Name)
 		case kinds > 1 && s.Wait != nil:
 			return nil, fmt.Errorf("%w: saga %q step %q has a Wait and an Action or Remote: a step waits, or acts", ErrInvalidDefinition, d.name, s.Name)
 		case s.Action != nil && s.Remote != nil:
@@ -417,6 +437,16 @@ func (d *Definition[S]) compile() (*compiled, error) {
 		if s.Remote != nil {
 			cs.remoteTopic, cs.remoteType, cs.remoteCompType = s.Remote.Topic, s.Remote.Type, s.Remote.CompensateType
 			cs.hasCompensate = cs.hasCompensate || s.Remote.CompensateType != ""
+		}
+		if s.Parallel != nil {
+			if s.Pivot || c.pivot >= 0 {
+				return nil, fmt.Errorf("%w: saga %q step %q: a parallel step cannot be the pivot or come after it", ErrInvalidDefinition, d.name, s.Name)
+			}
+			g, err := compileParallel(d.name, s.Name, s.Parallel)
+			if err != nil {
+				return nil, err
+			}
+			cs.parallel, cs.hasCompensate = g, g.hasCompensate()
 		}
 		if s.Wait != nil {
 			w, err := compileWait(d.name, s.Name, s.Wait, encode)
@@ -467,6 +497,12 @@ func (d *Definition[S]) compile() (*compiled, error) {
 		var state S
 		if err := json.Unmarshal(raw, &state); err != nil {
 			return nil, &stateDecodeError{err: err}
+		}
+		if p := d.steps[i].Parallel; p != nil {
+			if err := p.compensate(ctx, r, state); err != nil {
+				return nil, err
+			}
+			return raw, nil
 		}
 		fn := d.steps[i].Action
 		if dir == steps.Compensate {

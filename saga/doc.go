@@ -258,6 +258,30 @@
 // position and last error ([PauseCodeExhausted]); Resume runs the step again
 // with its attempts counted afresh. A permanent error still compensates.
 //
+// # Versions
+//
+// A definition has a version ([Definition.WithVersion]; 1 when never set),
+// and a saga runs to its end on the version it started with
+// ([Instance.DefinitionVersion]). During a deploy, register the old version
+// beside the new one: [Engine.Register] takes several versions of a name,
+// new sagas start on the version passed to [Start], and each saga's steps
+// run on its own version. An engine that lacks a saga's version does not
+// claim its commands: engines that have it run them, and nothing else waits
+// (after Config.UnknownSagaGrace with no such engine, the commands are
+// parked as for any saga no engine knows). [Engine.Versions] (the CLI's
+// `sagaflow versions`) counts the sagas on each version, so an old version
+// can be dropped once nothing runs on it.
+//
+// [MigrateSagas] moves in-flight sagas to another version instead: a typed
+// function of the old state and position gives the new ones, applied per
+// saga in one transaction (new state, position and version, the command of
+// the new position, the old position's pending commands deleted, a
+// saga_migrated history entry), with a dry run that computes the same moves
+// and writes nothing. A saga whose step runs at that moment, that waits for
+// a remote reply or a child saga, or that Map refuses is skipped with the
+// reason. The epoch is kept, so a step the saga completed under the same name
+// and direction is not run again ([SagaMove].KeyReused says so in advance).
+//
 // # Kafka, remote steps, and the two modes
 //
 // With [Config.Kafka] set, the engine reaches other services over Kafka. In

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -359,36 +360,54 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	if e.tel, err = newEngineTelemetry(e); err != nil {
 		return nil, fmt.Errorf("saga: telemetry: %w", err)
 	}
-	e.defs.Store(&registry{byName: map[string]*compiled{}, byOwner: map[any]*compiled{}})
+	e.defs.Store(&registry{byName: map[string]*compiled{}, byVersion: map[nameVersion]*compiled{}, byOwner: map[any]*compiled{}})
 	return e, nil
 }
 
 // registry is a snapshot of the definitions registered with an engine.
 // Nothing changes it once it is stored: Register makes a new one.
 type registry struct {
-	byName  map[string]*compiled
-	byOwner map[any]*compiled
-	known   []string // aggregatetype of the commands of registered sagas
-	names   []string // registered saga names, in the order of registration
+	// byName holds each name's newest registered version; byVersion every
+	// version.
+	byName    map[string]*compiled
+	byVersion map[nameVersion]*compiled
+	byOwner   map[any]*compiled
+	known     []string // aggregatetype of the commands of registered sagas
+	names     []string // registered saga names, in the order of registration
 	// maxTimeout is the longest timeout of any registered step.
 	maxTimeout time.Duration
+	// parallel is true when a registered saga has a parallel step.
+	parallel bool
 }
 
 // with returns a registry with defs added to r's.
 func (r *registry) with(defs []*compiled) *registry {
 	out := &registry{
 		byName: make(map[string]*compiled, len(r.byName)+len(defs)), byOwner: make(map[any]*compiled, len(r.byOwner)+len(defs)),
-		known: slices.Clone(r.known), names: slices.Clone(r.names), maxTimeout: r.maxTimeout,
+		byVersion: make(map[nameVersion]*compiled, len(r.byVersion)+len(defs)),
+		known:     slices.Clone(r.known), names: slices.Clone(r.names), maxTimeout: r.maxTimeout, parallel: r.parallel,
 	}
 	maps.Copy(out.byName, r.byName)
 	maps.Copy(out.byOwner, r.byOwner)
+	maps.Copy(out.byVersion, r.byVersion)
 	for _, c := range defs {
-		out.byName[c.name] = c
+		if old := out.byName[c.name]; old == nil {
+			out.names = append(out.names, c.name)
+			out.byName[c.name] = c
+		} else if c.version > old.version {
+			out.byName[c.name] = c
+		}
+		out.byVersion[nameVersion{c.name, c.version}] = c
 		out.byOwner[c.owner] = c
-		out.known = append(out.known, aggregateType(c.name))
-		out.names = append(out.names, c.name)
+		out.known = append(out.known, aggregateType(c.name, c.version))
 		for _, s := range c.steps {
 			out.maxTimeout = max(out.maxTimeout, s.timeout)
+			if s.parallel != nil {
+				out.parallel = true
+				for _, br := range s.parallel.branches {
+					out.maxTimeout = max(out.maxTimeout, br.timeout)
+				}
+			}
 		}
 	}
 	return out
@@ -411,7 +430,7 @@ func (e *Engine) Register(defs ...AnyDefinition) error {
 	}
 	reg := e.registered()
 	compiledDefs := make([]*compiled, 0, len(defs))
-	seen := map[string]bool{}
+	seen := map[nameVersion]bool{}
 	for _, d := range defs {
 		if d == nil {
 			return fmt.Errorf("%w: nil definition", ErrInvalidDefinition)
@@ -420,13 +439,17 @@ func (e *Engine) Register(defs ...AnyDefinition) error {
 		if err != nil {
 			return err
 		}
+		if c.hasParallel() && e.allKafka() {
+			return fmt.Errorf("%w: saga %q has a Parallel step, which needs the Postgres-only or hybrid mode (not KafkaConfig.AllSteps)", ErrInvalidDefinition, c.name)
+		}
 		if c.hasRemote() && e.cfg.Kafka == nil {
 			return fmt.Errorf("%w: saga %q has Remote steps, which need an engine with Kafka (Config.Kafka) to reach the participants", ErrInvalidDefinition, c.name)
 		}
-		if _, dup := reg.byName[c.name]; dup || seen[c.name] {
-			return fmt.Errorf("%w: a saga named %q is already registered", ErrInvalidDefinition, c.name)
+		nv := nameVersion{c.name, c.version}
+		if _, dup := reg.byVersion[nv]; dup || seen[nv] {
+			return fmt.Errorf("%w: a saga named %q is already registered at version %d", ErrInvalidDefinition, c.name, c.version)
 		}
-		seen[c.name] = true
+		seen[nv] = true
 		compiledDefs = append(compiledDefs, c)
 	}
 	e.defs.Store(reg.with(compiledDefs))
@@ -443,7 +466,14 @@ func (e *Engine) ready(op string) error {
 }
 
 // aggregateType is the outbox aggregatetype of a saga's commands.
-func aggregateType(name string) string { return "saga." + name }
+// At version 1 it is "saga.<name>", as before versions existed; at a later
+// version v "saga.<name>@v<v>" (see 011_versions.up.sql).
+func aggregateType(name string, version int) string {
+	if version <= 1 {
+		return "saga." + name
+	}
+	return "saga." + name + "@v" + strconv.Itoa(version)
+}
 
 func (e *Engine) registeredNameList() []string { return e.registered().names }
 
@@ -461,7 +491,11 @@ func (e *Engine) lookupOwner(owner any, name string) (*compiled, error) {
 	return c, nil
 }
 
-func (e *Engine) lookupName(name string) *compiled { return e.registered().byName[name] }
+// lookup returns the definition sg runs on: its name at its version, or nil
+// when this engine did not register that version.
+func (e *Engine) lookup(sg *store.Saga) *compiled {
+	return e.registered().byVersion[nameVersion{sg.Name, max(sg.DefVersion, 1)}]
+}
 
 func (e *Engine) registeredNames() string {
 	names := slices.Sorted(slices.Values(e.registered().names))
@@ -611,6 +645,14 @@ func (e *Engine) work(fetchCtx, workCtx context.Context, wake chan struct{}) {
 	failures := 0
 	for fetchCtx.Err() == nil {
 		res, err := e.runBatch(fetchCtx, workCtx)
+		if err == nil && e.registered().parallel {
+			// One branch of a parallel step per round, so that the
+			// branches of one saga run on several workers at once.
+			var br batchResult
+			br, err = e.runBatchOn(fetchCtx, workCtx, e.branchTopic(), 1)
+			res.claimed += br.claimed
+			res.readyCreated = res.readyCreated || br.readyCreated || br.claimed > 0
+		}
 		if err != nil {
 			if fetchCtx.Err() != nil {
 				return
@@ -632,6 +674,11 @@ func (e *Engine) work(fetchCtx, workCtx context.Context, wake chan struct{}) {
 		wait := e.cfg.PollInterval
 		if d, ok, err := e.st.NextDirectDue(fetchCtx, e.pool, e.cfg.CommandTopic, e.knownAggregates(), e.cfg.UnknownSagaGrace); err == nil && ok {
 			wait = min(wait, max(d, time.Millisecond))
+		}
+		if e.registered().parallel {
+			if d, ok, err := e.st.NextDirectDue(fetchCtx, e.pool, e.branchTopic(), e.knownAggregates(), e.cfg.UnknownSagaGrace); err == nil && ok {
+				wait = min(wait, max(d, time.Millisecond))
+			}
 		}
 		timer := time.NewTimer(wait)
 		select {

@@ -48,21 +48,24 @@ func (e *Engine) cancelMessage(sg *store.Saga) store.Message { return e.nudgeMes
 // makes an engine that knows sg look at it. It names the saga's position
 // when written, for the reader's sake; the engine goes by the saga's row.
 func (e *Engine) nudgeMessage(sg *store.Saga, typ string) store.Message {
-	return e.nudgeAt(sg.ID, sg.Name, sg.StepName, steps.Direction(sg.Direction), sg.Epoch, sg.Version, typ)
+	return e.nudgeAt(sg.ID, sg.Name, sg.DefVersion, sg.StepName, steps.Direction(sg.Direction), sg.Epoch, sg.Version, typ)
 }
 
-func (e *Engine) nudgeAt(id uuid.UUID, name, step string, dir steps.Direction, epoch int, version int64, typ string) store.Message {
+// nudgeAt builds a command of type typ for saga id of name at definition
+// version defVersion.
+func (e *Engine) nudgeAt(id uuid.UUID, name string, defVersion int, step string, dir steps.Direction, epoch int, version int64, typ string) store.Message {
 	m := e.engineMessage(wire.Command{SagaID: wire.UUID(id), Saga: name, Step: step, Direction: dir, Epoch: epoch,
-		Version: max(version, 1)}, typ)
+		Version: max(version, 1)}, defVersion, typ)
 	e.sign(&m)
 	return m
 }
 
 // commandMessage builds the outbox row of the command for a saga's step,
-// due after delay; it carries the step's key.
-func (e *Engine) commandMessage(sagaID uuid.UUID, name, step string, dir steps.Direction, epoch int, version int64, delay time.Duration) store.Message {
+// due after delay, for a saga at definition version defVersion; it carries
+// the step's key.
+func (e *Engine) commandMessage(sagaID uuid.UUID, name string, defVersion int, step string, dir steps.Direction, epoch int, version int64, delay time.Duration) store.Message {
 	c := wire.Command{SagaID: wire.UUID(sagaID), Saga: name, Step: step, Direction: dir, Epoch: epoch, Version: version}
-	m := e.engineMessage(c, commandType)
+	m := e.engineMessage(c, defVersion, commandType)
 	key := c.Key().String()
 	m.Headers[wire.HeaderStepKey] = key
 	m.StepKey, m.Delay = &key, delay
@@ -71,13 +74,14 @@ func (e *Engine) commandMessage(sagaID uuid.UUID, name, step string, dir steps.D
 }
 
 // engineMessage is the unsigned outbox row of an engine command of type typ
-// with payload c, on the saga type's command topic, keyed by saga id.
-func (e *Engine) engineMessage(c wire.Command, typ string) store.Message {
+// with payload c, on the saga type's command topic, keyed by saga id; its
+// aggregatetype names the saga's definition version defVersion.
+func (e *Engine) engineMessage(c wire.Command, defVersion int, typ string) store.Message {
 	id := uuid.UUID(c.SagaID)
 	mid := uuid.Must(uuid.NewV7())
 	return store.Message{
 		ID: mid, Topic: e.commandTopic(c.Saga), Delivery: e.commandDelivery(),
-		AggregateType: aggregateType(c.Saga), AggregateID: id.String(), Type: typ, Payload: wire.EncodeCommand(c),
+		AggregateType: aggregateType(c.Saga, defVersion), AggregateID: id.String(), Type: typ, Payload: wire.EncodeCommand(c),
 		Headers: map[string]string{wire.HeaderMessageID: mid.String(), wire.HeaderSagaID: id.String(), wire.HeaderType: typ},
 		SagaID:  &id,
 	}

@@ -112,12 +112,15 @@ type Instance struct {
 	Epoch       int             `json:"epoch"`
 	Attempt     int             `json:"attempt"` // failed attempts of the current step
 	State       json.RawMessage `json:"state"`
-	Version     int64           `json:"version"`
-	NextCheckAt *time.Time      `json:"next_check_at,omitempty"` // deadline of a running saga
-	LastError   *ErrorInfo      `json:"last_error,omitempty"`
-	CreatedAt   time.Time       `json:"created_at"`
-	UpdatedAt   time.Time       `json:"updated_at"`
-	EndedAt     *time.Time      `json:"ended_at,omitempty"`
+	Version     int64           `json:"version"` // the row's version, which fences every transition
+	// DefinitionVersion is the version of its definition the saga runs on
+	// ([Definition.WithVersion]).
+	DefinitionVersion int        `json:"definition_version"`
+	NextCheckAt       *time.Time `json:"next_check_at,omitempty"` // deadline of a running saga
+	LastError         *ErrorInfo `json:"last_error,omitempty"`
+	CreatedAt         time.Time  `json:"created_at"`
+	UpdatedAt         time.Time  `json:"updated_at"`
+	EndedAt           *time.Time `json:"ended_at,omitempty"`
 	// Wait says what the saga waits for at its step, nil when it does not
 	// wait.
 	Wait *WaitInfo `json:"wait,omitempty"`
@@ -161,7 +164,7 @@ func instanceFrom(sg *store.Saga) Instance {
 		ID: sg.ID, Name: sg.Name, Status: Status(sg.Status), Step: sg.StepName, StepIndex: sg.StepIndex,
 		Direction: steps.Direction(sg.Direction), Epoch: sg.Epoch, Attempt: sg.Attempt, State: sg.State,
 		Version: sg.Version, NextCheckAt: sg.NextCheckAt, CreatedAt: sg.CreatedAt, UpdatedAt: sg.UpdatedAt,
-		EndedAt: sg.EndedAt,
+		EndedAt: sg.EndedAt, DefinitionVersion: max(sg.DefVersion, 1),
 	}
 	if sg.BusinessKey != nil {
 		in.BusinessKey = *sg.BusinessKey

@@ -35,6 +35,11 @@ type abandonedStep struct {
 func (e *Engine) abandon(ctx context.Context, t *batchTx, b *batch) error {
 	t.abandoned = true
 	_ = t.conn.Hijack().PgConn().Conn().Close()
+	if b.abandoned == nil {
+		// A parallel step's branch: its command is still pending and runs
+		// again once the server notices the closed connection.
+		return nil
+	}
 	if err := e.recordAbandoned(context.WithoutCancel(ctx), b.abandoned); !errors.Is(err, errAbandoned) {
 		return err
 	}

@@ -158,7 +158,7 @@ func (e *Engine) CommandTopics() []string {
 		if e.allKafka() {
 			topics = append(topics, e.commandTopic(name))
 		}
-		if e.lookupName(name).hasRemote() && !slices.Contains(replies, e.replyTopic(name)) {
+		if e.anyVersionRemote(name) && !slices.Contains(replies, e.replyTopic(name)) {
 			replies = append(replies, e.replyTopic(name))
 		}
 	}

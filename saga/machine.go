@@ -152,6 +152,10 @@ func (m machine) moveTo(d *decision, sg *store.Saga, def *compiled, i int, dir s
 // when it is a remote step whose command went out and whose reply never
 // came (the participant may have carried it out).
 func compensateFrom(sg *store.Saga, def *compiled, idx int) int {
+	if def.steps[idx].parallel != nil && steps.Direction(sg.Direction) == steps.Forward {
+		// Its completed branches are undone by the group's compensation.
+		return def.prevCompensable(idx)
+	}
 	if sg.AwaitingReply && steps.Direction(sg.Direction) == steps.Forward {
 		return def.prevCompensable(idx)
 	}
@@ -406,6 +410,13 @@ func (m machine) cancel(sg *store.Saga, def *compiled, idx int, reason, code str
 // step waits for is asked to cancel, for reason with code.
 func (m machine) leaveWait(tr *store.Transition, sg *store.Saga, def *compiled, idx int, reason, code string) {
 	if sg.WaitKind == nil {
+		return
+	}
+	if *sg.WaitKind == store.WaitBranches {
+		// The branches still running end, and their commands that no one
+		// runs right now go; one that runs finds the group gone and rolls
+		// its effects back.
+		tr.CancelBranches = sg.StepName
 		return
 	}
 	if sg.CommandID != nil {

@@ -175,7 +175,7 @@ func (e *Engine) unpause(ctx context.Context, tx pgx.Tx, sg *store.Saga, reason 
 	}
 	// The rescuer left the saga alone while it was paused: its deadline
 	// starts again from now.
-	if err := e.st.RestartDeadline(ctx, tx, sg.ID, stepTimeoutIn(e.lookupName(sg.Name), sg.StepName)+e.cfg.RescueSlack); err != nil {
+	if err := e.st.RestartDeadline(ctx, tx, sg.ID, stepTimeoutIn(e.lookup(sg), sg.StepName)+e.cfg.RescueSlack); err != nil {
 		return false, err
 	}
 	return true, e.st.Notify(ctx, tx, e.cfg.CommandTopic)
@@ -194,7 +194,7 @@ func (b *batch) hold(ctx context.Context, c *store.Claimed, ls *store.LockedSaga
 		return b.e.st.HoldClaimed(ctx, b.tx.tx, c.ID)
 	}
 	m := store.Message{ID: uuid.Must(uuid.NewV7()), Topic: b.msg.Topic, Delivery: store.DeliveryRelay,
-		AggregateType: aggregateType(ls.Name), AggregateID: ls.ID.String(), Type: c.Type, Payload: b.msg.Value,
+		AggregateType: aggregateType(ls.Name, ls.DefVersion), AggregateID: ls.ID.String(), Type: c.Type, Payload: b.msg.Value,
 		Headers: map[string]string{}, SagaID: &ls.ID}
 	for _, h := range b.msg.Headers {
 		if safetext.Problem(h.Key, 256) == "" && safetext.Problem(string(h.Value), 8192) == "" {

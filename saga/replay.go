@@ -75,7 +75,7 @@ func (e *Engine) resume(ctx context.Context, id uuid.UUID, reason string, expect
 				return nil, err
 			}
 		}
-		d, err := e.machine.resume(sg, e.lookupName(sg.Name), hist, reason)
+		d, err := e.machine.resume(sg, e.lookup(sg), hist, reason)
 		if err != nil {
 			return nil, err
 		}
@@ -108,7 +108,7 @@ func (e *Engine) rerun(ctx context.Context, id uuid.UUID, from, reason string, e
 		if err != nil {
 			return nil, err
 		}
-		d, err := e.machine.rerun(sg, e.lookupName(sg.Name), idx, first, from, reason)
+		d, err := e.machine.rerun(sg, e.lookup(sg), idx, first, from, reason)
 		if err != nil {
 			return nil, err
 		}
@@ -161,7 +161,7 @@ func (e *Engine) replay(ctx context.Context, id uuid.UUID, what string, expect i
 // shows (an operator tool has no definitions); -1 then stands for an index
 // the running engine fills in.
 func (e *Engine) stepIndex(ctx context.Context, tx pgx.Tx, sg *store.Saga, name string) (idx int, first string, err error) {
-	if def := e.lookupName(sg.Name); def != nil {
+	if def := e.lookup(sg); def != nil {
 		if idx, ok := def.byName[name]; ok {
 			return idx, def.steps[0].name, nil
 		}

@@ -89,7 +89,7 @@ func (e *Engine) rescuePass(ctx context.Context, names []string, res *RescueResu
 			if _, err := tx.Exec(ctx, "SAVEPOINT "+sp); err != nil {
 				return err
 			}
-			dec := e.machine.rescue(s, e.lookupName(s.Name))
+			dec := e.machine.rescue(s, e.lookup(&s.Saga))
 			if dec.supersede {
 				// No reply came in time: a command the relay has not
 				// published yet never will be, so the compensation cannot

@@ -127,7 +127,7 @@ func (e *Engine) startRaw(ctx context.Context, db store.DBTX, own bool, def *com
 	}
 	first := def.steps[0]
 	sg := &store.Saga{ID: id, Name: def.name, Status: store.StatusRunning, StepIndex: 0, StepName: first.name,
-		Direction: string(steps.Forward), State: raw, Version: 1}
+		Direction: string(steps.Forward), State: raw, Version: 1, DefVersion: def.version}
 	if o.BusinessKey != "" {
 		sg.BusinessKey = &o.BusinessKey
 	}
@@ -136,7 +136,7 @@ func (e *Engine) startRaw(ctx context.Context, db store.DBTX, own bool, def *com
 		detailMap["business_key"] = o.BusinessKey
 	}
 	if parent != nil {
-		sg.ParentID, sg.ParentName, sg.ParentKey = parent.ParentID, parent.ParentName, parent.ParentKey
+		sg.ParentID, sg.ParentName, sg.ParentKey, sg.ParentVersion = parent.ParentID, parent.ParentName, parent.ParentKey, parent.ParentVersion
 		detailMap["parent_id"] = parent.ParentID.String()
 		detailMap["parent_key"] = deref(parent.ParentKey)
 	}
@@ -147,7 +147,7 @@ func (e *Engine) startRaw(ctx context.Context, db store.DBTX, own bool, def *com
 	rows := &store.Transition{
 		History: []store.HistoryEntry{{SagaID: id, Event: EventSagaStarted, StepName: first.name,
 			Direction: string(steps.Forward), Detail: detail}},
-		Messages: []store.Message{e.commandMessage(id, def.name, first.name, steps.Forward, 0, 1, 0)},
+		Messages: []store.Message{e.commandMessage(id, def.name, def.version, first.name, steps.Forward, 0, 1, 0)},
 	}
 	span := e.tel.traceStart(ctx, sg, rows)
 	startSaga := func(db store.DBTX) (bool, error) {

@@ -7,7 +7,7 @@ import (
 	"strings"
 )
 
-// Command is the payload of a [TypeStep], [TypeCancel] or [TypeWake] message, which an
+// Command is the payload of a [TypeStep], [TypeCancel], [TypeWake] or [TypeBranch] message, which an
 // engine sends to itself (through its outbox, or through Kafka): it points
 // at the saga's row, which holds the state. Version is the saga's version
 // when the command was written, so a step command is current exactly while
@@ -42,7 +42,7 @@ func EncodeCommand(c Command) []byte {
 }
 
 // DecodeCommand decodes the payload of a message of type typ, which must
-// be [TypeStep], [TypeCancel] or [TypeWake]. Fields it does not know are ignored. It
+// be [TypeStep], [TypeCancel], [TypeWake] or [TypeBranch]. Fields it does not know are ignored. It
 // returns an error naming the field when a field has the wrong JSON type,
 // holds a NUL byte or invalid UTF-8, is longer than allowed, or is missing
 // (saga_id, saga, step, direction and a positive version are required).
@@ -52,8 +52,8 @@ func EncodeCommand(c Command) []byte {
 // operator sees it rather than consumed as a wake-up.
 func DecodeCommand(typ string, payload []byte) (Command, error) {
 	var c Command
-	if typ != TypeStep && typ != TypeCancel && typ != TypeWake {
-		return c, fmt.Errorf("message type %q is not %q, %q or %q", clip(typ), TypeStep, TypeCancel, TypeWake)
+	if typ != TypeStep && typ != TypeCancel && typ != TypeWake && typ != TypeBranch {
+		return c, fmt.Errorf("message type %q is not %q, %q, %q or %q", clip(typ), TypeStep, TypeCancel, TypeWake, TypeBranch)
 	}
 	var raw struct {
 		SagaID    json.RawMessage `json:"saga_id"`

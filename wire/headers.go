@@ -64,6 +64,10 @@ const (
 	// waits for (a signal arrived, a child saga ended). Its payload is a
 	// [Command]; like a cancel, it carries no authority of its own.
 	TypeWake = "sagaflow.wake"
+	// TypeBranch runs one branch of a saga's parallel step; its payload is
+	// a [Command] whose Step is "<step>.<branch>". Branch commands stay in
+	// PostgreSQL (direct delivery).
+	TypeBranch = "sagaflow.branch"
 	// TypeReply is a participant's reply to a saga's command. Its payload
 	// is a [Reply].
 	TypeReply = "sagaflow.reply"

@@ -176,7 +176,7 @@ func TestDecodeCommandRefusesIncompleteCommands(t *testing.T) {
 		payload string
 		want    string
 	}{
-		{"orders.created", `{}`, `message type "orders.created" is not "sagaflow.step", "sagaflow.cancel" or "sagaflow.wake"`},
+		{"orders.created", `{}`, `message type "orders.created" is not "sagaflow.step", "sagaflow.cancel", "sagaflow.wake" or "sagaflow.branch"`},
 		{wire.TypeStep, `{not json`, "decode payload"},
 		{wire.TypeStep, `[1,2]`, "decode payload: want a JSON object, got [1,2]"},
 		{wire.TypeStep, ``, "decode payload"},

@@ -59,6 +59,11 @@ func commands() []command {
 			about: "Cancel a running saga: its completed steps are compensated in reverse order. The CLI knows\n" +
 				"no saga definitions, so it records a cancel request that an engine which knows the saga\n" +
 				"carries out. A saga that is compensating or has ended cannot be cancelled (exit code 1)."},
+		{name: "versions", args: "", setup: setupVersions,
+			summary: "count sagas by definition version",
+			about: "Count, for each saga name and version of its definition, the sagas that run, compensate or\n" +
+				"failed on it: a version whose counts are all zero can be dropped from the engines. Moving\n" +
+				"sagas to another version is done in Go (saga.MigrateSagas), which has a dry run."},
 		{name: "pause", args: "<id> | --type NAME [--reason R]", setup: setupPause,
 			summary: "pause a saga, or every saga of a type: no new step starts",
 			about: "Pause a saga that has not ended, or with --type every saga of that name (and those started\n" +

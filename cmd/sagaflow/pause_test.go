@@ -57,3 +57,19 @@ func TestPauseAndUnpause(t *testing.T) {
 	f.cli(t, "pause", "--type", "bad\x00name").failed(t, exitUsage)
 	f.cli(t, "pause", id.String(), "--type", "x").failed(t, exitUsage)
 }
+
+func TestVersions(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	e, orderDef, _ := f.engine(t, false)
+	for range 2 {
+		_, err := saga.Start(ctx, e, orderDef, order{ID: "o-" + uuid.NewString()}, nil)
+		require.NoError(t, err)
+	}
+	out := f.cli(t, "versions").ok(t)
+	require.Contains(t, out, "NAME")
+	require.Regexp(t, orderDef.Name()+` +1 +2 +0 +0`, out)
+	doc := decode[[]saga.VersionCount](t, f.cli(t, "--json", "versions"))
+	require.Equal(t, []saga.VersionCount{{Name: orderDef.Name(), Version: 1, Running: 2}}, doc)
+}

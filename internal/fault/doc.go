@@ -65,6 +65,10 @@ const (
 	SignalBeforeCommit = "signal.before-commit"
 	// SignalAfterCommit: the signal committed; no engine has seen it.
 	SignalAfterCommit = "signal.after-commit"
+	// EngineBranchCompleted: a parallel step's branch completed (its row,
+	// inbox key and history are written, with its effects, uncommitted);
+	// the join, if it is the last, is next.
+	EngineBranchCompleted = "engine.branch-completed"
 )
 
 // Points lists every point, in the order of a saga's life.

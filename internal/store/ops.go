@@ -50,6 +50,8 @@ func newOpsStatements(s string) opsStatements {
 				DELETE FROM ` + s + `.saga_history WHERE saga_id IN (SELECT id FROM gone)
 			), g AS (
 				DELETE FROM ` + s + `.saga_signals WHERE saga_id IN (SELECT id FROM gone)
+			), b AS (
+				DELETE FROM ` + s + `.saga_branches WHERE saga_id IN (SELECT id FROM gone)
 			)
 			DELETE FROM ` + s + `.saga_instances WHERE id IN (SELECT id FROM gone)`,
 		outboxStatus: `SELECT

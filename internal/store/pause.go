@@ -33,6 +33,10 @@ type Pause struct {
 	At       time.Time
 }
 
+// typeRows is the predicate of the outbox rows of saga type $1, every
+// version (see 011_versions.up.sql for how a version names its commands).
+const typeRows = `(o.aggregatetype = 'saga.' || $1::text OR starts_with(o.aggregatetype, 'saga.' || $1::text || '@'))`
+
 // heldRows is the predicate of the outbox rows a pause holds: a saga's step
 // commands (local and remote) and its wake-ups, still pending.
 const heldRows = `o.status = 'pending' AND o.saga_id IS NOT NULL AND (o.step_key IS NOT NULL OR o.type = 'sagaflow.wake')`
@@ -89,7 +93,7 @@ func (s *Store) InsertPause(ctx context.Context, tx pgx.Tx, p *Pause) (bool, err
 	where := `o.saga_id = $1`
 	arg := any(pgIDPtr(p.SagaID))
 	if p.Kind == PauseType {
-		where, arg = `o.aggregatetype = 'saga.' || $1::text`, p.SagaName
+		where, arg = typeRows, p.SagaName
 	}
 	// Rows claimed right now are skipped, not waited for: the step that
 	// claimed them runs on, and the engine holds a paused saga's command
@@ -112,7 +116,7 @@ func (s *Store) DeletePause(ctx context.Context, tx pgx.Tx, kind string, id *uui
 	held := `o.saga_id = $1`
 	if kind == PauseType {
 		where, arg = `kind = 'type' AND saga_name = $1`, name
-		held = `o.aggregatetype = 'saga.' || $1::text`
+		held = typeRows
 	}
 	p := &Pause{Kind: kind}
 	var sid [16]byte

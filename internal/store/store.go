@@ -91,6 +91,10 @@ type Saga struct {
 	// the traceparent value, then, when there is one, a newline and the
 	// tracestate value. nil when the saga has none.
 	TraceContext *string
+	// DefVersion is the version of the saga's definition it runs on;
+	// ParentVersion is, for a child saga, its parent's.
+	DefVersion    int
+	ParentVersion *int
 	// ConcurrencyKey is the saga's concurrency key (concurrency.go), written
 	// by StartSaga only.
 	ConcurrencyKey *string
@@ -256,6 +260,15 @@ type Transition struct {
 	// transition, before its messages are written: its next command is
 	// written held (a step that asked to pause when its retries ran out).
 	Pause *Pause
+	// EnterGroup, when set, starts the branches of the parallel step
+	// EnterGroup.Step (their commands are among Messages).
+	EnterGroup *GroupEntry
+	// CancelBranches, when set, ends the still running branches of that
+	// parallel step of the saga (in the transition's epoch).
+	CancelBranches string
+	// DefVersion, when not 0, moves the saga to that version of its
+	// definition (a migration of in-flight sagas).
+	DefVersion int
 	// CancelChild, when set, records a cancel request for a child saga
 	// that the saga no longer waits for (the caller adds, to Messages, a
 	// command that makes an engine look at it).
@@ -294,7 +307,7 @@ const maxHistoryRows = 4
 
 const sagaColumns = `id, saga_name, business_key, status, step_index, step_name, direction, epoch, attempt,
 	state, version, next_check_at, command_id, awaiting_reply, last_error, last_error_code, failed_step, created_at, updated_at, ended_at,
-	wait_kind, wait_for, wait_until, deadline_at, parent_id, parent_name, parent_key, trace_context`
+	wait_kind, wait_for, wait_until, deadline_at, parent_id, parent_name, parent_key, trace_context, def_version, parent_version`
 
 // historyRows and messageRows expand parallel arrays into rows, so one
 // statement shape serves any number of history entries and messages.
@@ -339,9 +352,9 @@ func New(schema string) (*Store, error) {
 		startSaga: `WITH s AS (
 				INSERT INTO ` + s + `.saga_instances
 				(id, saga_name, business_key, status, step_index, step_name, direction, epoch, attempt, state, next_check_at, command_id,
-				 deadline_at, parent_id, parent_name, parent_key, trace_context, concurrency_key)
+				 deadline_at, parent_id, parent_name, parent_key, trace_context, concurrency_key, def_version, parent_version)
 				VALUES ($1, $2, $3, $4, $5, $6, $7, 0, 0, $8, clock_timestamp() + $9 * interval '1 microsecond', ($20::uuid[])[1],
-				 clock_timestamp() + $30 * interval '1 microsecond', $31, $32, $33, $34::text, $35::text)
+				 clock_timestamp() + $30 * interval '1 microsecond', $31, $32, $33, $34::text, $35::text, $36::int, $37::int)
 				ON CONFLICT DO NOTHING
 				RETURNING id
 			), h AS (` + insertHistoryFrom("s", 12) + `
@@ -354,9 +367,9 @@ func New(schema string) (*Store, error) {
 		startSagaOne: `WITH s AS (
 				INSERT INTO ` + s + `.saga_instances
 				(id, saga_name, business_key, status, step_index, step_name, direction, epoch, attempt, state, next_check_at, command_id,
-				 deadline_at, parent_id, parent_name, parent_key, trace_context, concurrency_key)
+				 deadline_at, parent_id, parent_name, parent_key, trace_context, concurrency_key, def_version, parent_version)
 				VALUES ($1, $2, $3, $4, $5, $6, $7, 0, 0, $8, clock_timestamp() + $9 * interval '1 microsecond', $20::uuid,
-				 clock_timestamp() + $30 * interval '1 microsecond', $31, $32, $33, $34::text, $35::text)
+				 clock_timestamp() + $30 * interval '1 microsecond', $31, $32, $33, $34::text, $35::text, $36::int, $37::int)
 				ON CONFLICT DO NOTHING
 				RETURNING id
 			), h AS (
@@ -397,7 +410,10 @@ func New(schema string) (*Store, error) {
 		// saga's current step's key). The lateral join keeps the claim's
 		// order and always probes the saga's primary key.
 		claimAndLock: `SELECT c.id, c.aggregatetype, c.type, c.payload, c.saga_id, c.attempts, EXTRACT(EPOCH FROM now() - c.created_at),
-				` + prefixColumns("s.") + `, pg_try_advisory_xact_lock(hashtextextended(s.id::text, $5)),
+				` + prefixColumns("s.") + `,
+				-- A parallel step's branch takes a lock of its own, so that the
+				-- branches of one saga run at once.
+				pg_try_advisory_xact_lock(hashtextextended(CASE WHEN c.type = 'sagaflow.branch' THEN c.step_key ELSE s.id::text END, $5)),
 				c.step_key, (SELECT true FROM ` + s + `.inbox i WHERE i.consumer = $6 AND i.key = c.step_key LIMIT 1) IS NOT NULL,
 				r.epoch, r.reason, r.code, coalesce(c.headers->>'traceparent', ''), coalesce(c.headers->>'tracestate', ''),
 				s.id IS NOT NULL AND ` + pausedSQL(s) + `
@@ -440,7 +456,7 @@ func New(schema string) (*Store, error) {
 				ELSE clock_timestamp() + ($10 + $11) * interval '1 microsecond' END,
 			last_error = $12, last_error_code = $13, failed_step = $14, updated_at = clock_timestamp(),
 			ended_at = CASE WHEN $3 IN ('running', 'compensating') THEN NULL ELSE clock_timestamp() END,
-			command_id = $15, awaiting_reply = $16,
+			command_id = $15, awaiting_reply = $16, def_version = COALESCE($22::int, def_version),
 			wait_kind = CASE WHEN $3 IN ('running', 'compensating') THEN $18::text END,
 			wait_for = CASE WHEN $3 IN ('running', 'compensating') AND $18::text IS NOT NULL THEN $19::text END,
 			wait_until = CASE
@@ -576,7 +592,8 @@ func (s *Store) StartSaga(ctx context.Context, db DBTX, sg *Saga, checkAfter, de
 		d := micros(deadline)
 		deadlineUS = &d
 	}
-	args = append(args, deadlineUS, pgIDPtr(sg.ParentID), sg.ParentName, sg.ParentKey, sg.TraceContext, sg.ConcurrencyKey)
+	args = append(args, deadlineUS, pgIDPtr(sg.ParentID), sg.ParentName, sg.ParentKey, sg.TraceContext, sg.ConcurrencyKey,
+		int32(max(sg.DefVersion, 1)), sg.ParentVersion)
 	tag, err := db.Exec(ctx, q, args...)
 	if err != nil {
 		return false, fmt.Errorf("store: start saga %s %s: %w", sg.Name, sg.ID, err)
@@ -810,13 +827,16 @@ type nullSaga struct {
 	ParentID                             pgtype.UUID
 	ParentName, ParentKey                *string
 	TraceContext                         *string
+	DefVersion                           *int
+	ParentVersion                        *int
 }
 
 func (n *nullSaga) dest() []any {
 	return []any{&n.ID, &n.Name, &n.BusinessKey, &n.Status, &n.StepIndex, &n.StepName, &n.Direction,
 		&n.Epoch, &n.Attempt, &n.State, &n.Version, &n.NextCheckAt, &n.CommandID, &n.AwaitingReply, &n.LastError, &n.LastErrorCode,
 		&n.FailedStep, &n.CreatedAt, &n.UpdatedAt, &n.EndedAt,
-		&n.WaitKind, &n.WaitFor, &n.WaitUntil, &n.DeadlineAt, &n.ParentID, &n.ParentName, &n.ParentKey, &n.TraceContext}
+		&n.WaitKind, &n.WaitFor, &n.WaitUntil, &n.DeadlineAt, &n.ParentID, &n.ParentName, &n.ParentKey, &n.TraceContext,
+		&n.DefVersion, &n.ParentVersion}
 }
 
 // saga returns the scanned saga; n.ID must be valid. The NOT NULL columns
@@ -828,7 +848,7 @@ func (n *nullSaga) saga() Saga {
 		LastErrorCode: n.LastErrorCode, FailedStep: n.FailedStep, CreatedAt: *n.CreatedAt, UpdatedAt: *n.UpdatedAt, EndedAt: n.EndedAt,
 		WaitKind: n.WaitKind, WaitFor: n.WaitFor, WaitUntil: n.WaitUntil, DeadlineAt: n.DeadlineAt, ParentID: fromPgID(n.ParentID),
 		ParentName: n.ParentName, ParentKey: n.ParentKey,
-		TraceContext: n.TraceContext}
+		TraceContext: n.TraceContext, DefVersion: *n.DefVersion, ParentVersion: n.ParentVersion}
 	sg.State = append([]byte(nil), n.State...)
 	return sg
 }
@@ -909,7 +929,7 @@ func (s *Store) QueueTransition(b *pgx.Batch, t *Transition) *pgx.QueuedQuery {
 	}
 	q := b.Queue(s.q.updateSaga, pgID(t.ID), t.Version, t.Status, t.StepIndex, t.StepName, t.Direction, t.Epoch, t.Attempt,
 		state, micros(t.CheckAfter), micros(s.room), t.LastError, t.LastErrorCode, t.FailedStep, commandID, t.AwaitingReply,
-		t.ExactDeadline, nullStr(t.WaitKind), nullStr(t.WaitFor), t.SetWaitUntil, waitUS)
+		t.ExactDeadline, nullStr(t.WaitKind), nullStr(t.WaitFor), t.SetWaitUntil, waitUS, defVersion(t.DefVersion))
 	for rest := t.History; len(rest) > 0; {
 		n := min(len(rest), maxHistoryRows)
 		var args []any
@@ -933,6 +953,12 @@ func (s *Store) QueueTransition(b *pgx.Batch, t *Transition) *pgx.QueuedQuery {
 	}
 	if c := t.CancelChild; c != nil {
 		b.Queue(s.w.cancelChild, pgID(c.ID), c.Reason, c.Code, EventCancelRequested)
+	}
+	if g := t.EnterGroup; g != nil {
+		s.QueueEnterGroup(b, t.ID, t.Epoch, g.Step, g.Branches)
+	}
+	if t.CancelBranches != "" {
+		s.QueueCancelBranches(b, t.ID, t.Epoch, t.CancelBranches)
 	}
 	if p := t.Pause; p != nil {
 		b.Queue(s.insertSagaPauseSQL(), pgID(t.ID), p.SagaName, p.Code, p.Reason, p.StepName)
@@ -1017,7 +1043,8 @@ func sagaDest(sg *Saga) []any {
 	return []any{&sg.ID, &sg.Name, &sg.BusinessKey, &sg.Status, &sg.StepIndex, &sg.StepName, &sg.Direction,
 		&sg.Epoch, &sg.Attempt, &sg.State, &sg.Version, &sg.NextCheckAt, &sg.CommandID, &sg.AwaitingReply, &sg.LastError, &sg.LastErrorCode,
 		&sg.FailedStep, &sg.CreatedAt, &sg.UpdatedAt, &sg.EndedAt,
-		&sg.WaitKind, &sg.WaitFor, &sg.WaitUntil, &sg.DeadlineAt, &sg.ParentID, &sg.ParentName, &sg.ParentKey, &sg.TraceContext}
+		&sg.WaitKind, &sg.WaitFor, &sg.WaitUntil, &sg.DeadlineAt, &sg.ParentID, &sg.ParentName, &sg.ParentKey, &sg.TraceContext,
+		&sg.DefVersion, &sg.ParentVersion}
 }
 
 // GetSaga reads a saga row; forUpdate also locks it until the transaction
@@ -1299,4 +1326,14 @@ const CancelPayload = "sagaflow.cancel:"
 // commits, that saga id has a cancel request.
 func (s *Store) NotifyCancel(ctx context.Context, db DBTX, id uuid.UUID) error {
 	return s.Notify(ctx, db, CancelPayload+id.String())
+}
+
+// defVersion is a Transition's DefVersion as a parameter: NULL keeps the
+// stored one.
+func defVersion(v int) *int32 {
+	if v == 0 {
+		return nil
+	}
+	n := int32(v)
+	return &n
 }

@@ -52,7 +52,7 @@ func TestMigrateIsIdempotentAndConcurrencySafe(t *testing.T) {
 		require.Equal(t, ms[len(ms)-1].Version, r.Version)
 	}
 	require.Equal(t, len(ms), applied, "each migration applied exactly once across concurrent callers")
-	require.Equal(t, []string{"dead_letters", "idempotency_keys", "inbox", "outbox", "saga_cancel_requests", "saga_concurrency_keys", "saga_concurrency_queue", "saga_history", "saga_instances", "saga_pauses", "saga_signals", "sagaflow_migrations"}, tables(t, ctx, pool, target), "tables after all migrations")
+	require.Equal(t, []string{"dead_letters", "idempotency_keys", "inbox", "outbox", "saga_branches", "saga_cancel_requests", "saga_concurrency_keys", "saga_concurrency_queue", "saga_history", "saga_instances", "saga_pauses", "saga_signals", "sagaflow_migrations"}, tables(t, ctx, pool, target), "tables after all migrations")
 
 	again, err := migrations.Migrate(ctx, pool, target)
 	require.NoError(t, err)

@@ -1,0 +1,263 @@
+package saga_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sagaflow/sagaflow/saga"
+	"github.com/sagaflow/sagaflow/steps"
+)
+
+// checkout is the state of the parallel sagas: what the join gathered.
+type checkout struct {
+	OrderID     string `json:"order_id"`
+	Reservation string `json:"reservation"`
+	AuthCode    string `json:"auth_code"`
+}
+
+// span is when a branch's handler ran.
+type span struct{ from, to time.Time }
+
+type spans struct {
+	mu sync.Mutex
+	m  map[string]span
+}
+
+func (s *spans) record(name string, from time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m == nil {
+		s.m = map[string]span{}
+	}
+	s.m[name] = span{from, time.Now()}
+}
+
+// parallelSaga is reserve-customer (compensable), then a parallel step
+// "prepare" with the branches stock and card (each records its effect and
+// returns a result; each compensable), joined into the state, then ship.
+// fn, when set, runs first in each branch.
+func parallelSaga(b *bundle, name string, fn func(ctx context.Context, branch string) error) *saga.Definition[checkout] {
+	rec := func(ctx context.Context, run *saga.StepRun, _ *checkout) error { return recordEffect(ctx, run, b.schema) }
+	branch := func(name, result string) saga.Branch[checkout] {
+		return saga.Branch[checkout]{Name: name,
+			Action: func(ctx context.Context, run *saga.StepRun, o checkout) (any, error) {
+				if fn != nil {
+					if err := fn(ctx, name); err != nil {
+						return nil, err
+					}
+				}
+				if err := recordEffect(ctx, run, b.schema); err != nil {
+					return nil, err
+				}
+				return result + "-" + o.OrderID, nil
+			},
+			Compensate: func(ctx context.Context, run *saga.StepRun, _ checkout, res json.RawMessage) error {
+				var got string
+				if err := json.Unmarshal(res, &got); err != nil {
+					return err
+				}
+				_, err := run.Tx.Exec(ctx, "INSERT INTO "+pgx.Identifier{b.schema}.Sanitize()+
+					".effects (saga_id, step, direction, key) VALUES ($1, $2, 'compensate', $3)", run.SagaID, name, got)
+				return err
+			},
+			Retry: fastRetry,
+		}
+	}
+	return saga.Define(name,
+		saga.Step[checkout]{Name: "customer", Action: rec, Compensate: rec},
+		saga.Step[checkout]{Name: "prepare", Parallel: &saga.Parallel[checkout]{
+			Branches: []saga.Branch[checkout]{branch("stock", "res"), branch("card", "auth")},
+			Join: func(_ context.Context, _ *saga.StepRun, o *checkout, results map[string]json.RawMessage) error {
+				if err := json.Unmarshal(results["stock"], &o.Reservation); err != nil {
+					return err
+				}
+				return json.Unmarshal(results["card"], &o.AuthCode)
+			}}},
+		saga.Step[checkout]{Name: "ship", Action: rec},
+	)
+}
+
+// Two branches that each take 50 ms run at the same time, each once, and
+// the join gathers both results into the state.
+func TestParallelBranchesOverlapAndJoin(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &saga.Config{Workers: 4})
+	var sp spans
+	def := parallelSaga(b, "parallel-ok", func(_ context.Context, branch string) error {
+		from := time.Now()
+		time.Sleep(50 * time.Millisecond)
+		sp.record(branch, from)
+		return nil
+	})
+	require.NoError(t, b.engine.Register(def))
+	b.start(t)
+	ctx := context.Background()
+	st, err := saga.Start(ctx, b.engine, def, checkout{OrderID: "o1"}, nil)
+	require.NoError(t, err)
+	in := b.waitTerminal(t, st.ID)
+	require.Equal(t, saga.StatusCompleted, in.Status, "history: %v", eventTypes(in))
+	var got checkout
+	require.NoError(t, in.DecodeState(&got))
+	require.Equal(t, checkout{OrderID: "o1", Reservation: "res-o1", AuthCode: "auth-o1"}, got)
+	effects := b.effects(t, st.ID)
+	require.ElementsMatch(t, []string{"customer/forward", "prepare.stock/forward", "prepare.card/forward", "ship/forward"}, effects)
+	require.Equal(t, "customer/forward", effects[0])
+	require.Equal(t, "ship/forward", effects[3])
+
+	s, c := sp.m["stock"], sp.m["card"]
+	require.True(t, s.from.Before(c.to) && c.from.Before(s.to), "the branches overlap in time: stock %v–%v, card %v–%v", s.from, s.to, c.from, c.to)
+
+	require.True(t, hasEvent(in, saga.EventBranchesStarted))
+	branches, err := b.engine.Branches(ctx, st.ID)
+	require.NoError(t, err)
+	require.Len(t, branches, 2)
+	for _, br := range branches {
+		require.Equal(t, "completed", br.Status)
+		require.Equal(t, 1, br.Attempts)
+	}
+	in, err = b.engine.Get(ctx, st.ID)
+	require.NoError(t, err)
+	require.Contains(t, eventTypes(in), "step_completed:prepare.stock")
+	require.Contains(t, eventTypes(in), "step_completed:prepare")
+}
+
+// One branch failing for good compensates exactly what completed: the
+// other completed branch (with its result) and the step before the group,
+// in reverse; a branch still running when the group failed has its effects
+// rolled back and is not compensated.
+func TestParallelBranchFailureCompensatesExactlyTheCompletedOnes(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &saga.Config{Workers: 4})
+	rec := func(ctx context.Context, run *saga.StepRun, _ *checkout) error { return recordEffect(ctx, run, b.schema) }
+	stockDone := make(chan struct{})
+	var slowDone atomic.Bool
+	comp := func(name string) func(ctx context.Context, run *saga.StepRun, _ checkout, _ json.RawMessage) error {
+		return func(ctx context.Context, run *saga.StepRun, _ checkout, _ json.RawMessage) error {
+			_, err := run.Tx.Exec(ctx, "INSERT INTO "+pgx.Identifier{b.schema}.Sanitize()+
+				".effects (saga_id, step, direction) VALUES ($1, $2, 'compensate')", run.SagaID, name)
+			return err
+		}
+	}
+	def := saga.Define("parallel-fail",
+		saga.Step[checkout]{Name: "customer", Action: rec, Compensate: rec},
+		saga.Step[checkout]{Name: "prepare", Parallel: &saga.Parallel[checkout]{Branches: []saga.Branch[checkout]{
+			{Name: "stock", Compensate: comp("stock"), Action: func(ctx context.Context, run *saga.StepRun, _ checkout) (any, error) {
+				defer close(stockDone)
+				return "r1", recordEffect(ctx, run, b.schema)
+			}},
+			{Name: "card", Compensate: comp("card"), Action: func(ctx context.Context, run *saga.StepRun, _ checkout) (any, error) {
+				<-stockDone
+				time.Sleep(100 * time.Millisecond) // stock has committed
+				return nil, steps.Permanent(errors.New("card declined"))
+			}},
+			{Name: "fraud", Compensate: comp("fraud"), Action: func(ctx context.Context, run *saga.StepRun, _ checkout) (any, error) {
+				if err := recordEffect(ctx, run, b.schema); err != nil {
+					return nil, err
+				}
+				time.Sleep(600 * time.Millisecond) // still running when card fails
+				slowDone.Store(true)
+				return "ok", nil
+			}},
+		}}},
+		saga.Step[checkout]{Name: "ship", Action: rec},
+	)
+	require.NoError(t, b.engine.Register(def))
+	b.start(t)
+	ctx := context.Background()
+	st, err := saga.Start(ctx, b.engine, def, checkout{OrderID: "o2"}, nil)
+	require.NoError(t, err)
+	in := b.waitTerminal(t, st.ID)
+	require.Equal(t, saga.StatusCompensated, in.Status, "history: %v", eventTypes(in))
+	require.Equal(t, "card declined", in.LastError.Message)
+	require.Equal(t, "prepare.card", in.LastError.Step)
+	waitFor(t, 5*time.Second, slowDone.Load, "the slow branch to return")
+	time.Sleep(200 * time.Millisecond) // its transaction ends
+	require.Equal(t, []string{"customer/forward", "prepare.stock/forward", "stock/compensate", "customer/compensate"}, b.effects(t, st.ID),
+		"fraud's effect is rolled back; only stock and customer are compensated")
+	branches, err := b.engine.Branches(ctx, st.ID)
+	require.NoError(t, err)
+	status := map[string]string{}
+	for _, br := range branches {
+		status[br.Branch] = br.Status
+	}
+	require.Equal(t, map[string]string{"stock": "completed", "card": "failed", "fraud": "cancelled"}, status)
+}
+
+// A cancel while the branches run compensates the branch that completed,
+// and the step before the group; the running branch's effects are rolled
+// back.
+func TestCancelDuringAParallelStep(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &saga.Config{Workers: 4})
+	release := make(chan struct{})
+	started := make(chan struct{}, 1)
+	def := parallelSaga(b, "parallel-cancel", func(ctx context.Context, branch string) error {
+		if branch == "card" {
+			started <- struct{}{}
+			<-release
+		}
+		return nil
+	})
+	require.NoError(t, b.engine.Register(def))
+	b.start(t)
+	ctx := context.Background()
+	st, err := saga.Start(ctx, b.engine, def, checkout{OrderID: "o3"}, nil)
+	require.NoError(t, err)
+	<-started
+	waitFor(t, 10*time.Second, func() bool {
+		brs, err := b.engine.Branches(ctx, st.ID)
+		require.NoError(t, err)
+		for _, br := range brs {
+			if br.Branch == "stock" && br.Status == "completed" {
+				return true
+			}
+		}
+		return false
+	}, "stock to complete")
+	require.NoError(t, b.engine.Cancel(ctx, st.ID, "customer changed their mind"))
+	close(release)
+	in := b.waitTerminal(t, st.ID)
+	require.Equal(t, saga.StatusCompensated, in.Status, "history: %v", eventTypes(in))
+	time.Sleep(200 * time.Millisecond)
+	require.Equal(t, []string{"customer/forward", "prepare.stock/forward", "stock/compensate", "customer/compensate"}, b.effects(t, st.ID))
+}
+
+// A commit that fails after a branch's work (a crash at the commit) loses
+// and doubles nothing: the branch runs again, and every effect is there
+// once.
+func TestParallelBranchCommitFailuresLoseAndDoubleNothing(t *testing.T) {
+	t.Parallel()
+	allowErrorLogs(t)
+	b := setup(t, &saga.Config{Workers: 4})
+	def := parallelSaga(b, "parallel-crash", nil)
+	require.NoError(t, b.engine.Register(def))
+	var crashes atomic.Int32
+	b.engine.SetBeforeCommit(func(context.Context, pgx.Tx) error {
+		if crashes.Add(1) <= 4 {
+			return errors.New("crash before commit")
+		}
+		return nil
+	})
+	b.start(t)
+	ctx := context.Background()
+	var ids []saga.Started
+	for range 5 {
+		st, err := saga.Start(ctx, b.engine, def, checkout{OrderID: "o"}, nil)
+		require.NoError(t, err)
+		ids = append(ids, st)
+	}
+	for _, st := range ids {
+		in := b.waitTerminal(t, st.ID)
+		require.Equal(t, saga.StatusCompleted, in.Status, "history: %v", eventTypes(in))
+		require.ElementsMatch(t, []string{"customer/forward", "prepare.stock/forward", "prepare.card/forward", "ship/forward"}, b.effects(t, st.ID))
+	}
+	require.Greater(t, crashes.Load(), int32(4), "the crashes happened")
+}
