@@ -358,6 +358,9 @@ func toKafka(topic string, p int, m jetstream.Msg) kafka.Message {
 	sort.Strings(names) // NATS keeps no order between names
 	for _, name := range names {
 		values := hs[name]
+		if len(values) == 0 {
+			continue
+		}
 		switch name {
 		case msgIDHeader:
 			continue // set by the writer from sagaflow-message-id
