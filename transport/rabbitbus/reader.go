@@ -265,16 +265,13 @@ func (r *Reader) session() (*session, error) {
 	return s, nil
 }
 
-// drop forgets a dead session and what was fetched on it.
+// drop forgets a dead session. What was fetched on it stays pending, so
+// that committing it says why it failed ([ErrRedelivered]); the consume
+// loop commits every message it fetched, so these are few.
 func (r *Reader) drop(s *session) {
 	r.mu.Lock()
 	if r.sess == s {
 		r.sess = nil
-	}
-	for p, u := range r.pending {
-		if u.sess == s {
-			delete(r.pending, p)
-		}
 	}
 	r.mu.Unlock()
 	s.close()
