@@ -1,10 +1,8 @@
 package rabbitbus_test
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -154,5 +152,3 @@ func (n *node) restart() error {
 	return n.start()
 }
 
-var _ = errors.New
-var _ = context.Background

@@ -3,7 +3,6 @@ package rabbitbus_test
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -295,4 +294,3 @@ func TestWriterReconnectsAfterItsConnectionIsCut(t *testing.T) {
 	}
 }
 
-var _ = errors.New
