@@ -146,9 +146,9 @@ func (n *node) stop(kill bool) {
 	n.cmd = nil
 }
 
-// restart crashes the node and starts it again on the same data.
-func (n *node) restart() error {
-	n.stop(true)
+// restart stops the node, with SIGKILL (a crash) when kill, else with
+// SIGTERM (a clean shutdown), and starts it again on the same data.
+func (n *node) restart(kill bool) error {
+	n.stop(kill)
 	return n.start()
 }
-

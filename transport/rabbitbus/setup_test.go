@@ -22,11 +22,10 @@ import (
 	"github.com/sagaflow/sagaflow/internal/store"
 	"github.com/sagaflow/sagaflow/migrations"
 	"github.com/sagaflow/sagaflow/transport/rabbitbus"
+	"github.com/sagaflow/sagaflow/transport/transporttest"
 )
 
-func TestMain(m *testing.M) {
-	pgtest.Main(m)
-}
+func TestMain(m *testing.M) { transporttest.Main(m) }
 
 // localBroker is where the tests look for RabbitMQ when RABBITMQ_URL is not
 // set.
@@ -92,9 +91,7 @@ func setup(t *testing.T, partitions int) *env {
 	url := broker(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
-	var b [5]byte
-	_, _ = rand.Read(b[:])
-	id := hex.EncodeToString(b[:])
+	id := randomID()
 	admin, err := rabbitbus.Dial(url)()
 	require.NoError(t, err)
 	e := &env{ctx: ctx, url: url, dial: rabbitbus.Dial(url), id: id, admin: admin,
@@ -122,6 +119,12 @@ func setup(t *testing.T, partitions int) *env {
 	e.st, err = store.New(e.schema)
 	require.NoError(t, err)
 	return e
+}
+
+func randomID() string {
+	var b [5]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 // name is a group or topic name unique to the test.
