@@ -58,7 +58,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{saga.Config{BatchSize: saga.BatchSizeMax + 1}, "BatchSize must be between 1 and 32"},
 		{saga.Config{PollInterval: -1}, "PollInterval"},
 		{saga.Config{MaxStateBytes: -1}, "MaxStateBytes"},
-		{saga.Config{Kafka: &saga.KafkaConfig{}}, "Kafka.Brokers is empty"},
+		{saga.Config{Kafka: &saga.KafkaConfig{}}, "Kafka.Brokers is empty and Kafka.NewReader is not set"},
 		{saga.Config{Kafka: &saga.KafkaConfig{Brokers: []string{"127.0.0.1:9"}, SessionTimeout: time.Millisecond}}, "Kafka.SessionTimeout 1ms"},
 	} {
 		_, err := saga.New(dummyPool(t), &tc.cfg)
@@ -67,6 +67,10 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 	}
 	_, err := saga.New(nil, nil)
 	require.ErrorContains(t, err, "pool is nil")
+	// A reader of its own (another transport) needs no brokers.
+	_, err = saga.New(dummyPool(t), &saga.Config{Kafka: &saga.KafkaConfig{
+		NewReader: func(string, []string) saga.KafkaReader { return nil }}})
+	require.NoError(t, err)
 }
 
 func TestExponentialBackoff(t *testing.T) {

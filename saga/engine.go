@@ -244,8 +244,8 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if out.Kafka != nil {
 		k := *out.Kafka
-		if len(k.Brokers) == 0 {
-			return out, fmt.Errorf("%w: Kafka.Brokers is empty", ErrInvalidConfig)
+		if len(k.Brokers) == 0 && k.NewReader == nil {
+			return out, fmt.Errorf("%w: Kafka.Brokers is empty and Kafka.NewReader is not set: set Brokers, or NewReader to consume through another client or transport", ErrInvalidConfig)
 		}
 		if k.GroupID == "" {
 			k.GroupID = "sagaflow-engine-" + out.Schema

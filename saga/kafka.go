@@ -56,7 +56,10 @@ import (
 // Create the topics before starting the engine, or let the cluster create
 // them.
 type KafkaConfig struct {
-	// Brokers to consume from. Required.
+	// Brokers to consume from. Required unless NewReader is set (a reader
+	// of another client, or of another transport such as NATS JetStream:
+	// see package transport/natsbus), which then is all the engine reads
+	// through.
 	Brokers []string
 	// AllSteps carries every step command over Kafka (Kafka mode), not only
 	// remote steps' commands and replies (the hybrid mode, the default).

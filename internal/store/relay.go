@@ -98,7 +98,8 @@ func (s *Store) MarkPublished(ctx context.Context, db DBTX, ids []uuid.UUID) err
 // MarkFailed records failed publish attempts: each row gets its error as
 // last_error and one more attempt (none for an Outage), and either becomes
 // due again Delay after clock_timestamp() or, when Dead, is parked with
-// status 'dead'. Rows that are no longer pending are left alone.
+// status 'dead'. Rows that are no longer pending are left alone. Rows
+// with the same Delay get the same available_at.
 func (s *Store) MarkFailed(ctx context.Context, db DBTX, failures []RelayFailure) error {
 	if len(failures) == 0 {
 		return nil
@@ -112,13 +113,18 @@ func (s *Store) MarkFailed(ctx context.Context, db DBTX, failures []RelayFailure
 		ids[i], errs[i], delays[i], dead[i] = f.ID, f.Err, micros(max(f.Delay, 0)), f.Dead
 		counted[i] = f.Dead || !f.Outage
 	}
-	_, err := db.Exec(ctx, `UPDATE `+quoteSchema(s.schema)+`.outbox o SET
+	// The clock is read once for the statement (a materialized CTE), not
+	// once per row: rows of one key that failed together with the same
+	// delay must stay in their claim order (available_at, id), which a
+	// per-row clock_timestamp() would shuffle by the join's row order.
+	_, err := db.Exec(ctx, `WITH t AS MATERIALIZED (SELECT clock_timestamp() AS ts)
+		UPDATE `+quoteSchema(s.schema)+`.outbox o SET
 			attempts = o.attempts + CASE WHEN f.counted THEN 1 ELSE 0 END,
 			last_error = f.err,
 			status = CASE WHEN f.dead THEN 'dead' ELSE o.status END,
 			available_at = CASE WHEN f.dead THEN o.available_at
-				ELSE clock_timestamp() + f.delay_us * interval '1 microsecond' END
-		FROM unnest($1::uuid[], $2::text[], $3::int8[], $4::bool[], $5::bool[]) AS f(id, err, delay_us, dead, counted)
+				ELSE t.ts + f.delay_us * interval '1 microsecond' END
+		FROM t, unnest($1::uuid[], $2::text[], $3::int8[], $4::bool[], $5::bool[]) AS f(id, err, delay_us, dead, counted)
 		WHERE o.id = f.id AND o.status = 'pending'`, ids, errs, delays, dead, counted)
 	if err != nil {
 		return fmt.Errorf("store: mark %d messages failed: %w", len(failures), err)

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -232,4 +233,33 @@ func TestRelayOutboxStatusCountsRelayRowsOnly(t *testing.T) {
 	require.Zero(t, status.DeadLetters)
 	require.Greater(t, status.OldestPendingAge, time.Duration(0))
 	require.Less(t, status.OldestPendingAge, time.Minute)
+}
+
+// Rows that failed together with the same delay (a broker outage) come
+// back in the order they were claimed: one reading of the clock for the
+// whole statement, not one per row, which the join's row order would
+// shuffle, reordering a key's messages after every outage.
+func TestMarkFailedKeepsTheClaimOrder(t *testing.T) {
+	t.Parallel()
+	ctx, pool, st, _ := relaySetup(t)
+	var ids []uuid.UUID
+	for range 200 {
+		ids = append(ids, insertRelay(t, ctx, pool, st, store.Message{AggregateID: "k"}))
+	}
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	claimed := claimIDs(t, ctx, tx, st, len(ids))
+	require.Equal(t, ids, claimed)
+	failures := make([]store.RelayFailure, len(claimed))
+	for i, id := range slices.Backward(claimed) {
+		failures[len(claimed)-1-i] = store.RelayFailure{ID: id, Err: "broker down", Outage: true}
+	}
+	require.NoError(t, st.MarkFailed(ctx, tx, failures))
+	require.NoError(t, tx.Commit(ctx))
+
+	tx, err = pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	require.Equal(t, ids, claimIDs(t, ctx, tx, st, len(ids)), "claimed again in the order first claimed")
 }

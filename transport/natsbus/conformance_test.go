@@ -73,7 +73,7 @@ func (b *broker) NewWriter(t *testing.T, link *transporttest.Link) relay.Writer 
 
 func (b *broker) NewReader(t *testing.T, link *transporttest.Link, group string, topics []string) transporttest.Reader {
 	r, err := natsbus.NewReader(b.connect(t, link), group, topics,
-		&natsbus.ReaderOpts{AckWait: testAckWait, PullWait: 500 * time.Millisecond})
+		&natsbus.ReaderOpts{AckWait: testAckWait, PullWait: 500 * time.Millisecond, AckTimeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

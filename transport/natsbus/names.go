@@ -80,20 +80,6 @@ func subjectProblem(topic string) string {
 	return ""
 }
 
-// partitionOf parses the partition from the subject of a message of
-// topic, or returns -1.
-func partitionOf(topic, subject string) int {
-	rest, ok := strings.CutPrefix(subject, topic+".")
-	if !ok {
-		return -1
-	}
-	p, err := strconv.Atoi(rest)
-	if err != nil || p < 0 || strconv.Itoa(p) != rest {
-		return -1
-	}
-	return p
-}
-
 // partitionsOf returns how many partitions a stream with these subjects
 // has: they must be topic.0 … topic.n-1, in order, as [Setup] makes them.
 func partitionsOf(topic string, subjects []string) (int, error) {

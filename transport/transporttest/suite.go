@@ -293,6 +293,7 @@ func keys(n int) []string {
 
 // effect is a row of the effects table.
 type effect struct {
+	N         int64
 	MessageID string
 	Key       string
 	Seq       int
@@ -301,7 +302,7 @@ type effect struct {
 
 func (e *env) effects() []effect {
 	e.t.Helper()
-	rows, err := e.pool.Query(context.Background(), "SELECT message_id, k, seq, body FROM "+e.table("effects")+" ORDER BY n")
+	rows, err := e.pool.Query(context.Background(), "SELECT n, message_id, k, seq, body FROM "+e.table("effects")+" ORDER BY n")
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -370,7 +371,13 @@ func (e *env) checkEffects(want int) []effect {
 		}
 		seen[f.MessageID] = true
 		if f.Seq <= last[f.Key] {
-			e.t.Fatalf("transporttest: key %s: effect of seq %d after seq %d: out of order", f.Key, f.Seq, last[f.Key])
+			var ofKey []effect
+			for _, g := range got {
+				if g.Key == f.Key {
+					ofKey = append(ofKey, g)
+				}
+			}
+			e.t.Fatalf("transporttest: key %s: effect of seq %d after seq %d: out of order; the key's effects: %+v", f.Key, f.Seq, last[f.Key], ofKey)
 		}
 		last[f.Key] = f.Seq
 	}
