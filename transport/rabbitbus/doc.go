@@ -144,9 +144,8 @@
 //	c, err := in.NewConsumer(r, &inbox.ConsumerConfig{Handlers: handlers})
 //
 //	// An engine consumes its replies (and, with AllSteps, its commands)
-//	// through readers too. KafkaConfig requires Brokers even when
-//	// NewReader makes every reader: any placeholder does.
-//	cfg.Kafka = &saga.KafkaConfig{Brokers: []string{"unused:9092"},
+//	// through readers too; no Kafka brokers are needed.
+//	cfg.Kafka = &saga.KafkaConfig{
 //		NewReader: func(group string, topics []string) saga.KafkaReader {
 //			r, err := rabbitbus.NewReader(dial, group, topics, &rabbitbus.ReaderOpts{Topology: topo})
 //			if err != nil { panic(err) } // only bad options fail here

@@ -23,11 +23,6 @@ import (
 	"github.com/sagaflow/sagaflow/transport/rabbitbus"
 )
 
-// placeholderBrokers fills saga.KafkaConfig.Brokers, which the engine
-// requires even when KafkaConfig.NewReader makes every reader; no Kafka
-// client is made from it.
-var placeholderBrokers = []string{"unused.invalid:9092"}
-
 type order struct {
 	OrderID  string `json:"order_id"`
 	Amount   int    `json:"amount"`
@@ -132,7 +127,7 @@ func TestSagaWithARemoteParticipantOverRabbitMQ(t *testing.T) {
 				return r
 			}
 			eng, err := saga.New(ordPool, &saga.Config{Schema: ordSchema, Workers: 2, Logger: quiet, RescueInterval: time.Second,
-				Kafka: &saga.KafkaConfig{Brokers: placeholderBrokers, GroupID: engineGroup, NewReader: newReader, AllSteps: allSteps}})
+				Kafka: &saga.KafkaConfig{GroupID: engineGroup, NewReader: newReader, AllSteps: allSteps}})
 			require.NoError(t, err)
 			require.NoError(t, eng.Register(def))
 			// Deployment: the engine's queues exist before anything is
