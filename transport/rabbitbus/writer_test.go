@@ -293,4 +293,3 @@ func TestWriterReconnectsAfterItsConnectionIsCut(t *testing.T) {
 		require.NoError(t, r.CommitMessages(e.ctx, m))
 	}
 }
-
