@@ -339,9 +339,10 @@ func (pc *pubChannel) poke() {
 	}
 }
 
-// confirm records the broker's answer for one message. Returns come in
-// publishing order and each before its message's confirm, so the oldest
-// unmatched return is this message's when it is this message.
+// confirm records the broker's answer for one message. The broker sends a
+// message's basic.return before its basic.ack, and the collector receives
+// both in that order, so a returned message's return is in pc.returned by
+// the time its confirm comes.
 func (pc *pubChannel) confirm(c amqp.Confirmation) {
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
@@ -350,11 +351,14 @@ func (pc *pubChannel) confirm(c amqp.Confirmation) {
 		return
 	}
 	f.done, f.acked = true, c.Ack
-	if len(pc.returned) > 0 {
-		r := pc.returned[0]
+	// The oldest unmatched return with this message's routing key, id and
+	// body: a message's return comes before its confirm, and returns of
+	// identical messages are interchangeable.
+	for i, r := range pc.returned {
 		if r.RoutingKey == f.routingKey && r.MessageId == f.messageID && bytes.Equal(r.Body, f.body) {
 			f.returned = &r
-			pc.returned = pc.returned[1:]
+			pc.returned = append(pc.returned[:i:i], pc.returned[i+1:]...)
+			break
 		}
 	}
 	pc.poke()
