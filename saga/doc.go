@@ -258,6 +258,35 @@
 // position and last error ([PauseCodeExhausted]); Resume runs the step again
 // with its attempts counted afresh. A permanent error still compensates.
 //
+// # Parallel steps
+//
+// A step with [Step.Parallel] is a group of [Branch]es that run at once, on
+// several workers (and engines), and complete together: the step completes
+// when every branch has completed. Each branch is a step of its own: its own
+// transaction (run.Tx), its own step-scoped key ("<step>.<branch>", e.g.
+// "prepare.card"), its own attempts and backoff ([Branch].Retry), its own row
+// ([Engine.Branches]) and its own history entries (step_completed and
+// step_failed under "<step>.<branch>").
+//
+// The state rule, which keeps concurrent branches from overwriting each
+// other: a branch's Action gets the saga's state by value, as it was when
+// the group started, and cannot change it; it returns a result instead,
+// stored with the branch. Once the last branch completes, [Parallel].Join
+// applies every result to the state, in that branch's transaction, under
+// the saga's row lock: branches end one at a time, so exactly one of them
+// sees all the others complete and joins.
+//
+// If a branch fails for good (a permanent error, or its attempts spent), or
+// Join fails, the group fails: branches still running are cancelled (one
+// that is mid-attempt finishes it, finds the group gone, and its effects
+// are rolled back with its transaction), the completed branches are
+// compensated (each branch's Compensate gets its result; the last branch in
+// the definition first, in one transaction), and then the steps before the
+// group, in reverse. A cancel during the group does the same. A resumed saga
+// that failed at a group runs again only the branches that had not
+// completed. A parallel step cannot be the pivot or come after it, and needs
+// the Postgres-only or hybrid mode (branch commands stay in PostgreSQL).
+//
 // # Versions
 //
 // A definition has a version ([Definition.WithVersion]; 1 when never set),
