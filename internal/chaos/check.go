@@ -673,14 +673,25 @@ func (e *Env) checkParcels(ctx context.Context, r *Report, parcels map[string]Pa
 		}
 		f := func(step string, dir steps.Direction) int { return ledger[key+"/"+step+"/"+string(dir)] }
 		fwd := func(step string) int { return f(step, steps.Forward) }
-		trail := fmt.Sprintf("pack=%d/%d stamp=%d picked=%d print=%d label=%d ship=%d", fwd("pack"), f("pack", steps.Compensate),
-			fwd("stamp"), fwd("picked"), fwd("print"), fwd("label"), fwd("ship"))
+		trail := fmt.Sprintf("pack=%d/%d stamp=%d box=%d/%d invoice=%d/%d picked=%d print=%d label=%d ship=%d", fwd("pack"), f("pack", steps.Compensate),
+			fwd("stamp"), fwd("box"), f("box", steps.Compensate), fwd("invoice"), f("invoice", steps.Compensate),
+			fwd("picked"), fwd("print"), fwd("label"), fwd("ship"))
+		// The parallel step's branches: each once, compensated once when the
+		// parcel compensates; absent in Kafka mode.
+		branches := 1
+		if e.AllSteps {
+			branches = 0
+		}
+		branchesOK := func(comp int) bool {
+			return fwd("box") == branches && fwd("invoice") == branches &&
+				f("box", steps.Compensate) == comp*branches && f("invoice", steps.Compensate) == comp*branches
+		}
 		switch s.status {
 		case "completed":
 			r.Completed++
 			r.ParcelsCompleted++
 			ok := !p.ChildFail && fwd("pack") == 1 && f("pack", steps.Compensate) == 0 && fwd("stamp") == 1 && fwd("picked") == 1 &&
-				fwd("print") == 1 && fwd("label") == 1 && fwd("ship") == 1
+				fwd("print") == 1 && fwd("label") == 1 && fwd("ship") == 1 && branchesOK(0)
 			if !ok {
 				if fwd("pack")+fwd("stamp")+fwd("picked")+fwd("print")+fwd("label")+fwd("ship") == 0 {
 					r.Lost++
@@ -693,7 +704,7 @@ func (e *Env) checkParcels(ctx context.Context, r *Report, parcels map[string]Pa
 			r.Compensated++
 			r.ParcelsCompensated++
 			ok := p.ChildFail && fwd("pack") == 1 && f("pack", steps.Compensate) == 1 && fwd("stamp") == 1 && fwd("picked") == 1 &&
-				fwd("print") == 0 && fwd("label") == 0 && fwd("ship") == 0
+				fwd("print") == 0 && fwd("label") == 0 && fwd("ship") == 0 && branchesOK(1)
 			if !ok {
 				r.Inconsistent++
 				r.violate("parcel %s (child fails: %v) compensated (%s) but ledger has %s", key, p.ChildFail, s.lastError, trail)

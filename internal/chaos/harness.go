@@ -108,7 +108,7 @@ func NewEnv(ctx context.Context, dir string, nodeCmd NodeCommand, allSteps bool)
 	}
 	e.def, e.slowDef = Definitions(External{}, 0, nil)
 	e.foreignDef = ForeignDefinition()
-	e.parcelDef, e.labelDef = ParcelDefinitions(0)
+	e.parcelDef, e.labelDef = ParcelDefinitions(0, !e.AllSteps)
 	if err = e.engine.Register(e.def, e.slowDef, e.foreignDef, e.parcelDef, e.labelDef); err != nil {
 		return nil, err
 	}

@@ -32,6 +32,11 @@ func MatrixCells(points, faults []string, seeds int) []Cell {
 	for _, p := range points {
 		for _, f := range faults {
 			for s := range seeds {
+				if p == fault.EngineBranchCompleted {
+					// Only the hybrid mode has parallel steps.
+					cells = append(cells, Cell{Point: p, Fault: f, Seed: uint64(s + 1)})
+					continue
+				}
 				if p == fault.EngineAfterHold {
 					cells = append(cells, Cell{Point: p, Fault: f, Seed: uint64(s + 1), AllSteps: true})
 					continue

@@ -167,7 +167,7 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 			return fmt.Errorf("chaos: unknown sabotage %q", cfg.Sabotage)
 		}
 		normal, slow := Definitions(x, pid, broken)
-		parcel, label := ParcelDefinitions(pid)
+		parcel, label := ParcelDefinitions(pid, !cfg.AllSteps)
 		if err := e.Register(normal, slow, parcel, label); err != nil {
 			return err
 		}

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -21,6 +22,10 @@ import (
 //	pack    local:  a ledger row; compensated by another ledger row
 //	cool    timer:  waits CoolMS (a few hundred milliseconds)
 //	stamp   local:  a ledger row: the effect of the step after the timer
+//	prepare parallel (hybrid mode only: Kafka mode has no parallel steps):
+//	                the branches box and invoice run at once, each writing
+//	                a ledger row and returning a result; each is compensated
+//	                by another ledger row; the join copies the results
 //	picked  signal: awaits the signal SignalPicked; its handler writes a
 //	                ledger row in the step's transaction
 //	label   child:  starts a label saga (one step, print, a ledger row) and
@@ -55,6 +60,7 @@ type Parcel struct {
 	ChildFail bool   `json:"child_fail,omitempty"`
 	Bin       string `json:"bin,omitempty"`   // from the signal
 	Label     string `json:"label,omitempty"` // from the child
+	Box       string `json:"box,omitempty"`   // from the join
 }
 
 // Label is the child saga's state.
@@ -75,8 +81,8 @@ type Picked struct {
 func signalID(key string) string { return "picked/" + key }
 
 // ParcelDefinitions are the parcel saga and its child; pid goes into the
-// ledger rows the process writes.
-func ParcelDefinitions(pid int) (parcel *saga.Definition[Parcel], label *saga.Definition[Label]) {
+// ledger rows the process writes. parallel adds the parallel step prepare.
+func ParcelDefinitions(pid int, parallel bool) (parcel *saga.Definition[Parcel], label *saga.Definition[Label]) {
 	local := func(step string, dir steps.Direction) saga.StepFunc[Parcel] {
 		return func(ctx context.Context, run *saga.StepRun, p *Parcel) error {
 			return record(ctx, run.Tx, pid, p.Key, step, dir)
@@ -90,10 +96,36 @@ func ParcelDefinitions(pid int) (parcel *saga.Definition[Parcel], label *saga.De
 			l.Code = "L-" + l.Key
 			return record(ctx, run.Tx, pid, l.Key, "print", steps.Forward)
 		}})
-	parcel = saga.Define(ParcelSagaName,
-		saga.Step[Parcel]{Name: "pack", Action: local("pack", steps.Forward), Compensate: local("pack", steps.Compensate)},
-		saga.Step[Parcel]{Name: "cool", Wait: saga.SleepFor(func(p *Parcel) time.Duration { return time.Duration(p.CoolMS) * time.Millisecond })},
-		saga.Step[Parcel]{Name: "stamp", Action: local("stamp", steps.Forward)},
+	branch := func(name string) saga.Branch[Parcel] {
+		return saga.Branch[Parcel]{Name: name,
+			Action: func(ctx context.Context, run *saga.StepRun, p Parcel) (any, error) {
+				return name + "-" + p.Key, record(ctx, run.Tx, pid, p.Key, name, steps.Forward)
+			},
+			Compensate: func(ctx context.Context, run *saga.StepRun, p Parcel, result json.RawMessage) error {
+				var got string
+				if err := json.Unmarshal(result, &got); err != nil || got != name+"-"+p.Key {
+					return steps.Permanent(fmt.Errorf("chaos: branch %s of parcel %s compensated with result %s", name, p.Key, result))
+				}
+				return record(ctx, run.Tx, pid, p.Key, name, steps.Compensate)
+			}}
+	}
+	prepare := saga.Step[Parcel]{Name: "prepare", Parallel: &saga.Parallel[Parcel]{
+		Branches: []saga.Branch[Parcel]{branch("box"), branch("invoice")},
+		Join: func(_ context.Context, _ *saga.StepRun, p *Parcel, results map[string]json.RawMessage) error {
+			if len(results) != 2 {
+				return steps.Permanent(fmt.Errorf("chaos: parcel %s joined %d results", p.Key, len(results)))
+			}
+			return json.Unmarshal(results["box"], &p.Box)
+		}}}
+	first := []saga.Step[Parcel]{
+		{Name: "pack", Action: local("pack", steps.Forward), Compensate: local("pack", steps.Compensate)},
+		{Name: "cool", Wait: saga.SleepFor(func(p *Parcel) time.Duration { return time.Duration(p.CoolMS) * time.Millisecond })},
+		{Name: "stamp", Action: local("stamp", steps.Forward)},
+	}
+	if parallel {
+		first = append(first, prepare)
+	}
+	parcel = saga.Define(ParcelSagaName, append(first,
 		saga.Step[Parcel]{Name: "picked", Wait: saga.OnSignal(SignalPicked,
 			func(ctx context.Context, run *saga.StepRun, p *Parcel, in Picked) error {
 				if in.Key != p.Key {
@@ -111,7 +143,7 @@ func ParcelDefinitions(pid int) (parcel *saga.Definition[Parcel], label *saga.De
 				return record(ctx, run.Tx, pid, p.Key, "label", steps.Forward)
 			})},
 		saga.Step[Parcel]{Name: "ship", Action: local("ship", steps.Forward)},
-	)
+	)...)
 	return parcel, label
 }
 

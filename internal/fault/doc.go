@@ -80,6 +80,7 @@ var Points = []string{
 	RescueAfterRead,
 	EngineWaitBeforeCommit, EngineWaitAfterCommit,
 	SignalBeforeCommit, SignalAfterCommit,
+	EngineBranchCompleted,
 }
 
 // Env is the environment variable that arms a point in a sagaflow_faults build.
