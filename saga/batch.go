@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -505,6 +506,9 @@ func (b *batch) reply(ctx context.Context, c *store.Claimed, ls *store.LockedSag
 	idx, known := 0, false
 	if def != nil {
 		idx, known = def.byName[sg.StepName]
+	}
+	if known && def.steps[idx].parallel != nil && strings.HasPrefix(key.Step, sg.StepName+".") {
+		return b.branchReply(ctx, c, ls, def, idx, key, last)
 	}
 	if !known || !sg.AwaitingReply || sg.StepName != key.Step || sg.Direction != string(key.Direction) || sg.Epoch != key.Epoch {
 		e.stats.stale.Add(1)

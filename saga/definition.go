@@ -280,6 +280,9 @@ func (c *compiled) hasRemote() bool {
 		if s.remoteTopic != "" {
 			return true
 		}
+		if s.parallel != nil && s.parallel.hasRemote() {
+			return true
+		}
 	}
 	return false
 }

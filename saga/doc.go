@@ -287,6 +287,15 @@
 // completed. A parallel step cannot be the pivot or come after it, and needs
 // the Postgres-only or hybrid mode (branch commands stay in PostgreSQL).
 //
+// A branch can call another service instead ([Branch].Remote, a
+// [RemoteBranch]): the commands of all remote branches go out when the group
+// starts, to several participants at once, and each reply completes its
+// branch with the reply's result (a refusal fails the group). A remote
+// branch with no reply within its Timeout fails the group too, and is
+// compensated with the others, with a null result, since the participant may
+// have acted. Its Compensate runs locally (to undo the participant's work,
+// write a command for it with package outbox in run.Tx).
+//
 // # Versions
 //
 // A definition has a version ([Definition.WithVersion]; 1 when never set),

@@ -3,6 +3,7 @@ package saga
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -42,8 +43,15 @@ type Branch[S any] struct {
 	Name string
 	// Action does the branch's work in its own transaction (run.Tx), given
 	// the state as the group started. Its result (nil for none) is encoded
-	// as JSON for Join and Compensate. Required.
+	// as JSON for Join and Compensate. Required, unless Remote is set.
 	Action func(ctx context.Context, run *StepRun, state S) (any, error)
+	// Remote, instead of Action, makes the branch a call to another
+	// service: its command goes to the participant when the group starts,
+	// and the participant's reply completes the branch (its result is the
+	// branch's result) or, refused, fails it for good. No reply within
+	// Timeout fails the branch for good, and the group compensates it too
+	// (Compensate gets a null result), since the participant may have acted.
+	Remote *RemoteBranch[S]
 	// Compensate undoes Action, given its result, when the group fails (a
 	// branch or the join failed for good) or a later step fails for good,
 	// or the saga is cancelled. Optional.
@@ -54,6 +62,18 @@ type Branch[S any] struct {
 	Retry *RetryPolicy
 	// Timeout bounds one attempt. Defaults to StepTimeoutDefault.
 	Timeout time.Duration
+}
+
+// RemoteBranch is a branch that calls another service (see [Branch].Remote),
+// as a [Remote] step does. Its compensation is the branch's Compensate,
+// which runs locally: to undo the participant's work, it writes a command
+// for the participant in its transaction (package outbox).
+type RemoteBranch[S any] struct {
+	// Topic receives the command; Type is the command's type, which the
+	// participant routes on. Required.
+	Topic, Type string
+	// Command builds the command's payload, encoded as JSON. Required.
+	Command func(ctx context.Context, run *StepRun, state S) (any, error)
 }
 
 // History events of parallel steps.
@@ -73,12 +93,16 @@ type compiledParallel struct {
 	// run runs branch i on the encoded state and returns its encoded
 	// result.
 	run func(ctx context.Context, r *StepRun, i int, state []byte) ([]byte, error)
+	// command builds remote branch i's command payload.
+	command func(ctx context.Context, r *StepRun, i int, state []byte) ([]byte, error)
 	// join applies the results to the encoded state.
 	join func(ctx context.Context, r *StepRun, state []byte, results map[string]json.RawMessage) ([]byte, error)
 }
 
 type compiledBranch struct {
 	name          string
+	remoteTopic   string // set for a remote branch
+	remoteType    string
 	retry         RetryPolicy
 	timeout       time.Duration
 	hasCompensate bool
@@ -92,6 +116,10 @@ type branchResult struct {
 
 func (p *compiledParallel) hasCompensate() bool {
 	return slices.ContainsFunc(p.branches, func(b compiledBranch) bool { return b.hasCompensate })
+}
+
+func (p *compiledParallel) hasRemote() bool {
+	return slices.ContainsFunc(p.branches, func(b compiledBranch) bool { return b.remoteTopic != "" })
 }
 
 func (p *compiledParallel) index(name string) int {
@@ -121,8 +149,13 @@ func compileParallel[S any](saga, step string, p *Parallel[S]) (*compiledParalle
 		if c.index(b.Name) >= 0 {
 			return nil, bad("two branches named %q", b.Name)
 		}
-		if b.Action == nil {
+		switch {
+		case b.Action == nil && b.Remote == nil:
 			return nil, bad("branch %q has no Action", b.Name)
+		case b.Action != nil && b.Remote != nil:
+			return nil, bad("branch %q has both an Action and a Remote", b.Name)
+		case b.Remote != nil && (b.Remote.Topic == "" || b.Remote.Type == "" || b.Remote.Command == nil):
+			return nil, bad("branch %q: Remote needs Topic, Type and Command", b.Name)
 		}
 		if b.Timeout < 0 {
 			return nil, bad("branch %q has a negative Timeout", b.Name)
@@ -134,8 +167,11 @@ func compileParallel[S any](saga, step string, p *Parallel[S]) (*compiledParalle
 		if timeout == 0 {
 			timeout = StepTimeoutDefault
 		}
-		c.branches = append(c.branches, compiledBranch{name: b.Name, retry: b.Retry.withDefaults(), timeout: timeout,
-			hasCompensate: b.Compensate != nil})
+		cb := compiledBranch{name: b.Name, retry: b.Retry.withDefaults(), timeout: timeout, hasCompensate: b.Compensate != nil}
+		if b.Remote != nil {
+			cb.remoteTopic, cb.remoteType = b.Remote.Topic, b.Remote.Type
+		}
+		c.branches = append(c.branches, cb)
 	}
 	decode := func(raw []byte) (S, error) {
 		var s S
@@ -156,6 +192,21 @@ func compileParallel[S any](saga, step string, p *Parallel[S]) (*compiledParalle
 		out, err := json.Marshal(v)
 		if err != nil {
 			return nil, steps.Permanent(steps.WithCode(CodeStateEncode, fmt.Errorf("encode the result of branch %q: %w", p.Branches[i].Name, err)))
+		}
+		return out, nil
+	}
+	c.command = func(ctx context.Context, r *StepRun, i int, raw []byte) ([]byte, error) {
+		s, err := decode(raw)
+		if err != nil {
+			return nil, err
+		}
+		v, err := p.Branches[i].Remote.Command(ctx, r, s)
+		if err != nil {
+			return nil, err
+		}
+		out, err := json.Marshal(v)
+		if err != nil {
+			return nil, steps.Permanent(fmt.Errorf("encode the command of branch %q: %w", p.Branches[i].Name, err))
 		}
 		return out, nil
 	}
@@ -241,7 +292,20 @@ func (b *batch) enterGroup(ctx context.Context, sg *store.Saga, def *compiled, i
 	tr.History = []store.HistoryEntry{{SagaID: sg.ID, Event: EventBranchesStarted, StepName: sg.StepName,
 		Direction: string(steps.Forward), Epoch: sg.Epoch, Detail: detail}}
 	for _, name := range run {
-		tr.Messages = append(tr.Messages, e.branchMessage(sg, sg.StepName, name, 0))
+		br := p.branches[p.index(name)]
+		if br.remoteTopic == "" {
+			tr.Messages = append(tr.Messages, e.branchMessage(sg, sg.StepName, name, 0))
+			continue
+		}
+		// A remote branch: its command to the participant, and its
+		// timeout, a branch command due when the reply is late.
+		m, err := b.remoteBranchCommand(ctx, sg, p, name)
+		if err != nil {
+			d := e.machine.groupFailed(sg, def, idx, sg.StepName+"."+name, 1, steps.Permanent(err), 0)
+			b.tx.write(sg, e.transition(sg, d), sp, true, last, nil, func() { e.stats.failed.Add(1) })
+			return nil
+		}
+		tr.Messages = append(tr.Messages, m, e.branchMessage(sg, sg.StepName, name, br.timeout))
 	}
 	stampAll(tr, sg.TraceContext)
 	b.announce += len(run) - 1 // one wake-up per branch, so that they start on several workers
@@ -285,6 +349,16 @@ func (b *batch) branch(ctx context.Context, c *store.Claimed, cmd command, ls *s
 	if err := b.tx.flush(); err != nil { // the savepoint exists before anything is rolled back to it
 		return err
 	}
+	if p.branches[bi].remoteTopic != "" {
+		// A remote branch's command is its timeout: no reply came in time.
+		sg, ok, err := b.lockGroup(ctx, ls)
+		if err != nil || !ok {
+			return err
+		}
+		herr := steps.Permanent(steps.WithCode(CodeReplyTimeout, fmt.Errorf("no reply from %s within the branch's Timeout (%s)",
+			p.branches[bi].remoteTopic, p.branches[bi].timeout)))
+		return b.branchFailed(ctx, sg, def, idx, bi, rows[i].Attempt+1, herr, p.branches[bi].timeout, sp, last)
+	}
 	attempt := rows[i].Attempt + 1
 	key := steps.Key{SagaID: ls.ID, Step: cmd.Step, Direction: steps.Forward, Epoch: ls.Epoch}
 	run := &StepRun{Tx: b.tx.step(), Key: key, SagaID: ls.ID, SagaName: ls.Name, BusinessKey: deref(ls.BusinessKey),
@@ -294,32 +368,45 @@ func (b *batch) branch(ctx context.Context, c *store.Claimed, cmd command, ls *s
 		return p.run(ctx, run, bi, ls.State)
 	})
 	fault.At(ctx, fault.EngineAfterHandler)
-	if _, ok := herr.(*abandonedError); ok {
+	var ab *abandonedError
+	if errors.As(herr, &ab) {
 		return errAbandoned // the transaction is lost; the command runs again
 	}
 	elapsed := time.Since(started)
 	if herr == nil && len(result) > e.cfg.MaxStateBytes {
 		herr = steps.Permanent(steps.WithCode(CodeTooLarge, fmt.Errorf("branch %q returned %d bytes, more than MaxStateBytes", name, len(result))))
 	}
-	// Under the saga's row lock from here: the branches of one saga end one
-	// at a time, so the last sees every other.
-	sg, err := e.st.GetSaga(ctx, b.tx.tx, ls.ID, true)
-	if err != nil {
-		return err
-	}
-	if sg.Version != ls.Version && (Status(sg.Status) != StatusRunning || sg.StepName != ls.StepName || sg.Epoch != ls.Epoch ||
-		deref(sg.WaitKind) != store.WaitBranches) {
-		// The group ended (failed, or the saga was cancelled) while the
-		// branch ran: its effects are rolled back.
+	if herr != nil {
+		// The attempt's writes go first: the handler may have left the
+		// transaction unusable.
 		if _, err := b.tx.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+sp); err != nil {
 			return err
 		}
-		e.stats.stale.Add(1)
-		return nil
+	}
+	// Under the saga's row lock from here: the branches of one saga end one
+	// at a time, so the last sees every other.
+	sg, ok, err := b.lockGroup(ctx, ls)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		// The group ended (failed, or the saga was cancelled) while the
+		// branch ran: its effects are rolled back.
+		_, err := b.tx.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+sp)
+		return err
 	}
 	if herr != nil {
 		return b.branchFailed(ctx, sg, def, idx, bi, attempt, herr, elapsed, sp, last)
 	}
+	return b.branchCompleted(ctx, sg, def, idx, name, key, attempt, result, elapsed, sp, last)
+}
+
+// branchCompleted ends branch name of sg's parallel step idx with its
+// result, under the saga's row lock, and joins the group when it was the
+// last to complete.
+func (b *batch) branchCompleted(ctx context.Context, sg *store.Saga, def *compiled, idx int, name string, key steps.Key, attempt int,
+	result []byte, elapsed time.Duration, sp string, last bool) error {
+	e := b.e
 	ended, err := e.st.EndBranch(ctx, b.tx.tx, sg.ID, sg.Epoch, sg.StepName, name, store.BranchCompleted, attempt, result, nil, nil)
 	if err != nil {
 		return err
@@ -334,20 +421,20 @@ func (b *batch) branch(ctx context.Context, c *store.Claimed, cmd command, ls *s
 	if _, err := e.st.InsertInboxKey(ctx, b.tx.tx, store.InboxConsumerEngine, key.String()); err != nil {
 		return err
 	}
-	if err := e.st.InsertHistory(ctx, b.tx.tx, &store.HistoryEntry{SagaID: sg.ID, Event: EventStepCompleted, StepName: cmd.Step,
+	if err := e.st.InsertHistory(ctx, b.tx.tx, &store.HistoryEntry{SagaID: sg.ID, Event: EventStepCompleted, StepName: key.Step,
 		Direction: string(steps.Forward), Epoch: sg.Epoch, Attempt: attempt, Detail: durationDetail(elapsed, nil)}); err != nil {
 		return err
 	}
 	e.stats.succeeded.Add(1)
 	fault.At(ctx, fault.EngineBranchCompleted)
-	rows, err = e.st.Branches(ctx, b.tx.tx, sg.ID, sg.Epoch, sg.StepName)
+	rows, err := e.st.Branches(ctx, b.tx.tx, sg.ID, sg.Epoch, sg.StepName)
 	if err != nil {
 		return err
 	}
 	if slices.ContainsFunc(rows, func(r store.Branch) bool { return r.Status != store.BranchCompleted }) {
 		return nil // others still run
 	}
-	return b.join(ctx, sg, def, idx, b.tx.savepoint(), last, started)
+	return b.join(ctx, sg, def, idx, b.tx.savepoint(), last, time.Now().Add(-elapsed))
 }
 
 // join completes parallel step idx of sg, whose branches all completed:
@@ -458,8 +545,13 @@ func (b *batch) groupResults(ctx context.Context, sg *store.Saga, def *compiled,
 	var out []branchResult
 	for i, name := range def.steps[idx].parallel.names() {
 		for _, r := range rows {
-			if r.Name == name && r.Status == store.BranchCompleted {
+			switch {
+			case r.Name != name:
+			case r.Status == store.BranchCompleted:
 				out = append(out, branchResult{index: i, result: r.Result})
+			case r.Status == store.BranchFailed && deref(r.ErrorCode) == CodeReplyTimeout:
+				// No reply came: the participant may have acted.
+				out = append(out, branchResult{index: i, result: json.RawMessage("null")})
 			}
 		}
 	}
@@ -506,4 +598,99 @@ func (e *Engine) Branches(ctx context.Context, id uuid.UUID) ([]BranchInfo, erro
 
 func (c *compiled) hasParallel() bool {
 	return slices.ContainsFunc(c.steps, func(s compiledStep) bool { return s.parallel != nil })
+}
+
+// remoteBranchCommand builds the command of remote branch name of sg's
+// parallel step p, for its participant.
+func (b *batch) remoteBranchCommand(ctx context.Context, sg *store.Saga, p *compiledParallel, name string) (store.Message, error) {
+	e := b.e
+	bi := p.index(name)
+	br := p.branches[bi]
+	key := steps.Key{SagaID: sg.ID, Step: sg.StepName + "." + name, Direction: steps.Forward, Epoch: sg.Epoch}
+	run := &StepRun{Tx: b.tx.step(), Key: key, SagaID: sg.ID, SagaName: sg.Name, BusinessKey: deref(sg.BusinessKey),
+		Step: key.Step, Direction: steps.Forward, Epoch: sg.Epoch, Attempt: 1}
+	payload, err := recovered(func() ([]byte, error) { return p.command(ctx, run, bi, sg.State) })
+	if err != nil {
+		return store.Message{}, err
+	}
+	id := uuid.Must(uuid.NewV7())
+	keyText := key.String()
+	m := store.Message{
+		ID: id, Topic: br.remoteTopic, Delivery: store.DeliveryRelay, AggregateType: aggregateType(sg.Name, sg.DefVersion),
+		AggregateID: sg.ID.String(), Type: br.remoteType, Payload: payload, SagaID: &sg.ID, StepKey: &keyText,
+		Headers: map[string]string{
+			wire.HeaderMessageID: id.String(), wire.HeaderType: br.remoteType, wire.HeaderSagaID: sg.ID.String(),
+			wire.HeaderStepKey: keyText, wire.HeaderReplyTo: e.replyTopic(sg.Name), wire.HeaderDirection: string(steps.Forward),
+		},
+	}
+	e.sign(&m)
+	return m, nil
+}
+
+// lockGroup takes the saga's row lock, under which a group's branches end
+// one at a time, and reports whether the saga is still in the group ls
+// was in (same step, epoch, running, waiting for its branches).
+func (b *batch) lockGroup(ctx context.Context, ls *store.LockedSaga) (*store.Saga, bool, error) {
+	if err := b.tx.flush(); err != nil {
+		return nil, false, err
+	}
+	sg, err := b.e.st.GetSaga(ctx, b.tx.tx, ls.ID, true)
+	if err != nil {
+		return nil, false, err
+	}
+	if Status(sg.Status) != StatusRunning || sg.StepName != ls.StepName || sg.Epoch != ls.Epoch ||
+		sg.Direction != string(steps.Forward) || deref(sg.WaitKind) != store.WaitBranches {
+		b.e.stats.stale.Add(1)
+		return sg, false, nil
+	}
+	return sg, true, nil
+}
+
+// branchReply applies a participant's reply to a remote branch of the
+// saga's parallel step: the branch completes with the reply's result, or,
+// refused, fails for good (and with it the group).
+func (b *batch) branchReply(ctx context.Context, c *store.Claimed, ls *store.LockedSaga, def *compiled, idx int, key steps.Key, last bool) error {
+	e := b.e
+	p := def.steps[idx].parallel
+	name := strings.TrimPrefix(key.Step, ls.StepName+".")
+	bi := p.index(name)
+	if bi < 0 || p.branches[bi].remoteTopic == "" || key.Direction != steps.Forward || key.Epoch != ls.Epoch {
+		e.stats.stale.Add(1)
+		return nil
+	}
+	r, err := wire.DecodeReply(c.Payload)
+	if err != nil {
+		return b.park(ctx, c, &ls.ID, CodeMalformed, "malformed reply: "+err.Error())
+	}
+	sg, ok, err := b.lockGroup(ctx, ls)
+	if err != nil || !ok {
+		return err
+	}
+	rows, err := e.st.Branches(ctx, b.tx.tx, sg.ID, sg.Epoch, sg.StepName)
+	if err != nil {
+		return err
+	}
+	i := slices.IndexFunc(rows, func(r store.Branch) bool { return r.Name == name })
+	if i < 0 || rows[i].Status != store.BranchRunning {
+		e.stats.stale.Add(1) // a duplicate, or a reply after the timeout
+		return nil
+	}
+	sp := b.tx.savepoint()
+	if err := b.tx.flush(); err != nil {
+		return err
+	}
+	attempt := rows[i].Attempt + 1
+	if !r.OK {
+		code := r.Code
+		if code == "" {
+			code = CodeRefused
+		}
+		herr := steps.Permanent(steps.WithCode(code, fmt.Errorf("%s", r.Error)))
+		return b.branchFailed(ctx, sg, def, idx, bi, attempt, herr, 0, sp, last)
+	}
+	result := []byte(r.Result)
+	if len(result) == 0 {
+		result = []byte("null")
+	}
+	return b.branchCompleted(ctx, sg, def, idx, name, key, attempt, result, 0, sp, last)
 }

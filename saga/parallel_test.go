@@ -45,7 +45,9 @@ func (s *spans) record(name string, from time.Time) {
 // returns a result; each compensable), joined into the state, then ship.
 // fn, when set, runs first in each branch.
 func parallelSaga(b *bundle, name string, fn func(ctx context.Context, branch string) error) *saga.Definition[checkout] {
-	rec := func(ctx context.Context, run *saga.StepRun, _ *checkout) error { return recordEffect(ctx, run, b.schema) }
+	rec := func(ctx context.Context, run *saga.StepRun, _ *checkout) error {
+		return recordEffect(ctx, run, b.schema)
+	}
 	branch := func(name, result string) saga.Branch[checkout] {
 		return saga.Branch[checkout]{Name: name,
 			Action: func(ctx context.Context, run *saga.StepRun, o checkout) (any, error) {
@@ -136,7 +138,9 @@ func TestParallelBranchesOverlapAndJoin(t *testing.T) {
 func TestParallelBranchFailureCompensatesExactlyTheCompletedOnes(t *testing.T) {
 	t.Parallel()
 	b := setup(t, &saga.Config{Workers: 4})
-	rec := func(ctx context.Context, run *saga.StepRun, _ *checkout) error { return recordEffect(ctx, run, b.schema) }
+	rec := func(ctx context.Context, run *saga.StepRun, _ *checkout) error {
+		return recordEffect(ctx, run, b.schema)
+	}
 	stockDone := make(chan struct{})
 	var slowDone atomic.Bool
 	comp := func(name string) func(ctx context.Context, run *saga.StepRun, _ checkout, _ json.RawMessage) error {
