@@ -344,6 +344,28 @@ func TestUI(t *testing.T) {
 		_, err = ui.New(f.pool, f.engine, &ui.Config{Prefix: "ops/"})
 		require.Error(t, err)
 	})
+
+	t.Run("paused", func(t *testing.T) {
+		// A paused saga shows its pause, the reason escaped, and its
+		// definition version.
+		c := client(t)
+		ctx := context.Background()
+		st, err := saga.Start(ctx, f.engine, f.hold, order{ID: "o-paused"}, nil)
+		require.NoError(t, err)
+		require.NoError(t, f.engine.Pause(ctx, st.ID, "<script>alert(2)</script> incident"))
+		t.Cleanup(func() {
+			// Unpaused and cancelled, so that nothing of it runs on when
+			// the engine stops.
+			require.NoError(t, f.engine.Resume(ctx, st.ID, "test over"))
+			require.NoError(t, f.engine.Cancel(ctx, st.ID, "test over"))
+			f.waitStatus(t, st.ID, saga.StatusCompensated)
+		})
+		_, body, _ := get(t, c, ro.URL+"/sagas/"+st.ID.String())
+		require.Contains(t, body, `id="paused"`)
+		require.Contains(t, body, "&lt;script&gt;alert(2)&lt;/script&gt; incident")
+		require.Contains(t, body, `<span id="def-version">1</span>`)
+		require.NotContains(t, body, "<script>alert(2)")
+	})
 }
 
 // hasReason reports whether the saga's history has an event of typ whose
