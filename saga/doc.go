@@ -316,8 +316,8 @@
 // the new position, the old position's pending commands deleted, a
 // saga_migrated history entry), with a dry run that computes the same moves
 // and writes nothing. A saga whose step runs at that moment, that waits for
-// a remote reply or a child saga, or that Map refuses is skipped with the
-// reason. The epoch is kept, so a step the saga completed under the same name
+// a remote reply, a child saga or its parallel step's branches, or that Map
+// refuses is skipped with the reason. The epoch is kept, so a step the saga completed under the same name
 // and direction is not run again ([SagaMove].KeyReused says so in advance).
 //
 // # Kafka, remote steps, and the two modes

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
@@ -264,4 +265,36 @@ func TestParallelBranchCommitFailuresLoseAndDoubleNothing(t *testing.T) {
 		require.ElementsMatch(t, []string{"customer/forward", "prepare.stock/forward", "prepare.card/forward", "ship/forward"}, b.effects(t, st.ID))
 	}
 	require.Greater(t, crashes.Load(), int32(4), "the crashes happened")
+}
+
+// A saga whose branches run is not migrated (its branches would be
+// orphaned): the migration skips it with the reason, and it completes on
+// its version.
+func TestMigrationSkipsASagaInAParallelStep(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &saga.Config{Workers: 4})
+	release := make(chan struct{})
+	v1 := parallelSaga(b, "parallel-migrate", func(context.Context, string) error {
+		<-release
+		return nil
+	})
+	v2 := parallelSaga(b, "parallel-migrate", nil).WithVersion(2)
+	require.NoError(t, b.engine.Register(v1, v2))
+	b.start(t)
+	ctx := context.Background()
+	st, err := saga.Start(ctx, b.engine, v1, checkout{OrderID: "m"}, nil)
+	require.NoError(t, err)
+	waitFor(t, 10*time.Second, func() bool {
+		in, err := b.engine.Get(ctx, st.ID)
+		return err == nil && in.Wait != nil && in.Wait.Kind == "branches"
+	}, "the branches to start")
+	res, err := saga.MigrateSagas(ctx, b.engine, saga.Migration[checkout, checkout]{From: v1, To: v2,
+		Map: func(_ context.Context, _ uuid.UUID, c *checkout, at saga.Position) (*checkout, saga.Position, error) { return c, at, nil }}, nil)
+	require.NoError(t, err)
+	require.Len(t, res.Moves, 1)
+	require.Contains(t, res.Moves[0].Skipped, "parallel step")
+	close(release)
+	in := b.waitTerminal(t, st.ID)
+	require.Equal(t, saga.StatusCompleted, in.Status)
+	require.Equal(t, 1, in.DefinitionVersion)
 }

@@ -289,6 +289,8 @@ func migratable(sg *store.Saga, from *compiled) string {
 		return "it waits for the reply of a remote step; migrate it once the reply has come"
 	case deref(sg.WaitKind) == store.WaitChild:
 		return "it waits for a child saga; migrate it once the child has ended"
+	case deref(sg.WaitKind) == store.WaitBranches:
+		return "its parallel step's branches run; migrate it once the step has ended"
 	}
 	return ""
 }
