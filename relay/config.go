@@ -119,7 +119,22 @@ type Config struct {
 	// the outbox gauges (pending rows, oldest pending age, dead rows).
 	// Defaults to GaugeIntervalDefault.
 	GaugeInterval time.Duration
+	// Sweeper makes this relay the sweeper beside a log-based relay
+	// ([LogicalRelay]): it claims only the rows the stream does not carry
+	// (rows due later than they were written, rows that failed or were
+	// requeued or replayed, which have attempts) and rows pending longer
+	// than SweepAfter (a backstop for a slot that lost rows), and it does
+	// not LISTEN, so it never races the log-based relay for a row due at
+	// once. Defaults to false: a relay that publishes every due row.
+	Sweeper bool
+	// SweepAfter is, for a Sweeper, how long a row that the log-based relay
+	// should publish may stay pending before the sweeper publishes it.
+	// Defaults to SweepAfterDefault.
+	SweepAfter time.Duration
 }
+
+// SweepAfterDefault is a sweeper's default SweepAfter.
+const SweepAfterDefault = 30 * time.Second
 
 // Retention defaults of a [Relay].
 const (
@@ -136,6 +151,12 @@ func (c *Config) withDefaults() (Config, error) {
 	out := Config{}
 	if c != nil {
 		out = *c
+	}
+	if out.SweepAfter < 0 {
+		return out, fmt.Errorf("%w: SweepAfter must not be negative", ErrInvalidConfig)
+	}
+	if out.Sweeper && out.SweepAfter == 0 {
+		out.SweepAfter = SweepAfterDefault
 	}
 	if out.Schema == "" {
 		out.Schema = store.SchemaDefault

@@ -263,3 +263,52 @@ func TestLogicalRelayEndToEnd(t *testing.T) {
 	require.Equal(t, "pending", status, "a delayed row is left to the polling relay")
 	t.Logf("%d rows, %d messages read (%d duplicates), 0 lost", len(want), len(msgs), len(msgs)-len(want))
 }
+
+// TestSweeperBesideALogicalRelay: a polling relay in sweeper mode beside the
+// log-based relay publishes what the stream does not carry (a delayed row,
+// a row requeued after it failed) and never races the stream for a row due
+// at once: every row reaches the topic exactly once.
+func TestSweeperBesideALogicalRelay(t *testing.T) {
+	e := setupLogical(t)
+	e.start()
+	w := relay.NewKafkaWriter(e.kc.Addrs(), &relay.WriterOpts{MaxAttempts: 1})
+	t.Cleanup(func() { _ = w.Close() })
+	sweeper, err := relay.New(e.pool, w, &relay.Config{Schema: cdcSchema, Sweeper: true, PollInterval: 50 * time.Millisecond, Logger: quiet})
+	require.NoError(t, err)
+	require.NoError(t, sweeper.Start(e.ctx))
+	t.Cleanup(func() { _ = sweeper.Stop(context.Background()) })
+
+	var want []uuid.UUID
+	for i := range 20 {
+		want = append(want, e.insert(t, []int{3 * i, 3*i + 1, 3*i + 2}, "relay")...)
+		// The engine's and outbox.InsertTx's wake-up: a relay that listened
+		// would race the stream for these rows.
+		_, err := e.pool.Exec(e.ctx, `SELECT pg_notify($1, $2)`, cdcSchema+"_sagaflow", topicOrders)
+		require.NoError(t, err)
+	}
+	delayed := uuid.New()
+	_, err = e.pool.Exec(e.ctx, `INSERT INTO cdc.outbox (id, topic, aggregateid, type, payload, available_at)
+		VALUES ($1, $2, 'k', 'test', '\x00', now() + interval '300 milliseconds')`, delayed, topicOrders)
+	require.NoError(t, err)
+	want = append(want, delayed)
+	waitFor(t, time.Minute, "every row published", func() bool { return e.published(t) == len(want) })
+	time.Sleep(500 * time.Millisecond) // a duplicate would have been written by now
+
+	msgs, err := e.kc.ReadAll(e.ctx, topicOrders)
+	require.NoError(t, err)
+	seen := map[string]int{}
+	for _, m := range msgs {
+		for _, h := range m.Headers {
+			if h.Key == "sagaflow-message-id" {
+				seen[string(h.Value)]++
+			}
+		}
+	}
+	for _, id := range want {
+		require.Equal(t, 1, seen[id.String()], "row %s published once", id)
+	}
+	require.Len(t, seen, len(want))
+	h, err := sweeper.Health(e.ctx)
+	require.NoError(t, err)
+	require.Positive(t, h.Published, "the sweeper published the delayed row")
+}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
@@ -106,7 +107,9 @@ func (r *Relay) Wake() {
 // [Relay.StopAndCancel] does.
 func (r *Relay) Start(ctx context.Context) error {
 	started, err := r.life.Start(ctx, func(fetch, work context.Context, wg *sync.WaitGroup) {
-		wg.Go(func() { r.listen(fetch) })
+		if !r.cfg.Sweeper {
+			wg.Go(func() { r.listen(fetch) })
+		}
 		wg.Go(func() { r.loop(fetch, work) })
 		if r.cfg.Retention > 0 {
 			wg.Go(func() { r.retain(fetch) })
@@ -229,7 +232,13 @@ func (r *Relay) cycle(ctx context.Context) (cycleResult, error) {
 		return res, fmt.Errorf("relay: begin claim: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // a no-op after Commit
-	rows, err := r.st.ClaimRelayBatch(ctx, tx, r.cfg.BatchSize)
+	claim := r.st.ClaimRelayBatch
+	if r.cfg.Sweeper {
+		claim = func(ctx context.Context, tx pgx.Tx, limit int) ([]store.RelayMessage, error) {
+			return r.st.ClaimSweepBatch(ctx, tx, limit, r.cfg.SweepAfter)
+		}
+	}
+	rows, err := claim(ctx, tx, r.cfg.BatchSize)
 	if err != nil {
 		return res, err
 	}

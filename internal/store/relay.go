@@ -79,6 +79,36 @@ func (s *Store) ClaimRelayBatch(ctx context.Context, tx pgx.Tx, limit int) ([]Re
 	return out, nil
 }
 
+// ClaimSweepBatch claims as [Store.ClaimRelayBatch] does, but only the rows
+// a log-based relay leaves to a sweeper: rows due later than they were
+// written, rows with attempts (failed, requeued, replayed), and rows pending
+// longer than after.
+func (s *Store) ClaimSweepBatch(ctx context.Context, tx pgx.Tx, limit int, after time.Duration) ([]RelayMessage, error) {
+	rows, err := tx.Query(ctx, `SELECT id, topic, aggregatetype, aggregateid, type, payload, headers::text, saga_id, step_key,
+			attempts, created_at
+		FROM `+quoteSchema(s.schema)+`.outbox
+		WHERE status = 'pending' AND delivery = 'relay' AND available_at <= now()
+			AND (available_at > created_at OR attempts > 0 OR created_at < now() - $2 * interval '1 microsecond')
+		ORDER BY available_at, id
+		LIMIT $1
+		FOR UPDATE SKIP LOCKED`, limit, micros(after))
+	if err != nil {
+		return nil, fmt.Errorf("store: claim %d relay messages to sweep: %w", limit, err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (RelayMessage, error) {
+		var m RelayMessage
+		var headers string
+		err := r.Scan(&m.ID, &m.Topic, &m.AggregateType, &m.AggregateID, &m.Type, &m.Payload, &headers,
+			&m.SagaID, &m.StepKey, &m.Attempts, &m.CreatedAt)
+		m.Headers = []byte(headers)
+		return m, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: claim %d relay messages to sweep: %w", limit, err)
+	}
+	return out, nil
+}
+
 // MarkPublished records that the broker acknowledged the rows ids: status
 // 'published', published_at now (clock_timestamp()), one more attempt, no
 // last error. Rows that are no longer pending are left alone.
