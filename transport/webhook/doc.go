@@ -1,0 +1,45 @@
+// Package webhook publishes outbox messages to HTTP endpoints, and verifies
+// them on the receiving side.
+//
+// A [Publisher] is a relay writer (give it to relay.New): each message of an
+// outbox topic listed in Config.URLs is POSTed to its URL, the body being
+// the message's payload. The request carries:
+//
+//   - Content-Type: Config.ContentType (application/json by default);
+//   - Idempotency-Key: the message id (the sagaflow-message-id header), the
+//     same for every retry of the message: receivers deduplicate by it;
+//   - Sagaflow-Key: the message's key (its outbox row's aggregateid);
+//   - "Sagaflow-" + name: each of the message's headers, its name prefixed
+//     as it is (HTTP names are case-insensitive: sagaflow-type arrives as
+//     Sagaflow-Sagaflow-Type, traceparent as Sagaflow-Traceparent);
+//   - Webhook-Timestamp: the attempt's time, Unix seconds;
+//   - Webhook-Signature: "v1=" followed by the lower-case hex of
+//     HMAC-SHA256(key, timestamp + "." + body), one entry per signing key,
+//     separated by ", ". The timestamp is the Webhook-Timestamp value as
+//     sent; the body is the raw bytes.
+//
+// A receiver in any language recomputes the HMAC of timestamp "." body with
+// its key, compares it in constant time with each v1= entry, and refuses a
+// timestamp too far from its clock (a replay). [Verify] and [Handler] do so
+// in Go. Signing with two keys while receivers move from the old to the new
+// one rotates keys without refusing anything.
+//
+// What an answer means for the outbox row (package relay's rules):
+//
+//   - 2xx: published;
+//   - 408, 429, 5xx, a timeout or a connection cut mid-request: retried,
+//     spending an attempt, after the relay's Backoff; the row is parked as
+//     dead (attempts_exhausted) once its MaxAttempts are spent;
+//   - any other 4xx: the endpoint refused this message for good: the row is
+//     parked as dead at once with code http_<status> and, in its error, the
+//     status and the first MaxResponseBytes of the response's body;
+//   - no connection at all (refused, DNS): an outage: the row waits without
+//     spending an attempt, however long the endpoint is down;
+//   - a topic without a URL, or a header HTTP cannot carry as it is: parked
+//     as dead at once (no_webhook_url, bad_header).
+//
+// Messages of one key are sent one after the other, in order, and a failure
+// holds the key's later messages of the batch back for the next try;
+// messages of different keys go at once, at most Config.Concurrency.
+// Retry-After is not honoured: the relay's Backoff spaces the retries.
+package webhook
