@@ -153,6 +153,18 @@
 // The stored body is what the handler wrote, whatever reached the client.
 // The request body is read whole to be hashed before the handler runs.
 //
+// # Stores
+//
+// Keys live in PostgreSQL by default (the idempotency_keys table). Set
+// [Config.Store] to keep them elsewhere: package idempotency/redisstore keeps
+// them in Redis, with the same 409, 422, 410 and replay behaviour, an atomic
+// claim whose lease (InFlightTimeout) frees the key of a request whose
+// process died, and a token that fences a late finisher. Use it for services
+// whose request path has no PostgreSQL transaction. Saga steps and inbox
+// consumers keep deduplicating in PostgreSQL whatever this middleware uses:
+// their key must commit in the same transaction as the effect it guards,
+// and only the database that holds the effect can do that.
+//
 // # Business keys
 //
 // [FromContext] gives the handler its request's key, and [ScopeFromContext]

@@ -22,7 +22,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sagaflow/sagaflow/internal/safetext"
-	"github.com/sagaflow/sagaflow/internal/store"
 )
 
 const (
@@ -88,6 +87,10 @@ type Config struct {
 	// Schema holds the idempotency_keys table (migration 004). Defaults to
 	// migrations.SchemaDefault.
 	Schema string
+	// Store, when set, keeps the keys instead of PostgreSQL (then [New]'s
+	// pool may be nil and Schema is not used): for example
+	// idempotency/redisstore. See [Store].
+	Store Store
 	// Header is the request header that carries the key. Defaults to
 	// HeaderDefault ("Idempotency-Key").
 	Header string
@@ -148,8 +151,7 @@ func replayHeadersDefault() []string {
 // Middleware makes unsafe HTTP requests idempotent by key. Build it with
 // [New]; it is safe for concurrent use.
 type Middleware struct {
-	pool          *pgxpool.Pool
-	st            *store.Store
+	store         Store
 	header        string
 	ttl           time.Duration
 	inFlight      time.Duration
@@ -178,19 +180,19 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Middleware, error) {
 	if cfg != nil {
 		c = *cfg
 	}
-	if pool == nil {
-		return nil, fmt.Errorf("%w: pool is nil", ErrInvalidConfig)
+	if pool == nil && c.Store == nil {
+		return nil, fmt.Errorf("%w: pool is nil and Config.Store is not set", ErrInvalidConfig)
 	}
 	if c.Identity == nil {
 		return nil, fmt.Errorf("%w: Identity is not set: set it to a function that returns the caller's user or tenant id,"+
 			" or to idempotency.SharedIdentity to share keys among all callers deliberately", ErrInvalidConfig)
 	}
-	if c.Schema == "" {
-		c.Schema = store.SchemaDefault
-	}
-	st, err := store.New(c.Schema)
-	if err != nil {
-		return nil, fmt.Errorf("%w: Schema: %w", ErrInvalidConfig, err)
+	st := c.Store
+	if st == nil {
+		var err error
+		if st, err = NewPostgresStore(pool, c.Schema); err != nil {
+			return nil, err
+		}
 	}
 	if c.Header == "" {
 		c.Header = HeaderDefault
@@ -242,7 +244,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Middleware, error) {
 		c.Logger = slog.Default()
 	}
 	return &Middleware{
-		pool: pool, st: st, header: textproto.CanonicalMIMEHeaderKey(c.Header), ttl: c.TTL, inFlight: c.InFlightTimeout, required: c.Required,
+		store: st, header: textproto.CanonicalMIMEHeaderKey(c.Header), ttl: c.TTL, inFlight: c.InFlightTimeout, required: c.Required,
 		maxKeyLength: c.MaxKeyLength, maxBodyBytes: c.MaxBodyBytes, maxRespBytes: c.MaxResponseBytes,
 		identity: c.Identity, scope: c.Scope, replayHeaders: replay, log: c.Logger,
 		cleanupEvery: c.CleanupInterval, cleanupBatch: c.CleanupBatch,
@@ -302,7 +304,7 @@ func (m *Middleware) DeleteExpired(ctx context.Context, limit int) (int64, error
 	if limit <= 0 {
 		return 0, fmt.Errorf("idempotency: delete expired keys: limit %d is not positive", limit)
 	}
-	n, err := m.st.DeleteExpiredIdempotencyKeys(ctx, m.pool, limit)
+	n, err := m.store.DeleteExpired(ctx, limit)
 	if err != nil {
 		return 0, fmt.Errorf("idempotency: delete expired keys: %w", err)
 	}
@@ -382,7 +384,7 @@ func (m *Middleware) serveKey(w http.ResponseWriter, r *http.Request, next http.
 	// hold when MaxKeyLength allows it: such a key is stored as its hash.
 	storedKey := safetext.Key(k.key)
 	for range claimAttempts {
-		claimedAt, claimed, err := m.st.ClaimIdempotencyKey(ctx, m.pool, k.scope, storedKey, hash, m.inFlight)
+		claimedAt, claimed, err := m.store.Claim(ctx, k.scope, storedKey, hash, m.inFlight)
 		if err != nil {
 			m.unavailable(ctx, w, fmt.Errorf("idempotency: store key %q: %w", storedKey, err))
 			return
@@ -391,8 +393,8 @@ func (m *Middleware) serveKey(w http.ResponseWriter, r *http.Request, next http.
 			m.run(w, r, next, k, storedKey, claimedAt)
 			return
 		}
-		row, err := m.st.GetIdempotencyKey(ctx, m.pool, k.scope, storedKey)
-		if errors.Is(err, store.ErrNotFound) {
+		row, err := m.store.Get(ctx, k.scope, storedKey)
+		if errors.Is(err, ErrKeyNotFound) {
 			continue // released or expired since the claim: claim again
 		}
 		if err != nil {
@@ -403,9 +405,9 @@ func (m *Middleware) serveKey(w http.ResponseWriter, r *http.Request, next http.
 		case !bytes.Equal(row.RequestHash, hash):
 			writeError(w, http.StatusUnprocessableEntity, fmt.Sprintf(
 				"%s %q was already used with a different request (method, path, query or body); use a new key for a new request", m.header, k.key))
-		case row.Status == store.IdempotencyDone && row.Response != nil && row.Response.BodyOmitted:
+		case row.Response != nil && row.Response.BodyOmitted:
 			m.gone(w, row.Response)
-		case row.Status == store.IdempotencyDone && row.Response != nil:
+		case row.Response != nil:
 			replay(w, row.Response)
 		default:
 			inFlight(w, m.header)
@@ -426,7 +428,7 @@ func (m *Middleware) cleanup(reqCtx context.Context) {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(reqCtx), bookkeepingTimeout)
 	defer cancel()
-	n, err := m.st.DeleteExpiredIdempotencyKeys(ctx, m.pool, m.cleanupBatch)
+	n, err := m.store.DeleteExpired(ctx, m.cleanupBatch)
 	if err != nil {
 		m.log.WarnContext(ctx, "idempotency: expired keys not deleted; the next cleanup tries again",
 			"error", fmt.Errorf("idempotency: delete expired keys: %w", err))
@@ -448,7 +450,7 @@ func inFlight(w http.ResponseWriter, header string) {
 // run serves a request whose key this middleware claimed, then stores the
 // response or, after a panic or a response that invites a retry, releases
 // the key.
-func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handler, k keyInfo, storedKey string, claimedAt time.Time) {
+func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handler, k keyInfo, storedKey string, claimedAt Claim) {
 	rec := &recorder{w: w, replayHeaders: m.replayHeaders, maxBody: m.maxRespBytes}
 	returned := false
 	defer func() {
@@ -473,7 +475,7 @@ func (m *Middleware) run(w http.ResponseWriter, r *http.Request, next http.Handl
 		m.log.InfoContext(ctx, "idempotency: response body not kept; a retry with the key gets 410 Gone",
 			"scope", k.scope, "idempotency_key", storedKey, "reason", rec.omitted)
 	}
-	ok, err := m.st.CompleteIdempotencyKey(ctx, m.pool, k.scope, storedKey, claimedAt, resp, m.ttl)
+	ok, err := m.store.Complete(ctx, k.scope, storedKey, claimedAt, resp, m.ttl)
 	switch {
 	case err != nil:
 		// The key stays in flight until it expires: retries get 409 rather
@@ -493,10 +495,10 @@ func retryable(status int) bool {
 	return status >= 500 || status == http.StatusRequestTimeout || status == http.StatusTooManyRequests
 }
 
-func (m *Middleware) release(reqCtx context.Context, scope, key string, claimedAt time.Time, why string) {
+func (m *Middleware) release(reqCtx context.Context, scope, key string, claimedAt Claim, why string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(reqCtx), bookkeepingTimeout)
 	defer cancel()
-	if _, err := m.st.ReleaseIdempotencyKey(ctx, m.pool, scope, key, claimedAt); err != nil {
+	if _, err := m.store.Release(ctx, scope, key, claimedAt); err != nil {
 		m.log.ErrorContext(ctx, "idempotency: key not released; it stays in flight until it expires",
 			"scope", scope, "idempotency_key", key, "reason", why, "error", fmt.Errorf("idempotency: release key %q: %w", key, err))
 		return
@@ -559,7 +561,7 @@ func printable(s string) bool {
 	return true
 }
 
-func replay(w http.ResponseWriter, resp *store.IdempotencyResponse) {
+func replay(w http.ResponseWriter, resp *Response) {
 	h := w.Header()
 	for name, vs := range resp.Headers {
 		h[name] = vs
@@ -572,7 +574,7 @@ func replay(w http.ResponseWriter, resp *store.IdempotencyResponse) {
 // gone answers a retry whose first response was not kept (streamed, or
 // larger than MaxResponseBytes): 410 Gone, with the first response's
 // Location so that the client can find what it made.
-func (m *Middleware) gone(w http.ResponseWriter, resp *store.IdempotencyResponse) {
+func (m *Middleware) gone(w http.ResponseWriter, resp *Response) {
 	if loc := resp.Headers["Location"]; len(loc) > 0 {
 		w.Header()["Location"] = loc
 	}

@@ -11,17 +11,21 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagaflow/sagaflow/idempotency"
+	"github.com/sagaflow/sagaflow/idempotency/redisstore"
 	"github.com/sagaflow/sagaflow/internal/pgtest"
 	"github.com/sagaflow/sagaflow/migrations"
 )
@@ -161,6 +165,42 @@ func (b *bundle) post(t *testing.T, path, key, body string, header ...string) re
 	return res
 }
 
+// redisStore returns a Redis store with a prefix of the test's own, its
+// keys deleted at the end; the test is skipped when Redis does not answer.
+func redisStore(t *testing.T) *redisstore.Store {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	if err := rdb.Ping(context.Background()).Err(); err != nil {
+		t.Skipf("no Redis at %s (set SAGAFLOW_REDIS_ADDR): %v", redisAddr(), err)
+	}
+	prefix := "sagaflow-test:" + uuid.NewString() + ":"
+	t.Cleanup(func() {
+		ctx := context.Background()
+		keys, _ := rdb.Keys(ctx, prefix+"*").Result()
+		if len(keys) > 0 {
+			_ = rdb.Del(ctx, keys...).Err()
+		}
+	})
+	st, err := redisstore.New(rdb, prefix)
+	require.NoError(t, err)
+	return st
+}
+
+func redisAddr() string {
+	if a := os.Getenv("SAGAFLOW_REDIS_ADDR"); a != "" {
+		return a
+	}
+	return "127.0.0.1:6379"
+}
+
+// eachStore runs fn against the PostgreSQL store (the default) and the
+// Redis store, with cfg's Store set accordingly.
+func eachStore(t *testing.T, fn func(t *testing.T, cfg idempotency.Config)) {
+	t.Run("postgres", func(t *testing.T) { t.Parallel(); fn(t, idempotency.Config{}) })
+	t.Run("redis", func(t *testing.T) { t.Parallel(); fn(t, idempotency.Config{Store: redisStore(t)}) })
+}
+
 func (b *bundle) table() string { return pgx.Identifier{b.schema, "idempotency_keys"}.Sanitize() }
 
 func (b *bundle) exec(t *testing.T, sql string, args ...any) {
@@ -212,77 +252,83 @@ func TestReplaysStoredResponse(t *testing.T) {
 
 func TestReplaysResponseWithoutExplicitStatus(t *testing.T) {
 	t.Parallel()
-	b := setup(t, nil, func(b *bundle, w http.ResponseWriter, r *http.Request) {
-		_, _ = io.WriteString(w, "accepted")
+	eachStore(t, func(t *testing.T, cfg idempotency.Config) {
+		b := setup(t, &cfg, func(b *bundle, w http.ResponseWriter, r *http.Request) {
+			_, _ = io.WriteString(w, "accepted")
+		})
+		first := b.post(t, "/jobs", "k", "")
+		again := b.post(t, "/jobs", "k", "")
+		require.Equal(t, http.StatusOK, first.status)
+		require.Equal(t, http.StatusOK, again.status)
+		require.Equal(t, "accepted", again.body)
+		require.True(t, again.replayed())
+		require.Equal(t, int32(1), b.calls.Load())
 	})
-	first := b.post(t, "/jobs", "k", "")
-	again := b.post(t, "/jobs", "k", "")
-	require.Equal(t, http.StatusOK, first.status)
-	require.Equal(t, http.StatusOK, again.status)
-	require.Equal(t, "accepted", again.body)
-	require.True(t, again.replayed())
-	require.Equal(t, int32(1), b.calls.Load())
 }
 
 func TestSameKeyDifferentRequestIsRefused(t *testing.T) {
 	t.Parallel()
-	b := setup(t, nil, nil)
-	require.Equal(t, http.StatusCreated, b.post(t, "/orders", "k-1", `{"sku":"A"}`).status)
+	eachStore(t, func(t *testing.T, cfg idempotency.Config) {
+		b := setup(t, &cfg, nil)
+		require.Equal(t, http.StatusCreated, b.post(t, "/orders", "k-1", `{"sku":"A"}`).status)
 
-	changed := b.post(t, "/orders", "k-1", `{"sku":"B"}`)
-	require.Equal(t, http.StatusUnprocessableEntity, changed.status)
-	require.Contains(t, changed.errorMessage(t), "Idempotency-Key")
-	require.Contains(t, changed.errorMessage(t), "different request")
+		changed := b.post(t, "/orders", "k-1", `{"sku":"B"}`)
+		require.Equal(t, http.StatusUnprocessableEntity, changed.status)
+		require.Contains(t, changed.errorMessage(t), "Idempotency-Key")
+		require.Contains(t, changed.errorMessage(t), "different request")
 
-	query := b.post(t, "/orders?dry_run=true", "k-1", `{"sku":"A"}`)
-	require.Equal(t, http.StatusUnprocessableEntity, query.status, "the query is part of the request")
-	require.Equal(t, int32(1), b.calls.Load())
+		query := b.post(t, "/orders?dry_run=true", "k-1", `{"sku":"A"}`)
+		require.Equal(t, http.StatusUnprocessableEntity, query.status, "the query is part of the request")
+		require.Equal(t, int32(1), b.calls.Load())
 
-	// The stored response is untouched.
-	again := b.post(t, "/orders", "k-1", `{"sku":"A"}`)
-	require.True(t, again.replayed())
+		// The stored response is untouched.
+		again := b.post(t, "/orders", "k-1", `{"sku":"A"}`)
+		require.True(t, again.replayed())
+	})
 }
 
 func TestConflictWhileInFlightThenReplay(t *testing.T) {
 	t.Parallel()
-	entered := make(chan struct{})
-	release := make(chan struct{})
-	b := setup(t, nil, func(b *bundle, w http.ResponseWriter, r *http.Request) {
-		if b.calls.Load() == 1 {
-			close(entered)
-			<-release
+	eachStore(t, func(t *testing.T, cfg idempotency.Config) {
+		entered := make(chan struct{})
+		release := make(chan struct{})
+		b := setup(t, &cfg, func(b *bundle, w http.ResponseWriter, r *http.Request) {
+			if b.calls.Load() == 1 {
+				close(entered)
+				<-release
+			}
+			b.created(w, r)
+		})
+
+		type result struct {
+			res response
+			err error
 		}
-		b.created(w, r)
+		firstDone := make(chan result, 1)
+		go func() {
+			res, err := b.send(http.MethodPost, "/orders", "k-1", `{"sku":"A"}`)
+			firstDone <- result{res, err}
+		}()
+		<-entered
+
+		dup := b.post(t, "/orders", "k-1", `{"sku":"A"}`)
+		require.Equal(t, http.StatusConflict, dup.status)
+		require.Equal(t, "1", dup.header.Get("Retry-After"))
+		require.Contains(t, dup.errorMessage(t), "Idempotency-Key")
+		// A different request under the same key is refused as such, in flight too.
+		require.Equal(t, http.StatusUnprocessableEntity, b.post(t, "/orders", "k-1", `{"sku":"B"}`).status)
+
+		close(release)
+		first := <-firstDone
+		require.NoError(t, first.err)
+		require.Equal(t, http.StatusCreated, first.res.status)
+
+		retry := b.post(t, "/orders", "k-1", `{"sku":"A"}`)
+		require.Equal(t, http.StatusCreated, retry.status)
+		require.True(t, retry.replayed())
+		require.Equal(t, first.res.body, retry.body)
+		require.Equal(t, int32(1), b.calls.Load())
 	})
-
-	type result struct {
-		res response
-		err error
-	}
-	firstDone := make(chan result, 1)
-	go func() {
-		res, err := b.send(http.MethodPost, "/orders", "k-1", `{"sku":"A"}`)
-		firstDone <- result{res, err}
-	}()
-	<-entered
-
-	dup := b.post(t, "/orders", "k-1", `{"sku":"A"}`)
-	require.Equal(t, http.StatusConflict, dup.status)
-	require.Equal(t, "1", dup.header.Get("Retry-After"))
-	require.Contains(t, dup.errorMessage(t), "Idempotency-Key")
-	// A different request under the same key is refused as such, in flight too.
-	require.Equal(t, http.StatusUnprocessableEntity, b.post(t, "/orders", "k-1", `{"sku":"B"}`).status)
-
-	close(release)
-	first := <-firstDone
-	require.NoError(t, first.err)
-	require.Equal(t, http.StatusCreated, first.res.status)
-
-	retry := b.post(t, "/orders", "k-1", `{"sku":"A"}`)
-	require.Equal(t, http.StatusCreated, retry.status)
-	require.True(t, retry.replayed())
-	require.Equal(t, first.res.body, retry.body)
-	require.Equal(t, int32(1), b.calls.Load())
 }
 
 func TestExpiredKeyCountsAsAbsent(t *testing.T) {
@@ -370,15 +416,17 @@ func TestRetryableResponsesReleaseTheKey(t *testing.T) {
 
 func TestClientErrorIsReplayed(t *testing.T) {
 	t.Parallel()
-	b := setup(t, nil, func(b *bundle, w http.ResponseWriter, r *http.Request) {
-		http.Error(w, "no such product", http.StatusBadRequest)
+	eachStore(t, func(t *testing.T, cfg idempotency.Config) {
+		b := setup(t, &cfg, func(b *bundle, w http.ResponseWriter, r *http.Request) {
+			http.Error(w, "no such product", http.StatusBadRequest)
+		})
+		require.Equal(t, http.StatusBadRequest, b.post(t, "/orders", "k-1", "").status)
+		again := b.post(t, "/orders", "k-1", "")
+		require.Equal(t, http.StatusBadRequest, again.status)
+		require.Equal(t, "no such product\n", again.body)
+		require.True(t, again.replayed())
+		require.Equal(t, int32(1), b.calls.Load())
 	})
-	require.Equal(t, http.StatusBadRequest, b.post(t, "/orders", "k-1", "").status)
-	again := b.post(t, "/orders", "k-1", "")
-	require.Equal(t, http.StatusBadRequest, again.status)
-	require.Equal(t, "no such product\n", again.body)
-	require.True(t, again.replayed())
-	require.Equal(t, int32(1), b.calls.Load())
 }
 
 func TestRejectsBadRequests(t *testing.T) {
@@ -493,48 +541,50 @@ func TestDeleteExpired(t *testing.T) {
 
 func TestConcurrentDuplicatesRunHandlerOnce(t *testing.T) {
 	t.Parallel()
-	b := setup(t, nil, nil)
-	const n = 8
-	start := make(chan struct{})
-	results := make([]response, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() {
-			<-start
-			res, err := b.send(http.MethodPost, "/orders", "k-1", `{"sku":"A"}`)
-			if err != nil {
-				res.body = err.Error()
-			}
-			results[i] = res
-		})
-	}
-	close(start)
-	wg.Wait()
+	eachStore(t, func(t *testing.T, cfg idempotency.Config) {
+		b := setup(t, &cfg, nil)
+		const n = 8
+		start := make(chan struct{})
+		results := make([]response, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() {
+				<-start
+				res, err := b.send(http.MethodPost, "/orders", "k-1", `{"sku":"A"}`)
+				if err != nil {
+					res.body = err.Error()
+				}
+				results[i] = res
+			})
+		}
+		close(start)
+		wg.Wait()
 
-	require.Equal(t, int32(1), b.calls.Load(), "the handler ran exactly once")
-	var original response
-	originals, replays, conflicts := 0, 0, 0
-	for _, res := range results {
-		switch {
-		case res.status == http.StatusCreated && !res.replayed():
-			originals++
-			original = res
-		case res.status == http.StatusCreated:
-			replays++
-		case res.status == http.StatusConflict:
-			conflicts++
-		default:
-			t.Fatalf("unexpected response %d: %s", res.status, res.body)
+		require.Equal(t, int32(1), b.calls.Load(), "the handler ran exactly once")
+		var original response
+		originals, replays, conflicts := 0, 0, 0
+		for _, res := range results {
+			switch {
+			case res.status == http.StatusCreated && !res.replayed():
+				originals++
+				original = res
+			case res.status == http.StatusCreated:
+				replays++
+			case res.status == http.StatusConflict:
+				conflicts++
+			default:
+				t.Fatalf("unexpected response %d: %s", res.status, res.body)
+			}
 		}
-	}
-	require.Equal(t, 1, originals)
-	require.Equal(t, n-1, replays+conflicts)
-	for _, res := range results {
-		if res.status == http.StatusCreated {
-			require.Equal(t, original.body, res.body)
+		require.Equal(t, 1, originals)
+		require.Equal(t, n-1, replays+conflicts)
+		for _, res := range results {
+			if res.status == http.StatusCreated {
+				require.Equal(t, original.body, res.body)
+			}
 		}
-	}
-	t.Logf("%d replays, %d conflicts", replays, conflicts)
+		t.Logf("%d replays, %d conflicts", replays, conflicts)
+	})
 }
 
 func TestFromContextOutsideMiddleware(t *testing.T) {

@@ -8,8 +8,6 @@ import (
 	"net/http"
 	"strings"
 	"unicode/utf8"
-
-	"github.com/sagaflow/sagaflow/internal/store"
 )
 
 // recorder writes a handler's response through to the client and keeps a
@@ -94,15 +92,15 @@ func (rec *recorder) omit(why string) {
 // finish returns the response to store as the client got it, also when the
 // handler wrote nothing (net/http then sends 200 with the headers set by
 // then).
-func (rec *recorder) finish() *store.IdempotencyResponse {
+func (rec *recorder) finish() *Response {
 	if rec.status == 0 {
 		rec.status = http.StatusOK
 		rec.snapshotHeaders()
 	}
 	if rec.omitted != "" {
-		return &store.IdempotencyResponse{Status: rec.status, Headers: rec.headers, Body: []byte{}, BodyOmitted: true}
+		return &Response{Status: rec.status, Headers: rec.headers, Body: []byte{}, BodyOmitted: true}
 	}
-	return &store.IdempotencyResponse{Status: rec.status, Headers: rec.headers, Body: rec.body.Bytes()}
+	return &Response{Status: rec.status, Headers: rec.headers, Body: rec.body.Bytes()}
 }
 
 func (rec *recorder) snapshotHeaders() {

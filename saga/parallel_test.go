@@ -289,7 +289,9 @@ func TestMigrationSkipsASagaInAParallelStep(t *testing.T) {
 		return err == nil && in.Wait != nil && in.Wait.Kind == "branches"
 	}, "the branches to start")
 	res, err := saga.MigrateSagas(ctx, b.engine, saga.Migration[checkout, checkout]{From: v1, To: v2,
-		Map: func(_ context.Context, _ uuid.UUID, c *checkout, at saga.Position) (*checkout, saga.Position, error) { return c, at, nil }}, nil)
+		Map: func(_ context.Context, _ uuid.UUID, c *checkout, at saga.Position) (*checkout, saga.Position, error) {
+			return c, at, nil
+		}}, nil)
 	require.NoError(t, err)
 	require.Len(t, res.Moves, 1)
 	require.Contains(t, res.Moves[0].Skipped, "parallel step")
