@@ -19,6 +19,10 @@ help: ## list the targets
 demo: ## run the checkout example: four services over Kafka, nine scenarios, an order's span tree, a summary; UI=127.0.0.1:8080 then serves the web UI on its data
 	$(GO) run ./examples/checkout/cmd/demo $(if $(UI),-ui $(UI))
 
+.PHONY: demo/nats
+demo/nats: ## the same demo over NATS JetStream (a throwaway nats-server; NATS_URL=nats://… for yours)
+	$(GO) run ./examples/checkout/cmd/demo -bus nats $(if $(NATS_URL),-nats-url $(NATS_URL))
+
 # The crash-point matrix and the short chaos soak need a build whose fault
 # points can be armed (-tags sagaflow_faults); they run without the race
 # detector, in worker processes of their own.

@@ -73,6 +73,24 @@ func Start(tb testing.TB) *Server {
 	return s
 }
 
+// Launch starts a server outside a test, with its store in dir (a
+// directory the caller owns and removes); the caller kills it (Kill).
+func Launch(dir string) (*Server, error) {
+	bin, err := Binary()
+	if err != nil {
+		return nil, err
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, fmt.Errorf("natstest: free port: %w", err)
+	}
+	s := &Server{bin: bin, dir: dir, port: port}
+	if err := s.start(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
 // URL is the server's client URL.
 func (s *Server) URL() string { return "nats://127.0.0.1:" + strconv.Itoa(s.port) }
 

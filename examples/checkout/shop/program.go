@@ -39,9 +39,12 @@ const serviceMaxConns = 12
 type DemoOptions struct {
 	// DSN is the PostgreSQL connection string. Required.
 	DSN string
-	// Brokers are the Kafka brokers. Required. The topics in Topics must
-	// exist, or the cluster must create them.
+	// Brokers are the Kafka brokers. Required unless Bus is set. The topics
+	// in Topics must exist, or the cluster must create them.
 	Brokers []string
+	// Bus, when set, carries the messages instead of Kafka (NATSBus, whose
+	// streams SetupNATS creates).
+	Bus Bus
 	// Dialer connects to the brokers (TLS, SASL: see package kafkaconfig).
 	// Defaults to plain TCP.
 	Dialer *kafka.Dialer
@@ -71,8 +74,8 @@ func Demo(ctx context.Context, out io.Writer, opts DemoOptions) (results []Resul
 	if opts.DSN == "" {
 		return nil, errors.New("shop: no PostgreSQL connection string")
 	}
-	if len(opts.Brokers) == 0 {
-		return nil, errors.New("shop: no Kafka brokers")
+	if len(opts.Brokers) == 0 && opts.Bus == nil {
+		return nil, errors.New("shop: no Kafka brokers and no other bus")
 	}
 	if opts.SchemaPrefix == "" {
 		opts.SchemaPrefix = SchemaPrefixDefault
@@ -91,7 +94,7 @@ func Demo(ctx context.Context, out io.Writer, opts DemoOptions) (results []Resul
 	// Every service's spans are recorded in memory, so that the summary can
 	// draw one order's trace across the four services.
 	spans := &spantree.Recorder{}
-	env := Env{Brokers: opts.Brokers, Dialer: opts.Dialer, Logger: opts.Logger, Escalation: opts.Escalation, Tracing: spans.Provider}
+	env := Env{Brokers: opts.Brokers, Dialer: opts.Dialer, Bus: opts.Bus, Logger: opts.Logger, Escalation: opts.Escalation, Tracing: spans.Provider}
 	for _, svc := range []struct {
 		db   *DB
 		name string

@@ -110,9 +110,12 @@ func (d DB) table(name string) string { return pgx.Identifier{d.Schema, name}.Sa
 // Env is what the system runs on.
 type Env struct {
 	Orders, Inventory, Payments, Shipping DB
-	Brokers                               []string
-	Dialer                                *kafka.Dialer
-	Logger                                *slog.Logger
+	// Brokers and Dialer reach Kafka, unless Bus is set.
+	Brokers []string
+	Dialer  *kafka.Dialer
+	// Bus, when set, carries the messages instead of Kafka (NATSBus).
+	Bus    Bus
+	Logger *slog.Logger
 	// Escalation is how long an order waits for its delivery before it is
 	// cancelled and refunded. Defaults to EscalationDefault; the demo
 	// compresses it to seconds.
@@ -217,6 +220,14 @@ func Start(ctx context.Context, env Env) (*System, error) {
 	return s, nil
 }
 
+// bus is Env.Bus, or Kafka at Env.Brokers.
+func (s *System) bus() Bus {
+	if s.env.Bus != nil {
+		return s.env.Bus
+	}
+	return kafkaBus{brokers: s.env.Brokers, dialer: s.env.Dialer}
+}
+
 // Stop stops every part, the orchestrator first.
 func (s *System) Stop() {
 	for i := len(s.stop) - 1; i >= 0; i-- {
@@ -239,7 +250,10 @@ func (s *System) startProvider() error {
 }
 
 func (s *System) startRelay(ctx context.Context, d DB, service string) error {
-	w := relay.NewKafkaWriter(s.env.Brokers, &relay.WriterOpts{Dialer: s.env.Dialer, BatchTimeout: time.Millisecond})
+	w, err := s.bus().Writer()
+	if err != nil {
+		return err
+	}
 	r, err := relay.New(d.Pool, w, &relay.Config{Schema: d.Schema, PollInterval: 200 * time.Millisecond, Logger: s.env.Logger,
 		TracerProvider: s.tracer(service)})
 	if err != nil {
@@ -262,11 +276,12 @@ func (s *System) consume(service, topic, group string, in *inbox.Inbox, handlers
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for ctx.Err() == nil {
-			r := kafka.NewReader(kafka.ReaderConfig{Brokers: s.env.Brokers, Dialer: s.env.Dialer, GroupID: group, Topic: topic,
-				MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 100 * time.Millisecond, StartOffset: kafka.FirstOffset,
-				HeartbeatInterval: 200 * time.Millisecond, SessionTimeout: 6 * time.Second, RebalanceTimeout: 2 * time.Second})
+			r, err := s.bus().Reader(group, topic)
+			if err != nil {
+				panic(err) // a programming error: the group and topic are the example's own
+			}
 			runCtx, stopRun := context.WithCancel(ctx)
-			reader := &crashingReader{Reader: r, crashes: crashes, crash: stopRun}
+			reader := &crashingReader{BusReader: r, crashes: crashes, crash: stopRun}
 			c, err := in.NewConsumer(reader, &inbox.ConsumerConfig{Handlers: handlers, RetryMax: time.Second,
 				TracerProvider: s.tracer(service)})
 			if err != nil {
@@ -284,7 +299,7 @@ func (s *System) consume(service, topic, group string, in *inbox.Inbox, handlers
 // message's transaction committed and before its offset is committed, the
 // one moment where only deduplication prevents a second effect.
 type crashingReader struct {
-	*kafka.Reader
+	BusReader
 	crashes func() bool
 	crash   func()
 }
@@ -294,7 +309,7 @@ func (r *crashingReader) CommitMessages(ctx context.Context, msgs ...kafka.Messa
 		r.crash()
 		return errors.New("the service crashed before committing the offset")
 	}
-	return r.Reader.CommitMessages(ctx, msgs...)
+	return r.BusReader.CommitMessages(ctx, msgs...)
 }
 
 func (s *System) participant(d DB, name string) (*participant.Participant, error) {
@@ -576,7 +591,7 @@ func (s *System) startOrders(ctx context.Context) error {
 	)
 	engine, err := saga.New(d.Pool, &saga.Config{Schema: d.Schema, Workers: 2, Logger: s.env.Logger, RescueInterval: time.Second,
 		TracerProvider: s.tracer("orders"),
-		Kafka:          &saga.KafkaConfig{Brokers: s.env.Brokers, Dialer: s.env.Dialer, ReplyTopic: TopicReplies}})
+		Kafka:          s.bus().EngineKafka(TopicReplies)})
 	if err != nil {
 		return err
 	}
