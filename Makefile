@@ -38,7 +38,7 @@ CHAOS_SEEDS    ?= 3
 
 .PHONY: chaos
 chaos: ## chaos soak: worker processes killed, paused, PostgreSQL restarted, broker outages (CHAOS_DURATION, default 5m)
-	$(GO) run $(CHAOS_TAGS) ./internal/chaos/cmd/chaos soak -duration $(CHAOS_DURATION)
+	$(GO) run $(CHAOS_TAGS) ./internal/chaos/cmd/chaos soak -duration $(CHAOS_DURATION) $(if $(BUS),-bus $(BUS))
 
 .PHONY: chaos/matrix
 chaos/matrix: ## every crash point x {SIGKILL, PostgreSQL restart, broker outage} x CHAOS_SEEDS seeds (default 3)

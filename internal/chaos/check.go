@@ -519,7 +519,7 @@ func (e *Env) checkKafka(ctx context.Context, r *Report, injected []Injected) er
 	}
 	onTopics := map[string]bool{}
 	for _, topic := range Topics() {
-		msgs, err := e.Kafka.ReadAll(ctx, topic)
+		msgs, err := e.readTopic(ctx, topic)
 		if err != nil {
 			return err
 		}

@@ -20,11 +20,15 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/sagaflow/sagaflow/internal/kafkatest"
+	"github.com/sagaflow/sagaflow/internal/natstest"
 	"github.com/sagaflow/sagaflow/internal/pgtest"
 	"github.com/sagaflow/sagaflow/saga"
+	"github.com/sagaflow/sagaflow/transport/natsbus"
 )
 
 // NodeCommand returns a command that runs one node: the caller's own binary
@@ -37,8 +41,13 @@ type NodeCommand func() *exec.Cmd
 // and node processes. The parent only starts sagas and checks; all the work
 // happens in the nodes.
 type Env struct {
-	PG      *pgtest.Server
-	Kafka   *kafkatest.Cluster
+	PG    *pgtest.Server
+	Kafka *kafkatest.Cluster
+	// NATS, when set, carries the messages instead of Kafka (see
+	// NewEnvBus); Kafka is then nil.
+	NATS    *natstest.Server
+	nc      *nats.Conn
+	js      jetstream.JetStream
 	Service *Service
 	Pool    *pgxpool.Pool // the parent's own, for starting sagas and checking
 	Dir     string        // node logs
@@ -77,9 +86,27 @@ type CancelDone struct {
 	How      string // "cancel", "request" (as the CLI does) or "held" (a cancel whose transaction stayed open)
 }
 
+// Buses a harness can run on.
+const (
+	BusKafka = "kafka" // kfake, in process
+	BusNATS  = "nats"  // a throwaway nats-server with JetStream
+)
+
 // NewEnv starts the servers and creates the schemas. dir receives the nodes'
 // logs. Close it when done.
 func NewEnv(ctx context.Context, dir string, nodeCmd NodeCommand, allSteps bool) (env *Env, err error) {
+	return NewEnvBus(ctx, dir, nodeCmd, allSteps, BusKafka)
+}
+
+// NewEnvBus is NewEnv on bus (BusKafka or BusNATS; NATS needs the hybrid
+// mode).
+func NewEnvBus(ctx context.Context, dir string, nodeCmd NodeCommand, allSteps bool, bus string) (env *Env, err error) {
+	if bus == BusNATS && allSteps {
+		return nil, errors.New("chaos: Kafka mode (all steps) needs Kafka, not NATS")
+	}
+	if bus != BusKafka && bus != BusNATS {
+		return nil, fmt.Errorf("chaos: unknown bus %q", bus)
+	}
 	e := &Env{Dir: dir, nodeCmd: nodeCmd, AllSteps: allSteps, started: map[string]Order{}, parcels: map[string]Parcel{}, ids: map[string]uuid.UUID{},
 		foreign: map[string]uuid.UUID{}, cancels: map[string]CancelDone{}}
 	defer func() {
@@ -90,7 +117,17 @@ func NewEnv(ctx context.Context, dir string, nodeCmd NodeCommand, allSteps bool)
 	if e.PG, err = pgtest.StartServer(ctx); err != nil {
 		return nil, err
 	}
-	if e.Kafka, err = kafkatest.Start(kafkatest.SeedTopics(4, Topics()...), kafkatest.GroupMinSessionTimeout(time.Second)); err != nil {
+	if bus == BusNATS {
+		if e.NATS, err = natstest.Launch(filepath.Join(dir, "nats")); err != nil {
+			return nil, err
+		}
+		if e.nc, e.js, err = connectNATS(e.NATS.URL()); err != nil {
+			return nil, err
+		}
+		if err = natsbus.Setup(ctx, e.js, Topics(), &natsbus.SetupOpts{Partitions: 4}); err != nil {
+			return nil, err
+		}
+	} else if e.Kafka, err = kafkatest.Start(kafkatest.SeedTopics(4, Topics()...), kafkatest.GroupMinSessionTimeout(time.Second)); err != nil {
 		return nil, err
 	}
 	if e.Service, err = StartService(); err != nil {
@@ -103,7 +140,11 @@ func NewEnv(ctx context.Context, dir string, nodeCmd NodeCommand, allSteps bool)
 		return nil, err
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	if e.engine, err = saga.New(e.Pool, EngineConfig(e.Kafka.Addrs(), quiet, allSteps)); err != nil {
+	ecfg := EngineConfig(e.brokers(), quiet, allSteps)
+	if e.js != nil {
+		UseNATS(ecfg, e.js)
+	}
+	if e.engine, err = saga.New(e.Pool, ecfg); err != nil {
 		return nil, err
 	}
 	e.def, e.slowDef = Definitions(External{}, 0, nil)
@@ -132,6 +173,12 @@ func (e *Env) Close() {
 	if e.Kafka != nil {
 		e.Kafka.Close()
 	}
+	if e.nc != nil {
+		e.nc.Close()
+	}
+	if e.NATS != nil {
+		e.NATS.Kill()
+	}
 	if e.PG != nil {
 		_ = e.PG.Stop(context.Background())
 	}
@@ -150,7 +197,11 @@ type Node struct {
 // StartNode starts a node process with roles; armed, when not empty, is a
 // fault spec (point@n) for a sagaflow_faults build.
 func (e *Env) StartNode(name string, roles []string, armed string) (*Node, error) {
-	cfg, err := json.Marshal(NodeConfig{DSN: e.PG.ConnString(), Brokers: e.Kafka.Addrs(), Service: e.Service.URL(), Roles: roles,
+	natsURL := ""
+	if e.NATS != nil {
+		natsURL = e.NATS.URL()
+	}
+	cfg, err := json.Marshal(NodeConfig{DSN: e.PG.ConnString(), Brokers: e.brokers(), NATS: natsURL, Service: e.Service.URL(), Roles: roles,
 		Sabotage: e.Sabotage, AllSteps: e.AllSteps})
 	if err != nil {
 		return nil, err
@@ -493,6 +544,9 @@ const EngineMembers = 2
 // the join completes. Killing nodes only once their groups are stable keeps
 // the matrix and the soak measuring sagaflow, not that difference.
 func (e *Env) WaitGroupsStable(ctx context.Context, engines, participants int) error {
+	if e.Kafka == nil {
+		return nil // NATS has no groups to settle: any member pulls any partition
+	}
 	c := &kafka.Client{Addr: kafka.TCP(e.Kafka.Addrs()...), Timeout: 5 * time.Second}
 	ids := groupIDs()
 	want := map[string]int{ids[0]: engines * EngineMembers, ids[1]: participants, ids[2]: participants}
@@ -525,6 +579,9 @@ func (e *Env) WaitGroupsStable(ctx context.Context, engines, participants int) e
 // members, with the partitions each holds. For a failure message when
 // sagas are stuck.
 func (e *Env) Groups(ctx context.Context) string {
+	if e.Kafka == nil {
+		return "NATS: no consumer groups (any member pulls any partition, one message per partition in flight)"
+	}
 	c := &kafka.Client{Addr: kafka.TCP(e.Kafka.Addrs()...), Timeout: 5 * time.Second}
 	resp, err := c.DescribeGroups(ctx, &kafka.DescribeGroupsRequest{GroupIDs: groupIDs()})
 	if err != nil {
@@ -538,4 +595,35 @@ func (e *Env) Groups(ctx context.Context) string {
 		}
 	}
 	return b.String()
+}
+
+// brokers are the Kafka brokers, nil on NATS.
+func (e *Env) brokers() []string {
+	if e.Kafka == nil {
+		return nil
+	}
+	return e.Kafka.Addrs()
+}
+
+// Outage makes the broker unreachable for d: kfake refuses every
+// connection; a NATS server is killed (SIGKILL) and started again on its
+// data after d.
+func (e *Env) Outage(d time.Duration) error {
+	if e.NATS != nil {
+		e.NATS.Kill()
+		time.Sleep(d)
+		return e.NATS.Relaunch()
+	}
+	outage := e.Kafka.Unreachable()
+	time.Sleep(d)
+	outage.Remove()
+	return nil
+}
+
+// readTopic returns what a topic holds, from the bus.
+func (e *Env) readTopic(ctx context.Context, topic string) ([]kafka.Message, error) {
+	if e.js != nil {
+		return natsbus.ReadAll(ctx, e.js, topic)
+	}
+	return e.Kafka.ReadAll(ctx, topic)
 }

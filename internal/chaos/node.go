@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/sagaflow/sagaflow/inbox"
@@ -19,6 +21,7 @@ import (
 	"github.com/sagaflow/sagaflow/participant"
 	"github.com/sagaflow/sagaflow/relay"
 	"github.com/sagaflow/sagaflow/saga"
+	"github.com/sagaflow/sagaflow/transport/natsbus"
 )
 
 // Roles a node process can play.
@@ -48,6 +51,47 @@ type NodeConfig struct {
 	// AllSteps runs the orders engine in Kafka mode instead of the hybrid
 	// mode.
 	AllSteps bool `json:"all_steps,omitempty"`
+	// NATS, when set, is the NATS server (JetStream) that carries the
+	// messages instead of Kafka (Brokers is then unused).
+	NATS string `json:"nats,omitempty"`
+}
+
+// natsAckWait is how long a NATS member that stopped answering holds a
+// message before it goes to another member: the session timeout's
+// counterpart.
+const natsAckWait = SessionTimeout
+
+// natsReader reads topics as group over js.
+func natsReader(js jetstream.JetStream, group string, topics []string) (*natsbus.Reader, error) {
+	return natsbus.NewReader(js, group, topics, &natsbus.ReaderOpts{AckWait: natsAckWait, PullWait: 200 * time.Millisecond})
+}
+
+// UseNATS makes cfg, an engine configuration of EngineConfig, read its
+// replies over NATS.
+func UseNATS(cfg *saga.Config, js jetstream.JetStream) {
+	cfg.Kafka.Brokers = nil
+	cfg.Kafka.NewReader = func(group string, topics []string) saga.KafkaReader {
+		r, err := natsReader(js, group, topics)
+		if err != nil {
+			panic(fmt.Sprintf("chaos: NATS reader: %v", err)) // the engine's own group and topics
+		}
+		return r
+	}
+}
+
+// connectNATS connects to url with a JetStream context that gives up on a
+// publish after a few seconds.
+func connectNATS(url string) (*nats.Conn, jetstream.JetStream, error) {
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		return nil, nil, err
+	}
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(5*time.Second))
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, js, nil
 }
 
 // SabotageEffectsOutsideTx makes the local steps write their ledger rows
@@ -128,6 +172,15 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 	pid := os.Getpid()
 	x := External{URL: cfg.Service, Client: &http.Client{Timeout: 5 * time.Second}}
 	var stops []func(context.Context) error
+	var js jetstream.JetStream
+	if cfg.NATS != "" {
+		nc, j, err := connectNATS(cfg.NATS)
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		js = j
+	}
 
 	for _, schema := range []string{OrdersSchema, PaymentsSchema} {
 		role := RoleRelayOrders
@@ -137,7 +190,14 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 		if !slices.Contains(cfg.Roles, role) {
 			continue
 		}
-		w := relay.NewKafkaWriter(cfg.Brokers, nil)
+		var w relay.Writer
+		if js != nil {
+			if w, err = natsbus.NewWriter(js, nil); err != nil {
+				return err
+			}
+		} else {
+			w = relay.NewKafkaWriter(cfg.Brokers, nil)
+		}
 		r, err := relay.New(pool, w, &relay.Config{Schema: schema, PollInterval: 200 * time.Millisecond, Logger: log})
 		if err != nil {
 			return err
@@ -154,6 +214,9 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 	if slices.Contains(cfg.Roles, RoleEngine) {
 		ecfg := EngineConfig(cfg.Brokers, log, cfg.AllSteps)
 		ecfg.Kafka.SigningKey = key
+		if js != nil {
+			UseNATS(ecfg, js)
+		}
 		e, err := saga.New(pool, ecfg)
 		if err != nil {
 			return err
@@ -199,9 +262,19 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 			return err
 		}
 		for _, topic := range []string{PaymentsTopic, SlowTopic} {
-			r := kafka.NewReader(kafka.ReaderConfig{Brokers: cfg.Brokers, GroupID: participantGroup(topic), Topic: topic,
-				MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 100 * time.Millisecond, StartOffset: kafka.FirstOffset,
-				SessionTimeout: SessionTimeout, HeartbeatInterval: SessionTimeout / 10, CommitInterval: 0})
+			var r interface {
+				inbox.Reader
+				Close() error
+			}
+			if js != nil {
+				if r, err = natsReader(js, participantGroup(topic), []string{topic}); err != nil {
+					return err
+				}
+			} else {
+				r = kafka.NewReader(kafka.ReaderConfig{Brokers: cfg.Brokers, GroupID: participantGroup(topic), Topic: topic,
+					MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 100 * time.Millisecond, StartOffset: kafka.FirstOffset,
+					SessionTimeout: SessionTimeout, HeartbeatInterval: SessionTimeout / 10, CommitInterval: 0})
+			}
 			c, err := p.Inbox().NewConsumer(r, &inbox.ConsumerConfig{Handlers: p.Handlers()})
 			if err != nil {
 				return err

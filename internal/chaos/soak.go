@@ -19,6 +19,7 @@ type SoakConfig struct {
 	Seed         uint64
 	Deadline     time.Duration // after the attacks, for every saga to end
 	AllSteps     bool          // engines in Kafka mode instead of the hybrid mode
+	Bus          string        // BusKafka (the default) or BusNATS
 	Logf         func(format string, args ...any)
 }
 
@@ -59,7 +60,10 @@ func RunSoak(ctx context.Context, dir string, nodeCmd NodeCommand, cfg SoakConfi
 		cfg.Logf = func(string, ...any) {}
 	}
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x5a6af10))
-	env, err := NewEnv(ctx, dir, nodeCmd, cfg.AllSteps)
+	if cfg.Bus == "" {
+		cfg.Bus = BusKafka
+	}
+	env, err := NewEnvBus(ctx, dir, nodeCmd, cfg.AllSteps, cfg.Bus)
 	if err != nil {
 		return nil, err
 	}
@@ -183,10 +187,14 @@ func RunSoak(ctx context.Context, dir string, nodeCmd NodeCommand, cfg SoakConfi
 			break
 		}
 		if time.Since(lastPoison) > 8*time.Second {
-			if err := env.InjectPoison(ctx, len(poisonKinds), rng); err != nil {
-				return nil, err
+			// Poison is written with a Kafka client at chosen partitions
+			// and offsets: on NATS, none is injected.
+			if env.Kafka != nil {
+				if err := env.InjectPoison(ctx, len(poisonKinds), rng); err != nil {
+					return nil, err
+				}
+				res.Actions["poison"] += len(poisonKinds)
 			}
-			res.Actions["poison"] += len(poisonKinds)
 			if err := env.StartForeign(ctx, fmt.Sprintf("f-%03d", res.Actions["foreign"])); err != nil {
 				return nil, err
 			}
@@ -240,9 +248,9 @@ func RunSoak(ctx context.Context, dir string, nodeCmd NodeCommand, cfg SoakConfi
 		case "broker_outage":
 			d := ms(1000, 5000)
 			cfg.Logf("chaos: broker unreachable for %s", d)
-			outage := env.Kafka.Unreachable()
-			time.Sleep(d)
-			outage.Remove()
+			if err := env.Outage(d); err != nil {
+				return nil, err
+			}
 			res.Actions["broker_outage"]++
 		case "long_tx":
 			d := ms(5000, 15000)

@@ -91,6 +91,13 @@ func Launch(dir string) (*Server, error) {
 	return s, nil
 }
 
+// Relaunch kills the server and starts it again on the same port and store
+// directory, outside a test.
+func (s *Server) Relaunch() error {
+	s.Kill()
+	return s.start()
+}
+
 // URL is the server's client URL.
 func (s *Server) URL() string { return "nats://127.0.0.1:" + strconv.Itoa(s.port) }
 

@@ -89,6 +89,7 @@ func soak(args []string) int {
 	seed := fs.Uint64("seed", uint64(time.Now().UnixNano()), "random seed (printed, to rerun)")
 	deadline := fs.Duration("deadline", 5*time.Minute, "after the attacks, how long every saga has to end")
 	keep := fs.String("dir", "", "keep the nodes' logs in this directory")
+	bus := fs.String("bus", chaos.BusKafka, "the bus: kafka (in-process kfake) or nats (a throwaway nats-server)")
 	_ = fs.Parse(args)
 	if *duration <= 0 || *rate <= 0 || *engines < 1 || *participants < 1 || *deadline <= 0 {
 		fmt.Fprintln(os.Stderr, "chaos soak: -duration, -rate, -deadline must be positive and -engines, -participants at least 1")
@@ -102,7 +103,7 @@ func soak(args []string) int {
 	fmt.Fprintf(os.Stderr, "chaos soak: %s of attacks, %.0f sagas/s, %d engines, %d participants, seed %d, logs in %s\n",
 		*duration, *rate, *engines, *participants, *seed, dir)
 	res, err := chaos.RunSoak(context.Background(), dir, nodeCmd, chaos.SoakConfig{
-		Duration: *duration, Rate: *rate, Engines: *engines, Participants: *participants, Seed: *seed, Deadline: *deadline,
+		Duration: *duration, Rate: *rate, Engines: *engines, Participants: *participants, Seed: *seed, Deadline: *deadline, Bus: *bus,
 		Logf: func(format string, args ...any) {
 			fmt.Fprintf(os.Stderr, time.Now().Format("15:04:05 ")+format+"\n", args...)
 		},
