@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -299,4 +300,101 @@ func TestMigrationSkipsASagaInAParallelStep(t *testing.T) {
 	in := b.waitTerminal(t, st.ID)
 	require.Equal(t, saga.StatusCompleted, in.Status)
 	require.Equal(t, 1, in.DefinitionVersion)
+}
+
+// A pause taken while branches run lets them finish; the branch command not
+// yet started waits, and so does the step after the join, until Resume.
+func TestPauseDuringAParallelStep(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &saga.Config{Workers: 1}) // one worker: the second branch waits for the first
+	release := make(chan struct{})
+	started := make(chan string, 2)
+	def := parallelSaga(b, "parallel-pause", func(_ context.Context, branch string) error {
+		started <- branch
+		<-release
+		return nil
+	})
+	require.NoError(t, b.engine.Register(def))
+	b.start(t)
+	ctx := context.Background()
+	st, err := saga.Start(ctx, b.engine, def, checkout{OrderID: "pp"}, nil)
+	require.NoError(t, err)
+	first := <-started
+	require.NoError(t, b.engine.Pause(ctx, st.ID, "hold the group"))
+	close(release)
+	waitFor(t, 10*time.Second, func() bool {
+		brs, err := b.engine.Branches(ctx, st.ID)
+		require.NoError(t, err)
+		for _, br := range brs {
+			if br.Branch == first && br.Status == "completed" {
+				return true
+			}
+		}
+		return false
+	}, "the running branch to finish")
+	stays(t, 400*time.Millisecond, func() bool { return len(b.effects(t, st.ID)) == 2 }, "the other branch may not start while paused")
+	require.NoError(t, b.engine.Resume(ctx, st.ID, ""))
+	in := b.waitTerminal(t, st.ID)
+	require.Equal(t, saga.StatusCompleted, in.Status, "history: %v", eventTypes(in))
+	require.ElementsMatch(t, []string{"customer/forward", "prepare.stock/forward", "prepare.card/forward", "ship/forward"}, b.effects(t, st.ID))
+}
+
+// A copy of a branch's command, sent again after the branch completed (a
+// forged or replayed command), has no second effect.
+func TestADuplicateBranchCommandHasNoSecondEffect(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &saga.Config{Workers: 2})
+	def := parallelSaga(b, "parallel-dup", nil)
+	require.NoError(t, b.engine.Register(def))
+	b.start(t)
+	ctx := context.Background()
+	st, err := saga.Start(ctx, b.engine, def, checkout{OrderID: "d"}, nil)
+	require.NoError(t, err)
+	require.Equal(t, saga.StatusCompleted, b.waitTerminal(t, st.ID).Status)
+	// The command row of the stock branch, written again as it was.
+	_, err = b.pool.Exec(ctx, "INSERT INTO "+b.table("outbox")+` (id, topic, delivery, aggregatetype, aggregateid, type, payload, saga_id, step_key)
+		VALUES (gen_random_uuid(), 'sagaflow.commands.branches', 'direct', 'saga.parallel-dup', $1::text, 'sagaflow.branch',
+		convert_to(json_build_object('saga_id', $1::text, 'saga', 'parallel-dup', 'step', 'prepare.stock', 'direction', 'forward',
+			'epoch', 0, 'version', 3)::text, 'UTF8'), $1::uuid, $1::text || '/prepare.stock/forward/0')`, st.ID.String())
+	require.NoError(t, err)
+	waitFor(t, 10*time.Second, func() bool {
+		return b.count(t, "SELECT count(*) FROM "+b.table("outbox")+" WHERE saga_id = $1 AND type = 'sagaflow.branch'", st.ID) == 0
+	}, "the copy to be consumed")
+	require.ElementsMatch(t, []string{"customer/forward", "prepare.stock/forward", "prepare.card/forward", "ship/forward"}, b.effects(t, st.ID))
+}
+
+// A branch whose result cannot be encoded fails the group for good with a
+// message that names the branch; bad branch definitions are refused at
+// registration, naming the step.
+func TestParallelBadInput(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	nop := func(context.Context, *saga.StepRun, checkout) (any, error) { return nil, nil }
+	for _, tc := range []struct {
+		p    *saga.Parallel[checkout]
+		want string
+	}{
+		{&saga.Parallel[checkout]{}, "Parallel has no branches"},
+		{&saga.Parallel[checkout]{Branches: []saga.Branch[checkout]{{Name: "a", Action: nop}, {Name: "a", Action: nop}}}, `two branches named "a"`},
+		{&saga.Parallel[checkout]{Branches: []saga.Branch[checkout]{{Name: "a\x00b", Action: nop}}}, "must be letters"},
+		{&saga.Parallel[checkout]{Branches: []saga.Branch[checkout]{{Name: strings.Repeat("x", 64), Action: nop}}}, "at most 64 bytes"},
+		{&saga.Parallel[checkout]{Branches: []saga.Branch[checkout]{{Name: "a"}}}, `branch "a" has no Action`},
+	} {
+		err := b.engine.Register(saga.Define("pbad", saga.Step[checkout]{Name: "group", Parallel: tc.p}))
+		require.ErrorIs(t, err, saga.ErrInvalidDefinition)
+		require.ErrorContains(t, err, tc.want)
+		require.ErrorContains(t, err, `step "group"`)
+	}
+	def := saga.Define("pbad-result",
+		saga.Step[checkout]{Name: "group", Parallel: &saga.Parallel[checkout]{Branches: []saga.Branch[checkout]{
+			{Name: "chan", Action: func(context.Context, *saga.StepRun, checkout) (any, error) { return make(chan int), nil }},
+		}}})
+	require.NoError(t, b.engine.Register(def))
+	b.start(t)
+	st, err := saga.Start(context.Background(), b.engine, def, checkout{}, nil)
+	require.NoError(t, err)
+	in := b.waitTerminal(t, st.ID)
+	require.Equal(t, saga.StatusCompensated, in.Status)
+	require.Contains(t, in.LastError.Message, `branch "chan"`)
+	require.Equal(t, "group.chan", in.LastError.Step)
 }

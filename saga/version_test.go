@@ -260,3 +260,32 @@ func TestVersionRegistrationAndMigrationRefusals(t *testing.T) {
 	_, err = saga.MigrateSagas(ctx, b.engine, saga.Migration[order, orderV2]{From: v1, To: v2}, nil)
 	require.ErrorIs(t, err, saga.ErrInvalidInput)
 }
+
+// A type's pause covers every version of it: a saga of version 2 (whose
+// commands name the version) is held as one of version 1 is.
+func TestPauseTypeCoversEveryVersion(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	v1, v2 := versioned(b, "vpause")
+	require.NoError(t, b.engine.Register(v1, v2))
+	ctx := context.Background()
+	_, err := b.engine.PauseType(ctx, "vpause", "")
+	require.NoError(t, err)
+	b.start(t)
+	old, err := saga.Start(ctx, b.engine, v1, order{OrderID: "a"}, nil)
+	require.NoError(t, err)
+	cur, err := saga.Start(ctx, b.engine, v2, orderV2{OrderID: "b"}, nil)
+	require.NoError(t, err)
+	stays(t, 400*time.Millisecond, func() bool {
+		return b.count(t, "SELECT count(*) FROM "+b.table("effects")+" WHERE saga_id = ANY($1)", []uuid.UUID{old.ID, cur.ID}) == 0
+	}, "no saga of a paused type may start, whatever its version")
+	require.Equal(t, 1, b.heldCommands(t, cur.ID))
+	_, err = b.engine.ResumeType(ctx, "vpause")
+	require.NoError(t, err)
+	b.waitingAt(t, old.ID, "paid")
+	b.waitingAt(t, cur.ID, "paid")
+	b.pay(t, old.ID)
+	b.pay(t, cur.ID)
+	require.Equal(t, saga.StatusCompleted, b.waitTerminal(t, old.ID).Status)
+	require.Equal(t, saga.StatusCompleted, b.waitTerminal(t, cur.ID).Status)
+}
