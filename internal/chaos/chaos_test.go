@@ -90,7 +90,7 @@ func TestSoakShortNATS(t *testing.T) {
 	}
 	dir := t.TempDir()
 	res, err := chaos.RunSoak(context.Background(), dir, nodeCmd, chaos.SoakConfig{
-		Duration: *soak, Rate: 12, Engines: 2, Participants: 2, Seed: 1, Deadline: 3 * time.Minute, Logf: t.Logf, Bus: chaos.BusNATS,
+		Duration: min(*soak, 30*time.Second), Rate: 12, Engines: 2, Participants: 2, Seed: 1, Deadline: 3 * time.Minute, Logf: t.Logf, Bus: chaos.BusNATS,
 	})
 	require.NoError(t, err, chaos.LogTails(dir, 40))
 	t.Logf("soak over NATS of %s\n%s\n%s\n%s\n%s", res.Duration.Round(time.Second), res.Report.Line(), res.Report.Detail(), res.Report.WaitLine(),
