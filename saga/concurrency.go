@@ -190,7 +190,7 @@ func (d batchDB) QueryRow(context.Context, string, ...any) pgx.Row {
 }
 
 // fillConcurrency sets the Concurrency of those of ins started with a key.
-func (e *Engine) fillConcurrency(ctx context.Context, ins []Instance) error {
+func (e *Engine) fillConcurrency(ctx context.Context, db store.DBTX, ins []Instance) error {
 	if len(ins) == 0 {
 		return nil
 	}
@@ -198,7 +198,7 @@ func (e *Engine) fillConcurrency(ctx context.Context, ins []Instance) error {
 	for i := range ins {
 		ids[i] = ins[i].ID
 	}
-	got, err := e.st.SagaConcurrency(ctx, e.pool, ids)
+	got, err := e.st.SagaConcurrency(ctx, db, ids)
 	if err != nil {
 		return err
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/sagaflow/sagaflow/internal/store"
 	"github.com/sagaflow/sagaflow/steps"
@@ -199,22 +200,29 @@ func (e *Engine) Get(ctx context.Context, id uuid.UUID) (*Instance, error) {
 	if err := e.ready("Engine.Get"); err != nil {
 		return nil, err
 	}
-	sg, err := e.st.GetSaga(ctx, e.pool, id, false)
+	// One snapshot: the row, its timeline, its key's slot and its pause
+	// agree with each other.
+	var sg *store.Saga
+	var hist []store.History
+	one := make([]Instance, 1)
+	err := pgx.BeginTxFunc(ctx, e.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		var err error
+		if sg, err = e.st.GetSaga(ctx, tx, id, false); err != nil {
+			return err
+		}
+		if hist, err = e.st.History(ctx, tx, id); err != nil {
+			return err
+		}
+		one[0] = instanceFrom(sg)
+		if err := e.fillConcurrency(ctx, tx, one); err != nil {
+			return err
+		}
+		return e.fillPauses(ctx, tx, one)
+	})
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, fmt.Errorf("saga: get %s: %w", id, ErrNotFound)
 	}
 	if err != nil {
-		return nil, err
-	}
-	hist, err := e.st.History(ctx, e.pool, id)
-	if err != nil {
-		return nil, err
-	}
-	one := []Instance{instanceFrom(sg)}
-	if err := e.fillConcurrency(ctx, one); err != nil {
-		return nil, err
-	}
-	if err := e.fillPauses(ctx, one); err != nil {
 		return nil, err
 	}
 	in := one[0]
@@ -310,10 +318,10 @@ func (e *Engine) List(ctx context.Context, opts *ListOpts) (*ListResult, error) 
 	for i := range rows {
 		res.Sagas = append(res.Sagas, instanceFrom(&rows[i]))
 	}
-	if err := e.fillConcurrency(ctx, res.Sagas); err != nil {
+	if err := e.fillConcurrency(ctx, e.pool, res.Sagas); err != nil {
 		return nil, err
 	}
-	if err := e.fillPauses(ctx, res.Sagas); err != nil {
+	if err := e.fillPauses(ctx, e.pool, res.Sagas); err != nil {
 		return nil, err
 	}
 	return res, nil

@@ -216,7 +216,7 @@ func (b *batch) hold(ctx context.Context, c *store.Claimed, ls *store.LockedSaga
 }
 
 // fillPauses sets the Paused field of the sagas that have not ended.
-func (e *Engine) fillPauses(ctx context.Context, ins []Instance) error {
+func (e *Engine) fillPauses(ctx context.Context, db store.DBTX, ins []Instance) error {
 	var ids []uuid.UUID
 	for i := range ins {
 		if !ins[i].Status.Terminal() {
@@ -226,7 +226,7 @@ func (e *Engine) fillPauses(ctx context.Context, ins []Instance) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	ps, err := e.st.Pauses(ctx, e.pool, ids)
+	ps, err := e.st.Pauses(ctx, db, ids)
 	if err != nil {
 		return err
 	}
