@@ -108,7 +108,9 @@ func (p *RetryPolicy) withDefaults() RetryPolicy {
 // Config.RescueInterval later). A
 // remote compensation with no reply in time is sent again, under the same
 // step key, until its CompensateRetry attempts are spent.
-// Remote steps need an engine in Kafka mode.
+// Remote steps need an engine with Config.Kafka (the hybrid mode by default;
+// KafkaConfig.NewReader lets the replies come over NATS or RabbitMQ, see
+// package transport/natsbus and transport/rabbitbus).
 type Remote[S any] struct {
 	// Topic receives the service's commands. Required.
 	Topic string
