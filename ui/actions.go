@@ -17,10 +17,30 @@ var planAction = map[string]saga.PlanAction{
 	ActionResume: saga.PlanResume, ActionRerun: saga.PlanRerun, ActionCancel: saga.PlanCancel,
 }
 
+// simpleAction are the saga page actions that have no plan: a
+// confirmation is all they show.
+var simpleAction = map[string]string{
+	ActionPause:   "No new step of this saga starts (no step, compensation, retry, timer or signal delivery) until it is unpaused; a step that runs now finishes.",
+	ActionUnpause: "The saga continues where it paused: each held command becomes due when it was due, or now.",
+}
+
 // previewAction shows what an action on one saga will do, and the form
 // that confirms it. It changes nothing.
 func (h *Handler) previewAction(w http.ResponseWriter, r *http.Request) {
 	action := r.PathValue("action")
+	if what, ok := simpleAction[action]; ok {
+		if err := h.authorize(r, action); err != nil {
+			h.fail(w, r, http.StatusForbidden, err)
+			return
+		}
+		inst, ok := h.loadSaga(w, r)
+		if !ok {
+			return
+		}
+		h.render(w, r, http.StatusOK, "preview", map[string]any{"Title": action + " " + inst.ID.String(), "S": inst,
+			"Action": action, "Simple": what})
+		return
+	}
 	pa, ok := planAction[action]
 	if !ok {
 		h.fail(w, r, http.StatusNotFound, fmt.Errorf("no action %q", visible(action)))
@@ -57,7 +77,9 @@ func (h *Handler) previewAction(w http.ResponseWriter, r *http.Request) {
 // back to the saga.
 func (h *Handler) doAction(w http.ResponseWriter, r *http.Request) {
 	action := r.PathValue("action")
-	if _, ok := planAction[action]; !ok {
+	_, planned := planAction[action]
+	_, simple := simpleAction[action]
+	if !planned && !simple {
 		h.fail(w, r, http.StatusNotFound, fmt.Errorf("no action %q", visible(action)))
 		return
 	}
@@ -84,6 +106,14 @@ func (h *Handler) doAction(w http.ResponseWriter, r *http.Request) {
 		err = h.engine.Resume(ctx, inst.ID, reason)
 	case ActionRerun:
 		err = h.engine.Rerun(ctx, inst.ID, r.PostFormValue("from"), reason)
+	case ActionPause:
+		err = h.engine.Pause(ctx, inst.ID, reason)
+	case ActionUnpause:
+		if inst.Paused == nil || inst.Paused.Type {
+			err = fmt.Errorf("saga %s is not paused on its own: %w", inst.ID, saga.ErrNotReplayable)
+		} else {
+			err = h.engine.Resume(ctx, inst.ID, reason)
+		}
 	case ActionCancel:
 		if _, known := h.engine.DefinitionSteps(inst.Name); known {
 			err = h.engine.Cancel(ctx, inst.ID, reason)

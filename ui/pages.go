@@ -295,6 +295,13 @@ func (h *Handler) sagaPage(w http.ResponseWriter, r *http.Request) {
 	case inst.Status == saga.StatusRunning:
 		actions = []string{ActionCancel}
 	}
+	switch {
+	case inst.Status.Terminal():
+	case inst.Paused == nil:
+		actions = append(actions, ActionPause)
+	case !inst.Paused.Type:
+		actions = append(actions, ActionUnpause)
+	}
 	var allowed []string
 	for _, a := range actions {
 		if h.allowed(r, a) {

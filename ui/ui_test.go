@@ -345,6 +345,46 @@ func TestUI(t *testing.T) {
 		require.Error(t, err)
 	})
 
+	t.Run("pause and unpause", func(t *testing.T) {
+		// An operator pauses a running saga from its page and unpauses it.
+		c := client(t)
+		ctx := context.Background()
+		st, err := saga.Start(ctx, f.engine, f.hold, order{ID: "o-ui-pause"}, nil)
+		require.NoError(t, err)
+		id := st.ID.String()
+		_, page, _ := get(t, c, rw.URL+"/sagas/"+id)
+		require.Contains(t, page, `id="action-pause"`)
+		require.NotContains(t, page, `id="action-unpause"`)
+		code, page, _ := get(t, c, rw.URL+"/sagas/"+id+"/pause")
+		require.Equal(t, http.StatusOK, code)
+		require.Contains(t, page, `id="simple"`)
+		code, _, _ = post(t, c, rw.URL+"/sagas/"+id+"/pause",
+			url.Values{"csrf": {formToken(t, page)}, "version": {formVersion(t, page)}, "reason": {"incident " + hostile}}, nil)
+		require.Equal(t, http.StatusSeeOther, code)
+		in, err := f.engine.Get(ctx, st.ID)
+		require.NoError(t, err)
+		require.NotNil(t, in.Paused)
+		require.Contains(t, in.Paused.Reason, "pause by alice in the web UI: incident")
+		_, page, _ = get(t, c, rw.URL+"/sagas/"+id)
+		require.Contains(t, page, `id="action-unpause"`)
+		require.NotContains(t, page, `id="action-pause"`)
+		for _, raw := range []string{"<script>window", "<img src=x"} {
+			require.NotContains(t, page, raw, "the reason is escaped")
+		}
+		// Read-only refuses it.
+		code, _, _ = get(t, c, ro.URL+"/sagas/"+id+"/unpause")
+		require.Equal(t, http.StatusForbidden, code)
+		code, page, _ = get(t, c, rw.URL+"/sagas/"+id+"/unpause")
+		require.Equal(t, http.StatusOK, code)
+		code, _, _ = post(t, c, rw.URL+"/sagas/"+id+"/unpause", url.Values{"csrf": {formToken(t, page)}, "version": {formVersion(t, page)}}, nil)
+		require.Equal(t, http.StatusSeeOther, code)
+		in, err = f.engine.Get(ctx, st.ID)
+		require.NoError(t, err)
+		require.Nil(t, in.Paused)
+		require.NoError(t, f.engine.Cancel(ctx, st.ID, "test over"))
+		f.waitStatus(t, st.ID, saga.StatusCompensated)
+	})
+
 	t.Run("paused", func(t *testing.T) {
 		// A paused saga shows its pause, the reason escaped, and its
 		// definition version.
