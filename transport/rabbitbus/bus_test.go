@@ -509,7 +509,10 @@ func TestMembersSpreadPartitionsAndAStandbyTakesOver(t *testing.T) {
 	topic, group := e.name("t"), e.name("g")
 	e.setupGroups(t, []string{topic}, group)
 	opts := func(member int) *rabbitbus.ReaderOpts {
-		return &rabbitbus.ReaderOpts{Members: 2, Member: member, StandbyDelay: 300 * time.Millisecond}
+		// A standby delay well past the time both members take to connect,
+		// even on a loaded machine: a standby that subscribed first would
+		// take the other's partitions.
+		return &rabbitbus.ReaderOpts{Members: 2, Member: member, StandbyDelay: 2 * time.Second}
 	}
 	r0 := e.reader(t, group, []string{topic}, opts(0))
 	r1 := e.reader(t, group, []string{topic}, opts(1))
@@ -520,7 +523,7 @@ func TestMembersSpreadPartitionsAndAStandbyTakesOver(t *testing.T) {
 		cancel()
 		require.ErrorIs(t, err, context.DeadlineExceeded)
 	}
-	time.Sleep(500 * time.Millisecond) // past StandbyDelay: both stand by for the other's share
+	time.Sleep(2500 * time.Millisecond) // past StandbyDelay: both stand by for the other's share
 
 	// One key per partition.
 	keys := map[int]string{}
