@@ -57,20 +57,43 @@ func Binary() (string, error) {
 // test when the server cannot start.
 func Start(tb testing.TB) *Server {
 	tb.Helper()
-	bin, err := Binary()
+	s, err := StartServer(tb.TempDir())
 	if err != nil {
 		tb.Fatal(err)
+	}
+	tb.Cleanup(s.Kill)
+	return s
+}
+
+// StartServer starts a server on a free loopback port whose JetStream store
+// is dir, for callers that are not tests (the chaos harness). The caller
+// kills it with Kill.
+func StartServer(dir string) (*Server, error) {
+	bin, err := Binary()
+	if err != nil {
+		return nil, err
 	}
 	port, err := freePort()
 	if err != nil {
-		tb.Fatalf("natstest: free port: %v", err)
+		return nil, fmt.Errorf("natstest: free port: %w", err)
 	}
-	s := &Server{bin: bin, dir: tb.TempDir(), port: port}
-	tb.Cleanup(s.Kill)
+	s := &Server{bin: bin, dir: dir, port: port}
 	if err := s.start(); err != nil {
-		tb.Fatal(err)
+		return nil, err
 	}
-	return s
+	return s, nil
+}
+
+// StartAgain starts a killed server again on the same port and store
+// directory; it does nothing when the server runs.
+func (s *Server) StartAgain() error {
+	s.mu.Lock()
+	running := s.cmd != nil
+	s.mu.Unlock()
+	if running {
+		return nil
+	}
+	return s.start()
 }
 
 // URL is the server's client URL.
