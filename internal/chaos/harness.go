@@ -20,9 +20,12 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/sagaflow/sagaflow/internal/kafkatest"
+	"github.com/sagaflow/sagaflow/internal/natstest"
 	"github.com/sagaflow/sagaflow/internal/pgtest"
 	"github.com/sagaflow/sagaflow/saga"
 )
@@ -33,12 +36,14 @@ import (
 type NodeCommand func() *exec.Cmd
 
 // Env is one system under attack: a throwaway PostgreSQL server (so that it
-// can be restarted), an in-process Kafka broker, the fake external service,
-// and node processes. The parent only starts sagas and checks; all the work
-// happens in the nodes.
+// can be restarted), the bus (an in-process Kafka broker, or a throwaway
+// nats-server with JetStream), the fake external service, and node
+// processes. The parent only starts sagas and checks; all the work happens
+// in the nodes.
 type Env struct {
 	PG      *pgtest.Server
-	Kafka   *kafkatest.Cluster
+	Kafka   *kafkatest.Cluster // with BusKafka
+	NATS    *natstest.Server   // with BusNATS
 	Service *Service
 	Pool    *pgxpool.Pool // the parent's own, for starting sagas and checking
 	Dir     string        // node logs
@@ -48,6 +53,11 @@ type Env struct {
 	// AllSteps runs the orders engines in Kafka mode; otherwise in the
 	// hybrid mode, where only remote commands and replies cross Kafka.
 	AllSteps bool
+	// Bus is BusKafka or BusNATS.
+	Bus string
+
+	nc *nats.Conn // the parent's, with BusNATS: to check and to inject
+	js jetstream.JetStream
 
 	engine     *saga.Engine // never started: Start only inserts, Cancel records
 	def        *saga.Definition[Order]
@@ -77,10 +87,17 @@ type CancelDone struct {
 	How      string // "cancel", "request" (as the CLI does) or "held" (a cancel whose transaction stayed open)
 }
 
-// NewEnv starts the servers and creates the schemas. dir receives the nodes'
-// logs. Close it when done.
-func NewEnv(ctx context.Context, dir string, nodeCmd NodeCommand, allSteps bool) (env *Env, err error) {
-	e := &Env{Dir: dir, nodeCmd: nodeCmd, AllSteps: allSteps, started: map[string]Order{}, parcels: map[string]Parcel{}, ids: map[string]uuid.UUID{},
+// NewEnv starts the servers and creates the schemas (and, over NATS, the
+// streams). dir receives the nodes' logs (and the NATS server's store).
+// bus is BusKafka (or "") or BusNATS. Close it when done.
+func NewEnv(ctx context.Context, dir string, nodeCmd NodeCommand, allSteps bool, bus string) (env *Env, err error) {
+	if err := checkBus(bus, allSteps); err != nil {
+		return nil, err
+	}
+	if bus == "" {
+		bus = BusKafka
+	}
+	e := &Env{Dir: dir, nodeCmd: nodeCmd, AllSteps: allSteps, Bus: bus, started: map[string]Order{}, parcels: map[string]Parcel{}, ids: map[string]uuid.UUID{},
 		foreign: map[string]uuid.UUID{}, cancels: map[string]CancelDone{}}
 	defer func() {
 		if err != nil {
@@ -90,8 +107,27 @@ func NewEnv(ctx context.Context, dir string, nodeCmd NodeCommand, allSteps bool)
 	if e.PG, err = pgtest.StartServer(ctx); err != nil {
 		return nil, err
 	}
-	if e.Kafka, err = kafkatest.Start(kafkatest.SeedTopics(4, Topics()...), kafkatest.GroupMinSessionTimeout(time.Second)); err != nil {
-		return nil, err
+	brokers := []string(nil)
+	switch bus {
+	case BusNATS:
+		store := filepath.Join(dir, "nats-store")
+		if err = os.MkdirAll(store, 0o755); err != nil {
+			return nil, err
+		}
+		if e.NATS, err = natstest.StartServer(store); err != nil {
+			return nil, err
+		}
+		if e.nc, e.js, err = ConnectNATS(e.NATS.URL(), "chaos-parent"); err != nil {
+			return nil, err
+		}
+		if err = setupNATS(ctx, e.js); err != nil {
+			return nil, err
+		}
+	default:
+		if e.Kafka, err = kafkatest.Start(kafkatest.SeedTopics(4, Topics()...), kafkatest.GroupMinSessionTimeout(time.Second)); err != nil {
+			return nil, err
+		}
+		brokers = e.Kafka.Addrs()
 	}
 	if e.Service, err = StartService(); err != nil {
 		return nil, err
@@ -103,7 +139,14 @@ func NewEnv(ctx context.Context, dir string, nodeCmd NodeCommand, allSteps bool)
 		return nil, err
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	if e.engine, err = saga.New(e.Pool, EngineConfig(e.Kafka.Addrs(), quiet, allSteps)); err != nil {
+	ecfg := EngineConfig(brokers, quiet, allSteps)
+	if bus == BusNATS {
+		// Never started: the reader is never made.
+		ecfg.Kafka.NewReader = func(group string, topics []string) saga.KafkaReader {
+			return failedReader{errors.New("chaos: the parent's engine consumes nothing")}
+		}
+	}
+	if e.engine, err = saga.New(e.Pool, ecfg); err != nil {
 		return nil, err
 	}
 	e.def, e.slowDef = Definitions(External{}, 0, nil)
@@ -132,6 +175,12 @@ func (e *Env) Close() {
 	if e.Kafka != nil {
 		e.Kafka.Close()
 	}
+	if e.nc != nil {
+		e.nc.Close()
+	}
+	if e.NATS != nil {
+		e.NATS.Kill()
+	}
 	if e.PG != nil {
 		_ = e.PG.Stop(context.Background())
 	}
@@ -150,8 +199,14 @@ type Node struct {
 // StartNode starts a node process with roles; armed, when not empty, is a
 // fault spec (point@n) for a sagaflow_faults build.
 func (e *Env) StartNode(name string, roles []string, armed string) (*Node, error) {
-	cfg, err := json.Marshal(NodeConfig{DSN: e.PG.ConnString(), Brokers: e.Kafka.Addrs(), Service: e.Service.URL(), Roles: roles,
-		Sabotage: e.Sabotage, AllSteps: e.AllSteps})
+	nc := NodeConfig{DSN: e.PG.ConnString(), Service: e.Service.URL(), Roles: roles, Sabotage: e.Sabotage, AllSteps: e.AllSteps, Bus: e.Bus}
+	if e.Bus == BusNATS {
+		nc.NATSURL, nc.HeldFile = e.NATS.URL(), heldFile(e.Dir, name)
+		_ = os.Remove(nc.HeldFile) // a killed node's: it held nothing since
+	} else {
+		nc.Brokers = e.Kafka.Addrs()
+	}
+	cfg, err := json.Marshal(nc)
 	if err != nil {
 		return nil, err
 	}
@@ -492,7 +547,14 @@ const EngineMembers = 2
 // later rebalance. A Kafka broker starts every member's session timer when
 // the join completes. Killing nodes only once their groups are stable keeps
 // the matrix and the soak measuring sagaflow, not that difference.
+//
+// Over NATS there is no membership to settle (a partition's next message
+// goes to whichever member pulls first): it waits for every group's
+// consumers to exist.
 func (e *Env) WaitGroupsStable(ctx context.Context, engines, participants int) error {
+	if e.Bus == BusNATS {
+		return e.waitNATSConsumers(ctx)
+	}
 	c := &kafka.Client{Addr: kafka.TCP(e.Kafka.Addrs()...), Timeout: 5 * time.Second}
 	ids := groupIDs()
 	want := map[string]int{ids[0]: engines * EngineMembers, ids[1]: participants, ids[2]: participants}
@@ -525,6 +587,9 @@ func (e *Env) WaitGroupsStable(ctx context.Context, engines, participants int) e
 // members, with the partitions each holds. For a failure message when
 // sagas are stuck.
 func (e *Env) Groups(ctx context.Context) string {
+	if e.Bus == BusNATS {
+		return e.natsConsumers(ctx)
+	}
 	c := &kafka.Client{Addr: kafka.TCP(e.Kafka.Addrs()...), Timeout: 5 * time.Second}
 	resp, err := c.DescribeGroups(ctx, &kafka.DescribeGroupsRequest{GroupIDs: groupIDs()})
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/sagaflow/sagaflow/inbox"
@@ -19,6 +20,7 @@ import (
 	"github.com/sagaflow/sagaflow/participant"
 	"github.com/sagaflow/sagaflow/relay"
 	"github.com/sagaflow/sagaflow/saga"
+	"github.com/sagaflow/sagaflow/transport/natsbus"
 )
 
 // Roles a node process can play.
@@ -48,6 +50,15 @@ type NodeConfig struct {
 	// AllSteps runs the orders engine in Kafka mode instead of the hybrid
 	// mode.
 	AllSteps bool `json:"all_steps,omitempty"`
+	// Bus is BusKafka (the default: Brokers) or BusNATS (NATSURL): the
+	// relays write with natsbus.Writer, the engine's replies and the
+	// participant's commands are read with natsbus.Reader.
+	Bus     string `json:"bus,omitempty"`
+	NATSURL string `json:"nats_url,omitempty"`
+	// HeldFile, over NATS, is where the node keeps the list of the
+	// messages its readers fetched and have not committed, for the
+	// parent to kill it while it holds some.
+	HeldFile string `json:"held_file,omitempty"`
 }
 
 // SabotageEffectsOutsideTx makes the local steps write their ledger rows
@@ -128,6 +139,32 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 	pid := os.Getpid()
 	x := External{URL: cfg.Service, Client: &http.Client{Timeout: 5 * time.Second}}
 	var stops []func(context.Context) error
+	if err := checkBus(cfg.Bus, cfg.AllSteps); err != nil {
+		return err
+	}
+	var js jetstream.JetStream
+	held := newHeldLog(cfg.HeldFile)
+	if cfg.Bus == BusNATS {
+		nc, j, err := ConnectNATS(cfg.NATSURL, fmt.Sprintf("chaos-node-%d", pid))
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		js = j
+	}
+	// newReader is a member of group consuming topics from the bus.
+	newReader := func(group string, topics []string) busReader {
+		if js == nil {
+			return kafka.NewReader(kafka.ReaderConfig{Brokers: cfg.Brokers, GroupID: group, Topic: topics[0],
+				MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 100 * time.Millisecond, StartOffset: kafka.FirstOffset,
+				SessionTimeout: SessionTimeout, HeartbeatInterval: SessionTimeout / 10, CommitInterval: 0})
+		}
+		r, err := newNATSReader(js, group, topics)
+		if err != nil {
+			return failedReader{err}
+		}
+		return &heldReader{busReader: r, group: group, log: held}
+	}
 
 	for _, schema := range []string{OrdersSchema, PaymentsSchema} {
 		role := RoleRelayOrders
@@ -137,7 +174,14 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 		if !slices.Contains(cfg.Roles, role) {
 			continue
 		}
-		w := relay.NewKafkaWriter(cfg.Brokers, nil)
+		var w relay.Writer
+		if js != nil {
+			if w, err = natsbus.NewWriter(js, nil); err != nil {
+				return err
+			}
+		} else {
+			w = relay.NewKafkaWriter(cfg.Brokers, nil)
+		}
 		r, err := relay.New(pool, w, &relay.Config{Schema: schema, PollInterval: 200 * time.Millisecond, Logger: log})
 		if err != nil {
 			return err
@@ -154,6 +198,10 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 	if slices.Contains(cfg.Roles, RoleEngine) {
 		ecfg := EngineConfig(cfg.Brokers, log, cfg.AllSteps)
 		ecfg.Kafka.SigningKey = key
+		if js != nil {
+			ecfg.Kafka.Brokers = nil
+			ecfg.Kafka.NewReader = func(group string, topics []string) saga.KafkaReader { return newReader(group, topics) }
+		}
 		e, err := saga.New(pool, ecfg)
 		if err != nil {
 			return err
@@ -199,9 +247,7 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 			return err
 		}
 		for _, topic := range []string{PaymentsTopic, SlowTopic} {
-			r := kafka.NewReader(kafka.ReaderConfig{Brokers: cfg.Brokers, GroupID: participantGroup(topic), Topic: topic,
-				MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 100 * time.Millisecond, StartOffset: kafka.FirstOffset,
-				SessionTimeout: SessionTimeout, HeartbeatInterval: SessionTimeout / 10, CommitInterval: 0})
+			r := newReader(participantGroup(topic), []string{topic})
 			c, err := p.Inbox().NewConsumer(r, &inbox.ConsumerConfig{Handlers: p.Handlers()})
 			if err != nil {
 				return err
