@@ -22,7 +22,6 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/sagaflow/sagaflow/saga"
 	"github.com/sagaflow/sagaflow/transport/natsbus"
 )
 
@@ -93,15 +92,11 @@ func setupNATS(ctx context.Context, js jetstream.JetStream) error {
 }
 
 // natsGroups lists the system's consumer groups over NATS with the topics
-// each consumes: the engines' (every saga's reply topic: the hybrid mode)
-// and the payments participant's, one per topic.
-func natsGroups() map[string][]string {
-	var replies []string
-	for _, name := range []string{SagaName, SlowSagaName, ParcelSagaName, LabelSagaName} {
-		replies = append(replies, saga.CommandTopicDefault+"."+name+".replies")
-	}
+// each consumes: the engines' (the reply topics of the sagas with remote
+// steps: the hybrid mode) and the payments participant's, one per topic.
+func (e *Env) natsGroups() map[string][]string {
 	return map[string][]string{
-		"sagaflow-engine-" + OrdersSchema: replies,
+		"sagaflow-engine-" + OrdersSchema: e.engine.CommandTopics(),
 		participantGroup(PaymentsTopic):   {PaymentsTopic},
 		participantGroup(SlowTopic):       {SlowTopic},
 	}
@@ -115,7 +110,7 @@ func (e *Env) waitNATSConsumers(ctx context.Context) error {
 	last := "no answer yet"
 	for {
 		missing := 0
-		for group, topics := range natsGroups() {
+		for group, topics := range e.natsGroups() {
 			for _, topic := range topics {
 				for p := range NATSPartitions {
 					if _, err := e.js.Consumer(ctx, natsbus.StreamName(topic), natsbus.ConsumerName(group, p)); err != nil {
@@ -140,7 +135,7 @@ func (e *Env) waitNATSConsumers(ctx context.Context) error {
 // acknowledged and still holds. For a failure message when sagas are stuck.
 func (e *Env) natsConsumers(ctx context.Context) string {
 	var b strings.Builder
-	groups := natsGroups()
+	groups := e.natsGroups()
 	for _, group := range slices.Sorted(func(yield func(string) bool) {
 		for g := range groups {
 			if !yield(g) {

@@ -61,8 +61,9 @@ func (r *SoakResult) ActionsLine() string {
 //
 // Over NATS (cfg.Bus), the broker outage is the nats-server killed
 // (SIGKILL) and started again on the same port and store 2-4 s later, and
-// two more attacks of each round kill a node while it holds messages it
-// fetched and has not acknowledged (redelivery_kill): the node, alternately
+// three attacks of each round (instead of one of the two plain SIGKILLs)
+// kill a node while it holds messages it fetched and has not acknowledged
+// (redelivery_kill): the node, alternately
 // a participant and an engine, reports what it holds (see heldLog); once it
 // holds something the parent stops it, reads the list again and kills it.
 // Each message it held that its consumer had not acknowledged must then be
@@ -213,7 +214,9 @@ func RunSoak(ctx context.Context, dir string, nodeCmd NodeCommand, cfg SoakConfi
 		if len(round) == 0 {
 			round = []string{"sigkill", "sigkill", "sigstop", "pg_restart", "broker_outage", "long_tx"}
 			if env.Bus == BusNATS {
-				round = append(round, "redelivery_kill", "redelivery_kill")
+				// One plain SIGKILL becomes three kills of a node that
+				// holds unacknowledged messages.
+				round = append(round[1:], "redelivery_kill", "redelivery_kill", "redelivery_kill")
 			}
 			rng.Shuffle(len(round), func(i, j int) { round[i], round[j] = round[j], round[i] })
 		}
