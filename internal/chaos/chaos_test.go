@@ -107,9 +107,9 @@ func TestSoakShortNATS(t *testing.T) {
 	require.Positive(t, res.Report.PoisonInjected, "no poison was published over NATS")
 }
 
-// TestSoakRefusesKafkaModeOverNATS: Kafka mode (every step over the bus)
+// TestSoakShortNATSRefusesKafkaMode: Kafka mode (every step over the bus)
 // runs over Kafka only, and says so.
-func TestSoakRefusesKafkaModeOverNATS(t *testing.T) {
+func TestSoakShortNATSRefusesKafkaMode(t *testing.T) {
 	_, err := chaos.RunSoak(context.Background(), t.TempDir(), nodeCmd, chaos.SoakConfig{
 		Duration: time.Second, Rate: 1, Engines: 1, Participants: 1, Deadline: time.Second, Bus: chaos.BusNATS, AllSteps: true,
 	})
