@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -136,13 +137,7 @@ func (e *Env) waitNATSConsumers(ctx context.Context) error {
 func (e *Env) natsConsumers(ctx context.Context) string {
 	var b strings.Builder
 	groups := e.natsGroups()
-	for _, group := range slices.Sorted(func(yield func(string) bool) {
-		for g := range groups {
-			if !yield(g) {
-				return
-			}
-		}
-	}) {
+	for _, group := range slices.Sorted(maps.Keys(groups)) {
 		for _, topic := range groups[group] {
 			for p := range NATSPartitions {
 				c, err := e.js.Consumer(ctx, natsbus.StreamName(topic), natsbus.ConsumerName(group, p))
@@ -345,7 +340,9 @@ type Held struct {
 	Seq       uint64
 }
 
-func (h Held) String() string { return fmt.Sprintf("%s@%s/%d/%d", h.Group, h.Topic, h.Partition, h.Seq) }
+func (h Held) String() string {
+	return fmt.Sprintf("%s@%s/%d/%d", h.Group, h.Topic, h.Partition, h.Seq)
+}
 
 // heldLog keeps, in a file, the messages the node's readers fetched and
 // have not committed: so that the parent can SIGKILL a node while it holds
@@ -439,7 +436,9 @@ func (r *heldReader) CommitMessages(ctx context.Context, msgs ...kafka.Message) 
 // failedReader is a reader that could not be made: it returns why.
 type failedReader struct{ err error }
 
-func (r failedReader) FetchMessage(context.Context) (kafka.Message, error) { return kafka.Message{}, r.err }
+func (r failedReader) FetchMessage(context.Context) (kafka.Message, error) {
+	return kafka.Message{}, r.err
+}
 func (r failedReader) CommitMessages(context.Context, ...kafka.Message) error {
 	return r.err
 }
