@@ -35,10 +35,11 @@ test: ## run every test against a real PostgreSQL, with the race detector; then 
 
 CHAOS_DURATION ?= 5m
 CHAOS_SEEDS    ?= 3
+BUS            ?= kafka
 
 .PHONY: chaos
-chaos: ## chaos soak: worker processes killed, paused, PostgreSQL restarted, broker outages (CHAOS_DURATION, default 5m)
-	$(GO) run $(CHAOS_TAGS) ./internal/chaos/cmd/chaos soak -duration $(CHAOS_DURATION) $(if $(BUS),-bus $(BUS))
+chaos: ## chaos soak: worker processes killed, paused, PostgreSQL restarted, broker outages (CHAOS_DURATION, default 5m; BUS=nats over NATS JetStream)
+	$(GO) run $(CHAOS_TAGS) ./internal/chaos/cmd/chaos soak -duration $(CHAOS_DURATION) -bus $(BUS)
 
 .PHONY: chaos/matrix
 chaos/matrix: ## every crash point x {SIGKILL, PostgreSQL restart, broker outage} x CHAOS_SEEDS seeds (default 3)

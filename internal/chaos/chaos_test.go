@@ -78,27 +78,46 @@ func TestSoakShort(t *testing.T) {
 		"the soak attacked nothing")
 }
 
-// TestSoakShortNATS is the short soak with NATS JetStream as the bus (a
-// throwaway nats-server): nodes killed while they hold unacknowledged
-// messages (redelivered to another member after the ack wait), paused past
-// it, PostgreSQL restarted, the NATS server itself killed and started again
-// on its data. Poison is not injected on NATS (it is written with a Kafka
-// client at chosen offsets). Every invariant must hold.
+// TestSoakShortNATS is the short chaos soak over NATS JetStream (a
+// throwaway nats-server): the same workload, checks and attacks, with the
+// broker outage a SIGKILL of the server and its restart on the same store,
+// and nodes killed while they hold messages they have not acknowledged, so
+// that JetStream redelivers those to the surviving nodes after the ack
+// wait, and sometimes the node that took one is killed in turn. Every
+// message a killed node held must be acknowledged later by another.
 func TestSoakShortNATS(t *testing.T) {
-	if _, err := natstest.Binary(); err != nil {
-		t.Skip(err)
+	if _, err := os.Stat("/usr/sbin/nats-server"); err != nil {
+		if _, err := natstest.Binary(); err != nil {
+			t.Skipf("no nats-server to run the soak over NATS: %v", err)
+		}
 	}
 	dir := t.TempDir()
 	res, err := chaos.RunSoak(context.Background(), dir, nodeCmd, chaos.SoakConfig{
-		Duration: min(*soak, 30*time.Second), Rate: 12, Engines: 2, Participants: 2, Seed: 1, Deadline: 3 * time.Minute, Logf: t.Logf, Bus: chaos.BusNATS,
+		Duration: *soak, Rate: 12, Engines: 2, Participants: 2, Seed: 1, Deadline: 3 * time.Minute, Bus: chaos.BusNATS, Logf: t.Logf,
 	})
 	require.NoError(t, err, chaos.LogTails(dir, 40))
-	t.Logf("soak over NATS of %s\n%s\n%s\n%s\n%s", res.Duration.Round(time.Second), res.Report.Line(), res.Report.Detail(), res.Report.WaitLine(),
-		res.ActionsLine())
+	t.Logf("NATS soak of %s\n%s\n%s\n%s\n%s\n%s", res.Duration.Round(time.Second), res.Report.Line(), res.Report.Detail(), res.Report.WaitLine(),
+		res.Report.PoisonLine(), res.ActionsLine())
 	require.True(t, res.Report.OK(), "invariants broken:\n%s\n%s\n%s\n%s", res.Report.Line(), res.Report.Detail(),
 		strings.Join(res.Report.Violations, "\n"), chaos.LogTails(dir, 40))
-	require.Positive(t, res.Actions["sigkill"]+res.Actions["sigstop"], "the soak killed no consumer")
-	require.Positive(t, res.Actions["broker_outage"], "the NATS server was never killed")
+	require.Positive(t, res.Actions["sigkill"]+res.Actions["pg_restart"]+res.Actions["broker_outage"]+res.Actions["sigstop"],
+		"the soak attacked nothing")
+	require.Positive(t, res.Actions["redelivery_kill"], "no node was killed while it held unacknowledged messages")
+	require.Positive(t, res.Actions["redelivered"], "no message a killed node held was redelivered and acknowledged by another")
+	require.Positive(t, res.Report.PoisonInjected, "no poison was published over NATS")
+}
+
+// TestSoakShortNATSRefusesKafkaMode: Kafka mode (every step over the bus)
+// runs over Kafka only, and says so.
+func TestSoakShortNATSRefusesKafkaMode(t *testing.T) {
+	_, err := chaos.RunSoak(context.Background(), t.TempDir(), nodeCmd, chaos.SoakConfig{
+		Duration: time.Second, Rate: 1, Engines: 1, Participants: 1, Deadline: time.Second, Bus: chaos.BusNATS, AllSteps: true,
+	})
+	require.ErrorContains(t, err, "Kafka mode (AllSteps) runs over Kafka only")
+	_, err = chaos.RunSoak(context.Background(), t.TempDir(), nodeCmd, chaos.SoakConfig{
+		Duration: time.Second, Rate: 1, Engines: 1, Participants: 1, Deadline: time.Second, Bus: "carrier-pigeon",
+	})
+	require.ErrorContains(t, err, `unknown bus "carrier-pigeon"`)
 }
 
 // TestCheckersCatchADualWrite is the negative control of the matrix: the

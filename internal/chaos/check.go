@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/google/uuid"
+	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sagaflow/sagaflow/internal/safetext"
@@ -81,6 +82,11 @@ type Report struct {
 	// may be: every parcel waits for its signal).
 	SignalsSent, SignalDuplicates, SignalsRejected int
 
+	// NotRedelivered counts, over NATS, the messages a node held
+	// unacknowledged when it was killed that no other node acknowledged
+	// later (see RunSoak).
+	NotRedelivered int
+
 	Violations []string
 }
 
@@ -104,7 +110,7 @@ func (r *Report) OK() bool {
 	return r.Lost == 0 && r.DBEffectsDoubled == 0 && r.Stuck == 0 && r.Inconsistent == 0 && r.Stray == 0 &&
 		r.WaitsDoubled == 0 && r.SignalsRejected == 0 &&
 		r.KafkaMissing == 0 && r.KafkaPhantom == 0 && r.PoisonMissed == 0 && r.BytesChanged == 0 && r.DeadUnexplained == 0 &&
-		r.ForeignParked == r.Foreign && r.CancelBroken == 0 && r.Terminal == r.Sagas
+		r.ForeignParked == r.Foreign && r.CancelBroken == 0 && r.Terminal == r.Sagas && r.NotRedelivered == 0
 }
 
 // Line is the one-line summary.
@@ -511,7 +517,8 @@ func (e *Env) checkCancels(ctx context.Context, r *Report, cancels map[string]Ca
 }
 
 // checkKafka compares what reached the topics, read partition by partition
-// with a plain connection, with the outbox rows marked published.
+// with a plain connection (over NATS: every stream, by sequence, from the
+// server's store), with the outbox rows marked published.
 func (e *Env) checkKafka(ctx context.Context, r *Report, injected []Injected) error {
 	poison := map[position]bool{}
 	for _, in := range injected {
@@ -519,7 +526,13 @@ func (e *Env) checkKafka(ctx context.Context, r *Report, injected []Injected) er
 	}
 	onTopics := map[string]bool{}
 	for _, topic := range Topics() {
-		msgs, err := e.readTopic(ctx, topic)
+		var msgs []kafka.Message
+		var err error
+		if e.Bus == BusNATS {
+			msgs, err = e.readNATSTopic(ctx, topic, func(p int, seq uint64) bool { return poison[position{topic, int32(p), int64(seq)}] })
+		} else {
+			msgs, err = e.Kafka.ReadAll(ctx, topic)
+		}
 		if err != nil {
 			return err
 		}

@@ -46,6 +46,21 @@
 // outside the step's transaction; a bus without signing; signals whose
 // wake-up is lost) that the checkers must report.
 //
+// # Over NATS
+//
+// With [BusNATS] ([SoakConfig].Bus, the soak command's -bus nats) the same
+// system runs over a throwaway nats-server with JetStream instead of kfake,
+// in the hybrid mode (Kafka mode stays Kafka-only): every topic gets a
+// stream (package transport/natsbus), the relays publish with its writer,
+// the engines read their replies and the participant its commands with its
+// reader, with a short ack wait ([NATSAckWait]). The poison is written with
+// the NATS protocol itself, past nats.go (which refuses header names that
+// are not tokens), and recorded by stream sequence; the checkers read every
+// stream by sequence where they read the Kafka topics. The broker outage
+// kills the server and starts it again on its store, and nodes are killed
+// while they hold messages they have not acknowledged, each of which
+// another node must then acknowledge after JetStream redelivers it.
+//
 // The matrix needs a build with -tags sagaflow_faults. The tests of this
 // package (make test) and the command in cmd/chaos (make chaos, make
 // chaos/matrix) run both. docs/reliability.md records the figures.

@@ -28,7 +28,6 @@ import (
 	"github.com/sagaflow/sagaflow/internal/natstest"
 	"github.com/sagaflow/sagaflow/internal/pgtest"
 	"github.com/sagaflow/sagaflow/saga"
-	"github.com/sagaflow/sagaflow/transport/natsbus"
 )
 
 // NodeCommand returns a command that runs one node: the caller's own binary
@@ -37,17 +36,14 @@ import (
 type NodeCommand func() *exec.Cmd
 
 // Env is one system under attack: a throwaway PostgreSQL server (so that it
-// can be restarted), an in-process Kafka broker, the fake external service,
-// and node processes. The parent only starts sagas and checks; all the work
-// happens in the nodes.
+// can be restarted), the bus (an in-process Kafka broker, or a throwaway
+// nats-server with JetStream), the fake external service, and node
+// processes. The parent only starts sagas and checks; all the work happens
+// in the nodes.
 type Env struct {
-	PG    *pgtest.Server
-	Kafka *kafkatest.Cluster
-	// NATS, when set, carries the messages instead of Kafka (see
-	// NewEnvBus); Kafka is then nil.
-	NATS    *natstest.Server
-	nc      *nats.Conn
-	js      jetstream.JetStream
+	PG      *pgtest.Server
+	Kafka   *kafkatest.Cluster // with BusKafka
+	NATS    *natstest.Server   // with BusNATS
 	Service *Service
 	Pool    *pgxpool.Pool // the parent's own, for starting sagas and checking
 	Dir     string        // node logs
@@ -57,6 +53,11 @@ type Env struct {
 	// AllSteps runs the orders engines in Kafka mode; otherwise in the
 	// hybrid mode, where only remote commands and replies cross Kafka.
 	AllSteps bool
+	// Bus is BusKafka or BusNATS.
+	Bus string
+
+	nc *nats.Conn // the parent's, with BusNATS: to check and to inject
+	js jetstream.JetStream
 
 	engine     *saga.Engine // never started: Start only inserts, Cancel records
 	def        *saga.Definition[Order]
@@ -86,28 +87,17 @@ type CancelDone struct {
 	How      string // "cancel", "request" (as the CLI does) or "held" (a cancel whose transaction stayed open)
 }
 
-// Buses a harness can run on.
-const (
-	BusKafka = "kafka" // kfake, in process
-	BusNATS  = "nats"  // a throwaway nats-server with JetStream
-)
-
-// NewEnv starts the servers and creates the schemas. dir receives the nodes'
-// logs. Close it when done.
-func NewEnv(ctx context.Context, dir string, nodeCmd NodeCommand, allSteps bool) (env *Env, err error) {
-	return NewEnvBus(ctx, dir, nodeCmd, allSteps, BusKafka)
-}
-
-// NewEnvBus is NewEnv on bus (BusKafka or BusNATS; NATS needs the hybrid
-// mode).
-func NewEnvBus(ctx context.Context, dir string, nodeCmd NodeCommand, allSteps bool, bus string) (env *Env, err error) {
-	if bus == BusNATS && allSteps {
-		return nil, errors.New("chaos: Kafka mode (all steps) needs Kafka, not NATS")
+// NewEnv starts the servers and creates the schemas (and, over NATS, the
+// streams). dir receives the nodes' logs (and the NATS server's store).
+// bus is BusKafka (or "") or BusNATS. Close it when done.
+func NewEnv(ctx context.Context, dir string, nodeCmd NodeCommand, allSteps bool, bus string) (env *Env, err error) {
+	if err := checkBus(bus, allSteps); err != nil {
+		return nil, err
 	}
-	if bus != BusKafka && bus != BusNATS {
-		return nil, fmt.Errorf("chaos: unknown bus %q", bus)
+	if bus == "" {
+		bus = BusKafka
 	}
-	e := &Env{Dir: dir, nodeCmd: nodeCmd, AllSteps: allSteps, started: map[string]Order{}, parcels: map[string]Parcel{}, ids: map[string]uuid.UUID{},
+	e := &Env{Dir: dir, nodeCmd: nodeCmd, AllSteps: allSteps, Bus: bus, started: map[string]Order{}, parcels: map[string]Parcel{}, ids: map[string]uuid.UUID{},
 		foreign: map[string]uuid.UUID{}, cancels: map[string]CancelDone{}}
 	defer func() {
 		if err != nil {
@@ -117,18 +107,27 @@ func NewEnvBus(ctx context.Context, dir string, nodeCmd NodeCommand, allSteps bo
 	if e.PG, err = pgtest.StartServer(ctx); err != nil {
 		return nil, err
 	}
-	if bus == BusNATS {
-		if e.NATS, err = natstest.Launch(filepath.Join(dir, "nats")); err != nil {
+	brokers := []string(nil)
+	switch bus {
+	case BusNATS:
+		store := filepath.Join(dir, "nats-store")
+		if err = os.MkdirAll(store, 0o755); err != nil {
 			return nil, err
 		}
-		if e.nc, e.js, err = connectNATS(e.NATS.URL()); err != nil {
+		if e.NATS, err = natstest.StartServer(store); err != nil {
 			return nil, err
 		}
-		if err = natsbus.Setup(ctx, e.js, Topics(), &natsbus.SetupOpts{Partitions: 4}); err != nil {
+		if e.nc, e.js, err = ConnectNATS(e.NATS.URL(), "chaos-parent"); err != nil {
 			return nil, err
 		}
-	} else if e.Kafka, err = kafkatest.Start(kafkatest.SeedTopics(4, Topics()...), kafkatest.GroupMinSessionTimeout(time.Second)); err != nil {
-		return nil, err
+		if err = setupNATS(ctx, e.js); err != nil {
+			return nil, err
+		}
+	default:
+		if e.Kafka, err = kafkatest.Start(kafkatest.SeedTopics(4, Topics()...), kafkatest.GroupMinSessionTimeout(time.Second)); err != nil {
+			return nil, err
+		}
+		brokers = e.Kafka.Addrs()
 	}
 	if e.Service, err = StartService(); err != nil {
 		return nil, err
@@ -140,9 +139,12 @@ func NewEnvBus(ctx context.Context, dir string, nodeCmd NodeCommand, allSteps bo
 		return nil, err
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	ecfg := EngineConfig(e.brokers(), quiet, allSteps)
-	if e.js != nil {
-		UseNATS(ecfg, e.js)
+	ecfg := EngineConfig(brokers, quiet, allSteps)
+	if bus == BusNATS {
+		// Never started: the reader is never made.
+		ecfg.Kafka.NewReader = func(group string, topics []string) saga.KafkaReader {
+			return failedReader{errors.New("chaos: the parent's engine consumes nothing")}
+		}
 	}
 	if e.engine, err = saga.New(e.Pool, ecfg); err != nil {
 		return nil, err
@@ -197,12 +199,14 @@ type Node struct {
 // StartNode starts a node process with roles; armed, when not empty, is a
 // fault spec (point@n) for a sagaflow_faults build.
 func (e *Env) StartNode(name string, roles []string, armed string) (*Node, error) {
-	natsURL := ""
-	if e.NATS != nil {
-		natsURL = e.NATS.URL()
+	nc := NodeConfig{DSN: e.PG.ConnString(), Service: e.Service.URL(), Roles: roles, Sabotage: e.Sabotage, AllSteps: e.AllSteps, Bus: e.Bus}
+	if e.Bus == BusNATS {
+		nc.NATSURL, nc.HeldFile = e.NATS.URL(), heldFile(e.Dir, name)
+		_ = os.Remove(nc.HeldFile) // a killed node's: it held nothing since
+	} else {
+		nc.Brokers = e.Kafka.Addrs()
 	}
-	cfg, err := json.Marshal(NodeConfig{DSN: e.PG.ConnString(), Brokers: e.brokers(), NATS: natsURL, Service: e.Service.URL(), Roles: roles,
-		Sabotage: e.Sabotage, AllSteps: e.AllSteps})
+	cfg, err := json.Marshal(nc)
 	if err != nil {
 		return nil, err
 	}
@@ -543,9 +547,13 @@ const EngineMembers = 2
 // later rebalance. A Kafka broker starts every member's session timer when
 // the join completes. Killing nodes only once their groups are stable keeps
 // the matrix and the soak measuring sagaflow, not that difference.
+//
+// Over NATS there is no membership to settle (a partition's next message
+// goes to whichever member pulls first): it waits for every group's
+// consumers to exist.
 func (e *Env) WaitGroupsStable(ctx context.Context, engines, participants int) error {
-	if e.Kafka == nil {
-		return nil // NATS has no groups to settle: any member pulls any partition
+	if e.Bus == BusNATS {
+		return e.waitNATSConsumers(ctx)
 	}
 	c := &kafka.Client{Addr: kafka.TCP(e.Kafka.Addrs()...), Timeout: 5 * time.Second}
 	ids := groupIDs()
@@ -579,8 +587,8 @@ func (e *Env) WaitGroupsStable(ctx context.Context, engines, participants int) e
 // members, with the partitions each holds. For a failure message when
 // sagas are stuck.
 func (e *Env) Groups(ctx context.Context) string {
-	if e.Kafka == nil {
-		return "NATS: no consumer groups (any member pulls any partition, one message per partition in flight)"
+	if e.Bus == BusNATS {
+		return e.natsConsumers(ctx)
 	}
 	c := &kafka.Client{Addr: kafka.TCP(e.Kafka.Addrs()...), Timeout: 5 * time.Second}
 	resp, err := c.DescribeGroups(ctx, &kafka.DescribeGroupsRequest{GroupIDs: groupIDs()})
@@ -595,35 +603,4 @@ func (e *Env) Groups(ctx context.Context) string {
 		}
 	}
 	return b.String()
-}
-
-// brokers are the Kafka brokers, nil on NATS.
-func (e *Env) brokers() []string {
-	if e.Kafka == nil {
-		return nil
-	}
-	return e.Kafka.Addrs()
-}
-
-// Outage makes the broker unreachable for d: kfake refuses every
-// connection; a NATS server is killed (SIGKILL) and started again on its
-// data after d.
-func (e *Env) Outage(d time.Duration) error {
-	if e.NATS != nil {
-		e.NATS.Kill()
-		time.Sleep(d)
-		return e.NATS.Relaunch()
-	}
-	outage := e.Kafka.Unreachable()
-	time.Sleep(d)
-	outage.Remove()
-	return nil
-}
-
-// readTopic returns what a topic holds, from the bus.
-func (e *Env) readTopic(ctx context.Context, topic string) ([]kafka.Message, error) {
-	if e.js != nil {
-		return natsbus.ReadAll(ctx, e.js, topic)
-	}
-	return e.Kafka.ReadAll(ctx, topic)
 }

@@ -98,7 +98,7 @@ func RunCell(ctx context.Context, dir string, nodeCmd NodeCommand, c Cell) (*Cel
 	h := fnv.New64a()
 	_, _ = h.Write([]byte(c.Point + c.Fault))
 	rng := rand.New(rand.NewPCG(c.Seed, h.Sum64()))
-	env, err := NewEnv(ctx, dir, nodeCmd, c.AllSteps)
+	env, err := NewEnv(ctx, dir, nodeCmd, c.AllSteps, BusKafka)
 	if err != nil {
 		return nil, err
 	}

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/segmentio/kafka-go"
 
@@ -51,47 +50,15 @@ type NodeConfig struct {
 	// AllSteps runs the orders engine in Kafka mode instead of the hybrid
 	// mode.
 	AllSteps bool `json:"all_steps,omitempty"`
-	// NATS, when set, is the NATS server (JetStream) that carries the
-	// messages instead of Kafka (Brokers is then unused).
-	NATS string `json:"nats,omitempty"`
-}
-
-// natsAckWait is how long a NATS member that stopped answering holds a
-// message before it goes to another member: the session timeout's
-// counterpart.
-const natsAckWait = SessionTimeout
-
-// natsReader reads topics as group over js.
-func natsReader(js jetstream.JetStream, group string, topics []string) (*natsbus.Reader, error) {
-	return natsbus.NewReader(js, group, topics, &natsbus.ReaderOpts{AckWait: natsAckWait, PullWait: 200 * time.Millisecond})
-}
-
-// UseNATS makes cfg, an engine configuration of EngineConfig, read its
-// replies over NATS.
-func UseNATS(cfg *saga.Config, js jetstream.JetStream) {
-	cfg.Kafka.Brokers = nil
-	cfg.Kafka.NewReader = func(group string, topics []string) saga.KafkaReader {
-		r, err := natsReader(js, group, topics)
-		if err != nil {
-			panic(fmt.Sprintf("chaos: NATS reader: %v", err)) // the engine's own group and topics
-		}
-		return r
-	}
-}
-
-// connectNATS connects to url with a JetStream context that gives up on a
-// publish after a few seconds.
-func connectNATS(url string) (*nats.Conn, jetstream.JetStream, error) {
-	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
-	if err != nil {
-		return nil, nil, err
-	}
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(5*time.Second))
-	if err != nil {
-		nc.Close()
-		return nil, nil, err
-	}
-	return nc, js, nil
+	// Bus is BusKafka (the default: Brokers) or BusNATS (NATSURL): the
+	// relays write with natsbus.Writer, the engine's replies and the
+	// participant's commands are read with natsbus.Reader.
+	Bus     string `json:"bus,omitempty"`
+	NATSURL string `json:"nats_url,omitempty"`
+	// HeldFile, over NATS, is where the node keeps the list of the
+	// messages its readers fetched and have not committed, for the
+	// parent to kill it while it holds some.
+	HeldFile string `json:"held_file,omitempty"`
 }
 
 // SabotageEffectsOutsideTx makes the local steps write their ledger rows
@@ -172,14 +139,31 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 	pid := os.Getpid()
 	x := External{URL: cfg.Service, Client: &http.Client{Timeout: 5 * time.Second}}
 	var stops []func(context.Context) error
+	if err := checkBus(cfg.Bus, cfg.AllSteps); err != nil {
+		return err
+	}
 	var js jetstream.JetStream
-	if cfg.NATS != "" {
-		nc, j, err := connectNATS(cfg.NATS)
+	held := newHeldLog(cfg.HeldFile)
+	if cfg.Bus == BusNATS {
+		nc, j, err := ConnectNATS(cfg.NATSURL, fmt.Sprintf("chaos-node-%d", pid))
 		if err != nil {
 			return err
 		}
 		defer nc.Close()
 		js = j
+	}
+	// newReader is a member of group consuming topics from the bus.
+	newReader := func(group string, topics []string) busReader {
+		if js == nil {
+			return kafka.NewReader(kafka.ReaderConfig{Brokers: cfg.Brokers, GroupID: group, Topic: topics[0],
+				MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 100 * time.Millisecond, StartOffset: kafka.FirstOffset,
+				SessionTimeout: SessionTimeout, HeartbeatInterval: SessionTimeout / 10, CommitInterval: 0})
+		}
+		r, err := newNATSReader(js, group, topics)
+		if err != nil {
+			return failedReader{err}
+		}
+		return &heldReader{busReader: r, group: group, log: held}
 	}
 
 	for _, schema := range []string{OrdersSchema, PaymentsSchema} {
@@ -215,7 +199,8 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 		ecfg := EngineConfig(cfg.Brokers, log, cfg.AllSteps)
 		ecfg.Kafka.SigningKey = key
 		if js != nil {
-			UseNATS(ecfg, js)
+			ecfg.Kafka.Brokers = nil
+			ecfg.Kafka.NewReader = func(group string, topics []string) saga.KafkaReader { return newReader(group, topics) }
 		}
 		e, err := saga.New(pool, ecfg)
 		if err != nil {
@@ -262,19 +247,7 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 			return err
 		}
 		for _, topic := range []string{PaymentsTopic, SlowTopic} {
-			var r interface {
-				inbox.Reader
-				Close() error
-			}
-			if js != nil {
-				if r, err = natsReader(js, participantGroup(topic), []string{topic}); err != nil {
-					return err
-				}
-			} else {
-				r = kafka.NewReader(kafka.ReaderConfig{Brokers: cfg.Brokers, GroupID: participantGroup(topic), Topic: topic,
-					MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 100 * time.Millisecond, StartOffset: kafka.FirstOffset,
-					SessionTimeout: SessionTimeout, HeartbeatInterval: SessionTimeout / 10, CommitInterval: 0})
-			}
+			r := newReader(participantGroup(topic), []string{topic})
 			c, err := p.Inbox().NewConsumer(r, &inbox.ConsumerConfig{Handlers: p.Handlers()})
 			if err != nil {
 				return err

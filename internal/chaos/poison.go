@@ -16,6 +16,7 @@ import (
 	"github.com/sagaflow/sagaflow/internal/store"
 	"github.com/sagaflow/sagaflow/saga"
 	"github.com/sagaflow/sagaflow/steps"
+	"github.com/sagaflow/sagaflow/transport/natsbus"
 	"github.com/sagaflow/sagaflow/wire"
 )
 
@@ -344,6 +345,9 @@ func (e *Env) InjectPoison(ctx context.Context, n int, rng *rand.Rand) error {
 		out = append(out, Injected{Kind: kind + "/" + class + "/" + field, Topic: r.topic, Must: must})
 	}
 
+	if e.Bus == BusNATS {
+		return e.injectNATS(ctx, recs, out)
+	}
 	cl, err := kgo.NewClient(kgo.SeedBrokers(e.Kafka.Addrs()...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	if err != nil {
 		return fmt.Errorf("chaos: inject poison: %w", err)
@@ -357,6 +361,34 @@ func (e *Env) InjectPoison(ctx context.Context, n int, rng *rand.Rand) error {
 		return fmt.Errorf("chaos: inject poison: %w", err)
 	}
 	for i, r := range recs {
+		out[i].Partition, out[i].Offset, out[i].record = r.Partition, r.Offset, r
+	}
+	e.mu.Lock()
+	e.injected = append(e.injected, out...)
+	e.mu.Unlock()
+	return nil
+}
+
+// injectNATS publishes recs over NATS with the protocol itself (see
+// publishRawNATS): each to its partition's subject, its key in
+// natsbus.KeyHeader. What is recorded as sent is what a natsbus.Reader
+// returns for it (the key out of the headers, the headers by name), so
+// that the checkers compare a dead letter with the bytes that were sent.
+func (e *Env) injectNATS(ctx context.Context, recs []*kgo.Record, out []Injected) error {
+	msgs := make([]rawNATSMsg, len(recs))
+	for i, r := range recs {
+		hs := append(slices.Clone(r.Headers), kgo.RecordHeader{Key: natsbus.KeyHeader, Value: r.Key})
+		msgs[i] = rawNATSMsg{subject: natsbus.Subject(r.Topic, int(r.Partition)), headers: hs, data: r.Value}
+	}
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	seqs, err := publishRawNATS(pctx, e.NATS.Addr(), msgs)
+	if err != nil {
+		return err
+	}
+	for i, r := range recs {
+		r.Offset = int64(seqs[i])
+		r.Headers = natsOrder(r.Headers)
 		out[i].Partition, out[i].Offset, out[i].record = r.Partition, r.Offset, r
 	}
 	e.mu.Lock()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -19,8 +20,12 @@ type SoakConfig struct {
 	Seed         uint64
 	Deadline     time.Duration // after the attacks, for every saga to end
 	AllSteps     bool          // engines in Kafka mode instead of the hybrid mode
-	Bus          string        // BusKafka (the default) or BusNATS
-	Logf         func(format string, args ...any)
+	// Bus is BusKafka (the default) or BusNATS. Over NATS the broker
+	// outage kills the nats-server and starts it again on its store, and
+	// nodes are also killed while they hold unacknowledged messages
+	// (see RunSoak).
+	Bus  string
+	Logf func(format string, args ...any)
 }
 
 // SoakResult is a soak's report and what was done to the system.
@@ -53,6 +58,21 @@ func (r *SoakResult) ActionsLine() string {
 // are started, an operator cancels orders (some while a step runs), and
 // parcels wait for timers, signals (sent by the engine nodes' signallers)
 // and child sagas.
+//
+// Over NATS (cfg.Bus), the broker outage is the nats-server killed
+// (SIGKILL) and started again on the same port and store 2-4 s later, and
+// three attacks of each round (instead of one of the two plain SIGKILLs)
+// kill a node while it holds messages it fetched and has not acknowledged
+// (redelivery_kill): the node, alternately
+// a participant and an engine, reports what it holds (see heldLog); once it
+// holds something the parent stops it, reads the list again and kills it.
+// Each message it held that its consumer had not acknowledged must then be
+// redelivered by JetStream after the ack wait, to a surviving node or to
+// the node started again, and acknowledged (redelivered counts them; the
+// soak fails if one is not). Every other time, a node that took such a
+// redelivered message is killed in turn while it holds it
+// (redelivery_kill_again).
+//
 // Then every saga must end within cfg.Deadline, and the checkers run.
 func RunSoak(ctx context.Context, dir string, nodeCmd NodeCommand, cfg SoakConfig) (*SoakResult, error) {
 	began := time.Now()
@@ -60,20 +80,12 @@ func RunSoak(ctx context.Context, dir string, nodeCmd NodeCommand, cfg SoakConfi
 		cfg.Logf = func(string, ...any) {}
 	}
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x5a6af10))
-	if cfg.Bus == "" {
-		cfg.Bus = BusKafka
-	}
-	env, err := NewEnvBus(ctx, dir, nodeCmd, cfg.AllSteps, cfg.Bus)
+	env, err := NewEnv(ctx, dir, nodeCmd, cfg.AllSteps, cfg.Bus)
 	if err != nil {
 		return nil, err
 	}
 	defer env.Close()
 
-	type slot struct {
-		name  string
-		roles []string
-		node  *Node
-	}
 	var slots []*slot
 	for i := range cfg.Engines {
 		slots = append(slots, &slot{name: fmt.Sprintf("engine-%d", i+1), roles: []string{RoleEngine, RoleRelayOrders, RoleSignals}})
@@ -88,6 +100,7 @@ func RunSoak(ctx context.Context, dir string, nodeCmd NodeCommand, cfg SoakConfi
 	}
 
 	res := &SoakResult{Actions: map[string]int{}}
+	var redo redeliveries
 	attack, stopAttack := context.WithTimeout(ctx, cfg.Duration)
 	defer stopAttack()
 	var wg sync.WaitGroup
@@ -187,14 +200,10 @@ func RunSoak(ctx context.Context, dir string, nodeCmd NodeCommand, cfg SoakConfi
 			break
 		}
 		if time.Since(lastPoison) > 8*time.Second {
-			// Poison is written with a Kafka client at chosen partitions
-			// and offsets: on NATS, none is injected.
-			if env.Kafka != nil {
-				if err := env.InjectPoison(ctx, len(poisonKinds), rng); err != nil {
-					return nil, err
-				}
-				res.Actions["poison"] += len(poisonKinds)
+			if err := env.InjectPoison(ctx, len(poisonKinds), rng); err != nil {
+				return nil, err
 			}
+			res.Actions["poison"] += len(poisonKinds)
 			if err := env.StartForeign(ctx, fmt.Sprintf("f-%03d", res.Actions["foreign"])); err != nil {
 				return nil, err
 			}
@@ -204,6 +213,11 @@ func RunSoak(ctx context.Context, dir string, nodeCmd NodeCommand, cfg SoakConfi
 		// Every kind of attack once per round, in a random order.
 		if len(round) == 0 {
 			round = []string{"sigkill", "sigkill", "sigstop", "pg_restart", "broker_outage", "long_tx"}
+			if env.Bus == BusNATS {
+				// One plain SIGKILL becomes three kills of a node that
+				// holds unacknowledged messages.
+				round = append(round[1:], "redelivery_kill", "redelivery_kill", "redelivery_kill")
+			}
 			rng.Shuffle(len(round), func(i, j int) { round[i], round[j] = round[j], round[i] })
 		}
 		kind := round[0]
@@ -246,12 +260,37 @@ func RunSoak(ctx context.Context, dir string, nodeCmd NodeCommand, cfg SoakConfi
 			}
 			res.Actions["pg_restart"]++
 		case "broker_outage":
+			if env.Bus == BusNATS {
+				d := ms(2000, 4000)
+				cfg.Logf("chaos: nats-server killed, started again in %s", d)
+				env.NATS.Kill()
+				time.Sleep(d)
+				if err := env.NATS.StartAgain(); err != nil {
+					return nil, err
+				}
+				res.Actions["broker_outage"]++
+				break
+			}
 			d := ms(1000, 5000)
 			cfg.Logf("chaos: broker unreachable for %s", d)
-			if err := env.Outage(d); err != nil {
+			outage := env.Kafka.Unreachable()
+			time.Sleep(d)
+			outage.Remove()
+			res.Actions["broker_outage"]++
+		case "redelivery_kill":
+			role := RoleParticipant
+			if res.Actions["redelivery_kill"]%2 == 1 {
+				role = RoleEngine
+			}
+			var of []*slot
+			for _, s := range slots {
+				if slices.Contains(s.roles, role) {
+					of = append(of, s)
+				}
+			}
+			if err := redeliveryKill(ctx, env, cfg, rng, of, res, &redo); err != nil {
 				return nil, err
 			}
-			res.Actions["broker_outage"]++
 		case "long_tx":
 			d := ms(5000, 15000)
 			cfg.Logf("chaos: a transaction held open for %s", d)
@@ -281,8 +320,29 @@ func RunSoak(ctx context.Context, dir string, nodeCmd NodeCommand, cfg SoakConfi
 	if res.Report, err = env.Check(ctx); err != nil {
 		return nil, err
 	}
+	if env.Bus == BusNATS {
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		acked, missed := redo.wait(rctx, env)
+		cancel()
+		res.Actions["redelivered"] = acked
+		res.Report.NotRedelivered = len(missed)
+		for _, h := range missed {
+			res.Report.violate("%s: held by a killed node, never acknowledged since", h)
+		}
+		if res.Report.Stuck > 0 {
+			res.Report.violate("NATS consumers now:\n%s", env.Groups(ctx))
+		}
+	}
 	res.Duration = time.Since(began)
 	return res, nil
+}
+
+// slot is one node of the soak, started again under the same name after a
+// kill.
+type slot struct {
+	name  string
+	roles []string
+	node  *Node
 }
 
 // holdTransaction keeps a repeatable-read transaction open for d, holding

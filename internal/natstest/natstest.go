@@ -57,25 +57,18 @@ func Binary() (string, error) {
 // test when the server cannot start.
 func Start(tb testing.TB) *Server {
 	tb.Helper()
-	bin, err := Binary()
+	s, err := StartServer(tb.TempDir())
 	if err != nil {
 		tb.Fatal(err)
 	}
-	port, err := freePort()
-	if err != nil {
-		tb.Fatalf("natstest: free port: %v", err)
-	}
-	s := &Server{bin: bin, dir: tb.TempDir(), port: port}
 	tb.Cleanup(s.Kill)
-	if err := s.start(); err != nil {
-		tb.Fatal(err)
-	}
 	return s
 }
 
-// Launch starts a server outside a test, with its store in dir (a
-// directory the caller owns and removes); the caller kills it (Kill).
-func Launch(dir string) (*Server, error) {
+// StartServer starts a server on a free loopback port whose JetStream store
+// is dir, for callers that are not tests (the chaos harness). The caller
+// kills it with Kill.
+func StartServer(dir string) (*Server, error) {
 	bin, err := Binary()
 	if err != nil {
 		return nil, err
@@ -91,10 +84,15 @@ func Launch(dir string) (*Server, error) {
 	return s, nil
 }
 
-// Relaunch kills the server and starts it again on the same port and store
-// directory, outside a test.
-func (s *Server) Relaunch() error {
-	s.Kill()
+// StartAgain starts a killed server again on the same port and store
+// directory; it does nothing when the server runs.
+func (s *Server) StartAgain() error {
+	s.mu.Lock()
+	running := s.cmd != nil
+	s.mu.Unlock()
+	if running {
+		return nil
+	}
 	return s.start()
 }
 

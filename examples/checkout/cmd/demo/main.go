@@ -120,7 +120,7 @@ func natsBus(url string) (shop.NATSBus, func(), error) {
 		if err != nil {
 			return shop.NATSBus{}, stop, err
 		}
-		srv, err := natstest.Launch(dir)
+		srv, err := natstest.StartServer(dir)
 		if err != nil {
 			_ = os.RemoveAll(dir)
 			return shop.NATSBus{}, stop, fmt.Errorf("%w (or pass -nats-url with a NATS server that has JetStream)", err)

@@ -3,7 +3,7 @@
 // `make chaos/matrix` and `make chaos` run them. Build it with
 // -tags sagaflow_faults (the matrix needs it).
 //
-//	chaos soak   [-duration 5m] [-rate 15] [-engines 2] [-participants 2] [-seed 1] [-deadline 5m]
+//	chaos soak   [-duration 5m] [-rate 15] [-engines 2] [-participants 2] [-seed 1] [-deadline 5m] [-bus kafka|nats]
 //	chaos matrix [-seeds 3] [-parallel 2] [-points engine.after-commit,...] [-faults sigkill,...]
 //
 // Both end with the checkers' figures; the exit status is 1 when an
@@ -89,8 +89,12 @@ func soak(args []string) int {
 	seed := fs.Uint64("seed", uint64(time.Now().UnixNano()), "random seed (printed, to rerun)")
 	deadline := fs.Duration("deadline", 5*time.Minute, "after the attacks, how long every saga has to end")
 	keep := fs.String("dir", "", "keep the nodes' logs in this directory")
-	bus := fs.String("bus", chaos.BusKafka, "the bus: kafka (in-process kfake) or nats (a throwaway nats-server)")
+	bus := fs.String("bus", chaos.BusKafka, "the bus: kafka (an in-process broker) or nats (a throwaway nats-server with JetStream)")
 	_ = fs.Parse(args)
+	if *bus != chaos.BusKafka && *bus != chaos.BusNATS {
+		fmt.Fprintf(os.Stderr, "chaos soak: -bus must be %s or %s, not %q\n", chaos.BusKafka, chaos.BusNATS, *bus)
+		return 2
+	}
 	if *duration <= 0 || *rate <= 0 || *engines < 1 || *participants < 1 || *deadline <= 0 {
 		fmt.Fprintln(os.Stderr, "chaos soak: -duration, -rate, -deadline must be positive and -engines, -participants at least 1")
 		return 2
@@ -100,8 +104,8 @@ func soak(args []string) int {
 		fmt.Fprintln(os.Stderr, "chaos soak:", err)
 		return 1
 	}
-	fmt.Fprintf(os.Stderr, "chaos soak: %s of attacks, %.0f sagas/s, %d engines, %d participants, seed %d, logs in %s\n",
-		*duration, *rate, *engines, *participants, *seed, dir)
+	fmt.Fprintf(os.Stderr, "chaos soak: %s of attacks over %s, %.0f sagas/s, %d engines, %d participants, seed %d, logs in %s\n",
+		*duration, *bus, *rate, *engines, *participants, *seed, dir)
 	res, err := chaos.RunSoak(context.Background(), dir, nodeCmd, chaos.SoakConfig{
 		Duration: *duration, Rate: *rate, Engines: *engines, Participants: *participants, Seed: *seed, Deadline: *deadline, Bus: *bus,
 		Logf: func(format string, args ...any) {
