@@ -131,10 +131,10 @@ func TestBadInputIsParkedAndTheWorkerKeepsServing(t *testing.T) {
 		var status, lastErr string
 		require.NoError(t, b.pool.QueryRow(ctx, "SELECT status, coalesce(last_error, '') FROM "+b.table("outbox")+" WHERE id = $1", foreignMsg).Scan(&status, &lastErr))
 		require.Equal(t, "pending", status)
-		return strings.Contains(lastErr, `no definition named "renamed" is registered with this engine (registered: bad-input)`)
+		return strings.Contains(lastErr, `no definition named "renamed" at version 1 is registered with this engine (registered: bad-input)`)
 	}, "the unknown saga's command to be deferred with its reason")
 	backdate(foreign.ID)
-	require.Contains(t, reason(foreignMsg), `no definition named "renamed" is registered with this engine (registered: bad-input); no engine ran it within UnknownSagaGrace (1h0m0s)`)
+	require.Contains(t, reason(foreignMsg), `no definition named "renamed" at version 1 is registered with this engine (registered: bad-input); no engine ran it within UnknownSagaGrace (1h0m0s)`)
 	// The foreign saga itself is untouched (another engine may know it) but
 	// its timeline says what happened.
 	in, err = b.engine.Get(ctx, foreign.ID)

@@ -262,7 +262,8 @@ func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, derr 
 	def := e.lookup(&ls.Saga)
 	if def == nil {
 		_, err := b.unknown(ctx, c, &ls.ID, CodeUnknownSaga,
-			fmt.Sprintf("no definition named %q is registered with this engine (registered: %s)", ls.Name, e.registeredNames()))
+			fmt.Sprintf("no definition named %q at version %d is registered with this engine (registered: %s)", ls.Name,
+				max(ls.DefVersion, 1), e.registeredNames()))
 		return err
 	}
 	if !ls.Locked {

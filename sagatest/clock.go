@@ -105,7 +105,9 @@ func (c *Clock) Advance(ctx context.Context, d time.Duration) error {
 	stmts := []string{
 		`UPDATE ` + s + `.saga_instances SET ` + shift("next_check_at") + `, ` + shift("created_at") + `, ` +
 			shift("updated_at") + `, ` + shift("ended_at") + `, ` + shift("wait_until") + `, ` + shift("deadline_at"),
-		`UPDATE ` + s + `.outbox SET ` + shift("available_at") + `, ` + shift("created_at") + `, ` + shift("published_at"),
+		`UPDATE ` + s + `.outbox SET ` + shift("available_at") + `, ` + shift("created_at") + `, ` + shift("published_at") + `, ` +
+			shift("paused_from"),
+		`UPDATE ` + s + `.saga_pauses SET ` + shift("paused_at"),
 		`UPDATE ` + s + `.saga_history SET ` + shift("at"),
 		`UPDATE ` + s + `.inbox SET ` + shift("processed_at"),
 		`UPDATE ` + s + `.dead_letters SET ` + shift("created_at") + `, ` + shift("requeued_at"),

@@ -194,6 +194,9 @@ func (s *Store) RequeueDeadMessages(ctx context.Context, db DBTX, ids []uuid.UUI
 	q := quoteSchema(s.schema) + ".outbox"
 	rows, err := db.Query(ctx, `UPDATE `+q+`
 		SET status = 'pending', attempts = 0, available_at = now(), published_at = NULL,
+			-- A direct command's grace for engines that lack its saga or
+			-- version counts from the requeue, not from its first writing.
+			created_at = CASE WHEN delivery = 'direct' THEN now() ELSE created_at END,
 			last_error = 'requeued; was: ' || COALESCE(last_error, '(no reason recorded)')
 		WHERE id = ANY($1) AND status = 'dead' AND COALESCE(last_error, '') NOT LIKE '`+supersededPrefix+`%'
 		RETURNING id, topic`, pgIDs(ids))
