@@ -257,6 +257,9 @@ func TestPauseHugeNulReason(t *testing.T) {
 	reason := strings.Repeat("r\x00", 5000) + "\xff"
 	err = e.Pause(ctx, s.ID, reason)
 	in := get(t, e, s.ID)
+	if in.Paused != nil {
+		t.Logf("pause with a 10 kB NUL reason: err=%v stored %d bytes: %.40q", err, len(in.Paused.Reason), in.Paused.Reason)
+	}
 	if err != nil {
 		require.ErrorIs(t, err, saga.ErrInvalidInput)
 		require.Contains(t, err.Error(), "reason")
@@ -268,11 +271,13 @@ func TestPauseHugeNulReason(t *testing.T) {
 	}
 	// The same for a type's pause.
 	_, err = e.PauseType(ctx, "p-reason", reason)
+	t.Logf("PauseType: %v", err)
 	if err != nil {
 		require.ErrorIs(t, err, saga.ErrInvalidInput)
 	}
 	// And for a cancel reason on a saga (it is recorded in history).
 	err = e.Cancel(ctx, s.ID, reason)
+	t.Logf("Cancel: %v", err)
 	if err != nil {
 		require.ErrorIs(t, err, saga.ErrInvalidInput)
 	}
