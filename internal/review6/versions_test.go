@@ -423,3 +423,94 @@ func TestMigrateKeyReusedIsTruthful(t *testing.T) {
 		}
 	}
 }
+
+// doc.go "Versions": "(after Config.UnknownSagaGrace with no such engine,
+// the commands are parked as for any saga no engine knows)"; guarantee 8:
+// "Bad input is parked, never dropped"; RequeueDead: "A dead outbox row
+// becomes pending again". sagatest.Clock.Advance makes the grace pass:
+// "the age of a Postgres-only command for a saga or step no engine here
+// knows (Config.UnknownSagaGrace)".
+func TestVersionsOldVersionParkedAfterGraceThenRequeued(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	v := newEnv(t)
+	v1 := orderV1(v)
+	client := v.engine(t, false, v1)
+	old, err := saga.Start(ctx, client, v1, st{}, nil)
+	require.NoError(t, err)
+	cfg := v.config()
+	cfg.UnknownSagaGrace = time.Minute
+	onlyV2 := v.engineWith(t, cfg, true, orderV2(v))
+	require.NoError(t, sagatest.NewClock(v.pool, v.schema, onlyV2).Advance(ctx, 2*time.Minute))
+	var dead *saga.DeadMessagePage
+	eventually(t, 15*time.Second, "the v1 command is parked after the grace", func() bool {
+		dead, err = client.DeadMessages(ctx, nil)
+		require.NoError(t, err)
+		return len(dead.Messages) > 0
+	})
+	require.Len(t, dead.Messages, 1)
+	require.NotNil(t, dead.Messages[0].SagaID)
+	require.Equal(t, old.ID, *dead.Messages[0].SagaID)
+	require.NotEmpty(t, dead.Messages[0].LastError)
+	require.Empty(t, v.counts(t, old.ID))
+
+	withV1 := v.engine(t, true, orderV1(v))
+	rq, err := withV1.RequeueDead(ctx, &saga.RequeueOpts{MessageIDs: []uuid.UUID{dead.Messages[0].ID}})
+	require.NoError(t, err)
+	require.Len(t, rq.Messages, 1)
+	in := waitEnded(t, withV1, old.ID)
+	require.Equal(t, saga.StatusCompleted, in.Status, sagatest.Describe(in))
+	require.Equal(t, map[string]int{"v1-a": 1, "v1-b": 1}, v.counts(t, old.ID))
+}
+
+// Migration.Map is user code. The docs say what an error does ("An error
+// skips that saga"), not what a panic does; whatever it does, the saga must
+// be left as it was and the other sagas must not be half-migrated.
+func TestMigrateMapPanics(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	v := newEnv(t)
+	v1, v2 := orderV1(v), orderV2(v)
+	client := v.engine(t, false, v1)
+	first, err := saga.Start(ctx, client, v1, st{N: 1}, nil)
+	require.NoError(t, err)
+	second, err := saga.Start(ctx, client, v1, st{N: 2}, nil)
+	require.NoError(t, err)
+	m := saga.Migration[st, st2]{From: v1, To: v2,
+		Map: func(_ context.Context, _ uuid.UUID, s *st, at saga.Position) (*st2, saga.Position, error) {
+			if s.N == 2 {
+				panic("map bug")
+			}
+			return &st2{Count: s.N}, at, nil
+		}}
+	var res *saga.MigrationResult
+	var panicked any
+	func() {
+		defer func() { panicked = recover() }()
+		res, err = saga.MigrateSagas(ctx, client, m, &saga.MigrateOpts{IDs: []uuid.UUID{first.ID, second.ID}})
+	}()
+	t.Logf("Map panic: recovered=%v err=%v res=%+v", panicked, err, res)
+	in := get(t, client, second.ID)
+	require.Equal(t, 1, in.DefinitionVersion, "the saga whose Map panicked is not moved")
+	require.Zero(t, events(in, saga.EventSagaMigrated))
+	if panicked == nil && err == nil {
+		byID := map[uuid.UUID]saga.SagaMove{}
+		for _, mv := range res.Moves {
+			byID[mv.ID] = mv
+		}
+		require.NotEmpty(t, byID[second.ID].Skipped, "a panicking Map skips its saga")
+		require.True(t, byID[first.ID].Applied)
+	}
+	// Whatever happened, each saga is on exactly one version and runs there.
+	e := v.engine(t, true, orderV1(v), orderV2(v))
+	for _, id := range []uuid.UUID{first.ID, second.ID} {
+		in := waitEnded(t, e, id)
+		require.Equal(t, saga.StatusCompleted, in.Status, sagatest.Describe(in))
+		c := v.counts(t, id)
+		if in.DefinitionVersion == 1 {
+			require.Equal(t, map[string]int{"v1-a": 1, "v1-b": 1}, c)
+		} else {
+			require.Equal(t, map[string]int{"v2-a": 1, "v2-b": 1, "v2-d": 1}, c)
+		}
+	}
+}
