@@ -460,4 +460,3 @@ func TestPauseWhenExhausted(t *testing.T) {
 	require.Equal(t, saga.StatusCompensated, in.Status, sagatest.Describe(in))
 	require.Equal(t, 1, v.count(t, p.ID, "undo-a"))
 }
-
