@@ -514,3 +514,49 @@ func TestMigrateMapPanics(t *testing.T) {
 		}
 	}
 }
+
+// Migrating a saga in the middle of a parallel step, one branch completed
+// and one waiting an hour for its retry. The docs list what is skipped ("a
+// step of it runs ..., that waits for a remote reply or a child saga") and
+// a group is none of those; MigrateSagas: "the saga's pending commands of
+// the old position are deleted"; doc.go: "a step the saga completed under
+// the same name and direction is not run again". So the move goes ahead,
+// the held retry goes, and on the new version only the branch that had not
+// completed runs: each branch's effect exactly once.
+func TestMigrateMidParallelGroup(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	v := newEnv(t)
+	mk := func(ver int, failB bool) *saga.Definition[st] {
+		return saga.Define("mid-group",
+			saga.Step[st]{Name: "grp", Parallel: &saga.Parallel[st]{Branches: []saga.Branch[st]{
+				{Name: "a", Action: func(ctx context.Context, run *saga.StepRun, _ st) (any, error) { return 1, v.effect(ctx, run, "a") }},
+				{Name: "b", Retry: &saga.RetryPolicy{MaxAttempts: 5, Backoff: func(int) time.Duration { return time.Hour }},
+					Action: func(ctx context.Context, run *saga.StepRun, _ st) (any, error) {
+						if failB {
+							return nil, errors.New("later")
+						}
+						return 2, v.effect(ctx, run, "b")
+					}},
+			}}},
+			saga.Step[st]{Name: "after", Action: func(ctx context.Context, run *saga.StepRun, _ *st) error { return v.effect(ctx, run, "after") }},
+		).WithVersion(ver)
+	}
+	v1 := mk(1, true)
+	v2 := mk(2, false)
+	e1 := v.engine(t, true, v1)
+	s, err := saga.Start(ctx, e1, v1, st{}, nil)
+	require.NoError(t, err)
+	sagatest.Wait(t, e1, s.ID, sagatest.Event("step_failed:grp.b"), nil)
+	eventually(t, 10*time.Second, "a completes", func() bool { return branchStatus(t, e1, s.ID)["a"].Status == "completed" })
+	res, err := saga.MigrateSagas(ctx, e1, saga.Migration[st, st]{From: v1, To: v2,
+		Map: func(_ context.Context, _ uuid.UUID, s *st, at saga.Position) (*st, saga.Position, error) { return s, at, nil }}, nil)
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Moved, "%+v", res.Moves)
+	e2 := v.engine(t, true, mk(2, false))
+	in := sagatest.WaitEnded(t, e2, s.ID, &sagatest.WaitOpts{Timeout: 10 * time.Second})
+	require.Equal(t, saga.StatusCompleted, in.Status, sagatest.Describe(in))
+	require.Equal(t, 2, in.DefinitionVersion)
+	require.Equal(t, map[string]int{"a": 1, "b": 1, "after": 1}, v.counts(t, s.ID))
+	require.Equal(t, 1, events(in, "step_completed:grp.a"))
+}
