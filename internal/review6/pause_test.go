@@ -350,6 +350,18 @@ func TestPauseTypeUnknownName(t *testing.T) {
 	types, err = e.PausedTypes(ctx)
 	require.NoError(t, err)
 	require.Empty(t, types)
+
+	// ErrInvalidInput "wraps every refusal of a caller's string that
+	// PostgreSQL could not store ...; the error names the field".
+	for _, bad := range []string{"", "a\x00b", strings.Repeat("n", 10000)} {
+		ok, err := e.PauseType(ctx, bad, "x")
+		require.ErrorIs(t, err, saga.ErrInvalidInput, "%.12q", bad)
+		require.Contains(t, err.Error(), "name")
+		require.False(t, ok)
+	}
+	types, err = e.PausedTypes(ctx)
+	require.NoError(t, err)
+	require.Empty(t, types)
 }
 
 // Resume of a saga paused by its type only: "A saga whose type is paused
@@ -379,8 +391,9 @@ func TestResumeOfSagaPausedByTypeOnly(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, list.Sagas, 2)
 
-	// Resume of the type-paused saga does not run it.
-	_ = e.Resume(ctx, byType.ID, "try")
+	// Resume of the type-paused saga does not run it (Resume: "an error
+	// wrapping ErrNotReplayable for a saga that is not failed").
+	require.ErrorIs(t, e.Resume(ctx, byType.ID, "try"), saga.ErrNotReplayable)
 	hold(t, time.Second, "the type-paused saga stays held after Resume", func() bool {
 		return v.count(t, byType.ID, "a") == 0
 	})

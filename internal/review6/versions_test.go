@@ -454,6 +454,9 @@ func TestVersionsOldVersionParkedAfterGraceThenRequeued(t *testing.T) {
 	require.NotEmpty(t, dead.Messages[0].LastError)
 	require.Empty(t, v.counts(t, old.ID))
 
+	// The v2-only engine is stopped first: while it runs it may claim the
+	// requeued command and park it again at once (FINDINGS.md, F3).
+	require.NoError(t, onlyV2.Stop(ctx))
 	withV1 := v.engine(t, true, orderV1(v))
 	rq, err := withV1.RequeueDead(ctx, &saga.RequeueOpts{MessageIDs: []uuid.UUID{dead.Messages[0].ID}})
 	require.NoError(t, err)
