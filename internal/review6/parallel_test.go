@@ -338,7 +338,7 @@ func TestParallelRegistrationRules(t *testing.T) {
 		"nil action": {[]saga.Step[st]{{Name: "g", Parallel: &saga.Parallel[st]{
 			Branches: []saga.Branch[st]{{Name: "a"}}}}}, "a"},
 		"action and parallel": {[]saga.Step[st]{{Name: "g", Action: noop, Parallel: grp("a")}}, "g"},
-		"pivot": {[]saga.Step[st]{{Name: "g", Pivot: true, Parallel: grp("a")}}, "g"},
+		"pivot":               {[]saga.Step[st]{{Name: "g", Pivot: true, Parallel: grp("a")}}, "g"},
 		"after pivot": {[]saga.Step[st]{{Name: "p", Pivot: true, Action: noop},
 			{Name: "g", Retriable: true, Parallel: grp("a")}}, "g"},
 		"negative attempts": {[]saga.Step[st]{{Name: "g", Parallel: &saga.Parallel[st]{Branches: []saga.Branch[st]{

@@ -553,7 +553,9 @@ func TestMigrateMidParallelGroup(t *testing.T) {
 	sagatest.Wait(t, e1, s.ID, sagatest.Event("step_failed:grp.b"), nil)
 	eventually(t, 10*time.Second, "a completes", func() bool { return branchStatus(t, e1, s.ID)["a"].Status == "completed" })
 	res, err := saga.MigrateSagas(ctx, e1, saga.Migration[st, st]{From: v1, To: v2,
-		Map: func(_ context.Context, _ uuid.UUID, s *st, at saga.Position) (*st, saga.Position, error) { return s, at, nil }}, nil)
+		Map: func(_ context.Context, _ uuid.UUID, s *st, at saga.Position) (*st, saga.Position, error) {
+			return s, at, nil
+		}}, nil)
 	require.NoError(t, err)
 	require.Equal(t, 1, res.Moved, "%+v", res.Moves)
 	e2 := v.engine(t, true, mk(2, false))
