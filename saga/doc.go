@@ -129,7 +129,10 @@
 //     rolled back, unless it returned success anyway, and is then
 //     compensated too. Applying it is recorded ([EventSagaCancelled]), and
 //     so is refusing it because the saga ended or was compensating first
-//     ([EventCancelRefused]).
+//     ([EventCancelRefused]). One exception: a parallel step's branch that
+//     runs when the cancel lands is not interrupted; it runs on until it
+//     returns or its Branch.Timeout ends its context, then finds the group
+//     gone and is rolled back (see "Parallel steps").
 //
 //  11. The bus is a trust boundary. A command runs only while it carries
 //     the saga's current version, step, direction and epoch, and is the
@@ -277,9 +280,11 @@
 // sees all the others complete and joins.
 //
 // If a branch fails for good (a permanent error, or its attempts spent), or
-// Join fails, the group fails: branches still running are cancelled (one
-// that is mid-attempt finishes it, finds the group gone, and its effects
-// are rolled back with its transaction), the completed branches are
+// Join fails, the group fails: branches still running are cancelled (their
+// rows say so at once; one that is mid-attempt is not interrupted: it runs
+// until it returns or its Branch.Timeout ends its context, holding a worker
+// meanwhile, then finds the group gone, and its effects are rolled back
+// with its transaction), the completed branches are
 // compensated (each branch's Compensate gets its result; the last branch in
 // the definition first, in one transaction), and then the steps before the
 // group, in reverse. A cancel during the group does the same. A resumed saga

@@ -417,8 +417,9 @@ func (r *registry) with(defs []*compiled) *registry {
 func (e *Engine) registered() *registry { return e.defs.Load() }
 
 // Register adds saga definitions. It rejects an invalid definition and a
-// name that is already registered, and fails once the engine has been
-// started.
+// name already registered at the same version (several versions of one
+// name may be registered: see [Definition.WithVersion]), and fails once
+// the engine has been started.
 func (e *Engine) Register(defs ...AnyDefinition) error {
 	if err := e.ready("Engine.Register"); err != nil {
 		return err

@@ -557,11 +557,12 @@ func TestMigrateMidParallelGroup(t *testing.T) {
 			return s, at, nil
 		}}, nil)
 	require.NoError(t, err)
-	require.Equal(t, 1, res.Moved, "%+v", res.Moves)
-	e2 := v.engine(t, true, mk(2, false))
-	in := sagatest.WaitEnded(t, e2, s.ID, &sagatest.WaitOpts{Timeout: 10 * time.Second})
-	require.Equal(t, saga.StatusCompleted, in.Status, sagatest.Describe(in))
-	require.Equal(t, 2, in.DefinitionVersion)
-	require.Equal(t, map[string]int{"a": 1, "b": 1, "after": 1}, v.counts(t, s.ID))
-	require.Equal(t, 1, events(in, "step_completed:grp.a"))
+	// doc.go "Versions" (since this review was written): a saga that waits
+	// for "its parallel step's branches ... is skipped with the reason".
+	require.Equal(t, 0, res.Moved, "%+v", res.Moves)
+	require.Len(t, res.Moves, 1)
+	require.Contains(t, res.Moves[0].Skipped, "parallel step")
+	in, err := e1.Get(ctx, s.ID)
+	require.NoError(t, err)
+	require.Equal(t, 1, in.DefinitionVersion, "left on its version")
 }
