@@ -244,11 +244,9 @@
 // fell due during the pause fires once, after it. A pause is a row in the
 // database, not a status: [Instance.Paused] shows it, [ListOpts.Paused]
 // finds paused sagas, a cancel of a paused saga is recorded and compensates
-// after the resume, and the rescuer leaves paused sagas alone (their
-// deadline starts again at resume). Known gap: a saga deadline
-// (Definition.WithDeadline) that passes during a pause is still applied as
-// a cancel; its compensations wait for the resume, but a saga with nothing
-// to compensate ends at once. A saga that ends is no longer paused.
+// after the resume, the rescuer leaves paused sagas alone (their deadline
+// starts again at resume), and a saga deadline (Definition.WithDeadline)
+// that passes during a pause is applied after the resume, not during it. A saga that ends is no longer paused.
 //
 // How it holds: the step commands of a paused saga wait in the outbox, due
 // at 'infinity' (a trigger holds those written during the pause), and an

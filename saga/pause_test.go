@@ -375,3 +375,33 @@ func TestKafkaModePauseHoldsAPublishedCommand(t *testing.T) {
 	require.Equal(t, saga.StatusCompleted, in.Status, "history: %v", eventTypes(in))
 	require.Equal(t, []string{"reserve/forward", "charge/forward", "ship/forward"}, k.effects(t, st.ID))
 }
+
+// A saga deadline that passes during a pause is not applied during it (no
+// cancel, the saga stays running and paused); it is applied after Resume.
+func TestSagaDeadlineWaitsForTheResume(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	def := saga.Define("pause-deadline",
+		saga.Step[order]{Name: "paid", Wait: saga.OnSignal("paid", func(context.Context, *saga.StepRun, *order, struct{}) error { return nil })},
+	).WithDeadline(300 * time.Millisecond)
+	require.NoError(t, b.engine.Register(def))
+	b.start(t)
+	ctx := context.Background()
+	st, err := saga.Start(ctx, b.engine, def, order{}, nil)
+	require.NoError(t, err)
+	require.NoError(t, b.engine.Pause(ctx, st.ID, "hold it"))
+	time.Sleep(600 * time.Millisecond) // the deadline passes
+	_, err = b.engine.RescueNow(ctx)
+	require.NoError(t, err)
+	stays(t, 400*time.Millisecond, func() bool {
+		in, err := b.engine.Get(ctx, st.ID)
+		require.NoError(t, err)
+		return in.Status == saga.StatusRunning && in.Paused != nil && !hasEvent(in, saga.EventSagaCancelled)
+	}, "a paused saga's deadline may not fire")
+	require.NoError(t, b.engine.Resume(ctx, st.ID, ""))
+	_, err = b.engine.RescueNow(ctx) // the deadline's pass, now that the pause is lifted
+	require.NoError(t, err)
+	in := b.waitTerminal(t, st.ID)
+	require.Equal(t, saga.StatusCompensated, in.Status, "history: %v", eventTypes(in))
+	require.Equal(t, saga.CodeDeadline, in.LastError.Code)
+}

@@ -57,6 +57,7 @@ func newWaitStatements(s string) waitStatements {
 		deadlineDue: `SELECT s.id FROM ` + s + `.saga_instances s
 			WHERE s.status = 'running' AND s.deadline_at <= now() AND s.saga_name = ANY($1)
 				AND NOT EXISTS (SELECT 1 FROM ` + s + `.saga_cancel_requests r WHERE r.saga_id = s.id)
+				AND NOT ` + pausedSQL(s) + `
 			ORDER BY s.deadline_at LIMIT $2`,
 		deleteOrphans: `DELETE FROM ` + s + `.saga_signals WHERE seq IN (
 				SELECT seq FROM ` + s + `.saga_signals WHERE saga_id IS NULL AND created_at < now() - $1 * interval '1 microsecond'
