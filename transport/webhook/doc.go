@@ -14,9 +14,12 @@
 //     Sagaflow-Sagaflow-Type, traceparent as Sagaflow-Traceparent);
 //   - Webhook-Timestamp: the attempt's time, Unix seconds;
 //   - Webhook-Signature: "v1=" followed by the lower-case hex of
-//     HMAC-SHA256(key, timestamp + "." + body), one entry per signing key,
-//     separated by ", ". The timestamp is the Webhook-Timestamp value as
-//     sent; the body is the raw bytes.
+//     HMAC-SHA256(key, timestamp + "." + idempotencyKey + "." + body), one
+//     entry per signing key, separated by ", ". The timestamp is the
+//     Webhook-Timestamp value as sent, idempotencyKey the Idempotency-Key
+//     value (it holds no '.'), the body the raw bytes. Signing the key means
+//     a captured request cannot be replayed under a new key past the
+//     receiver's deduplication. Keys are at least 16 bytes, on both sides.
 //
 // A receiver in any language recomputes the HMAC of timestamp "." body with
 // its key, compares it in constant time with each v1= entry, and refuses a

@@ -66,6 +66,17 @@ func Verify(r *http.Request, opts *VerifyOpts, keys ...[]byte) ([]byte, error) {
 	if len(keys) == 0 {
 		return nil, fmt.Errorf("%w: the receiver has no key", ErrBadSignature)
 	}
+	for i, k := range keys {
+		if len(k) < MinKeyBytes {
+			// An empty key from an unset variable would accept anyone's
+			// signature.
+			return nil, fmt.Errorf("%w: the receiver's key %d has %d bytes; at least %d", ErrBadSignature, i, len(k), MinKeyBytes)
+		}
+	}
+	idem := r.Header.Get(HeaderIdempotencyKey)
+	if idem == "" || strings.Contains(idem, ".") {
+		return nil, fmt.Errorf("%w: %s is missing or holds a '.'", ErrNoSignature, HeaderIdempotencyKey)
+	}
 	ts := r.Header.Get(HeaderTimestamp)
 	sent, err := strconv.ParseInt(ts, 10, 64)
 	if err != nil || ts == "" {
@@ -97,7 +108,7 @@ func Verify(r *http.Request, opts *VerifyOpts, keys ...[]byte) ([]byte, error) {
 		return nil, fmt.Errorf("%w: more than %d bytes", ErrTooLarge, o.MaxBodyBytes)
 	}
 	for _, k := range keys {
-		want := mac(k, ts, body)
+		want := mac(k, ts, idem, body)
 		for _, s := range sigs {
 			if hmac.Equal(want, s) {
 				return body, nil

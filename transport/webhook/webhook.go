@@ -34,7 +34,7 @@ const (
 	// HeaderTimestamp is the time of the attempt, in Unix seconds.
 	HeaderTimestamp = "Webhook-Timestamp"
 	// HeaderSignature is "v1=<hex>", one per signing key, comma-separated:
-	// hex(HMAC-SHA256(key, timestamp + "." + body)).
+	// hex(HMAC-SHA256(key, timestamp + "." + Idempotency-Key + "." + body)).
 	HeaderSignature = "Webhook-Signature"
 	// HeaderKey carries the message's key (the outbox row's aggregateid),
 	// when it has one HTTP can carry.
@@ -112,8 +112,8 @@ func New(cfg Config) (*Publisher, error) {
 		return nil, fmt.Errorf("%w: no signing key", ErrInvalidConfig)
 	}
 	for i, k := range cfg.Keys {
-		if len(k) < 16 {
-			return nil, fmt.Errorf("%w: signing key %d has %d bytes; at least 16", ErrInvalidConfig, i, len(k))
+		if len(k) < MinKeyBytes {
+			return nil, fmt.Errorf("%w: signing key %d has %d bytes; at least %d", ErrInvalidConfig, i, len(k), MinKeyBytes)
 		}
 	}
 	if cfg.Concurrency < 0 || cfg.MaxResponseBytes < 0 {
@@ -200,7 +200,18 @@ func (p *Publisher) post(ctx context.Context, m kafka.Message) error {
 	ts := strconv.FormatInt(p.cfg.Now().Unix(), 10)
 	req.Header.Set("Content-Type", p.cfg.ContentType)
 	req.Header.Set(HeaderTimestamp, ts)
-	req.Header.Set(HeaderSignature, Sign(ts, m.Value, p.cfg.Keys...))
+	idem := ""
+	for _, h := range m.Headers {
+		if h.Key == wire.HeaderMessageID {
+			idem = string(h.Value)
+		}
+	}
+	if idem == "" || strings.Contains(idem, ".") || !validHeaderValue(idem) {
+		return &relay.PublishError{Permanent: true, Code: CodeBadHeader,
+			Err: fmt.Errorf("webhook: the message id %q cannot be the signed Idempotency-Key (missing, or holds a dot or bytes HTTP cannot carry)",
+				safetext.Text(idem, 100))}
+	}
+	req.Header.Set(HeaderSignature, Sign(ts, idem, m.Value, p.cfg.Keys...))
 	if k := string(m.Key); k != "" && validHeaderValue(k) {
 		req.Header.Set(HeaderKey, k)
 	}
@@ -254,23 +265,30 @@ func classify(err error) error {
 }
 
 // Sign returns the Webhook-Signature value of body sent at timestamp (Unix
-// seconds, as sent in Webhook-Timestamp): "v1=<hex>" per key, joined by
-// ", ".
-func Sign(timestamp string, body []byte, keys ...[]byte) string {
+// seconds, as sent in Webhook-Timestamp) under idempotencyKey (as sent in
+// Idempotency-Key, which holds no '.'): "v1=<hex>" per key, joined by ", ".
+// The key is signed so that a captured request cannot be sent again under
+// another Idempotency-Key to get past the receiver's deduplication.
+func Sign(timestamp, idempotencyKey string, body []byte, keys ...[]byte) string {
 	parts := make([]string, len(keys))
 	for i, k := range keys {
-		parts[i] = "v1=" + hex.EncodeToString(mac(k, timestamp, body))
+		parts[i] = "v1=" + hex.EncodeToString(mac(k, timestamp, idempotencyKey, body))
 	}
 	return strings.Join(parts, ", ")
 }
 
-func mac(key []byte, timestamp string, body []byte) []byte {
+func mac(key []byte, timestamp, idempotencyKey string, body []byte) []byte {
 	h := hmac.New(sha256.New, key)
 	h.Write([]byte(timestamp))
+	h.Write([]byte{'.'})
+	h.Write([]byte(idempotencyKey))
 	h.Write([]byte{'.'})
 	h.Write(body)
 	return h.Sum(nil)
 }
+
+// MinKeyBytes is the shortest signing key a publisher or a receiver takes.
+const MinKeyBytes = 16
 
 func validHeaderName(s string) bool {
 	if s == "" || len(s) > 256 {

@@ -39,7 +39,8 @@ func signed(t *testing.T, body []byte, ts time.Time, keys ...[]byte) *http.Reque
 	r := httptest.NewRequest(http.MethodPost, "/hook", bytes.NewReader(body))
 	s := strconv.FormatInt(ts.Unix(), 10)
 	r.Header.Set(webhook.HeaderTimestamp, s)
-	r.Header.Set(webhook.HeaderSignature, webhook.Sign(s, body, keys...))
+	r.Header.Set(webhook.HeaderIdempotencyKey, "msg-1")
+	r.Header.Set(webhook.HeaderSignature, webhook.Sign(s, "msg-1", body, keys...))
 	return r
 }
 
@@ -70,6 +71,19 @@ func TestVerify(t *testing.T) {
 	r.Header.Set(webhook.HeaderTimestamp, strconv.FormatInt(now.Unix()+1, 10))
 	_, err = webhook.Verify(r, nil, key)
 	require.ErrorIs(t, err, webhook.ErrBadSignature)
+
+	// The same request replayed under another Idempotency-Key (to get past
+	// the receiver's deduplication) is refused: the key is signed.
+	r = signed(t, body, now, key)
+	r.Header.Set(webhook.HeaderIdempotencyKey, "msg-2")
+	_, err = webhook.Verify(r, nil, key)
+	require.ErrorIs(t, err, webhook.ErrBadSignature)
+	// A receiver whose key is empty or short (an unset variable) refuses
+	// everything, even a request signed with that same key.
+	for _, weak := range [][]byte{nil, {}, []byte("short")} {
+		_, err = webhook.Verify(signed(t, body, now, weak), nil, weak)
+		require.ErrorIs(t, err, webhook.ErrBadSignature)
+	}
 
 	// Stale and future timestamps.
 	_, err = webhook.Verify(signed(t, body, now.Add(-10*time.Minute), key), nil, key)
