@@ -243,10 +243,12 @@
 // it was due before, or at once when that time has passed, so a timer that
 // fell due during the pause fires once, after it. A pause is a row in the
 // database, not a status: [Instance.Paused] shows it, [ListOpts.Paused]
-// finds paused sagas, a cancel of a paused saga is recorded and compensates
-// after the resume, the rescuer leaves paused sagas alone (their deadline
-// starts again at resume), and a saga deadline (Definition.WithDeadline)
-// that passes during a pause is applied after the resume, not during it. A saga that ends is no longer paused.
+// finds paused sagas. A cancel of a paused saga is applied at once (the saga
+// turns compensating) and its compensations wait for the resume; a saga
+// with nothing to compensate ends compensated at once. The rescuer leaves
+// paused sagas alone (their deadline starts again at resume), and a saga
+// deadline (Definition.WithDeadline) that passes during a pause is applied
+// after the resume, not during it. A saga that ends is no longer paused.
 //
 // How it holds: the step commands of a paused saga wait in the outbox, due
 // at 'infinity' (a trigger holds those written during the pause), and an
