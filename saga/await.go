@@ -8,10 +8,10 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sagaflow/sagaflow/internal/safetext"
 	"github.com/sagaflow/sagaflow/internal/store"
+	"github.com/sagaflow/sagaflow/internal/telemetry"
 	"github.com/sagaflow/sagaflow/steps"
 	"github.com/sagaflow/sagaflow/wire"
 )
@@ -102,7 +102,7 @@ func (b *batch) await(ctx context.Context, sg *store.Saga, def *compiled, idx in
 	}
 	defer func() {
 		if cont != nil && err == nil {
-			err = b.continueAt(ctx, sg, def, cont, &moved, last)
+			err = b.continueAt(ctx, sg, def, cont, &moved, last, false)
 		}
 	}()
 
@@ -335,20 +335,26 @@ func (e *Engine) parentWake(sg *store.Saga) (store.Message, bool) {
 	return e.nudgeAt(*sg.ParentID, *sg.ParentName, deref(sg.ParentVersion), k.Step, k.Direction, k.Epoch, 1, wakeType), true
 }
 
-// continueAt runs, in this batch, the step that the wait's end tr moved
-// sg to, when it is a local action that runs forward now: a signal's or a
-// timer's next step then costs no second claim and commit of its own. The
-// wait's end is sent first, and the step runs only when its fence held
-// (moved): a step that the wait's end failed instead (its writes refused)
-// must not run on top of that failure. The command tr wrote for the step
-// stays in the outbox, to be claimed later as stale.
-func (b *batch) continueAt(ctx context.Context, sg *store.Saga, def *compiled, tr *store.Transition, moved *bool, last bool) error {
+// continueAt runs, in this batch, the step that tr (a wait's end, a
+// reply, or a local step's success) moved sg to, when it runs forward now
+// and is a local action or a remote step's send: that step then costs no
+// second claim and commit of its own. With sendOnly, only a remote step's
+// send is run (after a local step, whose next local step keeps its own
+// transaction). tr is sent first, and the step runs only when its fence
+// held (moved): a step that tr failed instead (its writes refused) must not
+// run on top of that failure. The command tr wrote for the step is deleted
+// by the step's own transition; it stays, to be claimed later as stale,
+// when that transition is replaced by a failure. A command that a pause
+// committed since the claim holds (see [Engine.Pause]) is left to wait, as
+// are a local step of a paused saga and one whose cancel was asked for.
+func (b *batch) continueAt(ctx context.Context, sg *store.Saga, def *compiled, tr *store.Transition, moved *bool, last, sendOnly bool) error {
 	idx := tr.StepIndex
 	if Status(tr.Status) != StatusRunning || steps.Direction(tr.Direction) != steps.Forward || idx < 0 || idx >= len(def.steps) ||
 		len(tr.Messages) == 0 {
 		return nil
 	}
-	if s := def.steps[idx]; s.wait != nil || s.remoteTopic != "" || s.name != tr.StepName {
+	s := def.steps[idx]
+	if s.wait != nil || s.name != tr.StepName || (sendOnly && s.remoteTopic == "") {
 		return nil
 	}
 	if err := b.tx.flush(); err != nil {
@@ -359,6 +365,18 @@ func (b *batch) continueAt(ctx context.Context, sg *store.Saga, def *compiled, t
 		// takes the usual way, and the request goes ahead of it.
 		return nil
 	}
+	id := tr.Messages[len(tr.Messages)-1].ID
+	if s.remoteTopic == "" {
+		// A local step must not start once a pause has committed: the
+		// command tr wrote tells, as the pause's trigger held it or not.
+		held, err := b.e.st.CommandHeld(ctx, b.tx.tx, id)
+		if err != nil {
+			return err
+		}
+		if held {
+			return nil
+		}
+	}
 	next := *sg // its version and status moved with the write
 	next.StepIndex, next.StepName, next.Direction, next.Attempt = idx, tr.StepName, tr.Direction, tr.Attempt
 	next.WaitKind, next.WaitFor, next.WaitUntil, next.AwaitingReply = nil, nil, nil, false
@@ -366,9 +384,13 @@ func (b *batch) continueAt(ctx context.Context, sg *store.Saga, def *compiled, t
 	if tr.State != nil {
 		next.State = tr.State
 	}
-	id := tr.Messages[len(tr.Messages)-1].ID
 	next.CommandID = &id
-	return b.execute(b.e.tel.beginStep(ctx, b.tx, &next, steps.Forward, trace.SpanContext{}, ""), &next, def, idx, steps.Forward, false, last)
+	// The step's span links to the attempt that wrote its command, as a
+	// claimed command's does.
+	prev := telemetry.FromMap(tr.Messages[len(tr.Messages)-1].Headers)
+	b.tx.supersede(sg.ID, id)
+	b.e.stats.chained.Add(1)
+	return b.execute(b.e.tel.beginStep(ctx, b.tx, &next, steps.Forward, prev, ""), &next, def, idx, steps.Forward, false, last)
 }
 
 // refresh reads ls's saga again, in the batch's transaction, once its lock

@@ -133,7 +133,7 @@ func (e *Engine) runBatchOn(fetchCtx, ctx context.Context, topic string, limit i
 	if err := e.finish(ctx, b); err != nil {
 		return res, err
 	}
-	res.readyCreated = bt.ready
+	res.readyCreated = bt.readyDirect()
 	return res, nil
 }
 
@@ -182,9 +182,14 @@ func (e *Engine) finish(ctx context.Context, b *batch) error {
 	if b.waitEnded {
 		fault.At(ctx, fault.EngineWaitAfterCommit)
 	}
-	if t.ready {
-		// Wakes direct workers, or the relay that publishes Kafka commands.
-		e.announce()
+	if t.ready() {
+		// Wakes direct workers, or the relay that publishes Kafka commands
+		// and remote steps' commands: only the relay when only it has work.
+		if t.readyDirect() {
+			e.announce()
+		} else {
+			e.notifier.request(e)
+		}
 		for range b.announce {
 			e.announce()
 		}
@@ -450,6 +455,11 @@ func (b *batch) outcome(ctx context.Context, sg *store.Saga, def *compiled, idx 
 			amend(&d)
 		}
 		tr := e.transition(sg, d)
+		// A remote step right after this local one sends its command in
+		// this transaction (see [batch.continueAt]); a wait's end chains on
+		// its own (amend).
+		chain := amend == nil && dir == steps.Forward
+		moved := false
 		// If the step's own writes or ours fail inside the transaction (the
 		// handler left it aborted, say), the step is undone and a failure
 		// recorded instead.
@@ -457,11 +467,15 @@ func (b *batch) outcome(ctx context.Context, sg *store.Saga, def *compiled, idx 
 			return fail(steps.WithCode(CodeTxAborted, fmt.Errorf("commit step: %w", err)))
 		}, func() {
 			e.stats.succeeded.Add(1)
+			moved = true
 			if d.applied != nil {
 				d.applied()
 			}
 		})
-		return nil
+		if !chain {
+			return nil
+		}
+		return b.continueAt(ctx, sg, def, tr, &moved, last, true)
 	}
 	tr, done := fail(herr)
 	b.tx.write(sg, tr, sp, true, last, nil, done)
@@ -542,10 +556,15 @@ func (b *batch) reply(ctx context.Context, c *store.Claimed, ls *store.LockedSag
 		tr := e.transition(sg, e.machine.replied(sg, def, idx, dir, newState, key.String()))
 		// If OnReply left the transaction unusable, it is undone and a
 		// failure recorded instead.
+		moved := false
 		b.tx.write(sg, tr, sp, false, last, func(err error) (*store.Transition, func()) {
 			return fail(steps.WithCode(CodeTxAborted, fmt.Errorf("apply reply: %w", err)))
-		}, func() { e.stats.succeeded.Add(1) })
-		return nil
+		}, func() { e.stats.succeeded.Add(1); moved = true })
+		if ls.Paused || ls.CancelRequest != nil {
+			return nil // the next step's command waits, or the cancel goes first
+		}
+		// The next step runs at once, in the reply's transaction.
+		return b.continueAt(ctx, sg, def, tr, &moved, last, false)
 	}
 	// OnReply failed: its writes are rolled back with the savepoint.
 	tr, done := fail(herr)

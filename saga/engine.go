@@ -708,11 +708,12 @@ type Stats struct {
 	FailedOver        int64 // stuck sagas whose attempts were spent, moved to compensation or failed
 	CronStarted       int64 // sagas started by a schedule
 	CronDuplicates    int64 // schedule slots another engine had already started
+	Chained           int64 // steps run in the transaction of the step, reply or wait's end before them
 }
 
 type statCounters struct {
 	succeeded, failed, retries, dedup, stale, deferred, parked, abandoned atomic.Int64
-	rescued, failedOver, cronStarted, cronDuplicates, cancelled           atomic.Int64
+	rescued, failedOver, cronStarted, cronDuplicates, cancelled, chained  atomic.Int64
 }
 
 // Stats returns the engine's counters; zero for a nil engine.
@@ -728,6 +729,6 @@ func (e *Engine) Stats() Stats {
 		Deduplicated: s.dedup.Load(), StaleDiscarded: s.stale.Load(), Deferred: s.deferred.Load(),
 		Parked: s.parked.Load(), HandlersAbandoned: s.abandoned.Load(), CancelsApplied: s.cancelled.Load(),
 		Rescued: s.rescued.Load(), FailedOver: s.failedOver.Load(),
-		CronStarted: s.cronStarted.Load(), CronDuplicates: s.cronDuplicates.Load(),
+		CronStarted: s.cronStarted.Load(), CronDuplicates: s.cronDuplicates.Load(), Chained: s.chained.Load(),
 	}
 }

@@ -406,6 +406,10 @@ func (e *Engine) runReply(ctx context.Context, bt *batchTx, m kafka.Message, c *
 	case !ls.Locked:
 		return waitBusy, nil // a step of the saga runs right now: try again
 	default:
+		// The step after the reply may run in this transaction: a cancel
+		// request heard of meanwhile interrupts it.
+		e.running.claim(ls.ID)
+		defer e.running.release(ls.ID)
 		if err := b.reply(b.traceReply(ctx, c, &ls.Saga, key.Direction), c, ls, key, true); err != nil {
 			return runDone, err
 		}

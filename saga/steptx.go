@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -48,12 +49,29 @@ type batchTx struct {
 	// outer is the batch's first savepoint, which every later one is
 	// nested in, or "" when none was opened.
 	outer string
-	// ready is set when a command that is due now was written.
-	ready bool
+	// due holds the commands written that are due now, but for those a
+	// later transition of the batch deleted (see [batchTx.supersede]), each
+	// with whether a direct worker runs it (or a relay publishes it); a due
+	// command without an id sets dueAnon.
+	due     map[uuid.UUID]bool
+	dueAnon bool
 	// clock is the running step's clock, stopped while the step waits for
 	// the batch's earlier writes to be sent; nil between steps. Atomic: an
 	// abandoned handler may still use the transaction.
 	clock atomic.Pointer[stepClock]
+	// superseded maps a saga to the command its last transition wrote for
+	// a step that this batch runs at once (see [batch.continueAt]): the
+	// saga's next transition deletes it.
+	superseded map[uuid.UUID]uuid.UUID
+}
+
+// supersede makes the next transition of saga id written in this batch
+// delete the pending command cmd.
+func (t *batchTx) supersede(id, cmd uuid.UUID) {
+	if t.superseded == nil {
+		t.superseded = map[uuid.UUID]uuid.UUID{}
+	}
+	t.superseded[id] = cmd
 }
 
 // beginQuery starts a batch transaction. READ COMMITTED whatever the
@@ -124,6 +142,11 @@ func (t *batchTx) nextSavepoint() string {
 // sp is rolled back when the queue is sent, and done does not run.
 func (t *batchTx) write(sg *store.Saga, tr *store.Transition, sp string, rollback, last bool,
 	onFailure func(error) (*store.Transition, func()), done func()) {
+	if cmd, ok := t.superseded[sg.ID]; ok {
+		delete(t.superseded, sg.ID)
+		delete(t.due, cmd) // nothing to wake a worker for
+		tr.Supersede = append(tr.Supersede, cmd)
+	}
 	if h := t.e.hooks.outcome; h != nil {
 		h(tr)
 	}
@@ -143,10 +166,35 @@ func (t *batchTx) applied(w *pendingWrite) {
 	w.sg.Version = w.version + 1
 	w.sg.Status = w.tr.Status
 	for _, m := range w.tr.Messages {
-		if m.Delay <= 0 {
-			t.ready = true
+		if m.Delay > 0 {
+			continue
+		}
+		if m.ID == uuid.Nil {
+			t.dueAnon = true
+			continue
+		}
+		if t.due == nil {
+			t.due = map[uuid.UUID]bool{}
+		}
+		t.due[m.ID] = m.Delivery != store.DeliveryRelay
+	}
+}
+
+// ready reports whether a command that is due now was written and stays.
+func (t *batchTx) ready() bool { return t.dueAnon || len(t.due) > 0 }
+
+// readyDirect reports whether a command that is due now and that a direct
+// worker runs was written and stays: a relay row wakes no worker.
+func (t *batchTx) readyDirect() bool {
+	if t.dueAnon {
+		return true
+	}
+	for _, direct := range t.due {
+		if direct {
+			return true
 		}
 	}
+	return false
 }
 
 // flush sends the queued writes in one round trip. See [batchTx.flushWith].

@@ -227,3 +227,15 @@ func (s *Store) RestartDeadline(ctx context.Context, db DBTX, id uuid.UUID, d ti
 	}
 	return nil
 }
+
+// CommandHeld reports whether the pending command id is held for a pause
+// (its available_at moved to 'infinity' by the pause's trigger); false when
+// it is not, or is gone.
+func (s *Store) CommandHeld(ctx context.Context, db DBTX, id uuid.UUID) (bool, error) {
+	var held bool
+	err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+quoteSchema(s.schema)+`.outbox WHERE id = $1 AND paused_from IS NOT NULL)`, id).Scan(&held)
+	if err != nil {
+		return false, fmt.Errorf("store: read whether command %s is held: %w", id, err)
+	}
+	return held, nil
+}
