@@ -350,6 +350,15 @@
 // same step key until its CompensateRetry attempts are spent; only then does
 // the saga end failed. Remote steps need [Config.Kafka] (either mode).
 //
+// A remote step costs no claim of its own: when a local step succeeds and
+// the next step is remote, its command is written in the local step's
+// transaction; when a reply completes a step and the next one runs forward
+// (a local action, or another remote step's send), that step runs at once
+// in the reply's transaction, with its own savepoint, key and history, as
+// after a wait (see "Sagas that wait"). A saga that is paused, or asked to
+// cancel, takes the usual way instead: the next step's command waits.
+// [Stats].Chained counts the steps run so.
+//
 // # Sagas that wait
 //
 // A step with a [Wait] instead of an Action waits: for a time ([Sleep],
