@@ -709,11 +709,12 @@ type Stats struct {
 	CronStarted       int64 // sagas started by a schedule
 	CronDuplicates    int64 // schedule slots another engine had already started
 	Chained           int64 // steps run in the transaction of the step, reply or wait's end before them
+	BusBatched        int64 // messages from the bus run several to a transaction
 }
 
 type statCounters struct {
-	succeeded, failed, retries, dedup, stale, deferred, parked, abandoned atomic.Int64
-	rescued, failedOver, cronStarted, cronDuplicates, cancelled, chained  atomic.Int64
+	succeeded, failed, retries, dedup, stale, deferred, parked, abandoned              atomic.Int64
+	rescued, failedOver, cronStarted, cronDuplicates, cancelled, chained, kafkaBatched atomic.Int64
 }
 
 // Stats returns the engine's counters; zero for a nil engine.
@@ -730,5 +731,6 @@ func (e *Engine) Stats() Stats {
 		Parked: s.parked.Load(), HandlersAbandoned: s.abandoned.Load(), CancelsApplied: s.cancelled.Load(),
 		Rescued: s.rescued.Load(), FailedOver: s.failedOver.Load(),
 		CronStarted: s.cronStarted.Load(), CronDuplicates: s.cronDuplicates.Load(), Chained: s.chained.Load(),
+		BusBatched: s.kafkaBatched.Load(),
 	}
 }

@@ -219,7 +219,39 @@ func (e *Engine) kafkaWork(fetch, work context.Context, r KafkaReader) {
 	// command is redelivered to whichever engine takes the partition.
 	loop := consume.Loop{Reader: r, Log: e.log, What: "sagaflow kafka", Handle: e.consumeKafka,
 		CommitLost: "the redelivered command will be stale"}
+	if _, ok := r.(*kafka.Reader); ok && e.cfg.BatchSize > 1 {
+		// kafka-go's reader keeps a message that a cancelled fetch did not
+		// take, so a batch can take what it holds ready without waiting.
+		// Other readers (the seam) run a message at a time.
+		loop.HandleBatch, loop.MaxBatch = e.consumeKafkaBatch, e.cfg.BatchSize
+	}
 	loop.Run(fetch, work)
+}
+
+// consumeKafkaBatch deals with messages fetched together: in one
+// transaction when each can simply run now, else one at a time as
+// consumeKafka does. It reports how many of them, from the first, it dealt
+// with before work ended.
+func (e *Engine) consumeKafkaBatch(fetch, work context.Context, ms []kafka.Message) int {
+	if len(ms) > 1 {
+		ok, err := e.runKafkaBatch(work, ms)
+		if ok {
+			for _, m := range ms {
+				e.tel.noteLag(m)
+			}
+			return len(ms)
+		}
+		if err != nil && work.Err() == nil {
+			e.log.DebugContext(work, "sagaflow kafka: a batch of messages runs one at a time", slog.Int("messages", len(ms)),
+				slog.Any("error", err))
+		}
+	}
+	for i, m := range ms {
+		if !e.consumeKafka(fetch, work, m) {
+			return i
+		}
+	}
+	return len(ms)
 }
 
 // kafkaHoldAfter is how many times a command that cannot run yet is tried
@@ -374,8 +406,10 @@ func headerValue(m *kafka.Message, name string) string {
 	return ""
 }
 
-// runReply applies a participant's reply in bt and commits.
-func (e *Engine) runReply(ctx context.Context, bt *batchTx, m kafka.Message, c *store.Claimed) (waitKind, error) {
+// runReply applies a participant's reply in bt, without committing: it
+// returns the batch to finish, and the sagas whose execution lock it took
+// (see [runningSteps.claim]), to release once the batch has ended.
+func (e *Engine) runReply(ctx context.Context, bt *batchTx, m kafka.Message, c *store.Claimed, last bool) (waitKind, *batch, []uuid.UUID, error) {
 	b := e.newBatch(bt, &m)
 	// The message id is not needed to apply a reply (the saga takes one
 	// reply per step key, and a copy finds the step done): any id will do,
@@ -388,33 +422,24 @@ func (e *Engine) runReply(ctx context.Context, bt *batchTx, m kafka.Message, c *
 		kerr = fmt.Errorf("its %s header is not a saga id", wire.HeaderSagaID)
 	}
 	if kerr != nil {
-		if err := b.park(ctx, c, nil, CodeMalformed, "malformed reply: "+kerr.Error()); err != nil {
-			return runDone, err
-		}
-		return runDone, e.finish(ctx, b)
+		return runDone, b, nil, b.park(ctx, c, nil, CodeMalformed, "malformed reply: "+kerr.Error())
 	}
 	sagas, err := e.st.LockSagas(ctx, bt.tx, []uuid.UUID{key.SagaID}, "")
 	if err != nil {
-		return runDone, err
+		return runDone, b, nil, err
 	}
 	ls := sagas[key.SagaID]
 	switch {
 	case ls == nil:
-		if err := b.park(ctx, c, nil, CodeUnknownSaga, fmt.Sprintf("reply for saga %s, which does not exist", key.SagaID)); err != nil {
-			return runDone, err
-		}
+		return runDone, b, nil, b.park(ctx, c, nil, CodeUnknownSaga, fmt.Sprintf("reply for saga %s, which does not exist", key.SagaID))
 	case !ls.Locked:
-		return waitBusy, nil // a step of the saga runs right now: try again
-	default:
-		// The step after the reply may run in this transaction: a cancel
-		// request heard of meanwhile interrupts it.
-		e.running.claim(ls.ID)
-		defer e.running.release(ls.ID)
-		if err := b.reply(b.traceReply(ctx, c, &ls.Saga, key.Direction), c, ls, key, true); err != nil {
-			return runDone, err
-		}
+		return waitBusy, b, nil, nil // a step of the saga runs right now: try again
 	}
-	return runDone, e.finish(ctx, b)
+	// The step after the reply may run in this transaction: a cancel
+	// request heard of meanwhile interrupts it.
+	held := []uuid.UUID{ls.ID}
+	e.running.claim(held...)
+	return runDone, b, held, b.reply(b.traceReply(ctx, c, &ls.Saga, key.Direction), c, ls, key, last)
 }
 
 // claimedFromKafka describes a Kafka message as the executor's input. A
@@ -467,6 +492,24 @@ func (e *Engine) runKafkaMessage(ctx context.Context, m kafka.Message, expired b
 		return runDone, err
 	}
 	defer bt.end(ctx)
+	wait, b, held, err := e.runKafkaIn(ctx, bt, m, expired, true)
+	defer e.running.release(held...)
+	if errors.Is(err, errAbandoned) {
+		// The attempt is recorded with its retry; this message is spent.
+		return runDone, e.abandon(ctx, bt, b)
+	}
+	if err != nil || wait != runDone {
+		return wait, err
+	}
+	return runDone, e.finish(ctx, b)
+}
+
+// runKafkaIn runs the message m in bt, without committing; last says that
+// no other message follows it in bt. It returns the batch to finish, or
+// what m waits for when it cannot run yet (then nothing of it is to be
+// committed), and the sagas whose execution lock it took, to release once
+// the batch has ended.
+func (e *Engine) runKafkaIn(ctx context.Context, bt *batchTx, m kafka.Message, expired, last bool) (waitKind, *batch, []uuid.UUID, error) {
 	tx := bt.tx
 	c, aerr := claimedFromKafka(m)
 	if expired {
@@ -479,13 +522,10 @@ func (e *Engine) runKafkaMessage(ctx context.Context, m kafka.Message, expired b
 		if verr != nil {
 			code, why = CodeUnverified, "refused before any effect: "+verr.Error()
 		}
-		if err := b.park(ctx, &c, nil, code, why); err != nil {
-			return runDone, err
-		}
-		return runDone, e.finish(ctx, b)
+		return runDone, b, nil, b.park(ctx, &c, nil, code, why)
 	}
 	if c.Type == wire.TypeReply {
-		return e.runReply(ctx, bt, m, &c)
+		return e.runReply(ctx, bt, m, &c, last)
 	}
 	cmd, derr := decodeCommand(&c)
 	if derr == nil && c.ID == uuid.Nil {
@@ -499,31 +539,64 @@ func (e *Engine) runKafkaMessage(ctx context.Context, m kafka.Message, expired b
 	}
 	sagas, err := e.st.LockSagas(ctx, tx, ids, stepKey)
 	if err != nil {
-		return runDone, err
+		return runDone, nil, nil, err
 	}
 	held := heldSagas(sagas)
 	e.running.claim(held...)
-	defer e.running.release(held...)
 	fault.At(ctx, fault.EngineAfterClaim)
 	b := e.newBatch(bt, &m)
-	err = b.handle(ctx, &c, cmd, derr, sagas, true)
-	if errors.Is(err, errAbandoned) {
-		// The attempt is recorded with its retry; this message is spent.
-		return runDone, e.abandon(ctx, bt, b)
-	}
-	if err != nil {
-		return runDone, err
+	if err := b.handle(ctx, &c, cmd, derr, sagas, last); err != nil {
+		return runDone, b, held, err
 	}
 	if len(b.deferred) > 0 {
 		if b.deferred[0].reason != "" {
-			return waitUnknown, nil
+			return waitUnknown, b, held, nil
 		}
-		return waitBusy, nil
+		return waitBusy, b, held, nil
 	}
-	if err := e.finish(ctx, b); err != nil {
-		return runDone, err
+	return runDone, b, held, nil
+}
+
+// runKafkaBatch runs several messages fetched together in one transaction,
+// each under its own savepoint, as a batch claimed from the outbox runs,
+// and commits once. It reports false, having committed nothing, when one of
+// them cannot simply run now (its saga is busy or unknown here, a handler
+// overran, anything failed): the caller then runs them one at a time, each
+// in its own transaction, with the retries, holds and dead letters of that
+// path.
+func (e *Engine) runKafkaBatch(ctx context.Context, ms []kafka.Message) (bool, error) {
+	bt, err := e.beginBatch(ctx, ctx)
+	if err != nil {
+		return false, err
 	}
-	return runDone, nil
+	defer bt.end(ctx)
+	var held []uuid.UUID
+	defer func() { e.running.release(held...) }()
+	bs := make([]*batch, 0, len(ms))
+	for i := range ms {
+		wait, b, h, err := e.runKafkaIn(ctx, bt, ms[i], false, i == len(ms)-1)
+		held = append(held, h...)
+		if errors.Is(err, errAbandoned) {
+			// The connection goes with the handler: the attempt is
+			// recorded, and the messages are run again one at a time (this
+			// one is stale by then).
+			return false, e.abandon(ctx, bt, b)
+		}
+		if err != nil || wait != runDone {
+			return false, err
+		}
+		bs = append(bs, b)
+	}
+	last := bs[len(bs)-1]
+	for _, b := range bs[:len(bs)-1] {
+		last.waitEnded = last.waitEnded || b.waitEnded
+		last.announce += b.announce
+	}
+	if err := e.finish(ctx, last); err != nil {
+		return false, err
+	}
+	e.stats.kafkaBatched.Add(int64(len(ms)))
+	return true, nil
 }
 
 func errString(err error) string {

@@ -8,6 +8,7 @@ package consume
 import (
 	"context"
 	"log/slog"
+	"time"
 
 	"github.com/segmentio/kafka-go"
 
@@ -38,52 +39,96 @@ type Loop struct {
 	// CommitLost says, for the log, what a lost offset commit means: the
 	// message comes again and the caller's deduplication skips it.
 	CommitLost string
+	// HandleBatch, when set with MaxBatch > 1, is used instead of Handle:
+	// it is given, in order, the message fetched and up to MaxBatch-1 more
+	// that the reader has ready at once (each waited for at most
+	// batchTopUp), deals with them, and reports how many of them, from the
+	// first, it dealt with before a context ended; those offsets are
+	// committed, and the rest are handed to it first by the next Run.
+	HandleBatch func(fetch, work context.Context, ms []kafka.Message) int
+	MaxBatch    int
 
-	// pending is the message Handle gave up on: the reader has moved past
-	// it, so the next Run on the same reader handles it before fetching
-	// (committing a later offset first would skip it for good).
-	pending *kafka.Message
+	// pending are messages Handle gave up on: the reader has moved past
+	// them, so the next Run on the same reader handles them before
+	// fetching (committing a later offset first would skip them for good).
+	pending []kafka.Message
 }
 
+// batchTopUp is how long a batch waits for each message after its first:
+// long enough to take what the reader has buffered, too short to hold the
+// first message back.
+const batchTopUp = 200 * time.Microsecond
+
 // Run consumes until fetch ends (stop fetching) or work ends (stop at
-// once). A failed fetch is retried with backoff. Offsets are committed one
-// message at a time, after Handle, in order, so a partition's order is
-// kept and nothing is committed that was not dealt with. A message Handle
-// gave up on is handled first by the next Run of the same Loop. Run is not
-// safe for concurrent use.
+// once). A failed fetch is retried with backoff. Offsets are committed
+// after Handle (or HandleBatch) dealt with their messages, in order, so a
+// partition's order is kept and nothing is committed that was not dealt
+// with. A message Handle gave up on is handled first by the next Run of
+// the same Loop. Run is not safe for concurrent use.
 func (l *Loop) Run(fetch, work context.Context) {
 	failures := 0
 	for fetch.Err() == nil {
-		var m kafka.Message
-		var err error
-		if l.pending != nil {
-			m, l.pending = *l.pending, nil
+		var ms []kafka.Message
+		if len(l.pending) > 0 {
+			ms, l.pending = l.pending, nil
 		} else {
-			m, err = l.Reader.FetchMessage(fetch)
-		}
-		if fetch.Err() != nil {
-			if err == nil {
-				l.pending = &m // fetched, or kept, and not dealt with
-			}
-			return
-		}
-		if err != nil {
-			failures++
-			l.Log.WarnContext(work, l.What+": fetch failed", append(l.Attrs, slog.Any("error", err))...)
-			if !lifecycle.Sleep(fetch, lifecycle.Backoff(failures)) {
+			m, err := l.Reader.FetchMessage(fetch)
+			if fetch.Err() != nil {
+				if err == nil {
+					l.pending = []kafka.Message{m} // fetched and not dealt with
+				}
 				return
 			}
-			continue
+			if err != nil {
+				failures++
+				l.Log.WarnContext(work, l.What+": fetch failed", append(l.Attrs, slog.Any("error", err))...)
+				if !lifecycle.Sleep(fetch, lifecycle.Backoff(failures)) {
+					return
+				}
+				continue
+			}
+			ms = []kafka.Message{m}
 		}
 		failures = 0
-		if !l.Handle(fetch, work, m) {
-			l.pending = &m
+		batching := l.HandleBatch != nil && l.MaxBatch > 1
+		for batching && len(ms) < l.MaxBatch {
+			// Only what the reader holds already: a cancelled fetch takes
+			// nothing from it.
+			ctx, cancel := context.WithTimeout(fetch, batchTopUp)
+			m, err := l.Reader.FetchMessage(ctx)
+			timedOut := ctx.Err() != nil
+			cancel()
+			if err != nil {
+				if !timedOut {
+					l.Log.WarnContext(work, l.What+": fetch failed", append(l.Attrs, slog.Any("error", err))...)
+				}
+				break
+			}
+			ms = append(ms, m)
+		}
+		if fetch.Err() != nil {
+			l.pending = ms
 			return
 		}
-		if err := l.Reader.CommitMessages(work, m); err != nil && work.Err() == nil {
-			l.Log.WarnContext(work, l.What+": commit offset failed; "+l.CommitLost,
-				append(l.Attrs, slog.String("topic", m.Topic), slog.Int("partition", m.Partition),
-					slog.Int64("offset", m.Offset), slog.Any("error", err))...)
+		done := 0
+		if batching {
+			done = l.HandleBatch(fetch, work, ms)
+		} else {
+			for done < len(ms) && l.Handle(fetch, work, ms[done]) {
+				done++
+			}
+		}
+		if done > 0 {
+			if err := l.Reader.CommitMessages(work, ms[:done]...); err != nil && work.Err() == nil {
+				last := ms[done-1]
+				l.Log.WarnContext(work, l.What+": commit offset failed; "+l.CommitLost,
+					append(l.Attrs, slog.String("topic", last.Topic), slog.Int("partition", last.Partition),
+						slog.Int64("offset", last.Offset), slog.Int("messages", done), slog.Any("error", err))...)
+			}
+		}
+		if done < len(ms) {
+			l.pending = ms[done:]
+			return
 		}
 	}
 }
