@@ -9,13 +9,16 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sagaflow/sagaflow/internal/consume"
+	"github.com/sagaflow/sagaflow/internal/fault"
 	"github.com/sagaflow/sagaflow/internal/lifecycle"
 	"github.com/sagaflow/sagaflow/internal/pgerr"
 	"github.com/sagaflow/sagaflow/internal/safetext"
@@ -97,7 +100,16 @@ type Consumer struct {
 	loop *consume.Loop // one for the consumer's life: it keeps a message a stop gave up
 	life lifecycle.Lifecycle
 	tel  *consumerTelemetry
+	// batched counts the messages dealt with several to a transaction.
+	batched atomic.Int64
 }
+
+// batchMax is the most messages a consumer deals with in one transaction.
+const batchMax = 16
+
+// Batched returns how many messages the consumer dealt with several to a
+// transaction (the messages its reader had ready at once).
+func (c *Consumer) Batched() int64 { return c.batched.Load() }
 
 // NewConsumer returns a consumer of r's messages into in.
 func (in *Inbox) NewConsumer(r Reader, cfg *ConsumerConfig) (*Consumer, error) {
@@ -145,6 +157,12 @@ func (in *Inbox) NewConsumer(r Reader, cfg *ConsumerConfig) (*Consumer, error) {
 		// The offset moves only after the transaction committed; if this
 		// commit is lost, the redelivery is a duplicate the inbox skips.
 		CommitLost: "the message will be redelivered and skipped",
+	}
+	if _, ok := r.(*kafka.Reader); ok {
+		// kafka-go's reader keeps a message that a cancelled fetch did not
+		// take, so a batch can take what it holds ready without waiting.
+		// Other readers (the seam) deal with a message at a time.
+		cons.loop.HandleBatch, cons.loop.MaxBatch = cons.handleBatch, batchMax
 	}
 	return cons, nil
 }
@@ -268,21 +286,9 @@ func (c *Consumer) handle(fetch, ctx context.Context, msg Message) bool {
 // process runs msg's handler. It returns a dead-letter reason for poison,
 // or the error of a failure worth retrying.
 func (c *Consumer) process(ctx context.Context, msg Message) (deadReason string, err error) {
-	if len(msg.Value) > c.cfg.MaxMessageBytes {
-		return fmt.Sprintf("oversized: %d bytes, more than MaxMessageBytes (%d)", len(msg.Value), c.cfg.MaxMessageBytes), nil
-	}
-	if name := repeatedOwnHeader(msg.RawHeaders); name != "" {
-		return fmt.Sprintf("ambiguous: header %q appears more than once", logText(name)), nil
-	}
-	h := c.cfg.Handlers[msg.Type]
-	if h == nil {
-		h = c.cfg.Default
-	}
-	if h == nil {
-		if msg.Type == "" {
-			return "no " + store.HeaderType + " header, and no Default handler", nil
-		}
-		return fmt.Sprintf("unknown message type %q (handled: %s)", logText(msg.Type), c.handled()), nil
+	h, reason := c.handler(msg)
+	if reason != "" {
+		return reason, nil
 	}
 	fresh, err := c.in.Process(ctx, msg, h)
 	switch {
@@ -298,6 +304,91 @@ func (c *Consumer) process(ctx context.Context, msg Message) (deadReason string,
 		return "PostgreSQL refused the message's content: " + err.Error(), nil
 	}
 	return "", err
+}
+
+// handler returns the handler of msg, or why msg is poison.
+func (c *Consumer) handler(msg Message) (HandlerFunc, string) {
+	if len(msg.Value) > c.cfg.MaxMessageBytes {
+		return nil, fmt.Sprintf("oversized: %d bytes, more than MaxMessageBytes (%d)", len(msg.Value), c.cfg.MaxMessageBytes)
+	}
+	if name := repeatedOwnHeader(msg.RawHeaders); name != "" {
+		return nil, fmt.Sprintf("ambiguous: header %q appears more than once", logText(name))
+	}
+	h := c.cfg.Handlers[msg.Type]
+	if h == nil {
+		h = c.cfg.Default
+	}
+	if h == nil {
+		if msg.Type == "" {
+			return nil, "no " + store.HeaderType + " header, and no Default handler"
+		}
+		return nil, fmt.Sprintf("unknown message type %q (handled: %s)", logText(msg.Type), c.handled())
+	}
+	return h, ""
+}
+
+// handleBatch deals with messages fetched together: in one transaction
+// when each has a handler and every handler succeeds, else one at a time as
+// [Consumer.handle] does, with its retries and dead letters. It reports how
+// many of them, from the first, it dealt with before a context ended.
+func (c *Consumer) handleBatch(fetch, work context.Context, ms []kafka.Message) int {
+	if len(ms) > 1 && c.processBatch(work, ms) {
+		return len(ms)
+	}
+	for i, m := range ms {
+		if !c.traced(fetch, work, FromKafka(m), m.HighWaterMark) {
+			return i
+		}
+	}
+	return len(ms)
+}
+
+// processBatch runs ms's handlers in one transaction, each message with its
+// own key as [Inbox.Process] records it, and commits once. It reports false,
+// having committed nothing, when a message is poison or anything failed.
+func (c *Consumer) processBatch(ctx context.Context, ms []kafka.Message) bool {
+	msgs := make([]Message, len(ms))
+	hs := make([]HandlerFunc, len(ms))
+	for i, m := range ms {
+		msgs[i] = FromKafka(m)
+		var reason string
+		if hs[i], reason = c.handler(msgs[i]); reason != "" {
+			return false
+		}
+	}
+	trs := make([]*msgTrace, 0, len(ms))
+	ok := false
+	defer func() {
+		for i, tr := range trs {
+			tr.end(c, ok, "its batch was rolled back; it runs again alone", ms[i].HighWaterMark)
+		}
+	}()
+	err := pgx.BeginTxFunc(ctx, c.in.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		for i := range msgs {
+			tr := c.beginTrace(ctx, msgs[i])
+			trs = append(trs, tr)
+			fresh, err := c.in.ProcessTx(tr.ctx, tx, msgs[i], hs[i])
+			if err != nil {
+				return err
+			}
+			if !fresh {
+				noteDuplicate(tr.ctx)
+			}
+		}
+		fault.Hit(fault.InboxBeforeCommit)
+		return nil
+	})
+	if err != nil {
+		if ctx.Err() == nil {
+			c.in.log.DebugContext(ctx, "sagaflow inbox: a batch of messages runs one at a time", slog.String("consumer", c.in.consumer),
+				slog.Int("messages", len(ms)), slog.Any("error", err))
+		}
+		return false
+	}
+	fault.Hit(fault.InboxAfterCommit)
+	ok = true
+	c.batched.Add(int64(len(ms)))
+	return true
 }
 
 // repeatedOwnHeader returns the name of a sagaflow header (sagaflow-…) that

@@ -3,12 +3,15 @@ package inbox_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagaflow/sagaflow/inbox"
@@ -134,4 +137,49 @@ func TestKafkaConsumerThatLeftWithoutCommittingIsDeduplicated(t *testing.T) {
 	require.Equal(t, 3, b.count(t, "SELECT count(DISTINCT message_id) FROM "+b.table("charges")))
 	require.Equal(t, int64(3), committedOffset(t, kc), "the second member committed past all three")
 	require.Equal(t, 0, b.count(t, "SELECT count(*) FROM "+b.table("dead_letters")))
+}
+
+// A backlog read with kafka-go's own reader is dealt with several messages
+// to a transaction: each message's effect happens once (a copy of a message
+// in the same batch is skipped), a poison message sends its batch the
+// one-at-a-time way, where it is dead-lettered and the rest processed, and
+// the group's offset ends past every message.
+func TestKafkaConsumerDealsWithABacklogInBatches(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	kc := kafkatest.New(t, kafkatest.SeedTopics(1, kafkaTopic))
+	handler := func(ctx context.Context, tx pgx.Tx, msg inbox.Message) error {
+		req, err := inbox.DecodeJSON[chargeRequested](msg)
+		if err != nil {
+			return err // permanent: the message cannot be decoded
+		}
+		_, err = tx.Exec(ctx, "INSERT INTO "+b.table("charges")+" VALUES ($1, $2)", msg.ID, req.Amount)
+		return err
+	}
+	var msgs []kafka.Message
+	for i := range 40 {
+		msgs = append(msgs, kafkaMessage("charge.requested", fmt.Sprintf("m-%d", i), []byte(`{"order_id":"o","amount":1}`)))
+		if i == 5 {
+			msgs = append(msgs, kafkaMessage("charge.requested", "m-5", []byte(`{"order_id":"o","amount":1}`))) // a copy
+		}
+		if i == 20 {
+			msgs = append(msgs, kafkaMessage("charge.requested", "m-poison", []byte(`{not json`)))
+		}
+	}
+	produce(t, kc, msgs...)
+
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: kc.Addrs(), GroupID: kafkaGroup, Topic: kafkaTopic,
+		StartOffset: kafka.FirstOffset, MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 50 * time.Millisecond,
+		HeartbeatInterval: 500 * time.Millisecond, JoinGroupBackoff: 200 * time.Millisecond})
+	t.Cleanup(func() { _ = r.Close() })
+	c, err := b.in.NewConsumer(r, &inbox.ConsumerConfig{Handlers: map[string]inbox.HandlerFunc{"charge.requested": handler}})
+	require.NoError(t, err)
+	runConsumer(t, c, func() bool { return committedOffset(t, kc) == int64(len(msgs)) })
+	require.NoError(t, r.Close())
+
+	require.Equal(t, 40, b.count(t, "SELECT count(*) FROM "+b.table("charges")), "each message once, the copy skipped")
+	require.Equal(t, 40, b.count(t, "SELECT count(DISTINCT message_id) FROM "+b.table("charges")))
+	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM "+b.table("dead_letters")+" WHERE message_id = 'm-poison'"))
+	require.Positive(t, c.Batched(), "some messages were dealt with several to a transaction")
+	t.Logf("batched %d of %d messages", c.Batched(), len(msgs))
 }

@@ -90,6 +90,22 @@ func noteDead(ctx context.Context, reason string) {
 // child of the trace context the message carries, or a new trace when it
 // carries none or a malformed one.
 func (c *Consumer) traced(fetch, ctx context.Context, msg Message, highWaterMark int64) bool {
+	tr := c.beginTrace(ctx, msg)
+	done := c.handle(fetch, tr.ctx, msg)
+	tr.end(c, done, "given up at a stop; the message comes again", highWaterMark)
+	return done
+}
+
+// msgTrace is the span, record and clock of one message being dealt with.
+type msgTrace struct {
+	ctx     context.Context // the span's, carrying the record
+	span    trace.Span
+	rec     *msgRecord
+	msg     *Message
+	started time.Time
+}
+
+func (c *Consumer) beginTrace(ctx context.Context, msg Message) *msgTrace {
 	t := c.tel
 	started := time.Now()
 	pctx := ctx
@@ -108,19 +124,26 @@ func (c *Consumer) traced(fetch, ctx context.Context, msg Message, highWaterMark
 			telemetry.KeyMessageID.String(logText(msg.ID)), telemetry.KeyMessageType.String(logText(msg.Type)))
 	}
 	rec := &msgRecord{}
-	done := c.handle(fetch, context.WithValue(sctx, msgRecordKey{}, rec), msg)
+	return &msgTrace{ctx: context.WithValue(sctx, msgRecordKey{}, rec), span: span, rec: rec, msg: &msg, started: started}
+}
+
+// end ends the message's span and, when it was dealt with (done), records
+// its metrics; notDone is the span's error when it was not.
+func (tr *msgTrace) end(c *Consumer, done bool, notDone string, highWaterMark int64) {
+	t := c.tel
+	rec, span := tr.rec, tr.span
 	if span.IsRecording() {
 		span.SetAttributes(telemetry.KeyDuplicate.Bool(rec.duplicate), telemetry.KeyDeadLettered.Bool(rec.dead != ""))
 		switch {
 		case rec.dead != "":
 			span.SetStatus(codes.Error, "dead-lettered: "+logText(rec.dead))
 		case !done:
-			span.SetStatus(codes.Error, "given up at a stop; the message comes again")
+			span.SetStatus(codes.Error, notDone)
 		}
 	}
 	span.End()
 	if !done {
-		return false
+		return
 	}
 	bg := context.Background()
 	switch {
@@ -132,11 +155,10 @@ func (c *Consumer) traced(fetch, ctx context.Context, msg Message, highWaterMark
 		t.processed.Add(bg, 1, t.attrs)
 	}
 	if t.duration.Enabled(bg) {
-		t.duration.Record(bg, time.Since(started).Seconds(), t.attrs)
+		t.duration.Record(bg, time.Since(tr.started).Seconds(), t.attrs)
 	}
 	if highWaterMark > 0 {
-		t.lag.Store(max(highWaterMark-msg.Offset-1, 0))
+		t.lag.Store(max(highWaterMark-tr.msg.Offset-1, 0))
 		t.lagKnown.Store(true)
 	}
-	return true
 }
