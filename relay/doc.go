@@ -68,9 +68,10 @@
 //
 // While a backlog drains, a running relay overlaps the database's work with
 // the broker's: while batch N is written, batch N-1 is marked and committed
-// and then batch N+1 is claimed, in a transaction of its own, on a second
-// connection (so the relay holds up to three of the pool's connections,
-// LISTEN's included; with a pool of fewer than three it does not overlap).
+// and batch N+1 is claimed, in a transaction of its own, each on a
+// connection of its own (so the relay holds up to four of the pool's
+// connections, LISTEN's included; with a pool of three it marks before it
+// claims, and with fewer it does not overlap).
 // Writes stay serial, in claim order, and never run concurrently. Before
 // batch N+1 is written, its rows whose key had a message in batch N that
 // was not published (it failed, was parked as dead, or was held back

@@ -228,6 +228,8 @@ type cycleResult struct {
 // while another is written: the relay then holds a connection for the batch
 // being written, one for the batch being claimed, and one for LISTEN. With
 // fewer, the claim would wait for a connection only the relay can free.
+// With one more, the batch written before is marked on a fourth connection
+// while the next is claimed, instead of before the claim.
 const overlapMinConns = 3
 
 // batch is one claimed batch on its way through the relay: claimed (its
@@ -309,10 +311,10 @@ func (r *Relay) cycle(ctx context.Context) (cycleResult, error) {
 
 // drain publishes batch after batch for as long as they come back full,
 // with the database's work beside the broker's: while batch N is written,
-// a goroutine marks and commits batch N-1 and then claims batch N+1 in a
-// transaction of its own. Writes stay serial, in claim order, and the
-// claim of N+1 starts only once N-1 has committed, so that it sees what
-// N-1 published, failed or held back.
+// batch N-1 is marked and committed and batch N+1 is claimed in a
+// transaction of its own (both at once when the pool has a connection for
+// each, else one after the other). Writes stay serial, in claim order, and
+// batch N+1 is written only once N-1 has committed.
 //
 // Before batch N+1 is written, its rows whose ordering key had a message in
 // batch N that was not published are held back (see [holdBack]): they are
@@ -335,6 +337,7 @@ func (r *Relay) drain(fetchCtx, workCtx context.Context) (cycleResult, error) {
 	}
 	r.prepare(cur, nil)
 	canOverlap := r.pool.Config().MaxConns >= overlapMinConns
+	canSettleBesideClaim := r.pool.Config().MaxConns >= overlapMinConns+1
 	var prev *batch // written, not yet settled
 	for {
 		if len(cur.rows) == 0 {
@@ -348,21 +351,30 @@ func (r *Relay) drain(fetchCtx, workCtx context.Context) (cycleResult, error) {
 		var (
 			next                *batch
 			settleErr, claimErr error
+			beside              sync.WaitGroup
 		)
-		done := make(chan struct{})
-		go func(prev *batch) {
-			defer close(done)
-			if prev != nil {
-				if settleErr = r.settle(workCtx, prev); settleErr != nil {
-					return
+		if prev != nil && overlap && canSettleBesideClaim {
+			// prev held nothing back (cur was claimed during its write,
+			// which a batch that holds rows back never is), so the next
+			// claim may skip prev's rows while they are still locked: they
+			// are published, or failed and due later. If prev's marks
+			// fail, the next batch is released unwritten.
+			beside.Go(func() { settleErr = r.settle(workCtx, prev) })
+			beside.Go(func() { next, claimErr = r.claim(workCtx) })
+		} else if prev != nil || overlap {
+			beside.Go(func() {
+				if prev != nil {
+					if settleErr = r.settle(workCtx, prev); settleErr != nil {
+						return
+					}
 				}
-			}
-			if overlap {
-				next, claimErr = r.claim(workCtx)
-			}
-		}(prev)
+				if overlap {
+					next, claimErr = r.claim(workCtx)
+				}
+			})
+		}
 		sendErr := r.send(workCtx, cur)
-		<-done
+		beside.Wait()
 		prev = nil // settled, or released by settle's failure
 		if err := errors.Join(sendErr, settleErr, claimErr); err != nil {
 			next.release(workCtx)
