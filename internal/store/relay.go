@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // The relay's statements: it claims pending relay rows, publishes them to a
@@ -121,14 +122,21 @@ func (s *Store) QueueClaimSweepBatch(b *pgx.Batch, limit int, after time.Duratio
 	})
 }
 
-// collectRelayMessages reads the rows of a relay claim.
+// collectRelayMessages reads the rows of a relay claim. The ids are read
+// as [16]byte, which pgx decodes from the binary uuid at once; a uuid.UUID
+// is read through its sql.Scanner, from text.
 func collectRelayMessages(rows pgx.Rows) ([]RelayMessage, error) {
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (RelayMessage, error) {
 		var m RelayMessage
-		var headers string
-		err := r.Scan(&m.ID, &m.Topic, &m.AggregateType, &m.AggregateID, &m.Type, &m.Payload, &headers,
-			&m.SagaID, &m.StepKey, &m.Attempts, &m.CreatedAt)
-		m.Headers = []byte(headers)
+		var id [16]byte
+		var sagaID pgtype.UUID
+		err := r.Scan(&id, &m.Topic, &m.AggregateType, &m.AggregateID, &m.Type, &m.Payload, &m.Headers,
+			&sagaID, &m.StepKey, &m.Attempts, &m.CreatedAt)
+		m.ID = id
+		if sagaID.Valid {
+			sid := uuid.UUID(sagaID.Bytes)
+			m.SagaID = &sid
+		}
 		return m, err
 	})
 }
