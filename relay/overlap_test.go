@@ -346,3 +346,42 @@ func TestGracefulStopReleasesTheBatchClaimedBehindTheWrite(t *testing.T) {
 		WHERE status = 'pending' AND (attempts > 0 OR last_error IS NOT NULL)`).Scan(&touched))
 	require.Zero(t, touched, "the released batch's rows are untouched")
 }
+
+// TestStopAndCancelReleasesBothBatches cancels the relay while its first
+// write hangs and the second batch is claimed: both batches roll back, and
+// every row is pending, untouched and unlocked.
+func TestStopAndCancelReleasesBothBatches(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	const batch, n = 10, 25
+	var claims *claimCounter
+	inWrite := make(chan struct{})
+	w := &hookWriter{inner: e.writer(t)}
+	w.before = func(ctx context.Context, call int, _ []kafka.Message) kafka.WriteErrors {
+		if call == 1 {
+			claims.wait(10 * time.Second)
+			close(inWrite)
+			<-ctx.Done() // the broker hangs until the relay gives up
+		}
+		return nil
+	}
+	r := e.relay(t, w, relay.Config{BatchSize: batch})
+	claims = countClaims(r, 2)
+	for i := range n {
+		e.insert(t, topicOrders, fmt.Sprintf("k%d", i%3), i)
+	}
+	require.NoError(t, r.Start(e.ctx))
+	<-inWrite
+	require.NoError(t, r.StopAndCancel(e.ctx))
+
+	require.Equal(t, n, e.count(t, store.OutboxPending))
+	tx, err := e.pool.Begin(e.ctx)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, tx.Rollback(e.ctx)) }()
+	ms, err := e.st.ClaimRelayBatch(e.ctx, tx, n)
+	require.NoError(t, err)
+	require.Len(t, ms, n, "no row is still locked")
+	for _, m := range ms {
+		require.Zero(t, m.Attempts, "row %s was touched", m.ID)
+	}
+}
