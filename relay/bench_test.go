@@ -64,9 +64,11 @@ func (r benchRow) message(topic string) kafka.Message {
 // -benchtime=20000x or more), then measures, in the same run and on the
 // same in-process cluster:
 //
-//   - relay_msgs/s: one relay with the default BatchSize draining them
-//     with RunOnce in a loop (the cycle a running relay repeats while its
-//     batches come back full): claim, write, mark, commit;
+//   - relay_msgs/s: one relay with the default BatchSize draining them,
+//     either with RunOnce in a loop (relay=RunOnce: one cycle after the
+//     other, claim, write, mark, commit) or as a started relay does
+//     (relay=Start: its loop, from Start until it has marked every row
+//     published);
 //   - raw_msgs/s: a writer from relay.NewKafkaWriter with the same
 //     settings sending the same messages (same keys, values and headers)
 //     in batches of the same size, one synchronous WriteMessages each;
@@ -81,13 +83,20 @@ func (r benchRow) message(topic string) kafka.Message {
 //     backfill): every row has the same available_at, that transaction's
 //     now().
 func BenchmarkRelayThroughput(b *testing.B) {
-	b.Run("backlog=many-tx", func(b *testing.B) { benchRelayThroughput(b, 10) })
-	b.Run("backlog=one-tx", func(b *testing.B) { benchRelayThroughput(b, b.N) })
+	for _, running := range []bool{false, true} {
+		mode := "relay=RunOnce"
+		if running {
+			mode = "relay=Start"
+		}
+		b.Run("backlog=many-tx/"+mode, func(b *testing.B) { benchRelayThroughput(b, 10, running) })
+		b.Run("backlog=one-tx/"+mode, func(b *testing.B) { benchRelayThroughput(b, b.N, running) })
+	}
 }
 
 // benchRelayThroughput runs BenchmarkRelayThroughput with a backlog
-// written txRows rows per transaction.
-func benchRelayThroughput(b *testing.B, txRows int) {
+// written txRows rows per transaction, drained by a started relay when
+// running, else by RunOnce in a loop.
+func benchRelayThroughput(b *testing.B, txRows int, running bool) {
 	e := benchSetup(b)
 	n := b.N
 	batch := relay.BatchSizeDefault
@@ -128,21 +137,32 @@ func benchRelayThroughput(b *testing.B, txRows int) {
 	require.NoError(b, w.WriteMessages(e.ctx, warm.message(benchRelayTopic)))
 	require.NoError(b, raw.WriteMessages(e.ctx, warm.message(benchRawTopic)))
 
-	r, err := relay.New(e.pool, w, &relay.Config{Schema: e.schema, Logger: quiet, BatchSize: batch})
+	// Retention is off so that its first delete does not run during the
+	// measurement.
+	r, err := relay.New(e.pool, w, &relay.Config{Schema: e.schema, Logger: quiet, BatchSize: batch, Retention: -1})
 	require.NoError(b, err)
 
 	runtime.GC()
 	b.ResetTimer()
 	start := time.Now()
-	for published := 0; published < n; {
-		p, f, err := r.RunOnce(e.ctx)
-		require.NoError(b, err)
-		require.Zero(b, f, "rows failed to publish")
-		require.Positive(b, p, "a cycle found nothing with %d rows left", n-published)
-		published += p
+	if running {
+		require.NoError(b, r.Start(e.ctx))
+		for relay.Published(r) < int64(n) {
+			time.Sleep(time.Millisecond)
+		}
+	} else {
+		for published := 0; published < n; {
+			p, f, err := r.RunOnce(e.ctx)
+			require.NoError(b, err)
+			require.Zero(b, f, "rows failed to publish")
+			require.Positive(b, p, "a cycle found nothing with %d rows left", n-published)
+			published += p
+		}
 	}
 	relayDur := time.Since(start)
 	b.StopTimer()
+	require.NoError(b, r.Stop(e.ctx))
+	require.Equal(b, int64(n), relay.Published(r), "rows published")
 
 	msgs := make([]kafka.Message, n)
 	for i, row := range rows {

@@ -58,11 +58,29 @@
 // LOCKED, oldest available_at first), builds one Kafka message per row,
 // writes the whole batch with one synchronous WriteMessages call, and, in
 // the same transaction, marks the acknowledged rows published and the
-// others failed, then commits. Only when that call fails as a whole for a
-// reason that names a topic (an unknown topic, say) does the relay write the
-// batch again topic by topic, so that one bad topic does not hold up the
-// others. Publishing happens while the rows are locked, but never inside a
-// transaction that writes business data.
+// others failed, then commits. BEGIN is sent with the claim, and the marks
+// with COMMIT, so a cycle costs two round trips to the database. Only when
+// that call fails as a whole for a reason that names a topic (an unknown
+// topic, say) does the relay write the batch again topic by topic, so that
+// one bad topic does not hold up the others. Publishing happens while the
+// rows are locked, but never inside a transaction that writes business
+// data.
+//
+// While a backlog drains, a running relay overlaps the database's work with
+// the broker's: while batch N is written, batch N-1 is marked and committed
+// and batch N+1 is claimed, in a transaction of its own, each on a
+// connection of its own (so the relay holds up to four of the pool's
+// connections, LISTEN's included; with a pool of three it marks before it
+// claims, and with fewer it does not overlap).
+// Writes stay serial, in claim order, and never run concurrently. Before
+// batch N+1 is written, its rows whose key had a message in batch N that
+// was not published (it failed, was parked as dead, or was held back
+// itself) are held back: they are neither written nor marked, spend no
+// attempt and stay pending as they were, and the next claim comes only
+// after batch N+1 committed, so they are claimed again ahead of the later
+// rows of their key. A message without a key counts as the empty key. If
+// batch N ends in an outage or an error, batch N+1 is released without
+// being written. [Relay.RunOnce] runs one cycle and never overlaps.
 //
 // A message has:
 //
@@ -89,10 +107,14 @@
 // (kafka.Hash by default; [JavaPartitioner] places keys as the Java
 // client does, for topics other clients write too), and one relay writes them in the order it claims
 // them: the order in which they became due, which for rows written without
-// a delay is the order they were written. Two things can reorder messages
+// a delay is the order they were written. Overlapping claims do not change
+// that: a later message of a key is never written before the failure of an
+// earlier one is recorded (see A cycle). Two things can reorder messages
 // of one key, and the relay does not prevent them: a message that failed and
-// waits for its retry can be overtaken by a later message of the same key,
-// and several relays publish concurrently. Saga commands do not depend on
+// waits for its retry can be overtaken by a later message of the same key
+// (its retry is due later than the rows written after it, and the claim
+// takes the oldest due rows first), and several relays publish
+// concurrently. Saga commands do not depend on
 // either: a saga has at most one command in flight, and the next is written
 // only when the step it answers has committed.
 //
@@ -166,9 +188,9 @@
 // # Lifecycle
 //
 // [Relay.Start] returns at once; [Relay.Stop] stops claiming, lets the batch
-// in flight be published and marked, and returns ctx.Err() if its context
-// ends first, after cancelling that batch; [Relay.StopAndCancel] cancels it
-// at once. A cancelled batch's rows stay pending and are published again,
+// in flight be published and marked, releases untouched the batch claimed
+// behind it, and returns ctx.Err() if its context ends first, after
+// cancelling that batch; [Relay.StopAndCancel] cancels it at once. A cancelled batch's rows stay pending and are published again,
 // so cancelling never loses a message. Calling either twice or concurrently
 // is safe. [Relay.RunOnce] runs one cycle, for tests and tools.
 package relay

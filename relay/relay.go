@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
@@ -49,6 +50,8 @@ type Relay struct {
 
 // testHooks let tests stop a cycle at chosen points.
 type testHooks struct {
+	// afterClaim runs after each claim, with the number of rows claimed.
+	afterClaim func(rows int)
 	// afterPublish runs after the writer returned (the broker acknowledged
 	// the batch, or some of it) and before the rows are marked; an error
 	// aborts the cycle as a crash would: the transaction rolls back and
@@ -150,12 +153,12 @@ func (r *Relay) stop(ctx context.Context, hard bool) error {
 	return err
 }
 
-// loop runs cycles until fetchCtx ends. Cycles run on workCtx, so a graceful
-// stop lets the batch in flight finish.
+// loop drains due rows (see [Relay.drain]) until fetchCtx ends. Batches
+// run on workCtx, so a graceful stop lets the batch in flight finish.
 func (r *Relay) loop(fetchCtx, workCtx context.Context) {
 	failures := 0
 	for fetchCtx.Err() == nil {
-		res, err := r.cycle(workCtx)
+		res, err := r.drain(fetchCtx, workCtx)
 		if err != nil {
 			if fetchCtx.Err() != nil {
 				return
@@ -221,131 +224,367 @@ type cycleResult struct {
 	pause  time.Duration
 }
 
+// overlapMinConns is the least pool size with which drain claims a batch
+// while another is written: the relay then holds a connection for the batch
+// being written, one for the batch being claimed, and one for LISTEN. With
+// fewer, the claim would wait for a connection only the relay can free.
+// With one more, the batch written before is marked on a fourth connection
+// while the next is claimed, instead of before the claim.
+const overlapMinConns = 3
+
+// batch is one claimed batch on its way through the relay: claimed (its
+// rows locked by an open transaction on conn), prepared, written, then
+// settled (marked and committed) or released (rolled back: its rows stay
+// pending as they were).
+type batch struct {
+	conn *pgxpool.Conn // nil once settled or released
+	tx   pgx.Tx
+	rows []store.RelayMessage
+
+	// Set by prepare.
+	msgs   []kafka.Message
+	owners []*store.RelayMessage // parallel to msgs
+	held   int                   // rows held back by the ordering guard
+
+	// Set by prepare and send.
+	published []uuid.UUID
+	failures  []store.RelayFailure
+	dead      []*store.RelayMessage // parallel to the Dead entries of failures
+	// unpublished holds the ordering keys (see holdBack) of the rows that
+	// were not published: failed, dead or held back.
+	unpublished    map[string]struct{}
+	retries, waits int
+	outage         bool
+	pause          time.Duration
+}
+
+func (b *batch) notPublished(row *store.RelayMessage) {
+	if b.unpublished == nil {
+		b.unpublished = map[string]struct{}{}
+	}
+	b.unpublished[row.AggregateID] = struct{}{}
+}
+
+func (b *batch) result() cycleResult {
+	return cycleResult{claimed: len(b.rows), published: len(b.published), failed: len(b.failures),
+		outage: b.outage, pause: b.pause}
+}
+
+// release rolls back b's transaction, unless it was committed, and returns
+// its connection to the pool: the rows it held stay pending as they were.
+// It does nothing to a batch already settled or released.
+func (b *batch) release(ctx context.Context) {
+	if b == nil || b.conn == nil {
+		return
+	}
+	if b.conn.Conn().PgConn().TxStatus() != 'I' {
+		// A failed rollback leaves the connection in a transaction, and
+		// the pool closes such a connection instead of reusing it.
+		_ = b.tx.Rollback(context.WithoutCancel(ctx))
+	}
+	b.conn.Release()
+	b.conn = nil
+}
+
 // cycle claims a batch, publishes it with one write, and marks its rows, in
 // one transaction that touches nothing but those outbox rows.
 func (r *Relay) cycle(ctx context.Context) (cycleResult, error) {
 	r.cycleMu.Lock()
 	defer r.cycleMu.Unlock()
-	var res cycleResult
-	tx, err := r.pool.Begin(ctx)
+	b, err := r.claim(ctx)
 	if err != nil {
-		return res, fmt.Errorf("relay: begin claim: %w", err)
+		return cycleResult{}, err
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // a no-op after Commit
-	claim := r.st.ClaimRelayBatch
+	defer b.release(ctx) // a no-op once settled
+	if len(b.rows) == 0 {
+		return cycleResult{}, nil
+	}
+	r.prepare(b, nil)
+	if err := r.send(ctx, b); err != nil {
+		return cycleResult{claimed: len(b.rows)}, err
+	}
+	if err := r.settle(ctx, b); err != nil {
+		return cycleResult{claimed: len(b.rows)}, err
+	}
+	return b.result(), nil
+}
+
+// drain publishes batch after batch for as long as they come back full,
+// with the database's work beside the broker's: while batch N is written,
+// batch N-1 is marked and committed and batch N+1 is claimed in a
+// transaction of its own (both at once when the pool has a connection for
+// each, else one after the other). Writes stay serial, in claim order, and
+// batch N+1 is written only once N-1 has committed.
+//
+// Before batch N+1 is written, its rows whose ordering key had a message in
+// batch N that was not published are held back (see [holdBack]): they are
+// neither written nor marked, and stay pending as they were. A batch that
+// held rows back is not overlapped with the next claim: the next claim
+// comes after it committed, so the rows it held are claimed again ahead of
+// the later rows of their key. When batch N ends in an outage, or with an
+// error, batch N+1 is released without being written.
+//
+// drain returns the last batch's result once a claim comes back short (the
+// backlog is drained), a batch held rows back or ended in an outage, on an
+// error, or when fetchCtx ends (a graceful stop: the batch in flight is
+// published and marked, the one claimed behind it released).
+func (r *Relay) drain(fetchCtx, workCtx context.Context) (cycleResult, error) {
+	r.cycleMu.Lock()
+	defer r.cycleMu.Unlock()
+	cur, err := r.claim(workCtx)
+	if err != nil {
+		return cycleResult{}, err
+	}
+	r.prepare(cur, nil)
+	canOverlap := r.pool.Config().MaxConns >= overlapMinConns
+	canSettleBesideClaim := r.pool.Config().MaxConns >= overlapMinConns+1
+	var prev *batch // written, not yet settled
+	for {
+		if len(cur.rows) == 0 {
+			cur.release(workCtx)
+			if prev != nil {
+				return cycleResult{}, r.settle(workCtx, prev)
+			}
+			return cycleResult{}, nil
+		}
+		overlap := canOverlap && cur.held == 0 && len(cur.rows) >= r.cfg.BatchSize && fetchCtx.Err() == nil
+		var (
+			next                *batch
+			settleErr, claimErr error
+			beside              sync.WaitGroup
+		)
+		if prev != nil && overlap && canSettleBesideClaim {
+			// prev held nothing back (cur was claimed during its write,
+			// which a batch that holds rows back never is), so the next
+			// claim may skip prev's rows while they are still locked: they
+			// are published, or failed and due later. If prev's marks
+			// fail, the next batch is released unwritten.
+			beside.Go(func() { settleErr = r.settle(workCtx, prev) })
+			beside.Go(func() { next, claimErr = r.claim(workCtx) })
+		} else if prev != nil || overlap {
+			beside.Go(func() {
+				if prev != nil {
+					if settleErr = r.settle(workCtx, prev); settleErr != nil {
+						return
+					}
+				}
+				if overlap {
+					next, claimErr = r.claim(workCtx)
+				}
+			})
+		}
+		sendErr := r.send(workCtx, cur)
+		beside.Wait()
+		prev = nil // settled, or released by settle's failure
+		if err := errors.Join(sendErr, settleErr, claimErr); err != nil {
+			next.release(workCtx)
+			if sendErr != nil {
+				cur.release(workCtx)
+				return cycleResult{}, err
+			}
+			// cur was written: mark it, so that its rows are not published
+			// twice for an error that is not theirs.
+			return cycleResult{}, errors.Join(err, r.settle(workCtx, cur))
+		}
+		res := cur.result()
+		if next == nil || res.outage || fetchCtx.Err() != nil {
+			next.release(workCtx)
+			return res, r.settle(workCtx, cur)
+		}
+		r.prepare(next, cur.unpublished)
+		prev, cur = cur, next
+	}
+}
+
+// claim begins a transaction on a connection of its own and claims a batch
+// in it, BEGIN and the claim in one round trip. The rows stay locked until
+// the batch is settled or released; a batch of no rows must be released
+// too.
+func (r *Relay) claim(ctx context.Context) (*batch, error) {
+	conn, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("relay: acquire a connection to claim a batch: %w", err)
+	}
+	b := &batch{conn: conn}
+	q := &pgx.Batch{}
+	q.BeginTx(pgx.TxOptions{})
 	if r.cfg.Sweeper {
-		claim = func(ctx context.Context, tx pgx.Tx, limit int) ([]store.RelayMessage, error) {
-			return r.st.ClaimSweepBatch(ctx, tx, limit, r.cfg.SweepAfter)
+		r.st.QueueClaimSweepBatch(q, r.cfg.BatchSize, r.cfg.SweepAfter, &b.rows)
+	} else {
+		r.st.QueueClaimRelayBatch(q, r.cfg.BatchSize, &b.rows)
+	}
+	br := conn.SendBatch(ctx, q)
+	b.tx = br.Tx()
+	if err := br.Close(); err != nil {
+		b.release(ctx)
+		return nil, fmt.Errorf("relay: begin and claim a batch: %w", err)
+	}
+	if len(b.rows) > 0 {
+		fault.Hit(fault.RelayAfterClaim)
+	}
+	if r.hooks.afterClaim != nil {
+		r.hooks.afterClaim(len(b.rows))
+	}
+	return b, nil
+}
+
+// holdBack decides which rows of a batch, claimed while the batch before
+// it was written, must wait: those whose ordering key had a message in the
+// batch before that was not published (unpublished: it failed, was parked
+// as dead, or was held back itself), so that a later message of a key is
+// not written before the failure of an earlier one is recorded. A row's
+// ordering key is its aggregateid, which is its message's Kafka key: the
+// partitioner places messages by it, so the messages of one key share a
+// partition and keep their order in it (in every topic: the key, not the
+// topic, is what counts). A message sent without a key (a requeued dead
+// letter with an empty aggregateid) is placed round robin, in no order; it
+// shares the empty aggregateid's key, which holds back more than needed,
+// never less. It returns nil when nothing is held back.
+func holdBack(rows []store.RelayMessage, unpublished map[string]struct{}) []bool {
+	if len(unpublished) == 0 {
+		return nil
+	}
+	var hold []bool
+	for i := range rows {
+		if _, ok := unpublished[rows[i].AggregateID]; ok {
+			if hold == nil {
+				hold = make([]bool, len(rows))
+			}
+			hold[i] = true
 		}
 	}
-	rows, err := claim(ctx, tx, r.cfg.BatchSize)
-	if err != nil {
-		return res, err
-	}
-	res.claimed = len(rows)
-	if len(rows) == 0 {
-		return res, nil
-	}
-	fault.Hit(fault.RelayAfterClaim)
+	return hold
+}
 
-	msgs := make([]kafka.Message, 0, len(rows))
-	owners := make([]*store.RelayMessage, 0, len(rows))
-	var failures []store.RelayFailure
-	var dead []*store.RelayMessage // parallel to the Dead entries of failures
-	for i := range rows {
-		m, why := buildMessage(&rows[i], r.cfg.MaxMessageBytes)
-		if why != "" {
-			failures = append(failures, store.RelayFailure{ID: rows[i].ID, Err: why, Dead: true})
-			dead = append(dead, &rows[i])
+// prepare builds the messages of b's rows. It holds back the rows that
+// [holdBack] picks for unpublished, the keys the batch written before b did
+// not publish, and sets aside as dead the rows that can never be published.
+func (r *Relay) prepare(b *batch, unpublished map[string]struct{}) {
+	hold := holdBack(b.rows, unpublished)
+	b.msgs = make([]kafka.Message, 0, len(b.rows))
+	b.owners = make([]*store.RelayMessage, 0, len(b.rows))
+	for i := range b.rows {
+		row := &b.rows[i]
+		if hold != nil && hold[i] {
+			b.held++
+			b.notPublished(row)
 			continue
 		}
-		msgs = append(msgs, m)
-		owners = append(owners, &rows[i])
+		m, why := buildMessage(row, r.cfg.MaxMessageBytes)
+		if why != "" {
+			b.failures = append(b.failures, store.RelayFailure{ID: row.ID, Err: why, Dead: true})
+			b.dead = append(b.dead, row)
+			b.notPublished(row)
+			continue
+		}
+		b.msgs = append(b.msgs, m)
+		b.owners = append(b.owners, row)
 	}
+}
 
-	var published []uuid.UUID
-	retries, waits := 0, 0
-	if len(msgs) > 0 {
-		traced := r.tel.publish(ctx, msgs)
-		errs := r.publish(ctx, msgs)
-		traced.end(errs)
-		if err := ctx.Err(); err != nil {
-			return res, fmt.Errorf("relay: publish batch of %d: %w", len(msgs), err)
-		}
-		fault.Hit(fault.RelayAfterAck)
-		if r.hooks.afterPublish != nil {
-			if err := r.hooks.afterPublish(); err != nil {
-				return res, err
-			}
-		}
-		// One outage streak per relay: the broker is down for every row,
-		// so rows that failed in the same cycle wait alike, and each cycle
-		// that still finds it down waits longer, up to OutageBackoffMax.
-		streak := r.stats.outageStreak.Load()
-		if slices.ContainsFunc(errs, func(e error) bool {
-			c, _ := classify(e)
-			return e != nil && c == classOutage
-		}) {
-			streak = r.stats.outageStreak.Add(1)
-		} else {
-			r.stats.outageStreak.Store(0)
-		}
-		for i, e := range errs {
-			if e == nil {
-				published = append(published, owners[i].ID)
-				continue
-			}
-			f := r.failure(owners[i], e, r.outageDelay(int(streak)))
-			failures = append(failures, f)
-			switch {
-			case f.Dead:
-				dead = append(dead, owners[i])
-			case f.Outage:
-				waits++
-			default:
-				retries++
-			}
-		}
-		res.outage = waits > 0 && len(published) == 0
-		if res.outage {
-			res.pause = r.outageDelay(int(streak))
+// send writes b's messages with one call of the writer (see publish) and
+// decides what becomes of each row. When ctx ends during the write, or the
+// afterPublish hook fails, it returns an error and b must be released.
+func (r *Relay) send(ctx context.Context, b *batch) error {
+	if len(b.msgs) == 0 {
+		return nil
+	}
+	traced := r.tel.publish(ctx, b.msgs)
+	errs := r.publish(ctx, b.msgs)
+	traced.end(errs)
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("relay: publish batch of %d: %w", len(b.msgs), err)
+	}
+	fault.Hit(fault.RelayAfterAck)
+	if r.hooks.afterPublish != nil {
+		if err := r.hooks.afterPublish(); err != nil {
+			return err
 		}
 	}
+	// One outage streak per relay: the broker is down for every row, so
+	// rows that failed in the same batch wait alike, and each batch that
+	// still finds it down waits longer, up to OutageBackoffMax.
+	streak := r.stats.outageStreak.Load()
+	if slices.ContainsFunc(errs, func(e error) bool {
+		c, _ := classify(e)
+		return e != nil && c == classOutage
+	}) {
+		streak = r.stats.outageStreak.Add(1)
+	} else {
+		r.stats.outageStreak.Store(0)
+	}
+	for i, e := range errs {
+		if e == nil {
+			b.published = append(b.published, b.owners[i].ID)
+			continue
+		}
+		b.notPublished(b.owners[i])
+		f := r.failure(b.owners[i], e, r.outageDelay(int(streak)))
+		b.failures = append(b.failures, f)
+		switch {
+		case f.Dead:
+			b.dead = append(b.dead, b.owners[i])
+		case f.Outage:
+			b.waits++
+		default:
+			b.retries++
+		}
+	}
+	b.outage = b.waits > 0 && len(b.published) == 0
+	if b.outage {
+		b.pause = r.outageDelay(int(streak))
+	}
+	return nil
+}
 
-	if err := r.st.MarkPublished(ctx, tx, published); err != nil {
-		return res, err
+// settle marks b's rows and commits, in one round trip: one statement for
+// the published rows, one for the failed ones, then COMMIT. Rows held back
+// are left as they were. When it fails, b is released: its rows stay
+// pending, and those the broker acknowledged are published again.
+func (r *Relay) settle(ctx context.Context, b *batch) error {
+	q := &pgx.Batch{}
+	r.st.QueueMarkPublished(q, b.published)
+	r.st.QueueMarkFailed(q, b.failures)
+	q.Queue("COMMIT").Exec(func(ct pgconn.CommandTag) error {
+		if ct.String() != "COMMIT" {
+			return fmt.Errorf("the transaction was rolled back (%s)", ct)
+		}
+		return nil
+	})
+	if err := b.tx.SendBatch(ctx, q).Close(); err != nil {
+		b.release(ctx)
+		return fmt.Errorf("relay: mark and commit batch of %d: %w", len(b.rows), err)
 	}
-	if err := r.st.MarkFailed(ctx, tx, failures); err != nil {
-		return res, err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return res, fmt.Errorf("relay: commit batch of %d: %w", len(rows), err)
-	}
-	r.stats.published.Add(int64(len(published)))
-	r.stats.retries.Add(int64(retries))
-	r.stats.outageWaits.Add(int64(waits))
-	r.stats.dead.Add(int64(len(dead)))
+	// Committed by the batch: the connection is out of the transaction,
+	// and b.tx must not be used again.
+	b.conn.Release()
+	b.conn = nil
+
+	r.stats.published.Add(int64(len(b.published)))
+	r.stats.retries.Add(int64(b.retries))
+	r.stats.outageWaits.Add(int64(b.waits))
+	r.stats.dead.Add(int64(len(b.dead)))
 	d := 0
-	for _, f := range failures {
+	for _, f := range b.failures {
 		if f.Dead {
-			row := dead[d]
+			row := b.dead[d]
 			d++
 			r.log.WarnContext(ctx, "sagaflow relay parked a message as dead", slog.String("message_id", f.ID.String()),
 				slog.String("topic", row.Topic), slog.String("type", row.Type), slog.Int("attempts", row.Attempts+1),
 				slog.String("reason", f.Err))
 		}
 	}
-	if retries > 0 {
+	if b.retries > 0 {
 		r.log.WarnContext(ctx, "sagaflow relay could not publish messages; they will be retried",
-			slog.Int("retries", retries), slog.Int("published", len(published)), slog.String("error", firstRetry(failures, false)))
+			slog.Int("retries", b.retries), slog.Int("published", len(b.published)),
+			slog.String("error", firstRetry(b.failures, false)))
 	}
-	if waits > 0 {
+	if b.waits > 0 {
 		r.log.WarnContext(ctx, "sagaflow relay cannot reach the broker; messages wait for it without spending attempts",
-			slog.Int("waiting", waits), slog.Int("published", len(published)),
-			slog.Int64("consecutive_outages", r.stats.outageStreak.Load()), slog.String("error", firstRetry(failures, true)))
+			slog.Int("waiting", b.waits), slog.Int("published", len(b.published)),
+			slog.Int64("consecutive_outages", r.stats.outageStreak.Load()), slog.String("error", firstRetry(b.failures, true)))
 	}
-	res.published, res.failed = len(published), len(failures)
-	return res, nil
+	return nil
 }
 
 // firstRetry returns the error of the first failure that is retried, for

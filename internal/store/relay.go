@@ -7,12 +7,15 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // The relay's statements: it claims pending relay rows, publishes them to a
 // broker while holding their row locks, and marks them in the same
 // transaction. The statements are built per call from the schema (like
-// [Store.PublishedMessages]); pgx caches their prepared form by text.
+// [Store.PublishedMessages]); pgx caches their prepared form by text. Each
+// has a Queue… twin that adds it to a pgx.Batch, so that the relay sends
+// BEGIN and its claim in one round trip, and its marks and COMMIT in another.
 
 // RelayMessage is an outbox row claimed by [Store.ClaimRelayBatch].
 type RelayMessage struct {
@@ -55,28 +58,34 @@ type RelayFailure struct {
 // outbox is never paged by id: every claim takes whatever is due and
 // unlocked.
 func (s *Store) ClaimRelayBatch(ctx context.Context, tx pgx.Tx, limit int) ([]RelayMessage, error) {
-	rows, err := tx.Query(ctx, `SELECT id, topic, aggregatetype, aggregateid, type, payload, headers::text, saga_id, step_key,
+	var out []RelayMessage
+	b := &pgx.Batch{}
+	s.QueueClaimRelayBatch(b, limit, &out)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// QueueClaimRelayBatch queues on b the claim of [Store.ClaimRelayBatch], so
+// that it can travel in one round trip with the BEGIN before it (see
+// pgx.Batch.BeginTx). The claimed rows are stored in *out when b's results
+// are read; an error names the claim.
+func (s *Store) QueueClaimRelayBatch(b *pgx.Batch, limit int, out *[]RelayMessage) {
+	b.Queue(`SELECT id, topic, aggregatetype, aggregateid, type, payload, headers::text, saga_id, step_key,
 			attempts, created_at
 		FROM `+quoteSchema(s.schema)+`.outbox
 		WHERE status = 'pending' AND delivery = 'relay' AND available_at <= now()
 		ORDER BY available_at, id
 		LIMIT $1
-		FOR UPDATE SKIP LOCKED`, limit)
-	if err != nil {
-		return nil, fmt.Errorf("store: claim %d relay messages: %w", limit, err)
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (RelayMessage, error) {
-		var m RelayMessage
-		var headers string
-		err := r.Scan(&m.ID, &m.Topic, &m.AggregateType, &m.AggregateID, &m.Type, &m.Payload, &headers,
-			&m.SagaID, &m.StepKey, &m.Attempts, &m.CreatedAt)
-		m.Headers = []byte(headers)
-		return m, err
+		FOR UPDATE SKIP LOCKED`, limit).Query(func(rows pgx.Rows) error {
+		ms, err := collectRelayMessages(rows)
+		if err != nil {
+			return fmt.Errorf("store: claim %d relay messages: %w", limit, err)
+		}
+		*out = ms
+		return nil
 	})
-	if err != nil {
-		return nil, fmt.Errorf("store: claim %d relay messages: %w", limit, err)
-	}
-	return out, nil
 }
 
 // ClaimSweepBatch claims as [Store.ClaimRelayBatch] does, but only the rows
@@ -84,29 +93,52 @@ func (s *Store) ClaimRelayBatch(ctx context.Context, tx pgx.Tx, limit int) ([]Re
 // written, rows with attempts (failed, requeued, replayed), and rows pending
 // longer than after.
 func (s *Store) ClaimSweepBatch(ctx context.Context, tx pgx.Tx, limit int, after time.Duration) ([]RelayMessage, error) {
-	rows, err := tx.Query(ctx, `SELECT id, topic, aggregatetype, aggregateid, type, payload, headers::text, saga_id, step_key,
+	var out []RelayMessage
+	b := &pgx.Batch{}
+	s.QueueClaimSweepBatch(b, limit, after, &out)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// QueueClaimSweepBatch queues on b the claim of [Store.ClaimSweepBatch], as
+// [Store.QueueClaimRelayBatch] does for a relay that is not a sweeper.
+func (s *Store) QueueClaimSweepBatch(b *pgx.Batch, limit int, after time.Duration, out *[]RelayMessage) {
+	b.Queue(`SELECT id, topic, aggregatetype, aggregateid, type, payload, headers::text, saga_id, step_key,
 			attempts, created_at
 		FROM `+quoteSchema(s.schema)+`.outbox
 		WHERE status = 'pending' AND delivery = 'relay' AND available_at <= now()
 			AND (available_at > created_at OR attempts > 0 OR created_at < now() - $2 * interval '1 microsecond')
 		ORDER BY available_at, id
 		LIMIT $1
-		FOR UPDATE SKIP LOCKED`, limit, micros(after))
-	if err != nil {
-		return nil, fmt.Errorf("store: claim %d relay messages to sweep: %w", limit, err)
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (RelayMessage, error) {
+		FOR UPDATE SKIP LOCKED`, limit, micros(after)).Query(func(rows pgx.Rows) error {
+		ms, err := collectRelayMessages(rows)
+		if err != nil {
+			return fmt.Errorf("store: claim %d relay messages to sweep: %w", limit, err)
+		}
+		*out = ms
+		return nil
+	})
+}
+
+// collectRelayMessages reads the rows of a relay claim. The ids are read
+// as [16]byte, which pgx decodes from the binary uuid at once; a uuid.UUID
+// is read through its sql.Scanner, from text.
+func collectRelayMessages(rows pgx.Rows) ([]RelayMessage, error) {
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (RelayMessage, error) {
 		var m RelayMessage
-		var headers string
-		err := r.Scan(&m.ID, &m.Topic, &m.AggregateType, &m.AggregateID, &m.Type, &m.Payload, &headers,
-			&m.SagaID, &m.StepKey, &m.Attempts, &m.CreatedAt)
-		m.Headers = []byte(headers)
+		var id [16]byte
+		var sagaID pgtype.UUID
+		err := r.Scan(&id, &m.Topic, &m.AggregateType, &m.AggregateID, &m.Type, &m.Payload, &m.Headers,
+			&sagaID, &m.StepKey, &m.Attempts, &m.CreatedAt)
+		m.ID = id
+		if sagaID.Valid {
+			sid := uuid.UUID(sagaID.Bytes)
+			m.SagaID = &sid
+		}
 		return m, err
 	})
-	if err != nil {
-		return nil, fmt.Errorf("store: claim %d relay messages to sweep: %w", limit, err)
-	}
-	return out, nil
 }
 
 // MarkPublished records that the broker acknowledged the rows ids: status
@@ -116,13 +148,37 @@ func (s *Store) MarkPublished(ctx context.Context, db DBTX, ids []uuid.UUID) err
 	if len(ids) == 0 {
 		return nil
 	}
-	_, err := db.Exec(ctx, `UPDATE `+quoteSchema(s.schema)+`.outbox
-		SET status = 'published', published_at = clock_timestamp(), attempts = attempts + 1, last_error = NULL
-		WHERE id = ANY($1) AND status = 'pending'`, ids)
-	if err != nil {
+	if _, err := db.Exec(ctx, s.markPublishedSQL(), binaryUUIDs(ids)); err != nil {
 		return fmt.Errorf("store: mark %d messages published: %w", len(ids), err)
 	}
 	return nil
+}
+
+// QueueMarkPublished queues on b the one statement of [Store.MarkPublished],
+// so that it can travel in one round trip with the rest of a relay's batch
+// and its COMMIT. It queues nothing when ids is empty.
+func (s *Store) QueueMarkPublished(b *pgx.Batch, ids []uuid.UUID) {
+	if len(ids) > 0 {
+		b.Queue(s.markPublishedSQL(), binaryUUIDs(ids))
+	}
+}
+
+// binaryUUIDs converts ids to what pgx encodes straight into a binary uuid
+// array: it encodes a uuid.UUID through its driver.Valuer, as text that the
+// server parses again, which cost the relay more CPU than any other part of
+// its marks.
+func binaryUUIDs(ids []uuid.UUID) [][16]byte {
+	out := make([][16]byte, len(ids))
+	for i, id := range ids {
+		out[i] = id
+	}
+	return out
+}
+
+func (s *Store) markPublishedSQL() string {
+	return `UPDATE ` + quoteSchema(s.schema) + `.outbox
+		SET status = 'published', published_at = clock_timestamp(), attempts = attempts + 1, last_error = NULL
+		WHERE id = ANY($1) AND status = 'pending'`
 }
 
 // MarkFailed records failed publish attempts: each row gets its error as
@@ -134,7 +190,22 @@ func (s *Store) MarkFailed(ctx context.Context, db DBTX, failures []RelayFailure
 	if len(failures) == 0 {
 		return nil
 	}
-	ids := make([]uuid.UUID, len(failures))
+	if _, err := db.Exec(ctx, s.markFailedSQL(), markFailedArgs(failures)...); err != nil {
+		return fmt.Errorf("store: mark %d messages failed: %w", len(failures), err)
+	}
+	return nil
+}
+
+// QueueMarkFailed queues on b the one statement of [Store.MarkFailed]. It
+// queues nothing when failures is empty.
+func (s *Store) QueueMarkFailed(b *pgx.Batch, failures []RelayFailure) {
+	if len(failures) > 0 {
+		b.Queue(s.markFailedSQL(), markFailedArgs(failures)...)
+	}
+}
+
+func markFailedArgs(failures []RelayFailure) []any {
+	ids := make([][16]byte, len(failures))
 	errs := make([]string, len(failures))
 	delays := make([]int64, len(failures))
 	dead := make([]bool, len(failures))
@@ -143,23 +214,23 @@ func (s *Store) MarkFailed(ctx context.Context, db DBTX, failures []RelayFailure
 		ids[i], errs[i], delays[i], dead[i] = f.ID, f.Err, micros(max(f.Delay, 0)), f.Dead
 		counted[i] = f.Dead || !f.Outage
 	}
-	// The clock is read once for the statement (a materialized CTE), not
-	// once per row: rows of one key that failed together with the same
-	// delay must stay in their claim order (available_at, id), which a
-	// per-row clock_timestamp() would shuffle by the join's row order.
-	_, err := db.Exec(ctx, `WITH t AS MATERIALIZED (SELECT clock_timestamp() AS ts)
-		UPDATE `+quoteSchema(s.schema)+`.outbox o SET
+	return []any{ids, errs, delays, dead, counted}
+}
+
+// markFailedSQL reads the clock once for the statement (a materialized
+// CTE), not once per row: rows of one key that failed together with the
+// same delay must stay in their claim order (available_at, id), which a
+// per-row clock_timestamp() would shuffle by the join's row order.
+func (s *Store) markFailedSQL() string {
+	return `WITH t AS MATERIALIZED (SELECT clock_timestamp() AS ts)
+		UPDATE ` + quoteSchema(s.schema) + `.outbox o SET
 			attempts = o.attempts + CASE WHEN f.counted THEN 1 ELSE 0 END,
 			last_error = f.err,
 			status = CASE WHEN f.dead THEN 'dead' ELSE o.status END,
 			available_at = CASE WHEN f.dead THEN o.available_at
 				ELSE t.ts + f.delay_us * interval '1 microsecond' END
 		FROM t, unnest($1::uuid[], $2::text[], $3::int8[], $4::bool[], $5::bool[]) AS f(id, err, delay_us, dead, counted)
-		WHERE o.id = f.id AND o.status = 'pending'`, ids, errs, delays, dead, counted)
-	if err != nil {
-		return fmt.Errorf("store: mark %d messages failed: %w", len(failures), err)
-	}
-	return nil
+		WHERE o.id = f.id AND o.status = 'pending'`
 }
 
 // RelayOutboxStatus is [Store.OutboxStatus] for the rows the relay
