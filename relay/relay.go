@@ -291,7 +291,7 @@ func (b *batch) release(ctx context.Context) {
 func (r *Relay) cycle(ctx context.Context) (cycleResult, error) {
 	r.cycleMu.Lock()
 	defer r.cycleMu.Unlock()
-	b, err := r.claim(ctx)
+	b, err := r.claim(ctx, nil)
 	if err != nil {
 		return cycleResult{}, err
 	}
@@ -331,7 +331,7 @@ func (r *Relay) cycle(ctx context.Context) (cycleResult, error) {
 func (r *Relay) drain(fetchCtx, workCtx context.Context) (cycleResult, error) {
 	r.cycleMu.Lock()
 	defer r.cycleMu.Unlock()
-	cur, err := r.claim(workCtx)
+	cur, err := r.claim(workCtx, nil)
 	if err != nil {
 		return cycleResult{}, err
 	}
@@ -339,6 +339,7 @@ func (r *Relay) drain(fetchCtx, workCtx context.Context) (cycleResult, error) {
 	canOverlap := r.pool.Config().MaxConns >= overlapMinConns
 	canSettleBesideClaim := r.pool.Config().MaxConns >= overlapMinConns+1
 	var prev *batch // written, not yet settled
+	claims := 0
 	for {
 		if len(cur.rows) == 0 {
 			cur.release(workCtx)
@@ -348,6 +349,14 @@ func (r *Relay) drain(fetchCtx, workCtx context.Context) (cycleResult, error) {
 			return cycleResult{}, nil
 		}
 		overlap := canOverlap && cur.held == 0 && len(cur.rows) >= r.cfg.BatchSize && fetchCtx.Err() == nil
+		// The next claim starts after cur's last row, but every
+		// fullClaimEvery-th, which starts from the oldest due row: see
+		// [store.RelayPosition].
+		claims++
+		var after *store.RelayPosition
+		if !r.cfg.Sweeper && claims%fullClaimEvery != 0 {
+			after = cur.rows[len(cur.rows)-1].Position()
+		}
 		var (
 			next                *batch
 			settleErr, claimErr error
@@ -360,7 +369,7 @@ func (r *Relay) drain(fetchCtx, workCtx context.Context) (cycleResult, error) {
 			// are published, or failed and due later. If prev's marks
 			// fail, the next batch is released unwritten.
 			beside.Go(func() { settleErr = r.settle(workCtx, prev) })
-			beside.Go(func() { next, claimErr = r.claim(workCtx) })
+			beside.Go(func() { next, claimErr = r.claim(workCtx, after) })
 		} else if prev != nil || overlap {
 			beside.Go(func() {
 				if prev != nil {
@@ -369,7 +378,7 @@ func (r *Relay) drain(fetchCtx, workCtx context.Context) (cycleResult, error) {
 					}
 				}
 				if overlap {
-					next, claimErr = r.claim(workCtx)
+					next, claimErr = r.claim(workCtx, after)
 				}
 			})
 		}
@@ -396,11 +405,17 @@ func (r *Relay) drain(fetchCtx, workCtx context.Context) (cycleResult, error) {
 	}
 }
 
+// fullClaimEvery is how often a drain's claim starts from the oldest due
+// row instead of after the last row claimed: rows before that one that
+// were locked by another relay, or committed late, wait at most this many
+// batches.
+const fullClaimEvery = 16
+
 // claim begins a transaction on a connection of its own and claims a batch
-// in it, BEGIN and the claim in one round trip. The rows stay locked until
-// the batch is settled or released; a batch of no rows must be released
-// too.
-func (r *Relay) claim(ctx context.Context) (*batch, error) {
+// in it, BEGIN and the claim in one round trip; after, when set, is where
+// the claim starts in the claim order. The rows stay locked until the
+// batch is settled or released; a batch of no rows must be released too.
+func (r *Relay) claim(ctx context.Context, after *store.RelayPosition) (*batch, error) {
 	conn, err := r.pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("relay: acquire a connection to claim a batch: %w", err)
@@ -411,7 +426,7 @@ func (r *Relay) claim(ctx context.Context) (*batch, error) {
 	if r.cfg.Sweeper {
 		r.st.QueueClaimSweepBatch(q, r.cfg.BatchSize, r.cfg.SweepAfter, &b.rows)
 	} else {
-		r.st.QueueClaimRelayBatch(q, r.cfg.BatchSize, &b.rows)
+		r.st.QueueClaimRelayBatch(q, r.cfg.BatchSize, after, &b.rows)
 	}
 	br := conn.SendBatch(ctx, q)
 	b.tx = br.Tx()

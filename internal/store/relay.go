@@ -33,6 +33,24 @@ type RelayMessage struct {
 	StepKey   *string
 	Attempts  int // publish attempts before this claim
 	CreatedAt time.Time
+	// AvailableAt is when the row became due: with ID, its place in the
+	// claim's order (see [RelayPosition]).
+	AvailableAt time.Time
+}
+
+// RelayPosition is a place in the relay's claim order (available_at, then
+// id): a claim after it starts its index scan there, not at the oldest
+// entry. While a relay drains a backlog, the entries before the rows it
+// claims last are those of rows it has published since the last vacuum,
+// which every claim from the start would walk again.
+type RelayPosition struct {
+	AvailableAt time.Time
+	ID          uuid.UUID
+}
+
+// Position returns the place of m in the claim order.
+func (m *RelayMessage) Position() *RelayPosition {
+	return &RelayPosition{AvailableAt: m.AvailableAt, ID: m.ID}
 }
 
 // RelayFailure is a claimed row that was not published, for
@@ -60,7 +78,7 @@ type RelayFailure struct {
 func (s *Store) ClaimRelayBatch(ctx context.Context, tx pgx.Tx, limit int) ([]RelayMessage, error) {
 	var out []RelayMessage
 	b := &pgx.Batch{}
-	s.QueueClaimRelayBatch(b, limit, &out)
+	s.QueueClaimRelayBatch(b, limit, nil, &out)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return nil, err
 	}
@@ -71,14 +89,24 @@ func (s *Store) ClaimRelayBatch(ctx context.Context, tx pgx.Tx, limit int) ([]Re
 // that it can travel in one round trip with the BEGIN before it (see
 // pgx.Batch.BeginTx). The claimed rows are stored in *out when b's results
 // are read; an error names the claim.
-func (s *Store) QueueClaimRelayBatch(b *pgx.Batch, limit int, out *[]RelayMessage) {
-	b.Queue(`SELECT id, topic, aggregatetype, aggregateid, type, payload, headers::text, saga_id, step_key,
-			attempts, created_at
-		FROM `+quoteSchema(s.schema)+`.outbox
-		WHERE status = 'pending' AND delivery = 'relay' AND available_at <= now()
+func (s *Store) QueueClaimRelayBatch(b *pgx.Batch, limit int, after *RelayPosition, out *[]RelayMessage) {
+	query := `SELECT id, topic, aggregatetype, aggregateid, type, payload, headers::text, saga_id, step_key,
+			attempts, created_at, available_at
+		FROM ` + quoteSchema(s.schema) + `.outbox
+		WHERE status = 'pending' AND delivery = 'relay' AND available_at <= now()`
+	args := []any{limit}
+	if after != nil {
+		// Only rows after it: rows before it that are still pending (held
+		// by another relay, or committed late) wait for a claim from the
+		// start, which the relay makes every few batches.
+		query += ` AND (available_at, id) > ($2, $3)`
+		args = append(args, after.AvailableAt, after.ID)
+	}
+	query += `
 		ORDER BY available_at, id
 		LIMIT $1
-		FOR UPDATE SKIP LOCKED`, limit).Query(func(rows pgx.Rows) error {
+		FOR UPDATE SKIP LOCKED`
+	b.Queue(query, args...).Query(func(rows pgx.Rows) error {
 		ms, err := collectRelayMessages(rows)
 		if err != nil {
 			return fmt.Errorf("store: claim %d relay messages: %w", limit, err)
@@ -106,7 +134,7 @@ func (s *Store) ClaimSweepBatch(ctx context.Context, tx pgx.Tx, limit int, after
 // [Store.QueueClaimRelayBatch] does for a relay that is not a sweeper.
 func (s *Store) QueueClaimSweepBatch(b *pgx.Batch, limit int, after time.Duration, out *[]RelayMessage) {
 	b.Queue(`SELECT id, topic, aggregatetype, aggregateid, type, payload, headers::text, saga_id, step_key,
-			attempts, created_at
+			attempts, created_at, available_at
 		FROM `+quoteSchema(s.schema)+`.outbox
 		WHERE status = 'pending' AND delivery = 'relay' AND available_at <= now()
 			AND (available_at > created_at OR attempts > 0 OR created_at < now() - $2 * interval '1 microsecond')
@@ -131,7 +159,7 @@ func collectRelayMessages(rows pgx.Rows) ([]RelayMessage, error) {
 		var id [16]byte
 		var sagaID pgtype.UUID
 		err := r.Scan(&id, &m.Topic, &m.AggregateType, &m.AggregateID, &m.Type, &m.Payload, &m.Headers,
-			&sagaID, &m.StepKey, &m.Attempts, &m.CreatedAt)
+			&sagaID, &m.StepKey, &m.Attempts, &m.CreatedAt, &m.AvailableAt)
 		m.ID = id
 		if sagaID.Valid {
 			sid := uuid.UUID(sagaID.Bytes)
