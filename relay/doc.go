@@ -82,6 +82,15 @@
 // batch N ends in an outage or an error, batch N+1 is released without
 // being written. [Relay.RunOnce] runs one cycle and never overlaps.
 //
+// Within one such drain, each claim starts in the claim order (available_at,
+// then id) after the last row the relay claimed, instead of at the oldest
+// due row: otherwise every claim would walk again the index entries of the
+// rows published since the outbox was last vacuumed, and a drain of a large
+// backlog slows as it goes. Every 16th claim of a drain, and the first,
+// start from the oldest due row, so that a row before that point (locked by
+// another relay when its turn came, or written by a transaction that
+// committed late) waits at most 16 batches.
+//
 // A message has:
 //
 //   - Topic: the row's topic; Key: its aggregateid (the saga id, or the
