@@ -172,6 +172,13 @@ func TestPauseTypeHoldsItsSagasOnly(t *testing.T) {
 	require.NotNil(t, in.Paused)
 	require.True(t, in.Paused.Type)
 
+	// Resume of a saga that only its type's pause holds says what lifts it,
+	// and changes nothing.
+	err = b.engine.Resume(ctx, held[1], "try")
+	require.ErrorIs(t, err, saga.ErrNotReplayable)
+	require.ErrorContains(t, err, "ResumeType")
+	require.Empty(t, b.effects(t, held[1]))
+
 	// One saga is also paused on its own: it stays paused after the type's
 	// pause is lifted.
 	require.NoError(t, b.engine.Pause(ctx, held[0], "look at this one"))

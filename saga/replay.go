@@ -33,7 +33,9 @@ import (
 // Step.PauseWhenExhausted): it continues where it paused, each held command
 // due when it was due before, or now when that has passed; a step that
 // paused runs again with its attempts counted afresh. A saga whose type is
-// paused ([Engine.PauseType]) stays held until [Engine.ResumeType].
+// paused ([Engine.PauseType]) stays held until [Engine.ResumeType]: Resume
+// of such a saga, not paused on its own, returns an error wrapping
+// [ErrNotReplayable] that says so.
 //
 // Resume needs no definition: an operator tool can call it on an engine
 // that registered none; an engine that knows the saga runs it.
@@ -52,8 +54,23 @@ func (e *Engine) Resume(ctx context.Context, id uuid.UUID, reason string) error 
 		if err != nil {
 			return err
 		}
-		lifted, err = e.unpause(ctx, tx, sg, safetext.Text(reason, maxReasonBytes))
-		return err
+		if lifted, err = e.unpause(ctx, tx, sg, safetext.Text(reason, maxReasonBytes)); err != nil || lifted {
+			return err
+		}
+		if Status(sg.Status).Terminal() {
+			return nil
+		}
+		// Not paused on its own: a pause of its whole type, which only
+		// ResumeType lifts, is what holds it, if anything.
+		ps, err := e.st.Pauses(ctx, tx, []uuid.UUID{sg.ID})
+		if err != nil {
+			return err
+		}
+		if p := ps[sg.ID]; p != nil && p.Kind == store.PauseType {
+			return fmt.Errorf("%w: it is held by the pause of its type %q, which Engine.ResumeType (sagaflow unpause --type) lifts",
+				ErrNotReplayable, sg.Name)
+		}
+		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("saga: resume %s: %w", id, err)
