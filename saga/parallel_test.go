@@ -89,7 +89,7 @@ func parallelSaga(b *bundle, name string, fn func(ctx context.Context, branch st
 	)
 }
 
-// Two branches that each take 50 ms run at the same time, each once, and
+// Two branches that each take 300 ms run at the same time, each once, and
 // the join gathers both results into the state.
 func TestParallelBranchesOverlapAndJoin(t *testing.T) {
 	t.Parallel()
@@ -97,7 +97,11 @@ func TestParallelBranchesOverlapAndJoin(t *testing.T) {
 	var sp spans
 	def := parallelSaga(b, "parallel-ok", func(_ context.Context, branch string) error {
 		from := time.Now()
-		time.Sleep(50 * time.Millisecond)
+		// Long enough that the second branch's worker, woken by the same
+		// commit, starts it before the first ends even on a loaded machine
+		// (with 50 ms, a full race-detector run of every package at once
+		// sometimes ran them one after the other).
+		time.Sleep(300 * time.Millisecond)
 		sp.record(branch, from)
 		return nil
 	})
