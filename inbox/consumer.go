@@ -72,6 +72,17 @@ type ConsumerConfig struct {
 	// message cannot hold its partition (and everything behind it) forever.
 	// Defaults to MaxAttemptsDefault.
 	MaxAttempts int
+	// BatchSize, above 1, lets the consumer deal with up to that many
+	// messages in one transaction when its reader is kafka-go's
+	// *kafka.Reader and holds them ready at once (a backlog): each message
+	// gets its own key and its handler runs as it would alone, but the
+	// handlers share the transaction, so what one leaves in it
+	// (SET LOCAL, set_config(..., true), transaction advisory locks,
+	// temporary tables ON COMMIT DROP) is there for the next. If any
+	// message of the batch is poison or its handler fails, nothing of the
+	// batch is committed and its messages run one at a time, each handler
+	// once more. Defaults to 1: one message per transaction.
+	BatchSize int
 	// Retention is how long this consumer's processed keys are kept: a
 	// running consumer deletes older ones every RetentionInterval, so a
 	// service without a saga engine (a participant) cleans its own inbox.
@@ -104,8 +115,8 @@ type Consumer struct {
 	batched atomic.Int64
 }
 
-// batchMax is the most messages a consumer deals with in one transaction.
-const batchMax = 16
+// batchMax bounds ConsumerConfig.BatchSize.
+const batchMax = 1000
 
 // Batched returns how many messages the consumer dealt with several to a
 // transaction (the messages its reader had ready at once).
@@ -123,8 +134,11 @@ func (in *Inbox) NewConsumer(r Reader, cfg *ConsumerConfig) (*Consumer, error) {
 	if len(c.Handlers) == 0 && c.Default == nil {
 		return nil, fmt.Errorf("%w: no Handlers and no Default: every message would be dead-lettered", ErrInvalidConfig)
 	}
-	if c.MaxMessageBytes < 0 || c.RetryInitial < 0 || c.RetryMax < 0 || c.MaxAttempts < 0 || c.RetentionInterval < 0 {
-		return nil, fmt.Errorf("%w: MaxMessageBytes, RetryInitial, RetryMax, MaxAttempts and RetentionInterval must not be negative", ErrInvalidConfig)
+	if c.MaxMessageBytes < 0 || c.RetryInitial < 0 || c.RetryMax < 0 || c.MaxAttempts < 0 || c.RetentionInterval < 0 || c.BatchSize < 0 {
+		return nil, fmt.Errorf("%w: MaxMessageBytes, RetryInitial, RetryMax, MaxAttempts, RetentionInterval and BatchSize must not be negative", ErrInvalidConfig)
+	}
+	if c.BatchSize > batchMax {
+		return nil, fmt.Errorf("%w: BatchSize %d is more than %d", ErrInvalidConfig, c.BatchSize, batchMax)
 	}
 	if c.Retention == 0 {
 		c.Retention = RetentionDefault
@@ -158,11 +172,11 @@ func (in *Inbox) NewConsumer(r Reader, cfg *ConsumerConfig) (*Consumer, error) {
 		// commit is lost, the redelivery is a duplicate the inbox skips.
 		CommitLost: "the message will be redelivered and skipped",
 	}
-	if _, ok := r.(*kafka.Reader); ok {
+	if _, ok := r.(*kafka.Reader); ok && c.BatchSize > 1 {
 		// kafka-go's reader keeps a message that a cancelled fetch did not
 		// take, so a batch can take what it holds ready without waiting.
 		// Other readers (the seam) deal with a message at a time.
-		cons.loop.HandleBatch, cons.loop.MaxBatch = cons.handleBatch, batchMax
+		cons.loop.HandleBatch, cons.loop.MaxBatch = cons.handleBatch, c.BatchSize
 	}
 	return cons, nil
 }

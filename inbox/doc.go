@@ -47,6 +47,15 @@
 // dead-lettered with its last error, so that it cannot hold its partition
 // forever.
 //
+// Each message is processed in a transaction of its own unless
+// [ConsumerConfig].BatchSize asks for more: then the messages a
+// *kafka.Reader holds ready at once (a backlog) are processed in one
+// transaction, each recording its own id, and their offsets committed
+// together. Their handlers share that transaction and whatever one leaves
+// in it (SET LOCAL, set_config(..., true), advisory locks of the
+// transaction); a poison message or a failing handler sends the batch back
+// to one message per transaction, its handlers running once more.
+//
 // # Untrusted bytes
 //
 // A [Message] holds what came off the wire, untouched; [Message.RawHeaders]

@@ -139,8 +139,8 @@ func TestKafkaConsumerThatLeftWithoutCommittingIsDeduplicated(t *testing.T) {
 	require.Equal(t, 0, b.count(t, "SELECT count(*) FROM "+b.table("dead_letters")))
 }
 
-// A backlog read with kafka-go's own reader is dealt with several messages
-// to a transaction: each message's effect happens once (a copy of a message
+// A backlog read with kafka-go's own reader, with a BatchSize, is dealt with
+// several messages to a transaction: each message's effect happens once (a copy of a message
 // in the same batch is skipped), a poison message sends its batch the
 // one-at-a-time way, where it is dead-lettered and the rest processed, and
 // the group's offset ends past every message.
@@ -172,7 +172,7 @@ func TestKafkaConsumerDealsWithABacklogInBatches(t *testing.T) {
 		StartOffset: kafka.FirstOffset, MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 50 * time.Millisecond,
 		HeartbeatInterval: 500 * time.Millisecond, JoinGroupBackoff: 200 * time.Millisecond})
 	t.Cleanup(func() { _ = r.Close() })
-	c, err := b.in.NewConsumer(r, &inbox.ConsumerConfig{Handlers: map[string]inbox.HandlerFunc{"charge.requested": handler}})
+	c, err := b.in.NewConsumer(r, &inbox.ConsumerConfig{Handlers: map[string]inbox.HandlerFunc{"charge.requested": handler}, BatchSize: 16})
 	require.NoError(t, err)
 	runConsumer(t, c, func() bool {
 		return b.count(t, "SELECT count(*) FROM "+b.table("charges")) == 40 &&

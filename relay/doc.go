@@ -134,7 +134,11 @@
 // refusing the relay's credentials or cluster ACL), the batch's rows
 // get the error as last_error and an available_at pushed back, by the
 // database's clock, and spend no attempt: they wait however long the outage
-// lasts. The wait grows with each cycle that finds the broker down (Backoff
+// lasts. Those rows are then due after rows of their keys that were still
+// unclaimed, so an outage can reorder a key's messages, as a retried
+// failure can (below): a saga's commands do not mind (a saga has one
+// command in flight), but events written with outbox.InsertTx may be
+// published out of their order. The wait grows with each cycle that finds the broker down (Backoff
 // of the number of such cycles in a row) up to OutageBackoffMax, and the
 // relay pauses as long before it claims again, so an outage is probed, not
 // hammered. [Health] reports ConsecutiveOutages and OutageWaits. One

@@ -336,8 +336,16 @@
 // carries every step command over Kafka: they are still written to the
 // outbox in the step's transaction, a relay (package relay) publishes them
 // to one topic per saga type, keyed by saga id, and the engine's workers
-// consume them in one consumer group, each message in its own transaction,
-// committing the offset only after it. In both modes the guarantees above
+// consume them in one consumer group, committing an offset only after the
+// transaction that ran its message. Like the commands a worker claims from
+// the outbox, the messages a worker's kafka-go reader holds ready at once
+// (up to [Config.BatchSize]) run in one transaction, each under its own
+// savepoint, so a step's transaction-local settings (SET LOCAL) last to
+// the end of the batch; if any of them cannot run now (its saga is busy,
+// it is poison, a handler overran), nothing of the batch is committed and
+// they run one at a time, each step once more (its effects in PostgreSQL
+// still happen once; a call to another system may repeat, as after a
+// crash). BatchSize 1 runs one message per transaction. In both modes the guarantees above
 // hold unchanged; malformed messages go to the dead_letters table.
 //
 // A step with a [Remote] instead of an Action calls another service: the

@@ -695,7 +695,7 @@ func (e *Engine) work(fetchCtx, workCtx context.Context, wake chan struct{}) {
 
 // Stats are counters of what the engine's workers did since it was created.
 type Stats struct {
-	StepsSucceeded    int64 // step attempts (actions and compensations) that committed
+	StepsSucceeded    int64 // step attempts (actions and compensations) that succeeded in a batch; a batch rolled back and run again (a crash, a batch from the bus run again one message at a time) counts them again
 	AttemptsFailed    int64 // attempts that failed, retried or not, abandoned ones included
 	Retries           int64 // retries scheduled
 	Deduplicated      int64 // steps skipped because their key was in the inbox
