@@ -139,13 +139,13 @@ func (b *batch) await(ctx context.Context, sg *store.Saga, def *compiled, idx in
 		}
 		d := e.machine.failure(sg, def, idx, fwd, attempt, steps.Permanent(steps.WithCode(CodeChildFailed, errors.New(why))), 0)
 		ended(EventChildEnded, detail)(&d)
-		return write(d, func() { e.stats.failed.Add(1) })
+		return write(d, func() { b.tx.stats.failed.Add(1) })
 
 	case w.kind == store.WaitTimer && waiting && sg.WaitUntil != nil && !now.Before(*sg.WaitUntil):
 		d := e.machine.success(sg, def, idx, fwd, nil, 0, key.String())
 		ended(EventTimerFired, map[string]any{"late_ms": now.Sub(*sg.WaitUntil).Milliseconds()})(&d)
 		keep(&d)
-		return write(d, func() { e.stats.succeeded.Add(1); moved = true })
+		return write(d, func() { b.tx.stats.succeeded.Add(1); moved = true })
 
 	case waiting && w.kind != store.WaitTimer && sg.WaitUntil != nil && !now.Before(*sg.WaitUntil):
 		// Nothing came in time.
@@ -160,15 +160,15 @@ func (b *batch) await(ctx context.Context, sg *store.Saga, def *compiled, idx in
 		case w.goOn:
 			d := e.machine.success(sg, def, idx, fwd, nil, 0, key.String())
 			leave(&d)
-			return write(d, func() { e.stats.succeeded.Add(1) })
+			return write(d, func() { b.tx.stats.succeeded.Add(1) })
 		}
 		b.waitEnded = true
-		return write(e.machine.waitTimedOut(sg, def, idx), func() { e.stats.failed.Add(1) })
+		return write(e.machine.waitTimedOut(sg, def, idx), func() { b.tx.stats.failed.Add(1) })
 
 	case woken:
 		// A wake-up for something else (another signal's name), or the
 		// child has not ended: wait on, as before.
-		e.stats.stale.Add(1)
+		b.tx.stats.stale.Add(1)
 		b.tx.clean = sp
 		return nil
 
@@ -195,7 +195,7 @@ func (b *batch) startWait(ctx context.Context, sg *store.Saga, def *compiled, id
 	attempt := sg.Attempt + 1
 	fail := func(herr error) error {
 		d := e.machine.failure(sg, def, idx, fwd, attempt, herr, 0)
-		b.tx.write(sg, e.transition(sg, d), sp, true, last, nil, func() { e.stats.failed.Add(1) })
+		b.tx.write(sg, e.transition(sg, d), sp, true, last, nil, func() { b.tx.stats.failed.Add(1) })
 		return nil
 	}
 	delay := time.Duration(-1)
@@ -218,7 +218,7 @@ func (b *batch) startWait(ctx context.Context, sg *store.Saga, def *compiled, id
 			// Its time has come already.
 			d := e.machine.success(sg, def, idx, fwd, out, 0, key.String())
 			ended(EventTimerFired, map[string]any{"late_ms": 0})(&d)
-			b.tx.write(sg, e.transition(sg, d), sp, false, last, nil, func() { e.stats.succeeded.Add(1) })
+			b.tx.write(sg, e.transition(sg, d), sp, false, last, nil, func() { b.tx.stats.succeeded.Add(1) })
 			return nil
 		}
 	case store.WaitSignal:
@@ -298,7 +298,7 @@ func (b *batch) wake(ctx context.Context, ls *store.LockedSaga, def *compiled, l
 	idx, known := def.byName[sg.StepName]
 	if Status(sg.Status) != StatusRunning || sg.WaitKind == nil || *sg.WaitKind == store.WaitTimer || !known ||
 		def.steps[idx].wait == nil || sg.Direction != string(steps.Forward) {
-		b.e.stats.stale.Add(1)
+		b.tx.stats.stale.Add(1)
 		return nil
 	}
 	key := steps.Key{SagaID: sg.ID, Step: sg.StepName, Direction: steps.Forward, Epoch: sg.Epoch}
@@ -389,7 +389,7 @@ func (b *batch) continueAt(ctx context.Context, sg *store.Saga, def *compiled, t
 	// claimed command's does.
 	prev := telemetry.FromMap(tr.Messages[len(tr.Messages)-1].Headers)
 	b.tx.supersede(sg.ID, id)
-	b.e.stats.chained.Add(1)
+	b.tx.stats.chained.Add(1)
 	return b.execute(b.e.tel.beginStep(ctx, b.tx, &next, steps.Forward, prev, ""), &next, def, idx, steps.Forward, false, last)
 }
 

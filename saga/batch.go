@@ -178,6 +178,7 @@ func (e *Engine) finish(ctx context.Context, b *batch) error {
 	if err := t.tx.Commit(ctx); err != nil {
 		return fmt.Errorf("saga: commit batch: %w", err)
 	}
+	e.stats.add(&t.stats)
 	fault.At(ctx, fault.EngineAfterCommit)
 	if b.waitEnded {
 		fault.At(ctx, fault.EngineWaitAfterCommit)
@@ -216,7 +217,7 @@ func (b *batch) park(ctx context.Context, c *store.Claimed, sagaID *uuid.UUID, c
 	// What follows is written after the clean savepoint, if there is one:
 	// the next command must not roll back to it.
 	b.tx.clean = ""
-	b.e.stats.parked.Add(1)
+	b.tx.stats.parked.Add(1)
 	b.e.log.WarnContext(ctx, "sagaflow parked a command", slog.String("message_id", safetext.Text(c.IDText(), 200)),
 		slog.String("code", code), slog.String("reason", reason))
 	if b.msg != nil {
@@ -241,7 +242,7 @@ func (b *batch) park(ctx context.Context, c *store.Claimed, sagaID *uuid.UUID, c
 // than UnknownSagaGrace.
 func (b *batch) unknown(ctx context.Context, c *store.Claimed, sagaID *uuid.UUID, code, reason string) (parked bool, err error) {
 	if c.Age < b.e.cfg.UnknownSagaGrace {
-		b.e.stats.deferred.Add(1)
+		b.tx.stats.deferred.Add(1)
 		b.deferred = append(b.deferred, deferral{id: c.ID, reason: reason})
 		return false, nil
 	}
@@ -275,7 +276,7 @@ func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, derr 
 		// Another transaction runs a step of this saga right now. A cancel
 		// command waits too: the engine running the step was told of the
 		// request, and applies it in the step's place.
-		e.stats.deferred.Add(1)
+		b.tx.stats.deferred.Add(1)
 		b.deferred = append(b.deferred, deferral{id: c.ID})
 		return nil
 	}
@@ -285,7 +286,7 @@ func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, derr 
 		// included (see [batch.refresh]).
 		if gone, err := b.refresh(ctx, ls); err != nil || gone {
 			if gone {
-				e.stats.stale.Add(1)
+				b.tx.stats.stale.Add(1)
 				b.delivered = append(b.delivered, c.ID)
 			}
 			return err
@@ -324,12 +325,12 @@ func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, derr 
 	if c.Type == cancelType {
 		// Applied or refused already, or forged: the request in the
 		// database is what counts, and there is none.
-		e.stats.stale.Add(1)
+		b.tx.stats.stale.Add(1)
 		b.delivered = append(b.delivered, c.ID)
 		return nil
 	}
 	if ls.Version != cmd.Version || Status(ls.Status).Terminal() {
-		e.stats.stale.Add(1)
+		b.tx.stats.stale.Add(1)
 		b.delivered = append(b.delivered, c.ID)
 		return nil
 	}
@@ -346,7 +347,7 @@ func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, derr 
 		return nil
 	}
 	if !cmd.current(c, ls) {
-		e.stats.stale.Add(1)
+		b.tx.stats.stale.Add(1)
 		b.delivered = append(b.delivered, c.ID)
 		e.log.WarnContext(ctx, "sagaflow refused a command that is not the saga's current one",
 			slog.String("saga_id", ls.ID.String()), slog.String("step", safetext.Text(cmd.Step, 200)), slog.String("saga_step", ls.StepName))
@@ -369,7 +370,7 @@ func (b *batch) execute(ctx context.Context, sg *store.Saga, def *compiled, idx 
 		// The key is in the inbox: this step's effects were committed before.
 		// Move on without running it twice.
 		tr := e.transition(sg, e.machine.deduplicated(sg, def, idx, dir))
-		b.tx.write(sg, tr, sp, false, last, nil, func() { e.stats.dedup.Add(1) })
+		b.tx.write(sg, tr, sp, false, last, nil, func() { b.tx.stats.dedup.Add(1) })
 		return nil
 	}
 	if topic, typ, ok := def.remote(idx, dir); ok {
@@ -431,7 +432,7 @@ func (b *batch) outcome(ctx context.Context, sg *store.Saga, def *compiled, idx 
 		// and the request applied in its place.
 		e.running.forget(sg.ID)
 		tr := e.transition(sg, e.machine.cancel(sg, def, idx, reason, code))
-		b.tx.write(sg, tr, sp, true, last, nil, func() { e.stats.cancelled.Add(1) })
+		b.tx.write(sg, tr, sp, true, last, nil, func() { b.tx.stats.cancelled.Add(1) })
 		return nil
 	}
 	if herr == nil {
@@ -443,9 +444,9 @@ func (b *batch) outcome(ctx context.Context, sg *store.Saga, def *compiled, idx 
 			final(&d)
 		}
 		return e.transition(sg, d), func() {
-			e.stats.failed.Add(1)
+			b.tx.stats.failed.Add(1)
 			if d.retry {
-				e.stats.retries.Add(1)
+				b.tx.stats.retries.Add(1)
 			}
 		}
 	}
@@ -466,7 +467,7 @@ func (b *batch) outcome(ctx context.Context, sg *store.Saga, def *compiled, idx 
 		b.tx.write(sg, tr, sp, false, last, func(err error) (*store.Transition, func()) {
 			return fail(steps.WithCode(CodeTxAborted, fmt.Errorf("commit step: %w", err)))
 		}, func() {
-			e.stats.succeeded.Add(1)
+			b.tx.stats.succeeded.Add(1)
 			moved = true
 			if d.applied != nil {
 				d.applied()
@@ -491,7 +492,7 @@ func (b *batch) send(ctx context.Context, sg *store.Saga, def *compiled, idx int
 	payload, err := recovered(func() ([]byte, error) { return def.send(ctx, run, idx, dir, sg.State) })
 	if err != nil {
 		tr := e.transition(sg, e.machine.failure(sg, def, idx, dir, sg.Attempt+1, err, 0))
-		b.tx.write(sg, tr, sp, true, last, nil, func() { e.stats.failed.Add(1) })
+		b.tx.write(sg, tr, sp, true, last, nil, func() { b.tx.stats.failed.Add(1) })
 		return nil
 	}
 	id := uuid.Must(uuid.NewV7())
@@ -526,7 +527,7 @@ func (b *batch) reply(ctx context.Context, c *store.Claimed, ls *store.LockedSag
 		return b.branchReply(ctx, c, ls, def, idx, key, last)
 	}
 	if !known || !sg.AwaitingReply || sg.StepName != key.Step || sg.Direction != string(key.Direction) || sg.Epoch != key.Epoch {
-		e.stats.stale.Add(1)
+		b.tx.stats.stale.Add(1)
 		return nil
 	}
 	r, err := wire.DecodeReply(c.Payload)
@@ -539,7 +540,7 @@ func (b *batch) reply(ctx context.Context, c *store.Claimed, ls *store.LockedSag
 	if !r.OK {
 		tr := e.transition(sg, e.machine.refused(sg, def, idx, dir, r))
 		sg.AwaitingReply = false // refused: the participant did nothing to undo
-		b.tx.write(sg, tr, sp, false, last, nil, func() { e.stats.failed.Add(1) })
+		b.tx.write(sg, tr, sp, false, last, nil, func() { b.tx.stats.failed.Add(1) })
 		return nil
 	}
 	run := &StepRun{Tx: b.tx.step(), Key: key, SagaID: sg.ID, SagaName: sg.Name, Step: sg.StepName, Direction: dir,
@@ -550,7 +551,7 @@ func (b *batch) reply(ctx context.Context, c *store.Claimed, ls *store.LockedSag
 	}
 	fail := func(herr error) (*store.Transition, func()) {
 		tr := e.transition(sg, e.machine.failure(sg, def, idx, dir, attempt, steps.Permanent(herr), 0))
-		return tr, func() { e.stats.failed.Add(1) }
+		return tr, func() { b.tx.stats.failed.Add(1) }
 	}
 	if herr == nil {
 		tr := e.transition(sg, e.machine.replied(sg, def, idx, dir, newState, key.String()))
@@ -559,7 +560,7 @@ func (b *batch) reply(ctx context.Context, c *store.Claimed, ls *store.LockedSag
 		moved := false
 		b.tx.write(sg, tr, sp, false, last, func(err error) (*store.Transition, func()) {
 			return fail(steps.WithCode(CodeTxAborted, fmt.Errorf("apply reply: %w", err)))
-		}, func() { e.stats.succeeded.Add(1); moved = true })
+		}, func() { b.tx.stats.succeeded.Add(1); moved = true })
 		if ls.Paused || ls.CancelRequest != nil {
 			return nil // the next step's command waits, or the cancel goes first
 		}

@@ -231,7 +231,7 @@ func (b *batch) applyCancel(ctx context.Context, c *store.Claimed, ls *store.Loc
 		b.delivered = append(b.delivered, c.ID)
 	}
 	tr := b.e.transition(&ls.Saga, b.e.machine.cancel(&ls.Saga, def, idx, r.Reason, r.Code))
-	b.tx.write(&ls.Saga, tr, sp, false, last, nil, func() { b.e.stats.cancelled.Add(1) })
+	b.tx.write(&ls.Saga, tr, sp, false, last, nil, func() { b.tx.stats.cancelled.Add(1) })
 	return true, nil
 }
 

@@ -694,8 +694,10 @@ func (e *Engine) work(fetchCtx, workCtx context.Context, wake chan struct{}) {
 }
 
 // Stats are counters of what the engine's workers did since it was created.
+// What a batch did is counted when it commits: a batch rolled back (a crash,
+// a batch from the bus run again one message at a time) counts nothing.
 type Stats struct {
-	StepsSucceeded    int64 // step attempts (actions and compensations) that succeeded in a batch; a batch rolled back and run again (a crash, a batch from the bus run again one message at a time) counts them again
+	StepsSucceeded    int64 // step attempts (actions and compensations) that committed
 	AttemptsFailed    int64 // attempts that failed, retried or not, abandoned ones included
 	Retries           int64 // retries scheduled
 	Deduplicated      int64 // steps skipped because their key was in the inbox
@@ -715,6 +717,21 @@ type Stats struct {
 type statCounters struct {
 	succeeded, failed, retries, dedup, stale, deferred, parked, abandoned              atomic.Int64
 	rescued, failedOver, cronStarted, cronDuplicates, cancelled, chained, kafkaBatched atomic.Int64
+}
+
+// add adds o's counters to c's.
+func (c *statCounters) add(o *statCounters) {
+	for _, p := range [][2]*atomic.Int64{
+		{&c.succeeded, &o.succeeded}, {&c.failed, &o.failed}, {&c.retries, &o.retries}, {&c.dedup, &o.dedup},
+		{&c.stale, &o.stale}, {&c.deferred, &o.deferred}, {&c.parked, &o.parked}, {&c.abandoned, &o.abandoned},
+		{&c.rescued, &o.rescued}, {&c.failedOver, &o.failedOver}, {&c.cronStarted, &o.cronStarted},
+		{&c.cronDuplicates, &o.cronDuplicates}, {&c.cancelled, &o.cancelled}, {&c.chained, &o.chained},
+		{&c.kafkaBatched, &o.kafkaBatched},
+	} {
+		if n := p[1].Load(); n != 0 {
+			p[0].Add(n)
+		}
+	}
 }
 
 // Stats returns the engine's counters; zero for a nil engine.

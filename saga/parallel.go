@@ -302,7 +302,7 @@ func (b *batch) enterGroup(ctx context.Context, sg *store.Saga, def *compiled, i
 		m, err := b.remoteBranchCommand(ctx, sg, p, name)
 		if err != nil {
 			d := e.machine.groupFailed(sg, def, idx, sg.StepName+"."+name, 1, steps.Permanent(err), 0)
-			b.tx.write(sg, e.transition(sg, d), sp, true, last, nil, func() { e.stats.failed.Add(1) })
+			b.tx.write(sg, e.transition(sg, d), sp, true, last, nil, func() { b.tx.stats.failed.Add(1) })
 			return nil
 		}
 		tr.Messages = append(tr.Messages, m, e.branchMessage(sg, sg.StepName, name, br.timeout))
@@ -324,13 +324,13 @@ func (b *batch) branch(ctx context.Context, c *store.Claimed, cmd command, ls *s
 	name, isBranch := strings.CutPrefix(cmd.Step, ls.StepName+".")
 	if !ok || !isBranch || def.steps[idx].parallel == nil || ls.Direction != string(steps.Forward) ||
 		Status(ls.Status) != StatusRunning || cmd.Epoch != ls.Epoch || deref(ls.WaitKind) != store.WaitBranches {
-		e.stats.stale.Add(1)
+		b.tx.stats.stale.Add(1)
 		return nil
 	}
 	p := def.steps[idx].parallel
 	bi := p.index(name)
 	if bi < 0 {
-		e.stats.stale.Add(1)
+		b.tx.stats.stale.Add(1)
 		return nil
 	}
 	if err := b.tx.flush(); err != nil {
@@ -342,7 +342,7 @@ func (b *batch) branch(ctx context.Context, c *store.Claimed, cmd command, ls *s
 	}
 	i := slices.IndexFunc(rows, func(r store.Branch) bool { return r.Name == name })
 	if i < 0 || rows[i].Status != store.BranchRunning {
-		e.stats.stale.Add(1) // completed, failed or cancelled: a duplicate or a late copy
+		b.tx.stats.stale.Add(1) // completed, failed or cancelled: a duplicate or a late copy
 		return nil
 	}
 	sp := b.tx.savepoint()
@@ -415,7 +415,7 @@ func (b *batch) branchCompleted(ctx context.Context, sg *store.Saga, def *compil
 		if _, err := b.tx.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+sp); err != nil {
 			return err
 		}
-		e.stats.stale.Add(1)
+		b.tx.stats.stale.Add(1)
 		return nil
 	}
 	if _, err := e.st.InsertInboxKey(ctx, b.tx.tx, store.InboxConsumerEngine, key.String()); err != nil {
@@ -425,7 +425,7 @@ func (b *batch) branchCompleted(ctx context.Context, sg *store.Saga, def *compil
 		Direction: string(steps.Forward), Epoch: sg.Epoch, Attempt: attempt, Detail: durationDetail(elapsed, nil)}); err != nil {
 		return err
 	}
-	e.stats.succeeded.Add(1)
+	b.tx.stats.succeeded.Add(1)
 	fault.At(ctx, fault.EngineBranchCompleted)
 	rows, err := e.st.Branches(ctx, b.tx.tx, sg.ID, sg.Epoch, sg.StepName)
 	if err != nil {
@@ -459,11 +459,11 @@ func (b *batch) join(ctx context.Context, sg *store.Saga, def *compiled, idx int
 	}
 	if herr != nil {
 		d := e.machine.groupFailed(sg, def, idx, sg.StepName, sg.Attempt+1, steps.Permanent(herr), time.Since(started))
-		b.tx.write(sg, e.transition(sg, d), sp, true, last, nil, func() { e.stats.failed.Add(1) })
+		b.tx.write(sg, e.transition(sg, d), sp, true, last, nil, func() { b.tx.stats.failed.Add(1) })
 		return nil
 	}
 	d := e.machine.success(sg, def, idx, steps.Forward, newState, time.Since(started), key.String())
-	b.tx.write(sg, e.transition(sg, d), sp, false, last, nil, func() { e.stats.succeeded.Add(1) })
+	b.tx.write(sg, e.transition(sg, d), sp, false, last, nil, func() { b.tx.stats.succeeded.Add(1) })
 	return nil
 }
 
@@ -486,7 +486,7 @@ func (b *batch) branchFailed(ctx context.Context, sg *store.Saga, def *compiled,
 		}
 	}
 	msg := safetext.Text(errorMessage(herr), 4000)
-	e.stats.failed.Add(1)
+	b.tx.stats.failed.Add(1)
 	if !steps.IsPermanent(herr) && attempt < br.retry.MaxAttempts {
 		delay := br.retry.Backoff(attempt)
 		if err := e.st.BranchAttempt(ctx, b.tx.tx, sg.ID, sg.Epoch, sg.StepName, br.name, attempt, msg, code); err != nil {
@@ -500,7 +500,7 @@ func (b *batch) branchFailed(ctx context.Context, sg *store.Saga, def *compiled,
 		m := e.branchMessage(sg, sg.StepName, br.name, delay)
 		m.Payload = wire.EncodeCommand(wire.Command{SagaID: wire.UUID(sg.ID), Saga: sg.Name, Step: step, Direction: steps.Forward,
 			Epoch: sg.Epoch, Version: sg.Version})
-		e.stats.retries.Add(1)
+		b.tx.stats.retries.Add(1)
 		return e.st.InsertMessage(ctx, b.tx.tx, &m)
 	}
 	if _, err := e.st.EndBranch(ctx, b.tx.tx, sg.ID, sg.Epoch, sg.StepName, br.name, store.BranchFailed, attempt, nil, &msg, &code); err != nil {
@@ -640,7 +640,7 @@ func (b *batch) lockGroup(ctx context.Context, ls *store.LockedSaga) (*store.Sag
 	}
 	if Status(sg.Status) != StatusRunning || sg.StepName != ls.StepName || sg.Epoch != ls.Epoch ||
 		sg.Direction != string(steps.Forward) || deref(sg.WaitKind) != store.WaitBranches {
-		b.e.stats.stale.Add(1)
+		b.tx.stats.stale.Add(1)
 		return sg, false, nil
 	}
 	return sg, true, nil
@@ -655,7 +655,7 @@ func (b *batch) branchReply(ctx context.Context, c *store.Claimed, ls *store.Loc
 	name := strings.TrimPrefix(key.Step, ls.StepName+".")
 	bi := p.index(name)
 	if bi < 0 || p.branches[bi].remoteTopic == "" || key.Direction != steps.Forward || key.Epoch != ls.Epoch {
-		e.stats.stale.Add(1)
+		b.tx.stats.stale.Add(1)
 		return nil
 	}
 	r, err := wire.DecodeReply(c.Payload)
@@ -672,7 +672,7 @@ func (b *batch) branchReply(ctx context.Context, c *store.Claimed, ls *store.Loc
 	}
 	i := slices.IndexFunc(rows, func(r store.Branch) bool { return r.Name == name })
 	if i < 0 || rows[i].Status != store.BranchRunning {
-		e.stats.stale.Add(1) // a duplicate, or a reply after the timeout
+		b.tx.stats.stale.Add(1) // a duplicate, or a reply after the timeout
 		return nil
 	}
 	sp := b.tx.savepoint()

@@ -189,7 +189,7 @@ func (b *batch) hold(ctx context.Context, c *store.Claimed, ls *store.LockedSaga
 		return err
 	}
 	b.tx.clean = "" // what follows must not be rolled back by the next command
-	b.e.stats.deferred.Add(1)
+	b.tx.stats.deferred.Add(1)
 	if b.msg == nil {
 		return b.e.st.HoldClaimed(ctx, b.tx.tx, c.ID)
 	}

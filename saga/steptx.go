@@ -63,6 +63,9 @@ type batchTx struct {
 	// a step that this batch runs at once (see [batch.continueAt]): the
 	// saga's next transition deletes it.
 	superseded map[uuid.UUID]uuid.UUID
+	// stats are the counters of what the batch did, added to the engine's
+	// when it commits: a batch rolled back and run again is counted once.
+	stats statCounters
 }
 
 // supersede makes the next transition of saga id written in this batch
@@ -336,7 +339,7 @@ func (t *batchTx) sendQueued(ctx context.Context, tail func(*pgx.Batch)) error {
 		switch {
 		case ferr == nil:
 			// The saga moved on while the step ran: undo the step and ours.
-			e.stats.stale.Add(1)
+			t.stats.stale.Add(1)
 			e.log.InfoContext(ctx, "sagaflow refused a step commit: the saga moved on",
 				slog.String("saga_id", w.sg.ID.String()), slog.Int64("version", w.version))
 			if w.next != "" {
@@ -355,7 +358,7 @@ func (t *batchTx) sendQueued(ctx context.Context, tail func(*pgx.Batch)) error {
 			e.log.ErrorContext(ctx, "sagaflow parked a saga whose outcome PostgreSQL refused",
 				slog.String("saga_id", w.sg.ID.String()), slog.Any("error", ferr))
 			f := &pendingWrite{sg: w.sg, tr: e.transition(w.sg, invalidOutcome(w.sg, ferr)), sp: w.sp, next: w.next, version: w.version, status: w.status,
-				last: true, done: func() { e.stats.failed.Add(1) }}
+				last: true, done: func() { t.stats.failed.Add(1) }}
 			t.applied(f)
 			again = append(again, pendingOp{w: f})
 		default:
