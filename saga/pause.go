@@ -164,12 +164,13 @@ func (e *Engine) PausedTypes(ctx context.Context) (map[string]PauseInfo, error) 
 
 // unpause lifts saga id's own pause in tx, and reports whether it had one.
 func (e *Engine) unpause(ctx context.Context, tx pgx.Tx, sg *store.Saga, reason string) (bool, error) {
-	// A batch that runs a step of the saga now (or holds a command of it)
-	// may write a held command that commits after the release below, where
-	// nothing would release it again (found by pausing and resuming in a
-	// loop). Such a batch holds the saga's execution lock until it ends:
-	// wait for it, as a worker never waits for this transaction's.
-	if err := e.st.LockSaga(ctx, tx, sg.ID); err != nil {
+	// A step that wrote its transition, and with it its next command held
+	// by the pause, may commit after the release below, where nothing would
+	// release the command again (found by pausing and resuming in a loop).
+	// Its transaction holds the saga's row from its transition to its
+	// commit: wait for that first. (Not the execution lock: that one is
+	// held while a handler runs, for as long as its timeout.)
+	if err := e.st.LockSagaRow(ctx, tx, sg.ID); err != nil {
 		return false, err
 	}
 	p, err := e.st.DeletePause(ctx, tx, store.PauseSaga, &sg.ID, "")

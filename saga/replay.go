@@ -34,8 +34,9 @@ import (
 // due when it was due before, or now when that has passed; a step that
 // paused runs again with its attempts counted afresh. A saga whose type is
 // paused ([Engine.PauseType]) stays held until [Engine.ResumeType]. Lifting a
-// pause waits for a step of the saga that runs at that moment to end, so
-// that the command it writes is released too. Resume
+// pause waits for a step of the saga whose outcome is being committed at
+// that moment (not for a handler that runs), so that the command it wrote is
+// released too. Resume
 // of such a saga, not paused on its own, returns an error wrapping
 // [ErrNotReplayable] that says so.
 //

@@ -239,3 +239,16 @@ func (s *Store) CommandHeld(ctx context.Context, db DBTX, id uuid.UUID) (bool, e
 	}
 	return held, nil
 }
+
+// LockSagaRow takes saga id's row lock (FOR NO KEY UPDATE) in tx, waiting
+// for a transaction that wrote the saga's transition to end. A step's
+// transaction holds it from its transition to its commit, when the command
+// it wrote (held by a pause, perhaps) becomes visible: lifting a pause after
+// taking it sees, and releases, that command. It does not wait for a step's
+// handler, which runs before its transition is written.
+func (s *Store) LockSagaRow(ctx context.Context, tx pgx.Tx, id uuid.UUID) error {
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM `+quoteSchema(s.schema)+`.saga_instances WHERE id = $1 FOR NO KEY UPDATE`, id); err != nil {
+		return fmt.Errorf("store: lock the row of saga %s: %w", id, err)
+	}
+	return nil
+}
