@@ -2,6 +2,7 @@ package inbox_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -142,16 +143,32 @@ func produce(t *testing.T, kc *kafkatest.Cluster, msgs ...kafka.Message) {
 // the broker has it (-1: none), with an OffsetFetch request.
 func committedOffset(t *testing.T, kc *kafkatest.Cluster) int64 {
 	t.Helper()
+	off, err := fetchCommittedOffset(kc)
+	require.NoError(t, err)
+	return off
+}
+
+// fetchCommittedOffset asks the broker for kafkaGroup's committed offset of
+// partition 0 (the broker answers "group not found" until the first commit).
+func fetchCommittedOffset(kc *kafkatest.Cluster) (int64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	tr := &kafka.Transport{}
 	defer tr.CloseIdleConnections() // kafka.DefaultTransport would keep its connections, and goleak would see them
 	client := &kafka.Client{Addr: kafka.TCP(kc.Addrs()...), Transport: tr}
 	res, err := client.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: kafkaGroup, Topics: map[string][]int{kafkaTopic: {0}}})
-	require.NoError(t, err)
-	require.NoError(t, res.Error)
+	if err != nil {
+		return 0, err
+	}
+	if res.Error != nil {
+		return 0, res.Error
+	}
 	parts := res.Topics[kafkaTopic]
-	require.Len(t, parts, 1)
-	require.NoError(t, parts[0].Error)
-	return parts[0].CommittedOffset
+	if len(parts) != 1 {
+		return 0, fmt.Errorf("%d partitions in the answer, want 1", len(parts))
+	}
+	if parts[0].Error != nil {
+		return 0, parts[0].Error
+	}
+	return parts[0].CommittedOffset, nil
 }

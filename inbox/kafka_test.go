@@ -188,16 +188,11 @@ func TestKafkaConsumerDealsWithABacklogInBatches(t *testing.T) {
 }
 
 // committedOffsetSoFar is committedOffset, or -1 while the broker knows no
-// offset of the group (it answers "group not found" until the first commit).
+// offset of the group.
 func committedOffsetSoFar(kc *kafkatest.Cluster) int64 {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	tr := &kafka.Transport{}
-	defer tr.CloseIdleConnections()
-	client := &kafka.Client{Addr: kafka.TCP(kc.Addrs()...), Transport: tr}
-	res, err := client.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: kafkaGroup, Topics: map[string][]int{kafkaTopic: {0}}})
-	if err != nil || res.Error != nil || len(res.Topics[kafkaTopic]) != 1 || res.Topics[kafkaTopic][0].Error != nil {
+	off, err := fetchCommittedOffset(kc)
+	if err != nil {
 		return -1
 	}
-	return res.Topics[kafkaTopic][0].CommittedOffset
+	return off
 }
