@@ -116,22 +116,11 @@ func (s *Store) QueueClaimRelayBatch(b *pgx.Batch, limit int, after *RelayPositi
 	})
 }
 
-// ClaimSweepBatch claims as [Store.ClaimRelayBatch] does, but only the rows
-// a log-based relay leaves to a sweeper: rows due later than they were
-// written, rows with attempts (failed, requeued, replayed), and rows pending
-// longer than after.
-func (s *Store) ClaimSweepBatch(ctx context.Context, tx pgx.Tx, limit int, after time.Duration) ([]RelayMessage, error) {
-	var out []RelayMessage
-	b := &pgx.Batch{}
-	s.QueueClaimSweepBatch(b, limit, after, &out)
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return nil, err
-	}
-	return out, nil
-}
-
-// QueueClaimSweepBatch queues on b the claim of [Store.ClaimSweepBatch], as
-// [Store.QueueClaimRelayBatch] does for a relay that is not a sweeper.
+// QueueClaimSweepBatch queues on b the claim of a sweeper, a relay beside a
+// log-based one, as [Store.QueueClaimRelayBatch] does for a relay that is
+// not a sweeper: only the rows a log-based relay leaves to it (rows due later
+// than they were written, rows with attempts: failed, requeued, replayed;
+// and rows pending longer than after).
 func (s *Store) QueueClaimSweepBatch(b *pgx.Batch, limit int, after time.Duration, out *[]RelayMessage) {
 	b.Queue(`SELECT id, topic, aggregatetype, aggregateid, type, payload, headers::text, saga_id, step_key,
 			attempts, created_at, available_at
