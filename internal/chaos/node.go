@@ -248,7 +248,10 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 		}
 		for _, topic := range []string{PaymentsTopic, SlowTopic} {
 			r := newReader(participantGroup(topic), []string{topic})
-			c, err := p.Inbox().NewConsumer(r, &inbox.ConsumerConfig{Handlers: p.Handlers()})
+			// Batches of what the reader holds ready (on Kafka; a NATS reader
+			// runs one message at a time), so that the crash points around
+			// the inbox's commit hit batches too.
+			c, err := p.Inbox().NewConsumer(r, &inbox.ConsumerConfig{Handlers: p.Handlers(), BatchSize: 8})
 			if err != nil {
 				return err
 			}
