@@ -288,7 +288,7 @@ func prefillAll(ctx context.Context, levels []int, report *Report) (map[int]stri
 		schema := fmt.Sprintf("bench_history_%d_%s", n, randomSuffix())
 		schemas[n] = schema
 		fmt.Fprintf(os.Stderr, "pre-filling %s with %d finished sagas...\n", schema, n)
-		d, err := prefillHistory(ctx, pool, schema, n)
+		d, err := prefillHistory(ctx, pool, schema, n, historyShape{})
 		if err != nil {
 			return schemas, cleanup, err
 		}
