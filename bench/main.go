@@ -7,6 +7,7 @@
 //	bench run [flags]       one measured run (what compare spawns); prints one JSON sample
 //	bench waits [flags]     sagas that wait (issue #13): sleepers, timer lateness, signal latency
 //	bench scale [flags]     a backlog drained by 1, 2 and 4 engine processes on one schema (issue #17)
+//	bench retention [flags] steps/s while retention deletes a backlog past its windows (issue #17)
 //	bench plot -in F -out D draw the curves of a compare report as PNGs
 //	bench markdown -in F    print a compare report's tables as Markdown
 //
@@ -32,6 +33,8 @@ func main() {
 		err = waitsMain(os.Args[2:])
 	case "scale":
 		err = scaleMain(os.Args[2:])
+	case "retention":
+		err = retentionMain(os.Args[2:])
 	case "scale-node":
 		err = scaleNodeMain(os.Args[2:])
 	case "plot":
@@ -53,6 +56,7 @@ func usage() {
   bench run -system S -scenario S [-conc N] ...   (one run; compare spawns these)
   bench waits [-reps N] [-parts sleepers,timers,signals] [-sleepers N] [-out waits.json]
   bench scale [-procs 1,2,4] [-sagas N] [-workers N] [-reps N] [-out scale.json]
+  bench retention [-sagas N] [-outbox N] [-conc N] [-window D] [-out retention.json]
   bench plot -in results.json -out DIR
   bench markdown -in results.json`)
 	os.Exit(2)
