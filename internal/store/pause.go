@@ -252,3 +252,71 @@ func (s *Store) LockSagaRow(ctx context.Context, tx pgx.Tx, id uuid.UUID) error 
 	}
 	return nil
 }
+
+// strayHeldRows is the predicate of the held commands (rows o) that no pause
+// covers any more: neither a pause of their saga, nor one of their saga's
+// type, matched by the type named in the command (as the trigger and
+// ResumeType match it) or by the saga's own row (a branch's command, held
+// by the engine that claimed it). A command covered either way stays held.
+func strayHeldRows(q string) string {
+	return `o.paused_from IS NOT NULL AND o.status = 'pending'
+		AND NOT EXISTS (SELECT 1 FROM ` + q + `.saga_pauses p WHERE p.kind = 'saga' AND p.saga_id = o.saga_id)
+		AND NOT EXISTS (SELECT 1 FROM ` + q + `.saga_pauses p WHERE p.kind = 'type'
+			AND (o.aggregatetype = 'saga.' || p.saga_name OR starts_with(o.aggregatetype, 'saga.' || p.saga_name || '@')
+				OR p.saga_name = (SELECT s.saga_name FROM ` + q + `.saga_instances s WHERE s.id = o.saga_id)))`
+}
+
+// StrayHeldExists reports whether some held command is covered by no pause
+// (see [Store.ReleaseStrayHeld]). It takes no lock: it tells the rescuer
+// whether the release, which does, is worth its lock.
+func (s *Store) StrayHeldExists(ctx context.Context, db DBTX) (bool, error) {
+	q := quoteSchema(s.schema)
+	var found bool
+	err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+q+`.outbox o WHERE `+strayHeldRows(q)+`)`).Scan(&found)
+	if err != nil {
+		return false, fmt.Errorf("store: look for held commands no pause covers: %w", err)
+	}
+	return found, nil
+}
+
+// ReleaseStrayHeld makes up to limit held commands that no pause covers any
+// more due when they were due before (now, when that has passed), as lifting
+// a pause does, and returns how many it released. Such a command is one whose
+// release was lost to a race: a step, or a batch that held the command it
+// claimed, committed it held after the pause's release had looked.
+//
+// It must not release a command that a pause committed meanwhile covers.
+// Pausing holds the commands that are due, not the ones at 'infinity': a
+// pause whose hold ran before this release commits, and whose row this
+// statement does not see, would leave the command released. So it first
+// takes saga_pauses in SHARE mode: that waits for every transaction that
+// wrote to saga_pauses (a pause, a resume, a saga's end) to end, and keeps
+// new pauses out until tx ends. The statement after it sees every pause
+// there is, and a pause that comes after tx's commit holds the released
+// command as it holds any command that is due. (A pause's row cannot be
+// locked before it exists, and locking the outbox row does not help: a
+// pause's hold never touches a held row.) The outbox trigger checks each
+// released row once more, and holds again what a pause covers.
+//
+// The lock conflicts with any write to saga_pauses, which a batch that ends
+// a saga makes (its trigger deletes the saga's pause): callers check
+// [Store.StrayHeldExists] first, so that it is taken only when there is
+// something to release, and bound the wait with lock_timeout. Rows locked by
+// another transaction (a batch that holds the command it claimed) are
+// skipped, for the next run.
+func (s *Store) ReleaseStrayHeld(ctx context.Context, tx pgx.Tx, limit int) (int, error) {
+	q := quoteSchema(s.schema)
+	if _, err := tx.Exec(ctx, `LOCK TABLE `+q+`.saga_pauses IN SHARE MODE`); err != nil {
+		return 0, fmt.Errorf("store: release held commands no pause covers: lock pauses: %w", err)
+	}
+	var n int
+	err := tx.QueryRow(ctx, `WITH released AS (
+			UPDATE `+q+`.outbox o SET available_at = greatest(o.paused_from, clock_timestamp()), paused_from = NULL
+			WHERE o.id IN (SELECT o.id FROM `+q+`.outbox o WHERE `+strayHeldRows(q)+` LIMIT $1 FOR UPDATE SKIP LOCKED)
+			RETURNING o.paused_from)
+		SELECT count(*) FROM released WHERE paused_from IS NULL`, limit).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("store: release held commands no pause covers: %w", err)
+	}
+	return n, nil
+}
