@@ -712,11 +712,13 @@ type Stats struct {
 	CronDuplicates    int64 // schedule slots another engine had already started
 	Chained           int64 // steps run in the transaction of the step, reply or wait's end before them
 	BusBatched        int64 // messages from the bus run several to a transaction
+	Released          int64 // held commands released by the rescuer because no pause covered them any more
 }
 
 type statCounters struct {
 	succeeded, failed, retries, dedup, stale, deferred, parked, abandoned              atomic.Int64
 	rescued, failedOver, cronStarted, cronDuplicates, cancelled, chained, kafkaBatched atomic.Int64
+	released                                                                           atomic.Int64
 }
 
 // add adds o's counters to c's.
@@ -726,7 +728,7 @@ func (c *statCounters) add(o *statCounters) {
 		{&c.stale, &o.stale}, {&c.deferred, &o.deferred}, {&c.parked, &o.parked}, {&c.abandoned, &o.abandoned},
 		{&c.rescued, &o.rescued}, {&c.failedOver, &o.failedOver}, {&c.cronStarted, &o.cronStarted},
 		{&c.cronDuplicates, &o.cronDuplicates}, {&c.cancelled, &o.cancelled}, {&c.chained, &o.chained},
-		{&c.kafkaBatched, &o.kafkaBatched},
+		{&c.kafkaBatched, &o.kafkaBatched}, {&c.released, &o.released},
 	} {
 		if n := p[1].Load(); n != 0 {
 			p[0].Add(n)
@@ -748,6 +750,6 @@ func (e *Engine) Stats() Stats {
 		Parked: s.parked.Load(), HandlersAbandoned: s.abandoned.Load(), CancelsApplied: s.cancelled.Load(),
 		Rescued: s.rescued.Load(), FailedOver: s.failedOver.Load(),
 		CronStarted: s.cronStarted.Load(), CronDuplicates: s.cronDuplicates.Load(), Chained: s.chained.Load(),
-		BusBatched: s.kafkaBatched.Load(),
+		BusBatched: s.kafkaBatched.Load(), Released: s.released.Load(),
 	}
 }

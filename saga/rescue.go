@@ -34,12 +34,19 @@ type RescueResult struct {
 	// Deadlines counts sagas past their deadline ([Definition.WithDeadline],
 	// [StartOpts.Deadline]) for which a cancel request was recorded.
 	Deadlines int
+	// Released held commands were held for a pause that no longer covers
+	// their saga (their release was lost to a race with the step or batch
+	// that wrote them held): they are due again, as [Engine.Resume] makes
+	// them.
+	Released int
 }
 
 // RescueNow runs the stuck-saga rescuer once, now, instead of waiting for
 // its interval: it finds running and compensating sagas of the registered
 // definitions whose deadline (next_check_at, database time) has passed,
-// and re-drives or fails over each. Safe to run on many engines at once.
+// and re-drives or fails over each. Before that, it releases the commands
+// held for a pause that no longer exists (see "Pause" in the package doc).
+// Safe to run on many engines at once.
 func (e *Engine) RescueNow(ctx context.Context) (RescueResult, error) {
 	var res RescueResult
 	if err := e.ready("Engine.RescueNow"); err != nil {
@@ -48,6 +55,11 @@ func (e *Engine) RescueNow(ctx context.Context) (RescueResult, error) {
 	names := e.registeredNameList()
 	if len(names) == 0 {
 		return res, nil
+	}
+	// First, so that a saga whose command was held and is now released is
+	// not judged stuck below.
+	if err := e.releaseStrayHeld(ctx, &res); err != nil {
+		return res, err
 	}
 	for {
 		before := res
@@ -156,6 +168,46 @@ func (e *Engine) rescuePass(ctx context.Context, names []string, res *RescueResu
 		return 0, fmt.Errorf("saga: rescue: %w", err)
 	}
 	return found, nil
+}
+
+// releaseStrayHeld releases the held commands that no pause covers any more
+// (see [store.Store.ReleaseStrayHeld]), [Config.RescueBatch] at a time, and
+// wakes the workers and the relay as [Engine.Resume] does. Without it such a
+// command would wait for ever: its saga is not paused, so the passes above
+// would find its command pending and wait with it.
+func (e *Engine) releaseStrayHeld(ctx context.Context, res *RescueResult) error {
+	for {
+		var n int
+		err := pgx.BeginTxFunc(ctx, e.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+			if found, err := e.st.StrayHeldExists(ctx, tx); err != nil || !found {
+				return err
+			}
+			if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = "+strconv.FormatInt(rescueLockTimeout.Milliseconds(), 10)); err != nil {
+				return err
+			}
+			var err error
+			if n, err = e.st.ReleaseStrayHeld(ctx, tx, e.cfg.RescueBatch); err != nil || n == 0 {
+				return err
+			}
+			return e.st.Notify(ctx, tx, e.cfg.CommandTopic)
+		})
+		if pgerr.Lock(err) {
+			// Pauses are being written (or sagas ended) for longer than
+			// the rescuer waits: the next run tries again.
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("saga: rescue: release held commands: %w", err)
+		}
+		if n > 0 {
+			res.Released += n
+			e.stats.released.Add(int64(n))
+			e.log.WarnContext(ctx, "sagaflow released held commands that no pause covered any more", slog.Int("released", n))
+		}
+		if n < e.cfg.RescueBatch {
+			return nil
+		}
+	}
 }
 
 // enforceDeadlines records a cancel request, with code [CodeDeadline], for
