@@ -255,7 +255,10 @@
 // engine that claims one (a command that escaped the hold by racing the
 // pause, or one consumed from Kafka in Kafka mode) writes it back held
 // instead of running it. Other sagas, of this type or any other, are not
-// held back.
+// held back. A command written held just as its pause was lifted (by a step,
+// or a batch, that committed after the release had looked) is released by
+// the rescuer's next run ([RescueResult.Released]); it never releases a
+// command that a pause covers.
 //
 // A step with [Step.PauseWhenExhausted] pauses its saga, instead of
 // compensating (or, if Retriable, instead of retrying on), when its
@@ -390,7 +393,8 @@
 //   - the rescuer, every [Config.RescueInterval] ([Engine.RescueNow] runs
 //     it at once): it takes each stuck saga with a lock it never waits for
 //     and guards its update on the version it read, then records a cancel
-//     request for each saga past its deadline;
+//     request for each saga past its deadline; first, it releases the
+//     commands held for a pause that no longer exists (see "Pause");
 //   - retention, every [Config.RetentionInterval] ([Engine.RunRetention]):
 //     published outbox rows after [Config.OutboxRetention], inbox keys
 //     after [Config.InboxRetention] (which must be longer: it is what makes
