@@ -301,6 +301,7 @@ type Engine struct {
 	// Postgres-only mode; nil otherwise.
 	wakeLocal atomic.Pointer[func()]
 	notifier  notifier
+	starts    *startGroup // starts on the pool, committed together (startgroup.go)
 
 	stats statCounters
 	hooks testHooks
@@ -356,6 +357,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 		pool: pool, cfg: c, st: st, outbox: ob, log: telemetry.Logger(c.Logger), signer: signer,
 		machine:  machine{slack: c.RescueSlack, maxState: c.MaxStateBytes},
 		notifier: notifier{from: "@" + uuid.NewString()[:8]},
+		starts:   newStartGroup(),
 	}
 	if e.tel, err = newEngineTelemetry(e); err != nil {
 		return nil, fmt.Errorf("saga: telemetry: %w", err)
@@ -713,6 +715,7 @@ type Stats struct {
 	Chained           int64 // steps run in the transaction of the step, reply or wait's end before them
 	BusBatched        int64 // messages from the bus run several to a transaction
 	Released          int64 // held commands released by the rescuer because no pause covered them any more
+	StartsGrouped     int64 // starts (Start, on the engine's pool) committed in one transaction with others
 }
 
 type statCounters struct {
@@ -750,6 +753,6 @@ func (e *Engine) Stats() Stats {
 		Parked: s.parked.Load(), HandlersAbandoned: s.abandoned.Load(), CancelsApplied: s.cancelled.Load(),
 		Rescued: s.rescued.Load(), FailedOver: s.failedOver.Load(),
 		CronStarted: s.cronStarted.Load(), CronDuplicates: s.cronDuplicates.Load(), Chained: s.chained.Load(),
-		BusBatched: s.kafkaBatched.Load(), Released: s.released.Load(),
+		BusBatched: s.kafkaBatched.Load(), Released: s.released.Load(), StartsGrouped: e.starts.grouped.Load(),
 	}
 }

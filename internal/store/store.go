@@ -563,6 +563,28 @@ func micros(d time.Duration) int64 { return d.Microseconds() }
 // (deadline_at) is deadline from now, or none when deadline is 0. A child
 // saga's sg names its parent (ParentID, ParentName, ParentKey).
 func (s *Store) StartSaga(ctx context.Context, db DBTX, sg *Saga, checkAfter, deadline time.Duration, rows *Transition, topic string, notify bool) (bool, error) {
+	q, args := s.startSaga(sg, checkAfter, deadline, rows, topic, notify)
+	tag, err := db.Exec(ctx, q, args...)
+	if err != nil {
+		return false, fmt.Errorf("store: start saga %s %s: %w", sg.Name, sg.ID, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// QueueStartSaga queues on b the statement of [Store.StartSaga], without a
+// notification: several starts then commit in one transaction (see
+// pgx.Batch.BeginTx). Whether the saga was inserted is stored in *inserted
+// when b's results are read.
+func (s *Store) QueueStartSaga(b *pgx.Batch, sg *Saga, checkAfter, deadline time.Duration, rows *Transition, topic string, inserted *bool) {
+	q, args := s.startSaga(sg, checkAfter, deadline, rows, topic, false)
+	b.Queue(q, args...).Exec(func(tag pgconn.CommandTag) error {
+		*inserted = tag.RowsAffected() == 1
+		return nil
+	})
+}
+
+// startSaga returns the statement that starts sg, and its arguments.
+func (s *Store) startSaga(sg *Saga, checkAfter, deadline time.Duration, rows *Transition, topic string, notify bool) (string, []any) {
 	channel := ""
 	if notify {
 		channel = s.channel
@@ -594,11 +616,7 @@ func (s *Store) StartSaga(ctx context.Context, db DBTX, sg *Saga, checkAfter, de
 	}
 	args = append(args, deadlineUS, pgIDPtr(sg.ParentID), sg.ParentName, sg.ParentKey, sg.TraceContext, sg.ConcurrencyKey,
 		int32(max(sg.DefVersion, 1)), sg.ParentVersion)
-	tag, err := db.Exec(ctx, q, args...)
-	if err != nil {
-		return false, fmt.Errorf("store: start saga %s %s: %w", sg.Name, sg.ID, err)
-	}
-	return tag.RowsAffected() == 1, nil
+	return q, args
 }
 
 func historyArrays(hs []HistoryEntry) []any {

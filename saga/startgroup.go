@@ -1,0 +1,209 @@
+package saga
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/sagaflow/sagaflow/internal/store"
+)
+
+// Starts made on the engine's own pool ([Start], not [StartTx]) that run at
+// the same time commit together: each is a statement of its own, and up to
+// startGroupMax of them share one transaction and one commit. A start
+// returns, as before, once its saga has committed.
+//
+// Why: a start was a transaction of its own, and under load most of its
+// time was spent waiting for its commit record to reach the disk, one
+// commit after the other. The steps that follow already commit in batches.
+//
+// There is no added wait: a start that finds no group committing goes at
+// once, alone if nothing else waits; starts that arrive while a group
+// commits wait for it to end and then go together. One group at a time is
+// what the measurements favoured (docs/benchmarks.md): more at a time meant
+// smaller groups and more commits.
+//
+// If a group fails for any reason (a start that PostgreSQL refuses, a lock
+// wait longer than startGroupLockWait, a lost connection), each of its
+// starts runs again alone, at the same time as the others, so that each
+// gets its own result and one bad start holds back no other. Running a start
+// again is safe even if its group did commit: its id is fixed, and the start
+// then finds its own saga, as a retried start does.
+const (
+	startGroupMax   = 128
+	startGroupSlots = 1
+)
+
+// startGroupLockWait is how long a group waits for a row lock before its
+// starts run alone.
+const startGroupLockWait = 50 * time.Millisecond
+
+// startGroupTimeout bounds one group's round trip. The callers stop
+// waiting when their own context ends.
+const startGroupTimeout = time.Minute
+
+// startReq is one start waiting to be committed with others.
+type startReq struct {
+	sg         *store.Saga
+	checkAfter time.Duration
+	deadline   time.Duration
+	rows       *store.Transition
+	key        string // the business key, to order a group's inserts
+
+	// state: 0 waiting, 1 taken by a group, 2 given up by its caller
+	// before a group took it.
+	state    atomic.Int32
+	inserted bool
+	err      error
+	done     chan struct{}
+}
+
+// startGroup queues the starts that wait for a slot.
+type startGroup struct {
+	mu      sync.Mutex
+	waiting []*startReq
+	running int // groups committing
+	slots   int
+	grouped atomic.Int64 // starts committed in a group of more than one
+}
+
+func newStartGroup() *startGroup {
+	return &startGroup{slots: startGroupSlots}
+}
+
+// start commits the start r with whatever other starts wait, and reports
+// whether its saga was inserted (false: its business key or id was taken).
+func (g *startGroup) start(ctx context.Context, e *Engine, r *startReq) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	r.done = make(chan struct{})
+	g.mu.Lock()
+	g.waiting = append(g.waiting, r)
+	var group []*startReq
+	if g.running < g.slots {
+		g.running++
+		group = g.take()
+	}
+	g.mu.Unlock()
+	if group != nil {
+		go g.run(e, group)
+	}
+	select {
+	case <-r.done:
+		return r.inserted, r.err
+	case <-ctx.Done():
+		if r.state.CompareAndSwap(0, 2) {
+			return false, ctx.Err()
+		}
+		// Taken: the group may commit it, or may have done so already.
+		return false, fmt.Errorf("%w (the saga may have been started: its group was committing; start it again with the same business key or StartOpts.ID to find out)", ctx.Err())
+	}
+}
+
+// take removes up to startGroupMax waiting starts, skipping those given
+// up, and marks them taken. Called with g.mu held.
+func (g *startGroup) take() []*startReq {
+	var group []*startReq
+	n := 0
+	for ; n < len(g.waiting) && len(group) < startGroupMax; n++ {
+		r := g.waiting[n]
+		if r.state.CompareAndSwap(0, 1) {
+			group = append(group, r)
+		}
+	}
+	g.waiting = append(g.waiting[:0], g.waiting[n:]...)
+	return group
+}
+
+// run commits group, then the next waiting starts, until none wait.
+func (g *startGroup) run(e *Engine, group []*startReq) {
+	for len(group) > 0 {
+		g.commit(e, group)
+		g.mu.Lock()
+		group = g.take()
+		if len(group) == 0 {
+			g.running--
+		}
+		g.mu.Unlock()
+	}
+}
+
+// commit runs group's starts in one transaction, BEGIN to COMMIT in one
+// round trip. If that fails, each start runs again alone, all at once, and
+// commit returns without waiting for them.
+func (g *startGroup) commit(e *Engine, group []*startReq) {
+	// One order for every group: two groups that insert the same business
+	// keys (or ids) wait for each other in the same order rather than
+	// deadlock.
+	slices.SortFunc(group, func(a, b *startReq) int {
+		return cmp.Or(cmp.Compare(a.sg.Name, b.sg.Name), cmp.Compare(a.key, b.key),
+			slices.Compare(a.sg.ID[:], b.sg.ID[:]))
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), startGroupTimeout)
+	err := g.commitTogether(ctx, e, group)
+	cancel()
+	if err == nil {
+		if len(group) > 1 {
+			g.grouped.Add(int64(len(group)))
+		}
+		for _, r := range group {
+			close(r.done)
+		}
+		return
+	}
+	e.log.Debug("sagaflow: a group of starts failed; each runs again alone", "starts", len(group), "error", err)
+	for _, r := range group {
+		go func() {
+			defer close(r.done)
+			ctx, cancel := context.WithTimeout(context.Background(), startGroupTimeout)
+			defer cancel()
+			r.inserted, r.err = e.st.StartSaga(ctx, e.pool, r.sg, r.checkAfter, r.deadline, r.rows, e.cfg.CommandTopic, false)
+		}()
+	}
+}
+
+func (g *startGroup) commitTogether(ctx context.Context, e *Engine, group []*startReq) error {
+	inserted := make([]bool, len(group))
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	// A start whose business key (or id) another transaction has just
+	// inserted waits for that transaction, which may be a caller's long
+	// one (StartTx). The group does not wait with it: it fails, and that
+	// start waits alone.
+	b.Queue("SET LOCAL lock_timeout = " + strconv.Itoa(int(startGroupLockWait.Milliseconds())))
+	for i, r := range group {
+		e.st.QueueStartSaga(b, r.sg, r.checkAfter, r.deadline, r.rows, e.cfg.CommandTopic, &inserted[i])
+	}
+	b.Queue("COMMIT").Exec(func(ct pgconn.CommandTag) error {
+		if ct.String() != "COMMIT" {
+			return fmt.Errorf("the transaction was rolled back (%s)", ct)
+		}
+		return nil
+	})
+	conn, err := e.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	br := conn.SendBatch(ctx, b)
+	tx := br.Tx()
+	if err := br.Close(); err != nil {
+		// A statement failed: the transaction is aborted, not ended. A
+		// connection released inside it would be closed by the pool.
+		_ = tx.Rollback(ctx)
+		return err
+	}
+	for i, r := range group {
+		r.inserted = inserted[i]
+	}
+	return nil
+}
