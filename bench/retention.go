@@ -25,6 +25,13 @@ import (
 // 1, so that neither condition always comes first. After each delete the
 // engine runs once more before a VACUUM ("deleted") and once after it
 // ("vacuumed").
+//
+// Before each window (outside it) the tables of -vacuum-before are
+// vacuumed, by default the two that the engine's own work leaves dead rows
+// in (its consumed commands, its saga updates): on a server with
+// autovacuum off, as the project's test server is, they would otherwise
+// bloat from one window to the next whatever retention does, and the later
+// windows would be slower for that alone.
 
 // retentionAge puts the pre-filled sagas past the 30-day saga retention,
 // and so past the outbox's and the inbox's too.
@@ -43,6 +50,8 @@ type retentionOpts struct {
 	keep      bool
 	out       string
 	afterRuns bool
+	// vacuum are the tables to VACUUM before each window (outside it).
+	vacuum []string
 }
 
 // RetentionReport is what bench retention prints and writes.
@@ -50,11 +59,15 @@ type RetentionReport struct {
 	Machine Machine `json:"machine"`
 	Sagas   int     `json:"sagas"`
 	// Rows counts the backlog of each schema, per table.
-	Rows    []map[string]int64 `json:"rows"`
-	Batch   int                `json:"retention_batch"`
-	Prefill []string           `json:"prefill"`
-	Windows []RetentionWindow  `json:"windows"`
-	Deletes []RetentionDelete  `json:"deletes"`
+	Rows  []map[string]int64 `json:"rows"`
+	Batch int                `json:"retention_batch"`
+	// Autovacuum is the server's setting: with it off, the tables of
+	// -vacuum-before are vacuumed before each window instead.
+	Autovacuum string            `json:"autovacuum"`
+	Vacuum     string            `json:"vacuum_before_each_window"`
+	Prefill    []string          `json:"prefill"`
+	Windows    []RetentionWindow `json:"windows"`
+	Deletes    []RetentionDelete `json:"deletes"`
 }
 
 // RetentionWindow is one measured run of the engine and what retention
@@ -63,6 +76,8 @@ type RetentionWindow struct {
 	Schema    string `json:"schema"`
 	Condition string `json:"condition"` // idle, deleting, deleted, vacuumed
 	Sample    Sample `json:"sample"`
+	// VacuumSeconds is the time the VACUUM before the window took.
+	VacuumSeconds float64 `json:"vacuum_seconds,omitempty"`
 	// Deleted counts the rows deleted from each table in the window, from
 	// pg_stat_user_tables; not the outbox's, whose consumed commands the
 	// engine deletes too.
@@ -102,9 +117,11 @@ func retentionMain(args []string) error {
 	fs.DurationVar(&o.window, "window", time.Minute, "measured window of each run")
 	fs.IntVar(&o.batch, "batch", saga.RetentionBatchDefault, "Config.RetentionBatch")
 	fs.BoolVar(&o.afterRuns, "after", true, "measure the engine after each delete, before and after VACUUM")
+	vacuum := fs.String("vacuum-before", "outbox,saga_instances", "tables to VACUUM before each window, as autovacuum would between them (\"\" for none)")
 	fs.BoolVar(&o.keep, "keep", false, "keep the schemas")
 	fs.StringVar(&o.out, "out", "", "write the report as JSON here")
 	_ = fs.Parse(args)
+	o.vacuum = splitList(*vacuum)
 	if o.outbox < 0 || o.outbox > 3 {
 		return fmt.Errorf("-outbox %d: 0 to 3", o.outbox)
 	}
@@ -114,7 +131,11 @@ func retentionMain(args []string) error {
 		return err
 	}
 	defer pool.Close()
-	rep := RetentionReport{Machine: describeMachine(ctx, ""), Sagas: o.sagas, Batch: o.batch}
+	rep := RetentionReport{Machine: describeMachine(ctx, ""), Sagas: o.sagas, Batch: o.batch, Vacuum: *vacuum}
+	if err := pool.QueryRow(ctx, "SELECT current_setting('autovacuum')").Scan(&rep.Autovacuum); err != nil {
+		return err
+	}
+	progressf("autovacuum=%s; VACUUM before each window: %q", rep.Autovacuum, *vacuum)
 	schemas := []string{"bench_retention_1_" + randomSuffix(), "bench_retention_2_" + randomSuffix()}
 	if !o.keep {
 		defer func() {
@@ -186,15 +207,17 @@ func deleteBacklog(ctx context.Context, pool *pgxpool.Pool, o *retentionOpts, sc
 		return d, nil, err
 	}
 	type outcome struct {
-		res saga.RetentionResult
-		err error
+		res  saga.RetentionResult
+		err  error
+		took time.Duration
 	}
 	done := make(chan outcome, 1)
 	start := time.Now()
 	progressf("%s: retention started", schema)
 	go func() {
 		res, err := e.RunRetention(ctx)
-		done <- outcome{res, err}
+		done <- outcome{res, err, time.Since(start)}
+		progressf("%s: retention done in %s", schema, time.Since(start).Round(time.Second))
 	}()
 	var out outcome
 	for running := true; running; {
@@ -205,7 +228,7 @@ func deleteBacklog(ctx context.Context, pool *pgxpool.Pool, o *retentionOpts, sc
 		default:
 		}
 	}
-	d.Seconds = time.Since(start).Seconds()
+	d.Seconds = out.took.Seconds()
 	d.Result = out.res
 	if out.err != nil {
 		d.Error = out.err.Error()
@@ -246,8 +269,17 @@ func retentionWindow(ctx context.Context, pool *pgxpool.Pool, o *retentionOpts, 
 	_ = rfs.Parse(nil)
 	r.System, r.Scenario, r.Conc, r.Schema, r.History = sysSagaflowPG, scenarioHistory, o.conc, schema, o.sagas
 	r.Window, r.WindowMax, r.TimeBox = o.window, o.window, time.Minute
+	w := RetentionWindow{Schema: schema, Condition: condition}
+	vstart := time.Now()
+	for _, t := range o.vacuum {
+		if _, err := pool.Exec(ctx, "VACUUM "+pgx.Identifier{schema, t}.Sanitize()); err != nil {
+			w.Sample.Error = fmt.Sprintf("vacuum %s.%s: %v", schema, t, err)
+			return w
+		}
+	}
+	w.VacuumSeconds = time.Since(vstart).Seconds()
 	before, _ := sizesOf(ctx, pool, schema)
-	w := RetentionWindow{Schema: schema, Condition: condition, LoadAvg: loadAvg()}
+	w.LoadAvg = loadAvg()
 	w.Sample = spawn(ctx, r)
 	if after, err := sizesOf(ctx, pool, schema); err == nil && condition == "deleting" {
 		w.Deleted = map[string]int64{}
@@ -255,8 +287,8 @@ func retentionWindow(ctx context.Context, pool *pgxpool.Pool, o *retentionOpts, 
 			w.Deleted[t] = after[t].Delete - before[t].Delete
 		}
 	}
-	progressf("%-8s %s: %.0f steps/s, p50 %.1f ms, p99 %.1f ms, deleted %v, load %s %s",
-		condition, schema, w.Sample.Rate, w.Sample.P50Ms, w.Sample.P99Ms, w.Deleted, w.LoadAvg, w.Sample.Error)
+	progressf("%-8s %s: %.0f steps/s, p50 %.1f ms, p99 %.1f ms, deleted %v, vacuum before %.1f s, load %s %s",
+		condition, schema, w.Sample.Rate, w.Sample.P50Ms, w.Sample.P99Ms, w.Deleted, w.VacuumSeconds, w.LoadAvg, w.Sample.Error)
 	return w
 }
 
@@ -302,13 +334,14 @@ func progressf(format string, args ...any) {
 }
 
 func printRetention(r *RetentionReport) {
-	fmt.Printf("retention: %d sagas per schema, past their windows; RetentionBatch %d\n", r.Sagas, r.Batch)
+	fmt.Printf("retention: %d sagas per schema, past their windows; RetentionBatch %d; autovacuum=%s, VACUUM before each window: %q\n",
+		r.Sagas, r.Batch, r.Autovacuum, r.Vacuum)
 	for _, p := range r.Prefill {
 		fmt.Println("  pre-filled", p)
 	}
-	fmt.Printf("%-9s %-30s %10s %8s %8s %s\n", "condition", "schema", "steps/s", "p50 ms", "p99 ms", "rows deleted in the window")
+	fmt.Printf("%-9s %-30s %10s %8s %8s %9s %s\n", "condition", "schema", "steps/s", "p50 ms", "p99 ms", "vacuum s", "rows deleted in the window")
 	for _, w := range r.Windows {
-		fmt.Printf("%-9s %-30s %10.0f %8.1f %8.1f %v %s\n", w.Condition, w.Schema, w.Sample.Rate, w.Sample.P50Ms, w.Sample.P99Ms, w.Deleted, w.Sample.Error)
+		fmt.Printf("%-9s %-30s %10.0f %8.1f %8.1f %9.1f %v %s\n", w.Condition, w.Schema, w.Sample.Rate, w.Sample.P50Ms, w.Sample.P99Ms, w.VacuumSeconds, w.Deleted, w.Sample.Error)
 	}
 	for _, d := range r.Deletes {
 		fmt.Printf("delete %s: %d rows in %.0f s (%.0f rows/s), VACUUM %.0f s %s\n", d.Schema, d.Rows, d.Seconds, d.RowsPerSecond, d.VacuumSeconds, d.Error)
