@@ -186,6 +186,16 @@
 // slow step delays the commit of the steps batched with it; engines whose
 // steps are slow should use a small BatchSize.
 //
+// Starts share commits too. [Start] (not [StartTx], whose transaction is the
+// caller's) sends its saga's statement at once when no other start of the
+// engine is committing; starts made while one is committing wait for it, then
+// commit together, up to 128 in one transaction, each still returning only
+// once its saga has committed ([Stats.StartsGrouped] counts them). A group
+// that fails for any reason, a start that PostgreSQL refuses or one that
+// waits more than 50 ms for a business key another transaction holds, runs
+// each of its starts again alone, so that each gets its own answer and no
+// start waits for another's lock.
+//
 // # Concurrency keys
 //
 // [Definition.WithConcurrency] limits the sagas of a definition that run at
