@@ -753,6 +753,6 @@ func (e *Engine) Stats() Stats {
 		Parked: s.parked.Load(), HandlersAbandoned: s.abandoned.Load(), CancelsApplied: s.cancelled.Load(),
 		Rescued: s.rescued.Load(), FailedOver: s.failedOver.Load(),
 		CronStarted: s.cronStarted.Load(), CronDuplicates: s.cronDuplicates.Load(), Chained: s.chained.Load(),
-		BusBatched: s.kafkaBatched.Load(), Released: s.released.Load(), StartsGrouped: e.starts.grouped.Load(),
+		BusBatched: s.kafkaBatched.Load(), Released: s.released.Load(), StartsGrouped: e.starts.count(),
 	}
 }

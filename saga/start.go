@@ -157,7 +157,7 @@ func (e *Engine) startRaw(ctx context.Context, db store.DBTX, own bool, def *com
 	var err error
 	if o.ConcurrencyKey != "" { // concurrency.go
 		inserted, err = e.startConcurrent(ctx, db, own, def, sg, rows, &o, startSaga)
-	} else if own {
+	} else if own && e.starts != nil {
 		inserted, err = e.starts.start(ctx, e, &startReq{sg: sg, checkAfter: e.firstDeadline(first.timeout),
 			deadline: deadline, rows: rows, key: o.BusinessKey})
 	} else {

@@ -79,6 +79,15 @@ func newStartGroup() *startGroup {
 	return &startGroup{slots: startGroupSlots}
 }
 
+// count is how many starts were committed in a group of more than one; 0
+// for an engine that was not made by [New].
+func (g *startGroup) count() int64 {
+	if g == nil {
+		return 0
+	}
+	return g.grouped.Load()
+}
+
 // start commits the start r with whatever other starts wait, and reports
 // whether its saga was inserted (false: its business key or id was taken).
 func (g *startGroup) start(ctx context.Context, e *Engine, r *startReq) (bool, error) {
