@@ -193,8 +193,12 @@
 // once its saga has committed ([Stats.StartsGrouped] counts them). A group
 // that fails for any reason, a start that PostgreSQL refuses or one that
 // waits more than 50 ms for a business key another transaction holds, runs
-// each of its starts again alone, so that each gets its own answer and no
-// start waits for another's lock.
+// each of its starts again on a connection of its own, concurrently, so that
+// each gets its own answer and no start waits for another's lock, as long as
+// the pool has a connection free (a start blocked on a key holds one). A
+// start whose context ends before its statement is sent starts nothing; one
+// whose context ends after may have started its saga, and its error says so
+// (see [Start]).
 //
 // # Concurrency keys
 //

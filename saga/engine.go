@@ -695,7 +695,9 @@ func (e *Engine) work(fetchCtx, workCtx context.Context, wake chan struct{}) {
 	}
 }
 
-// Stats are counters of what the engine's workers did since it was created.
+// Stats are counters of what the engine did since it was created: its
+// workers, its rescuer and scheduler, and its starts (StartsGrouped counts on
+// an engine that was never started too).
 // What a batch did is counted when it commits: a batch rolled back (a crash,
 // a batch from the bus run again one message at a time) counts nothing.
 type Stats struct {

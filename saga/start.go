@@ -53,9 +53,25 @@ type Started struct {
 	Existing bool
 }
 
-// Start starts a saga of definition d with the initial state. It is one
-// statement, so it commits atomically on its own. See [StartTx] to start a
-// saga inside the caller's transaction.
+// Start starts a saga of definition d with the initial state, on the
+// engine's pool, and returns once the saga has committed. The saga's row, its
+// first history entry and its first command are one statement. Starts made
+// while another start of the engine commits wait for it and then commit
+// together, up to 128 in one transaction ([Stats.StartsGrouped]); a start that
+// finds none committing goes at once. A group in which a start fails, or waits
+// more than 50 ms for a business key another transaction holds, runs each of
+// its starts again on a connection of its own, so each gets its own answer.
+// Such a blocked start holds a connection of the pool, as [StartTx] does:
+// bound the concurrent starts of one business key, or other starts wait for
+// a free connection.
+//
+// If ctx ends before the start's statement was sent, Start returns an error
+// wrapping ctx's error that says nothing was started, and nothing is. If it
+// ends after, the saga may have been started, and the error says so: start
+// again with the same [StartOpts.ID] or business key to find out; without
+// either, starting again may start a second saga.
+//
+// See [StartTx] to start a saga inside the caller's transaction.
 func Start[S any](ctx context.Context, e *Engine, d *Definition[S], state S, opts *StartOpts) (Started, error) {
 	if err := e.ready("Start"); err != nil {
 		return Started{}, err
@@ -230,7 +246,7 @@ func (e *Engine) checkState(name string, raw []byte) error {
 			name, len(raw), e.cfg.MaxStateBytes, ErrPayloadTooLarge)
 	}
 	if bytes.Contains(raw, []byte(`\u0000`)) {
-		return fmt.Errorf("saga: start %s: state contains a NUL character (\\u0000), which PostgreSQL jsonb cannot store", name)
+		return fmt.Errorf("%w: start %s: state contains a NUL character (\\u0000), which PostgreSQL jsonb cannot store", ErrInvalidInput, name)
 	}
 	return nil
 }

@@ -58,13 +58,23 @@ type startReq struct {
 	rows       *store.Transition
 	key        string // the business key, to order a group's inserts
 
-	// state: 0 waiting, 1 taken by a group, 2 given up by its caller
-	// before a group took it.
+	// state: reqWaiting, reqTaken, reqGivenUp or reqSent.
 	state    atomic.Int32
 	inserted bool
 	err      error
 	done     chan struct{}
 }
+
+// The states of a startReq. A caller gives up (its context ended) while its
+// start is waiting or taken: the group then leaves it out, and nothing is
+// written. Once the group has its connection it marks its starts sent, and
+// from then on a caller that gives up cannot know whether its saga started.
+const (
+	reqWaiting int32 = iota // queued
+	reqTaken                // in a group that waits for a connection
+	reqGivenUp              // its caller gave up before it was sent
+	reqSent                 // on its way to PostgreSQL
+)
 
 // startGroup queues the starts that wait for a slot.
 type startGroup struct {
@@ -110,11 +120,11 @@ func (g *startGroup) start(ctx context.Context, e *Engine, r *startReq) (bool, e
 	case <-r.done:
 		return r.inserted, r.err
 	case <-ctx.Done():
-		if r.state.CompareAndSwap(0, 2) {
-			return false, ctx.Err()
+		if r.state.CompareAndSwap(reqWaiting, reqGivenUp) || r.state.CompareAndSwap(reqTaken, reqGivenUp) {
+			return false, fmt.Errorf("%w (nothing was started)", ctx.Err())
 		}
-		// Taken: the group may commit it, or may have done so already.
-		return false, fmt.Errorf("%w (the saga may have been started: its group was committing; start it again with the same business key or StartOpts.ID to find out)", ctx.Err())
+		// Sent: it may commit, or may have committed already.
+		return false, fmt.Errorf("%w (the saga may have been started: its statement had been sent; start it again with the same StartOpts.ID or business key to find out)", ctx.Err())
 	}
 }
 
@@ -125,7 +135,7 @@ func (g *startGroup) take() []*startReq {
 	n := 0
 	for ; n < len(g.waiting) && len(group) < startGroupMax; n++ {
 		r := g.waiting[n]
-		if r.state.CompareAndSwap(0, 1) {
+		if r.state.CompareAndSwap(reqWaiting, reqTaken) {
 			group = append(group, r)
 		}
 	}
@@ -158,7 +168,7 @@ func (g *startGroup) commit(e *Engine, group []*startReq) {
 			slices.Compare(a.sg.ID[:], b.sg.ID[:]))
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), startGroupTimeout)
-	err := g.commitTogether(ctx, e, group)
+	group, err := g.commitTogether(ctx, e, group)
 	cancel()
 	if err == nil {
 		if len(group) > 1 {
@@ -171,17 +181,49 @@ func (g *startGroup) commit(e *Engine, group []*startReq) {
 	}
 	e.log.Debug("sagaflow: a group of starts failed; each runs again alone", "starts", len(group), "error", err)
 	for _, r := range group {
-		go func() {
-			defer close(r.done)
-			ctx, cancel := context.WithTimeout(context.Background(), startGroupTimeout)
-			defer cancel()
-			r.inserted, r.err = e.st.StartSaga(ctx, e.pool, r.sg, r.checkAfter, r.deadline, r.rows, e.cfg.CommandTopic, false)
-		}()
+		go alone(e, r)
 	}
 }
 
-func (g *startGroup) commitTogether(ctx context.Context, e *Engine, group []*startReq) error {
-	inserted := make([]bool, len(group))
+// alone runs r on a connection of its own, unless its caller gave up before
+// it was sent.
+func alone(e *Engine, r *startReq) {
+	defer close(r.done)
+	ctx, cancel := context.WithTimeout(context.Background(), startGroupTimeout)
+	defer cancel()
+	conn, err := e.pool.Acquire(ctx)
+	if err != nil {
+		r.err = fmt.Errorf("start saga %s %s: %w", r.sg.Name, r.sg.ID, err)
+		return
+	}
+	defer conn.Release()
+	if !r.state.CompareAndSwap(reqTaken, reqSent) && r.state.Load() != reqSent {
+		return // given up: nothing was sent
+	}
+	r.inserted, r.err = e.st.StartSaga(ctx, conn, r.sg, r.checkAfter, r.deadline, r.rows, e.cfg.CommandTopic, false)
+}
+
+// commitTogether sends group's starts, left out those whose callers gave up
+// while it waited for a connection (they are done, with nothing written), and
+// returns the starts it sent.
+func (g *startGroup) commitTogether(ctx context.Context, e *Engine, group []*startReq) ([]*startReq, error) {
+	conn, err := e.pool.Acquire(ctx)
+	if err != nil {
+		return group, err
+	}
+	defer conn.Release()
+	sent := group[:0]
+	for _, r := range group {
+		if r.state.CompareAndSwap(reqTaken, reqSent) {
+			sent = append(sent, r)
+		} else {
+			close(r.done) // given up: its caller has returned
+		}
+	}
+	if len(sent) == 0 {
+		return sent, nil
+	}
+	inserted := make([]bool, len(sent))
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
 	// A start whose business key (or id) another transaction has just
@@ -189,7 +231,7 @@ func (g *startGroup) commitTogether(ctx context.Context, e *Engine, group []*sta
 	// one (StartTx). The group does not wait with it: it fails, and that
 	// start waits alone.
 	b.Queue("SET LOCAL lock_timeout = " + strconv.Itoa(int(startGroupLockWait.Milliseconds())))
-	for i, r := range group {
+	for i, r := range sent {
 		e.st.QueueStartSaga(b, r.sg, r.checkAfter, r.deadline, r.rows, e.cfg.CommandTopic, &inserted[i])
 	}
 	b.Queue("COMMIT").Exec(func(ct pgconn.CommandTag) error {
@@ -198,21 +240,16 @@ func (g *startGroup) commitTogether(ctx context.Context, e *Engine, group []*sta
 		}
 		return nil
 	})
-	conn, err := e.pool.Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Release()
 	br := conn.SendBatch(ctx, b)
 	tx := br.Tx()
 	if err := br.Close(); err != nil {
 		// A statement failed: the transaction is aborted, not ended. A
 		// connection released inside it would be closed by the pool.
 		_ = tx.Rollback(ctx)
-		return err
+		return sent, err
 	}
-	for i, r := range group {
+	for i, r := range sent {
 		r.inserted = inserted[i]
 	}
-	return nil
+	return sent, nil
 }
