@@ -313,6 +313,17 @@ func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, derr 
 			return err
 		}
 	}
+	if !ls.Paused && (c.Type == wakeType || c.Type == commandType) && b.tx.pauseHeard() {
+		// A pause was announced since the batch claimed its commands:
+		// this one may be covered by it (found by a docs-only review,
+		// whose paused sagas' steps started up to a batch's time after
+		// Pause returned).
+		paused, err := e.st.SagaPaused(ctx, b.tx.step(), ls.ID, ls.Name)
+		if err != nil {
+			return err
+		}
+		ls.Paused = paused
+	}
 	if ls.Paused && (c.Type == wakeType || c.Type == commandType) && !Status(ls.Status).Terminal() {
 		// Paused since the command was written: it waits for the pause to
 		// be lifted (see [Engine.Pause]).

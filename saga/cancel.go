@@ -426,8 +426,13 @@ func (e *Engine) watchCancels(ctx context.Context) {
 }
 
 // notified handles a notification on the engine's channel: a cancel
-// request for a saga whose step runs here interrupts it.
+// request for a saga whose step runs here interrupts it; a pause makes the
+// batches that began before it look at the pauses again.
 func (e *Engine) notified(ctx context.Context, payload string) {
+	if payload == store.PausePayload {
+		e.pausesHeard.Add(1)
+		return
+	}
 	rest, ok := strings.CutPrefix(payload, store.CancelPayload)
 	if !ok {
 		return

@@ -312,6 +312,9 @@ type Engine struct {
 	// running are the steps whose handlers run now, by saga, for cancel
 	// requests to interrupt.
 	running runningSteps
+	// pausesHeard counts the pause notifications heard: a batch that hears
+	// one after it began looks at the pauses again before each step.
+	pausesHeard atomic.Int64
 	// signer signs the commands written for Kafka and verifies what is
 	// consumed; off unless Kafka.SigningKey is set.
 	signer signing.Keys

@@ -84,8 +84,13 @@ func (e *Engine) Pause(ctx context.Context, id uuid.UUID, reason string) error {
 			return err
 		}
 		detail, _ := json.Marshal(map[string]string{"reason": reason})
-		return e.st.InsertHistory(ctx, tx, &store.HistoryEntry{SagaID: sg.ID, Event: EventSagaPaused, StepName: sg.StepName,
-			Direction: sg.Direction, Epoch: sg.Epoch, ErrorCode: store.PauseCodeOperator, Detail: detail})
+		if err := e.st.InsertHistory(ctx, tx, &store.HistoryEntry{SagaID: sg.ID, Event: EventSagaPaused, StepName: sg.StepName,
+			Direction: sg.Direction, Epoch: sg.Epoch, ErrorCode: store.PauseCodeOperator, Detail: detail}); err != nil {
+			return err
+		}
+		// A batch that claimed the saga's command before this commits
+		// looks at the pauses again before it runs it.
+		return e.st.NotifyPause(ctx, tx)
 	})
 	if err != nil {
 		return fmt.Errorf("saga: pause %s: %w", id, err)
@@ -113,7 +118,10 @@ func (e *Engine) PauseType(ctx context.Context, name, reason string) (bool, erro
 	err := pgx.BeginTxFunc(ctx, e.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		var err error
 		paused, err = e.st.InsertPause(ctx, tx, &store.Pause{Kind: store.PauseType, SagaName: name, Code: store.PauseCodeOperator, Reason: reason})
-		return err
+		if err != nil || !paused {
+			return err
+		}
+		return e.st.NotifyPause(ctx, tx)
 	})
 	if err != nil {
 		return false, fmt.Errorf("saga: pause type %q: %w", name, err)

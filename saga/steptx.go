@@ -66,6 +66,14 @@ type batchTx struct {
 	// stats are the counters of what the batch did, added to the engine's
 	// when it commits: a batch rolled back and run again is counted once.
 	stats statCounters
+	// pauses is the engine's pausesHeard when the batch began: a pause
+	// heard of since may cover a saga the batch claimed before it.
+	pauses int64
+}
+
+// pauseHeard reports whether a pause was announced since the batch began.
+func (t *batchTx) pauseHeard() bool {
+	return t.e.pausesHeard.Load() != t.pauses
 }
 
 // supersede makes the next transition of saga id written in this batch
@@ -100,7 +108,7 @@ func (e *Engine) beginBatch(acquire, ctx context.Context) (*batchTx, error) {
 		conn.Release()
 		return nil, fmt.Errorf("saga: begin batch: %w", err)
 	}
-	return &batchTx{e: e, conn: conn, tx: tx, ctx: ctx}, nil
+	return &batchTx{e: e, conn: conn, tx: tx, ctx: ctx, pauses: e.pausesHeard.Load()}, nil
 }
 
 // end rolls back what was not committed and releases the connection,

@@ -212,9 +212,12 @@ func pauseResume(t *testing.T, batch int) {
 	require.Empty(t, lateSeen, "steps started while their saga was paused")
 	require.GreaterOrEqual(t, s.Released, resc.released.Load(), "Stats.Released counts what RescueNow released")
 	require.Zero(t, resc.redriven.Load(), "nothing was stuck: no saga re-driven or failed over")
-	if strictMax > 50*time.Millisecond {
-		t.Skipf("FINDING F4: a step of a paused saga started %s after Pause returned (%d such starts; BatchSize %d): a command claimed in a batch before the pause runs", strictMax.Round(time.Millisecond), strict, batch)
-	}
+	// F4 (fixed): a batch that claimed a command before the pause hears the
+	// pause's notification and looks again before each step. The
+	// notification comes a moment after Pause returns; before the fix, steps
+	// started up to 415 ms after.
+	require.LessOrEqual(t, strictMax, 150*time.Millisecond,
+		"FINDING F4: a step of a paused saga started %s after Pause returned (%d such starts; BatchSize %d)", strictMax.Round(time.Millisecond), strict, batch)
 }
 
 // A paused saga whose deadline (next_check_at) passes: the rescuer leaves

@@ -1346,6 +1346,29 @@ func (s *Store) NotifyCancel(ctx context.Context, db DBTX, id uuid.UUID) error {
 	return s.Notify(ctx, db, CancelPayload+id.String())
 }
 
+// PausePayload is the payload of a notification that a saga or a saga type
+// was paused: an engine whose batch holds claimed commands looks at the
+// pauses again before it runs the next of them.
+const PausePayload = "sagaflow.pause"
+
+// NotifyPause tells every engine on the schema, when db's transaction
+// commits, that a pause was written.
+func (s *Store) NotifyPause(ctx context.Context, db DBTX) error {
+	return s.Notify(ctx, db, PausePayload)
+}
+
+// SagaPaused reports whether saga id, of type name, is paused, by itself or
+// by its type, as a statement run now sees the pauses.
+func (s *Store) SagaPaused(ctx context.Context, db DBTX, id uuid.UUID, name string) (bool, error) {
+	var paused bool
+	err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+quoteSchema(s.schema)+`.saga_pauses p
+		WHERE (p.kind = 'saga' AND p.saga_id = $1) OR (p.kind = 'type' AND p.saga_name = $2))`, pgID(id), name).Scan(&paused)
+	if err != nil {
+		return false, fmt.Errorf("store: is saga %s paused: %w", id, err)
+	}
+	return paused, nil
+}
+
 // defVersion is a Transition's DefVersion as a parameter: NULL keeps the
 // stored one.
 func defVersion(v int) *int32 {
