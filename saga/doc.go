@@ -268,7 +268,12 @@
 // at 'infinity' (a trigger holds those written during the pause), and an
 // engine that claims one (a command that escaped the hold by racing the
 // pause, or one consumed from Kafka in Kafka mode) writes it back held
-// instead of running it. Other sagas, of this type or any other, are not
+// instead of running it. A batch of several steps that claimed a command
+// before the pause committed hears of the pause (Pause and PauseType notify
+// the engines when they commit) and looks at the pauses again before each
+// step it has yet to run: a step whose saga is paused then waits. Only a step
+// that starts in the moment between the pause's commit and its notification
+// reaching the engine runs. Other sagas, of this type or any other, are not
 // held back. A command written held just as its pause was lifted (by a step,
 // or a batch, that committed after the release had looked) is released by
 // the rescuer's next run ([RescueResult.Released]); it never releases a
