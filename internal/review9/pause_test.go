@@ -253,11 +253,9 @@ func TestPausedSagasPastTheirDeadline(t *testing.T) {
 	res = startAll(client, def, n, func(i int) (context.Context, order, *saga.StartOpts) {
 		return ctx, order{Key: fmt.Sprint("t", i)}, nil
 	})
-	var typed []uuid.UUID
 	for _, r := range res {
 		require.NoError(t, r.err)
 		ids[r.st.ID] = true
-		typed = append(typed, r.st.ID)
 	}
 	t.Logf("StartsGrouped of the client: %d", client.Stats().StartsGrouped)
 
