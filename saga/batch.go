@@ -175,10 +175,13 @@ func (e *Engine) finish(ctx context.Context, b *batch) error {
 	if b.waitEnded {
 		fault.At(ctx, fault.EngineWaitBeforeCommit)
 	}
+	// Counted just before the commit, so that whoever sees the commit sees
+	// its counts too; taken back if the commit fails.
+	e.stats.add(&t.stats, 1)
 	if err := t.tx.Commit(ctx); err != nil {
+		e.stats.add(&t.stats, -1)
 		return fmt.Errorf("saga: commit batch: %w", err)
 	}
-	e.stats.add(&t.stats)
 	fault.At(ctx, fault.EngineAfterCommit)
 	if b.waitEnded {
 		fault.At(ctx, fault.EngineWaitAfterCommit)

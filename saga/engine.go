@@ -701,8 +701,10 @@ func (e *Engine) work(fetchCtx, workCtx context.Context, wake chan struct{}) {
 // Stats are counters of what the engine did since it was created: its
 // workers, its rescuer and scheduler, and its starts (StartsGrouped counts on
 // an engine that was never started too).
-// What a batch did is counted when it commits: a batch rolled back (a crash,
-// a batch from the bus run again one message at a time) counts nothing.
+// What a batch did is counted as it commits (just before, so that whoever
+// sees the commit sees its counts, and taken back if the commit fails): a
+// batch rolled back (a crash, a batch from the bus run again one message at a
+// time) counts nothing.
 type Stats struct {
 	StepsSucceeded    int64 // step attempts (actions and compensations) that committed
 	AttemptsFailed    int64 // attempts that failed, retried or not, abandoned ones included
@@ -729,8 +731,8 @@ type statCounters struct {
 	released                                                                           atomic.Int64
 }
 
-// add adds o's counters to c's.
-func (c *statCounters) add(o *statCounters) {
+// add adds o's counters to c's, times sign (1, or -1 to take them back).
+func (c *statCounters) add(o *statCounters, sign int64) {
 	for _, p := range [][2]*atomic.Int64{
 		{&c.succeeded, &o.succeeded}, {&c.failed, &o.failed}, {&c.retries, &o.retries}, {&c.dedup, &o.dedup},
 		{&c.stale, &o.stale}, {&c.deferred, &o.deferred}, {&c.parked, &o.parked}, {&c.abandoned, &o.abandoned},
@@ -739,7 +741,7 @@ func (c *statCounters) add(o *statCounters) {
 		{&c.kafkaBatched, &o.kafkaBatched}, {&c.released, &o.released},
 	} {
 		if n := p[1].Load(); n != 0 {
-			p[0].Add(n)
+			p[0].Add(sign * n)
 		}
 	}
 }
