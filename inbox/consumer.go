@@ -377,6 +377,7 @@ func (c *Consumer) processBatch(ctx context.Context, ms []kafka.Message) bool {
 			tr.end(c, ok, "its batch was rolled back; it runs again alone", ms[i].HighWaterMark)
 		}
 	}()
+	ctx, wakes := store.WithWakes(ctx)
 	err := pgx.BeginTxFunc(ctx, c.in.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		for i := range msgs {
 			tr := c.beginTrace(ctx, msgs[i])
@@ -399,6 +400,7 @@ func (c *Consumer) processBatch(ctx context.Context, ms []kafka.Message) bool {
 		}
 		return false
 	}
+	wakes.Notify(c.in.wakes)
 	fault.Hit(fault.InboxAfterCommit)
 	ok = true
 	c.batched.Add(int64(len(ms)))

@@ -19,6 +19,13 @@
 //
 // [Inbox.ProcessTx] does the same inside the caller's transaction.
 //
+// A handler that writes outbox rows with outbox.InsertTx, passing on its
+// context, wakes the relay once Process (or the [Consumer]) has committed,
+// by a notification of its own, not inside the transaction: PostgreSQL
+// keeps the commits of notifying transactions from sharing a WAL flush.
+// Under ProcessTx, whose transaction is the caller's, the notification goes
+// with the caller's commit.
+//
 // A message's id is its sagaflow-message-id header, which the relay sets
 // from the outbox row; a message from another producer without that header
 // is identified by topic/partition/offset, which a redelivery keeps.

@@ -41,6 +41,9 @@ type Inbox struct {
 	st       *store.Store
 	consumer string
 	log      *slog.Logger
+	// wakes notifies, after a commit of Process or of a consumer's batch,
+	// the relays of the outbox rows written in it.
+	wakes *store.Notifier
 }
 
 // New returns an inbox on pool; the schema must have been migrated.
@@ -68,7 +71,8 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Inbox, error) {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	return &Inbox{pool: pool, st: st, consumer: c.Consumer, log: telemetry.Logger(c.Logger)}, nil
+	log := telemetry.Logger(c.Logger)
+	return &Inbox{pool: pool, st: st, consumer: c.Consumer, log: log, wakes: store.NewNotifier(pool, log)}, nil
 }
 
 // Message is a received message. Every field holds what came off the wire,
@@ -120,7 +124,12 @@ type HandlerFunc func(ctx context.Context, tx pgx.Tx, msg Message) error
 // consumer. It reports false, without calling fn, when the id was recorded
 // before (a duplicate). When fn fails, nothing is recorded and the error is
 // returned, so the message can be processed again.
+//
+// The outbox rows fn writes with outbox.InsertTx (a participant's replies
+// too) wake the relay after the commit, not inside it: a notification in the
+// transaction would keep its commit from sharing a WAL flush with others.
 func (in *Inbox) Process(ctx context.Context, msg Message, fn HandlerFunc) (processed bool, err error) {
+	ctx, wakes := store.WithWakes(ctx)
 	err = pgx.BeginTxFunc(ctx, in.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		var err error
 		processed, err = in.ProcessTx(ctx, tx, msg, fn)
@@ -132,6 +141,7 @@ func (in *Inbox) Process(ctx context.Context, msg Message, fn HandlerFunc) (proc
 	if err != nil {
 		return false, err
 	}
+	wakes.Notify(in.wakes)
 	fault.Hit(fault.InboxAfterCommit)
 	return processed, nil
 }

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -14,6 +15,7 @@ import (
 	"github.com/sagaflow/sagaflow/inbox"
 	"github.com/sagaflow/sagaflow/internal/pgtest"
 	"github.com/sagaflow/sagaflow/migrations"
+	"github.com/sagaflow/sagaflow/outbox"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -24,7 +26,7 @@ type bundle struct {
 	in     *inbox.Inbox
 }
 
-func setup(t *testing.T) *bundle {
+func setup(t testing.TB) *bundle {
 	t.Helper()
 	ctx := context.Background()
 	pool, schema := pgtest.NewSchema(t)
@@ -170,4 +172,42 @@ func TestConfigErrors(t *testing.T) {
 	require.ErrorContains(t, err, "Schema")
 	_, err = b.in.NewConsumer(nil, &inbox.ConsumerConfig{})
 	require.ErrorContains(t, err, "reader is nil")
+}
+
+// A handler that writes an outbox row inside Process wakes the relay after
+// Process commits (a notification on the schema's channel), not inside its
+// transaction, where it would keep the commit from sharing a WAL flush.
+func TestProcessWakesTheRelayAfterItsCommit(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	ob, err := outbox.New(b.pool, b.schema)
+	require.NoError(t, err)
+	listener, err := b.pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer listener.Release()
+	// The schema's channel, as the relay listens to it.
+	_, err = listener.Exec(ctx, "LISTEN "+pgx.Identifier{b.schema + "_sagaflow"}.Sanitize())
+	require.NoError(t, err)
+
+	var inTx atomic.Int64 // outbox rows the handler's transaction saw
+	fresh, err := b.in.Process(ctx, inbox.Message{ID: "m-wake", Topic: "orders"}, func(ctx context.Context, tx pgx.Tx, _ inbox.Message) error {
+		if err := ob.InsertTx(ctx, tx, outbox.Message{Topic: "payments.replies", Key: "k", Type: "paid", Payload: []byte("{}")}); err != nil {
+			return err
+		}
+		var n int64
+		if err := tx.QueryRow(ctx, "SELECT count(*) FROM "+b.table("outbox")).Scan(&n); err != nil {
+			return err
+		}
+		inTx.Store(n)
+		return nil
+	})
+	require.NoError(t, err)
+	require.True(t, fresh)
+	require.Equal(t, int64(1), inTx.Load())
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	n, err := listener.Conn().WaitForNotification(wctx)
+	require.NoError(t, err, "the relay was not woken after the commit")
+	require.Equal(t, "payments.replies", n.Payload)
 }

@@ -161,7 +161,10 @@ func InsertTx(ctx context.Context, tx pgx.Tx, m Message) error {
 }
 
 // InsertTx writes m into the outbox in tx and wakes the relay when tx
-// commits. It refuses a message that [Message.Check] finds wrong, with an
+// commits. Inside a handler of inbox.Inbox.Process, or of an inbox consumer,
+// given the handler's context, it wakes the relay just after that commit
+// instead, in a notification of its own: a notification inside a transaction
+// keeps its commit from sharing a WAL flush with other commits. It refuses a message that [Message.Check] finds wrong, with an
 // error wrapping ErrInvalidMessage, before writing anything.
 func (o *Outbox) InsertTx(ctx context.Context, tx pgx.Tx, m Message) error {
 	if tx == nil {

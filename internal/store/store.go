@@ -738,8 +738,12 @@ func (s *Store) InsertMessage(ctx context.Context, db DBTX, m *Message) error {
 
 // InsertMessageNotify inserts an outbox row and notifies [Store.Channel] of
 // its topic, in one statement: the relay wakes when the transaction
-// commits.
+// commits. When ctx carries [Wakes] (the transaction's owner notifies after
+// its commit), the notification is recorded there instead.
 func (s *Store) InsertMessageNotify(ctx context.Context, db DBTX, m *Message) error {
+	if DeferWake(ctx, s.channel, m.Topic) {
+		return s.InsertMessage(ctx, db, m)
+	}
 	if _, err := db.Exec(ctx, s.q.insertOutboxNotify, append(s.outboxArgs(m), s.channel)...); err != nil {
 		return fmt.Errorf("store: insert outbox message %s (topic %s): %w", m.ID, m.Topic, err)
 	}
