@@ -29,6 +29,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sagaflow/sagaflow/internal/pace"
@@ -154,6 +155,39 @@ var defaultOutbox = func() *Outbox {
 	return o
 }()
 
+// Execer runs a statement: *pgxpool.Pool, *pgx.Conn and pgx.Tx are ones.
+type Execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// WakeAfterCommit returns a context for code that writes outbox rows (and
+// starts sagas with saga.StartTx) in a transaction the caller commits, and a
+// function to call after that commit. Under the context, [InsertTx] and
+// saga.StartTx record the relay's and the engines' wake-up instead of
+// notifying inside the transaction; wake sends what was recorded, through db
+// (a pool, say), in one round trip.
+//
+// Why: PostgreSQL keeps the commits of transactions that notify from sharing
+// a WAL flush, so many small transactions that each write an outbox row
+// commit one after the other. If wake is not called (the transaction rolled
+// back, or the process died after the commit), the relay and the engines
+// find the rows at their next poll.
+//
+//	ctx, wake := outbox.WakeAfterCommit(ctx)
+//	tx, err := pool.Begin(ctx)
+//	// ... the order's rows, outbox.InsertTx(ctx, tx, msg) ...
+//	if err := tx.Commit(ctx); err != nil { ... }
+//	_ = wake(ctx, pool) // the rows are safe; a failed wake-up only delays them
+func WakeAfterCommit(ctx context.Context) (context.Context, func(ctx context.Context, db Execer) error) {
+	ctx, w := store.WithWakes(ctx)
+	return ctx, func(ctx context.Context, db Execer) error {
+		if err := w.NotifyNow(ctx, db); err != nil {
+			return fmt.Errorf("outbox: %w", err)
+		}
+		return nil
+	}
+}
+
 // InsertTx writes m into the outbox of the default schema in tx; see
 // [Outbox.InsertTx].
 func InsertTx(ctx context.Context, tx pgx.Tx, m Message) error {
@@ -161,10 +195,11 @@ func InsertTx(ctx context.Context, tx pgx.Tx, m Message) error {
 }
 
 // InsertTx writes m into the outbox in tx and wakes the relay when tx
-// commits. Inside a handler of inbox.Inbox.Process, or of an inbox consumer,
-// given the handler's context, it wakes the relay just after that commit
-// instead, in a notification of its own: a notification inside a transaction
-// keeps its commit from sharing a WAL flush with other commits. It refuses a message that [Message.Check] finds wrong, with an
+// commits. Under a context from [WakeAfterCommit], or inside a handler of
+// inbox.Inbox.Process or of an inbox consumer given the handler's context,
+// it leaves the wake-up to follow the commit instead, in a notification of
+// its own: a notification inside a transaction keeps its commit from sharing
+// a WAL flush with other commits. It refuses a message that [Message.Check] finds wrong, with an
 // error wrapping ErrInvalidMessage, before writing anything.
 func (o *Outbox) InsertTx(ctx context.Context, tx pgx.Tx, m Message) error {
 	if tx == nil {

@@ -146,6 +146,42 @@ func TestInsertTxWakesTheRelay(t *testing.T) {
 	require.Equal(t, "orders.events", n.Payload)
 }
 
+// Under WakeAfterCommit, the commit says nothing; wake, after it, wakes the
+// relay. A saga started with StartTx in the same transaction is covered too
+// (see saga's TestStartTxWakesAfterCommit).
+func TestInsertTxLeavesTheWakeUpToAfterTheCommit(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool, schema, ob := newOutbox(t)
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(ctx, "LISTEN "+pgx.Identifier{schema + "_sagaflow"}.Sanitize())
+	require.NoError(t, err)
+	heard := func(within time.Duration) string {
+		wctx, cancel := context.WithTimeout(ctx, within)
+		defer cancel()
+		n, err := conn.Conn().WaitForNotification(wctx)
+		if err != nil {
+			return ""
+		}
+		return n.Payload
+	}
+
+	wctx, wake := outbox.WakeAfterCommit(ctx)
+	require.NoError(t, pgx.BeginFunc(wctx, pool, func(tx pgx.Tx) error {
+		return ob.InsertTx(wctx, tx, outbox.Message{Topic: "orders.events", Key: "k", Type: "T"})
+	}))
+	require.Equal(t, 1, count(t, pool, schema))
+	require.Empty(t, heard(300*time.Millisecond), "the commit notified")
+	require.NoError(t, wake(ctx, pool))
+	require.Equal(t, "orders.events", heard(5*time.Second), "wake did not notify")
+	// Called again, it has nothing left to send.
+	require.NoError(t, wake(ctx, pool))
+	require.Empty(t, heard(300*time.Millisecond))
+}
+
 // End to end: a message written with InsertTx reaches Kafka through the
 // relay with its id as the message id header, and Replay publishes it once
 // more, capped, after a dry run that changes nothing.

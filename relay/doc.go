@@ -194,7 +194,8 @@
 // A running relay looks for due rows after every cycle that filled its
 // batch; otherwise it waits for the first of: a notification on the
 // schema's channel (the engine and outbox.InsertTx notify it when they
-// write messages), [Relay.Wake],
+// write messages, at their commit or, under outbox.WakeAfterCommit and in
+// inbox handlers, just after it), [Relay.Wake],
 // the next row coming due (a retry, or a row written with a delay), or
 // PollInterval.
 //

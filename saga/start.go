@@ -84,6 +84,11 @@ func Start[S any](ctx context.Context, e *Engine, d *Definition[S], state S, opt
 // Nothing runs until tx commits. With a business key already in use it
 // returns the existing saga's id and Existing: true, and writes nothing (the
 // caller may then want to roll back its own writes).
+//
+// The engines are told of the saga when tx commits, by a notification in tx.
+// Under a context from outbox.WakeAfterCommit (or in an inbox handler's
+// context) they are told when the caller calls its wake function after the
+// commit instead, so that tx's commit can share a WAL flush with others.
 func StartTx[S any](ctx context.Context, e *Engine, tx pgx.Tx, d *Definition[S], state S, opts *StartOpts) (Started, error) {
 	if err := e.ready("StartTx"); err != nil {
 		return Started{}, err

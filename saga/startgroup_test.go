@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagaflow/sagaflow/outbox"
 	"github.com/sagaflow/sagaflow/saga"
 )
 
@@ -162,4 +163,33 @@ func TestStartWithAnEndedContextWritesNothing(t *testing.T) {
 	require.ErrorIs(t, err, context.Canceled)
 	time.Sleep(100 * time.Millisecond)
 	require.Zero(t, b.count(t, "SELECT count(*) FROM "+b.table("saga_instances")))
+}
+
+// StartTx under outbox.WakeAfterCommit does not notify in the caller's
+// transaction: the engines hear of the saga when wake is called after the
+// commit (or at their next poll).
+func TestStartTxWakesAfterCommit(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &saga.Config{PollInterval: time.Hour})
+	def := threeSteps(b, "wake-after", nil)
+	require.NoError(t, b.engine.Register(def))
+	b.start(t)
+	ctx := context.Background()
+	// Past the engine's first look (its listener, once connected, wakes
+	// every worker).
+	waitFor(t, 10*time.Second, func() bool { return b.engine.Health(ctx).Ready }, "the engine to be ready")
+	time.Sleep(300 * time.Millisecond)
+
+	wctx, wake := outbox.WakeAfterCommit(ctx)
+	tx, err := b.pool.Begin(wctx)
+	require.NoError(t, err)
+	st, err := saga.StartTx(wctx, b.engine, tx, def, order{OrderID: "w-1"}, nil)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(wctx))
+	time.Sleep(500 * time.Millisecond)
+	require.Empty(t, b.effects(t, st.ID), "the commit woke the engine")
+
+	require.NoError(t, wake(ctx, b.pool))
+	require.Equal(t, saga.StatusCompleted, b.waitTerminalWithin(t, st.ID, 10*time.Second).Status)
+	require.Len(t, b.effects(t, st.ID), 3)
 }

@@ -563,6 +563,9 @@ func micros(d time.Duration) int64 { return d.Microseconds() }
 // (deadline_at) is deadline from now, or none when deadline is 0. A child
 // saga's sg names its parent (ParentID, ParentName, ParentKey).
 func (s *Store) StartSaga(ctx context.Context, db DBTX, sg *Saga, checkAfter, deadline time.Duration, rows *Transition, topic string, notify bool) (bool, error) {
+	if notify && DeferWake(ctx, s.channel, topic) {
+		notify = false // the transaction's owner notifies after its commit
+	}
 	q, args := s.startSaga(sg, checkAfter, deadline, rows, topic, notify)
 	tag, err := db.Exec(ctx, q, args...)
 	if err != nil {

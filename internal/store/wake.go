@@ -2,10 +2,12 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -59,6 +61,31 @@ func (w *Wakes) Notify(n *Notifier) {
 	for ch, payload := range w.channels {
 		n.Request(ch, payload)
 	}
+}
+
+// NotifyNow sends, in one round trip on db, the notifications recorded in w;
+// nil w sends nothing.
+func (w *Wakes) NotifyNow(ctx context.Context, db interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}) error {
+	if w == nil {
+		return nil
+	}
+	w.mu.Lock()
+	var channels, payloads []string
+	for ch, p := range w.channels {
+		channels = append(channels, ch)
+		payloads = append(payloads, p)
+	}
+	w.channels = nil
+	w.mu.Unlock()
+	if len(channels) == 0 {
+		return nil
+	}
+	if _, err := db.Exec(ctx, `SELECT pg_notify(c, p) FROM unnest($1::text[], $2::text[]) AS n(c, p)`, channels, payloads); err != nil {
+		return fmt.Errorf("store: notify after the commit: %w", err)
+	}
+	return nil
 }
 
 // notifyCoalesce is how long a Notifier waits for more requests of a
