@@ -151,15 +151,27 @@ func (f *fixture) start(t *testing.T, key, note string) uuid.UUID {
 // waitStatus polls the saga until it has status, for at most 30 seconds.
 func (f *fixture) waitStatus(t *testing.T, id uuid.UUID, status saga.Status) *saga.Instance {
 	t.Helper()
+	return f.waitUntil(t, id, func(in *saga.Instance) bool { return in.Status == status }, "status "+string(status))
+}
+
+// waitStep waits until saga id is at step: its version no longer moves
+// while a step that holds runs.
+func (f *fixture) waitStep(t *testing.T, id uuid.UUID, step string) *saga.Instance {
+	t.Helper()
+	return f.waitUntil(t, id, func(in *saga.Instance) bool { return in.Step == step }, "step "+step)
+}
+
+func (f *fixture) waitUntil(t *testing.T, id uuid.UUID, done func(*saga.Instance) bool, what string) *saga.Instance {
+	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		inst, err := f.engine.Get(context.Background(), id)
 		require.NoError(t, err)
-		if inst.Status == status {
+		if done(inst) {
 			return inst
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("saga %s is %s, not %s, after 30s; last error %+v", id, inst.Status, status, inst.LastError)
+			t.Fatalf("saga %s is %s at step %s, not at %s, after 30s; last error %+v", id, inst.Status, inst.Step, what, inst.LastError)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

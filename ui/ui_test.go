@@ -238,16 +238,7 @@ func TestUI(t *testing.T) {
 		s, err := saga.Start(context.Background(), f.engine, f.hold, order{ID: "h"}, &saga.StartOpts{BusinessKey: "hold-1"})
 		require.NoError(t, err)
 		id := s.ID.String()
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			inst, err := f.engine.Get(context.Background(), s.ID)
-			require.NoError(t, err)
-			if inst.Step == "wait" {
-				break
-			}
-			require.True(t, time.Now().Before(deadline), "the saga did not reach its waiting step")
-			time.Sleep(20 * time.Millisecond)
-		}
+		f.waitStep(t, s.ID, "wait")
 		c := client(t)
 		code, page, _ := get(t, c, rw.URL+"/sagas/"+id+"/cancel")
 		require.Equal(t, http.StatusOK, code)
@@ -351,6 +342,9 @@ func TestUI(t *testing.T) {
 		ctx := context.Background()
 		st, err := saga.Start(ctx, f.engine, f.hold, order{ID: "o-ui-pause"}, nil)
 		require.NoError(t, err)
+		// At its holding step, so that its version does not move between
+		// the page and the form's post (a 409 otherwise).
+		f.waitStep(t, st.ID, "wait")
 		id := st.ID.String()
 		_, page, _ := get(t, c, rw.URL+"/sagas/"+id)
 		require.Contains(t, page, `id="action-pause"`)
