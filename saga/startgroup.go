@@ -37,10 +37,7 @@ import (
 // gets its own result and one bad start holds back no other. Running a start
 // again is safe even if its group did commit: its id is fixed, and the start
 // then finds its own saga, as a retried start does.
-const (
-	startGroupMax   = 128
-	startGroupSlots = 1
-)
+const startGroupMax = 128
 
 // startGroupLockWait is how long a group waits for a row lock before its
 // starts run alone.
@@ -80,13 +77,12 @@ const (
 type startGroup struct {
 	mu      sync.Mutex
 	waiting []*startReq
-	running int // groups committing
-	slots   int
+	running bool         // a group is committing
 	grouped atomic.Int64 // starts committed in a group of more than one
 }
 
 func newStartGroup() *startGroup {
-	return &startGroup{slots: startGroupSlots}
+	return &startGroup{}
 }
 
 // count is how many starts were committed in a group of more than one; 0
@@ -108,8 +104,8 @@ func (g *startGroup) start(ctx context.Context, e *Engine, r *startReq) (bool, e
 	g.mu.Lock()
 	g.waiting = append(g.waiting, r)
 	var group []*startReq
-	if g.running < g.slots {
-		g.running++
+	if !g.running {
+		g.running = true
 		group = g.take()
 	}
 	g.mu.Unlock()
@@ -150,7 +146,7 @@ func (g *startGroup) run(e *Engine, group []*startReq) {
 		g.mu.Lock()
 		group = g.take()
 		if len(group) == 0 {
-			g.running--
+			g.running = false
 		}
 		g.mu.Unlock()
 	}

@@ -1368,8 +1368,9 @@ func (s *Store) NotifyPause(ctx context.Context, db DBTX) error {
 // by its type, as a statement run now sees the pauses.
 func (s *Store) SagaPaused(ctx context.Context, db DBTX, id uuid.UUID, name string) (bool, error) {
 	var paused bool
-	err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+quoteSchema(s.schema)+`.saga_pauses p
-		WHERE (p.kind = 'saga' AND p.saga_id = $1) OR (p.kind = 'type' AND p.saga_name = $2))`, pgID(id), name).Scan(&paused)
+	// The claim's own condition (pausedSQL), on the saga's id and name.
+	err := db.QueryRow(ctx, `SELECT `+pausedSQL(quoteSchema(s.schema))+`
+		FROM (SELECT $1::uuid AS id, $2::text AS saga_name) s`, pgID(id), name).Scan(&paused)
 	if err != nil {
 		return false, fmt.Errorf("store: is saga %s paused: %w", id, err)
 	}
