@@ -1,0 +1,154 @@
+package testkit_test
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sagaflow/sagaflow/internal/pgtest"
+	"github.com/sagaflow/sagaflow/internal/testkit"
+	"github.com/sagaflow/sagaflow/saga"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+type order struct {
+	ID string `json:"id"`
+}
+
+func TestNewDB(t *testing.T) {
+	t.Parallel()
+	d := testkit.NewDB(t)
+	require.Zero(t, d.Count(t, `SELECT count(*) FROM `+d.Table("saga_instances")))
+
+	// A second schema on the same pool, as a test of tenants makes it.
+	_, other := pgtest.NewSchema(t)
+	d2 := testkit.Migrate(t, d.Pool, other)
+	require.Same(t, d.Pool, d2.Pool)
+	require.Equal(t, `"`+other+`"."saga_instances"`, d2.Table("saga_instances"))
+	require.Zero(t, d2.Count(t, `SELECT count(*) FROM `+d2.Table("saga_instances")))
+}
+
+func TestEffects(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := testkit.NewDB(t)
+	fx := testkit.NewEffects(t, d)
+	a, b := uuid.New(), uuid.New()
+	require.NoError(t, pgx.BeginFunc(ctx, d.Pool, func(tx pgx.Tx) error {
+		for _, w := range []string{"z", "a", "z"} {
+			if err := fx.Record(ctx, tx, a, w); err != nil {
+				return err
+			}
+		}
+		return fx.Record(ctx, tx, b, "a")
+	}))
+	require.Equal(t, 2, fx.Count(t, a, "z"))
+	require.Equal(t, 0, fx.Count(t, b, "z"))
+	require.Equal(t, map[string]int{"z": 2, "a": 1}, fx.Counts(t, a))
+	require.Equal(t, map[string]int{}, fx.Counts(t, uuid.New()))
+	require.Equal(t, []string{"z", "a", "z"}, fx.List(t, a), "in insert order")
+	require.Equal(t, 1, d.Count(t, `SELECT count(DISTINCT txid) FROM `+fx.Table()), "the writing transaction's id")
+}
+
+func TestEngine(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := testkit.NewDB(t)
+	fx := testkit.NewEffects(t, d)
+	def := saga.Define("order", saga.Step[order]{Name: "reserve",
+		Action: func(ctx context.Context, run *saga.StepRun, _ *order) error {
+			return fx.Record(ctx, run.Tx, run.SagaID, "reserve")
+		}})
+
+	cfg := d.Config()
+	require.Equal(t, d.Schema, cfg.Schema)
+	require.Equal(t, testkit.PollInterval, cfg.PollInterval)
+	require.NotSame(t, cfg, d.Config(), "each call returns a Config to change")
+
+	client := testkit.NewEngine(t, d.Pool, d.Config(), def)
+	st, err := saga.Start(ctx, client, def, order{ID: "o-1"}, nil)
+	require.NoError(t, err)
+	require.Equal(t, saga.StatusRunning, testkit.WaitStatus(t, d, st.ID, saga.StatusRunning).Status, "nothing runs it yet")
+
+	e, stop := testkit.StartEngine(t, d.Pool, d.Config(), def)
+	require.Equal(t, saga.StatusCompleted, testkit.WaitEnded(t, e, st.ID).Status)
+	require.Equal(t, saga.StatusCompleted, testkit.WaitStatus(t, d, st.ID, saga.StatusCompleted).Status)
+	require.Equal(t, 1, fx.Count(t, st.ID, "reserve"))
+	stop()
+	stop() // and once more at cleanup: each does nothing
+}
+
+func TestWaitFor(t *testing.T) {
+	t.Parallel()
+	n := 0
+	testkit.WaitFor(t, time.Second, "the third look", func() bool { n++; return n == 3 })
+	require.Equal(t, 3, n)
+
+	msg := fails(func(tb testing.TB) {
+		testkit.WaitFor(tb, 50*time.Millisecond, "the impossible", func() bool { return false })
+	})
+	require.Equal(t, "timed out after 50ms waiting for the impossible", msg)
+}
+
+func TestHold(t *testing.T) {
+	t.Parallel()
+	n := 0
+	testkit.Hold(t, 100*time.Millisecond, "the truth", func() bool { n++; return true })
+	require.Greater(t, n, 1, "it looks more than once")
+
+	msg := fails(func(tb testing.TB) {
+		testkit.Hold(tb, time.Minute, "the second look", func() bool { n++; return n < 2 })
+	})
+	require.Equal(t, "did not keep holding for 1m0s: the second look", msg)
+}
+
+func TestRecv(t *testing.T) {
+	t.Parallel()
+	ch := make(chan int, 1)
+	ch <- 7
+	require.Equal(t, 7, testkit.Recv(t, ch, time.Second, "the seven"))
+
+	msg := fails(func(tb testing.TB) { testkit.Recv(tb, ch, 50*time.Millisecond, "an eight") })
+	require.Equal(t, "timed out after 50ms waiting for an eight", msg)
+}
+
+func TestRandomLetters(t *testing.T) {
+	t.Parallel()
+	s := testkit.RandomLetters(10 << 10)
+	require.Len(t, s, 10<<10)
+	require.Equal(t, s, testkit.RandomLetters(10<<10), "the same on every call")
+	require.Regexp(t, `^[a-zA-Z0-9]+$`, s)
+}
+
+// fails runs f with a testing.TB that records the message of its Fatalf
+// and returns it ("" if f did not fail).
+func fails(f func(tb testing.TB)) string {
+	tb := &fatalTB{}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f(tb)
+	}()
+	<-done
+	return tb.msg
+}
+
+// fatalTB is the part of testing.TB that the waits use. The embedded
+// interface is nil: any other method panics.
+type fatalTB struct {
+	testing.TB
+	msg string
+}
+
+func (tb *fatalTB) Helper() {}
+func (tb *fatalTB) Fatalf(format string, args ...any) {
+	tb.msg = fmt.Sprintf(format, args...)
+	runtime.Goexit()
+}
