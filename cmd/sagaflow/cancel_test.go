@@ -3,14 +3,13 @@ package main
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagaflow/sagaflow/internal/testkit"
 	"github.com/sagaflow/sagaflow/saga"
 )
 
@@ -25,7 +24,7 @@ func TestCancel(t *testing.T) {
 	require.NoError(t, err)
 	id := st.ID
 	cancels := func() int {
-		return f.count(t, "SELECT count(*) FROM "+f.table("outbox")+" WHERE type = 'sagaflow.cancel' AND saga_id = $1", id)
+		return f.Count(t, "SELECT count(*) FROM "+f.Table("outbox")+" WHERE type = 'sagaflow.cancel' AND saga_id = $1", id)
 	}
 
 	out := f.cli(t, "cancel", id.String(), "--reason", "customer asked").ok(t)
@@ -42,8 +41,8 @@ func TestCancel(t *testing.T) {
 	require.Equal(t, 2, cancels())
 
 	// An engine that knows the saga carries the request out.
-	start(t, e)
-	f.waitStatus(t, id, saga.StatusCompensated)
+	testkit.Start(t, e)
+	testkit.WaitStatus(t, f.DB, id, saga.StatusCompensated)
 	in, err := e.Get(ctx, id)
 	require.NoError(t, err)
 	require.Equal(t, saga.CodeCancelled, in.LastError.Code)
@@ -86,17 +85,14 @@ func TestCancelWhileAStepRunsRunsNoLaterStep(t *testing.T) {
 		ss = append(ss, saga.Step[order]{Name: name, Action: fn, Compensate: fn})
 	}
 	def := saga.Define("eight", ss...)
-	e, err := saga.New(f.pool, &saga.Config{Schema: f.schema, PollInterval: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
-	require.NoError(t, err)
-	require.NoError(t, e.Register(def))
-	start(t, e)
+	e, _ := testkit.StartEngine(t, f.Pool, f.Config(), def)
 	st, err := saga.Start(ctx, e, def, order{ID: "o-eight"}, nil)
 	require.NoError(t, err)
 	<-entered
 
 	f.cli(t, "cancel", st.ID.String(), "--reason", "changed my mind").ok(t)
 	close(release)
-	f.waitStatus(t, st.ID, saga.StatusCompensated)
+	testkit.WaitStatus(t, f.DB, st.ID, saga.StatusCompensated)
 	mu.Lock()
 	defer mu.Unlock()
 	require.Equal(t, []string{"s1/forward", "s2/forward", "s2/compensate", "s1/compensate"}, ran)

@@ -2,14 +2,13 @@ package main
 
 import (
 	"context"
-	"log/slog"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagaflow/sagaflow/internal/testkit"
 	"github.com/sagaflow/sagaflow/saga"
 )
 
@@ -19,11 +18,8 @@ import (
 func TestConcurrencyKeyShown(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
-	e, err := saga.New(f.pool, &saga.Config{Schema: f.schema, PollInterval: 50 * time.Millisecond,
-		Logger: slog.New(slog.DiscardHandler)})
-	require.NoError(t, err)
 	def := definePing().WithConcurrency(1)
-	require.NoError(t, e.Register(def))
+	e := testkit.NewEngine(t, f.Pool, f.Config(), def)
 	ctx := context.Background()
 	var ids []uuid.UUID
 	for range 2 {

@@ -48,7 +48,7 @@ func TestDead(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	ctx := context.Background()
-	st, err := store.New(f.schema)
+	st, err := store.New(f.Schema)
 	require.NoError(t, err)
 
 	// Two dead outbox messages, the first with a reason that would drive
@@ -57,24 +57,24 @@ func TestDead(t *testing.T) {
 	for i, reason := range []string{"message_too_large: \x1b[2J\x1b]0;owned\x07", "invalid_topic: no"} {
 		m := &store.Message{ID: uuid.Must(uuid.NewV7()), Topic: []string{"orders", "payments"}[i], AggregateID: "k",
 			Type: "t", Payload: []byte("p")}
-		require.NoError(t, st.InsertMessage(ctx, f.pool, m))
-		require.NoError(t, st.MarkFailed(ctx, f.pool, []store.RelayFailure{{ID: m.ID, Err: reason, Dead: true}}))
+		require.NoError(t, st.InsertMessage(ctx, f.Pool, m))
+		require.NoError(t, st.MarkFailed(ctx, f.Pool, []store.RelayFailure{{ID: m.ID, Err: reason, Dead: true}}))
 		messages = append(messages, m.ID)
 	}
 	var letters []int64
 	for i, key := range [][]byte{[]byte("a"), []byte("b\r\x1b[1A"), {0xff}} {
 		p, o := 0, int64(i)
-		require.NoError(t, st.InsertDeadLetter(ctx, f.pool, &store.DeadLetter{Consumer: "billing\x1b[31m",
+		require.NoError(t, st.InsertDeadLetter(ctx, f.Pool, &store.DeadLetter{Consumer: "billing\x1b[31m",
 			MessageID: uuid.NewString(), Topic: "orders", Partition: &p, Offset: &o, Key: key, Value: []byte("v"),
 			Reason: "refused\nby handler"}))
 		var id int64
-		require.NoError(t, f.pool.QueryRow(ctx, "SELECT max(id) FROM "+f.table("dead_letters")).Scan(&id))
+		require.NoError(t, f.Pool.QueryRow(ctx, "SELECT max(id) FROM "+f.Table("dead_letters")).Scan(&id))
 		letters = append(letters, id)
 	}
 	lid := func(i int) string { return strconv.FormatInt(letters[i], 10) }
 	countDead := func() (outbox, letters int) {
-		return f.count(t, "SELECT count(*) FROM "+f.table("outbox")+" WHERE status = 'dead'"),
-			f.count(t, "SELECT count(*) FROM "+f.table("dead_letters")+" WHERE requeued_at IS NULL")
+		return f.Count(t, "SELECT count(*) FROM "+f.Table("outbox")+" WHERE status = 'dead'"),
+			f.Count(t, "SELECT count(*) FROM "+f.Table("dead_letters")+" WHERE requeued_at IS NULL")
 	}
 
 	t.Run("list", func(t *testing.T) {
@@ -130,7 +130,7 @@ func TestDead(t *testing.T) {
 		o, l := countDead()
 		require.Equal(t, 1, o)
 		require.Equal(t, 2, l)
-		require.Equal(t, 2, f.count(t, "SELECT count(*) FROM "+f.table("outbox")+" WHERE status = 'pending'"),
+		require.Equal(t, 2, f.Count(t, "SELECT count(*) FROM "+f.Table("outbox")+" WHERE status = 'pending'"),
 			"the requeued message, and the row that sends the dead letter again")
 
 		doc := decode[deadRequeueDoc](t, f.cli(t, "dead", "requeue", "--all", "--kind", "outbox", "--max", "5", "--json"))

@@ -47,19 +47,19 @@ func TestStoredTextIsEscaped(t *testing.T) {
 	// writes a handler's error, its code, the step and its history.
 	failed, err := saga.Start(ctx, e, orderDef, order{ID: "o-2"}, nil)
 	require.NoError(t, err)
-	_, err = f.pool.Exec(ctx, `UPDATE `+f.table("saga_instances")+`
+	_, err = f.Pool.Exec(ctx, `UPDATE `+f.Table("saga_instances")+`
 		SET saga_name = $2, step_name = $2, last_error = $2, last_error_code = $2, failed_step = $2,
 		    status = 'failed', ended_at = now(), parent_id = $3
 		WHERE id = $1`, failed.ID, hostile, id)
 	require.NoError(t, err)
-	_, err = f.pool.Exec(ctx, `INSERT INTO `+f.table("saga_history")+`
+	_, err = f.Pool.Exec(ctx, `INSERT INTO `+f.Table("saga_history")+`
 		(saga_id, event, step_name, direction, epoch, attempt, error, error_code, detail)
 		VALUES ($1, $2, $2, 'forward', 0, 1, $2, $2, jsonb_build_object('reason', $2::text))`, failed.ID, hostile)
 	require.NoError(t, err)
 
 	// A running saga that waits for a hostile signal name, and got one
 	// with a hostile id; a rejected one is recorded for the failed saga.
-	_, err = f.pool.Exec(ctx, `UPDATE `+f.table("saga_instances")+`
+	_, err = f.Pool.Exec(ctx, `UPDATE `+f.Table("saga_instances")+`
 		SET wait_kind = 'signal', wait_for = $2, wait_until = now() + interval '1 hour' WHERE id = $1`, id, hostile)
 	require.NoError(t, err)
 	_, err = e.Signal(ctx, saga.Signal{SagaID: id, Name: hostile, ID: hostile})

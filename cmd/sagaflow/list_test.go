@@ -96,7 +96,7 @@ func TestList(t *testing.T) {
 	})
 
 	t.Run("environment", func(t *testing.T) {
-		r := runCLI(t, map[string]string{"DATABASE_URL": f.url, "SAGAFLOW_SCHEMA": f.schema}, "list", "--name", "ping")
+		r := runCLI(t, map[string]string{"DATABASE_URL": f.url, "SAGAFLOW_SCHEMA": f.Schema}, "list", "--name", "ping")
 		require.Contains(t, r.ok(t), s.ping.String())
 	})
 

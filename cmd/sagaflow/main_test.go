@@ -153,7 +153,7 @@ func TestInterrupted(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // as by Ctrl-C, before the command connects
 	var out, errOut strings.Builder
-	code := run(ctx, []string{"--database-url", f.url, "--schema", f.schema, "list"}, &out, &errOut,
+	code := run(ctx, []string{"--database-url", f.url, "--schema", f.Schema, "list"}, &out, &errOut,
 		func(string) string { return "" })
 	require.Equal(t, exitFailed, code, errOut.String())
 	require.Contains(t, errOut.String(), "sagaflow: interrupted while connecting to database ")

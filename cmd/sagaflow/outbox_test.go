@@ -37,23 +37,23 @@ func TestOutbox(t *testing.T) {
 	require.NoError(t, err)
 	published := []uuid.UUID{uuid.New(), uuid.New()}
 	for i, id := range published {
-		_, err := f.pool.Exec(ctx, "INSERT INTO "+f.table("outbox")+
+		_, err := f.Pool.Exec(ctx, "INSERT INTO "+f.Table("outbox")+
 			` (id, topic, aggregateid, type, payload, status, published_at)
 			VALUES ($1, 'orders', $2, 'order.created', '\x7b7d', 'published', now() - $3 * interval '1 minute')`,
 			id, []string{"o-1", "o-2"}[i], 10-i)
 		require.NoError(t, err)
 	}
-	_, err = f.pool.Exec(ctx, "INSERT INTO "+f.table("outbox")+
+	_, err = f.Pool.Exec(ctx, "INSERT INTO "+f.Table("outbox")+
 		` (id, topic, aggregateid, type, payload, status, last_error) VALUES ($1, 'orders', 'o-3', 'order.created', '\x7b7d', 'dead', 'no route')`,
 		uuid.New())
 	require.NoError(t, err)
 	// And two dead letters of a consumer, one of them requeued already.
-	_, err = f.pool.Exec(ctx, "INSERT INTO "+f.table("dead_letters")+
+	_, err = f.Pool.Exec(ctx, "INSERT INTO "+f.Table("dead_letters")+
 		` (consumer, topic, reason, requeued_at) VALUES ('payments', 'orders', 'bad', NULL), ('payments', 'orders', 'bad', now())`)
 	require.NoError(t, err)
 
 	countStatus := func(status string) int64 {
-		return int64(f.count(t, "SELECT count(*) FROM "+f.table("outbox")+" WHERE status = $1", status))
+		return int64(f.Count(t, "SELECT count(*) FROM "+f.Table("outbox")+" WHERE status = $1", status))
 	}
 
 	t.Run("status", func(t *testing.T) {

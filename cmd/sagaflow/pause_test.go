@@ -7,6 +7,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagaflow/sagaflow/internal/testkit"
 	"github.com/sagaflow/sagaflow/saga"
 )
 
@@ -19,7 +20,7 @@ func TestPauseAndUnpause(t *testing.T) {
 	require.NoError(t, err)
 	id := st.ID
 	held := func() int {
-		return f.count(t, "SELECT count(*) FROM "+f.table("outbox")+" WHERE saga_id = $1 AND available_at = 'infinity'", id)
+		return f.Count(t, "SELECT count(*) FROM "+f.Table("outbox")+" WHERE saga_id = $1 AND available_at = 'infinity'", id)
 	}
 
 	out := f.cli(t, "pause", id.String(), "--reason", "incident 42").ok(t)
@@ -48,8 +49,8 @@ func TestPauseAndUnpause(t *testing.T) {
 	require.Zero(t, held())
 
 	// The engine then runs the saga to its end; an ended saga cannot be paused.
-	start(t, e)
-	f.waitStatus(t, id, saga.StatusCompleted)
+	testkit.Start(t, e)
+	testkit.WaitStatus(t, f.DB, id, saga.StatusCompleted)
 	msg = f.cli(t, "pause", id.String()).failed(t, exitFailed)
 	require.Contains(t, msg, "not running")
 	msg = f.cli(t, "pause", uuid.NewString()).failed(t, exitNotFound)

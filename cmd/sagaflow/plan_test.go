@@ -6,6 +6,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagaflow/sagaflow/internal/testkit"
 	"github.com/sagaflow/sagaflow/saga"
 )
 
@@ -15,7 +16,7 @@ func TestPlanChangesNothingAndMatchesTheAction(t *testing.T) {
 	f := setup(t)
 	s := f.populate(t)
 	version := func(id uuid.UUID) int {
-		return f.count(t, "SELECT version::int FROM "+f.table("saga_instances")+" WHERE id = $1", id)
+		return f.Count(t, "SELECT version::int FROM "+f.Table("saga_instances")+" WHERE id = $1", id)
 	}
 	before := version(s.completed)
 
@@ -55,8 +56,8 @@ func TestPlanChangesNothingAndMatchesTheAction(t *testing.T) {
 	// Act: the rerun runs what the plan said, under the keys it showed.
 	f.cli(t, "replay", s.completed.String(), "--from-step", "charge").ok(t)
 	e, _, _ := f.engine(t, true)
-	start(t, e)
-	f.waitStatus(t, s.completed, saga.StatusCompleted)
+	testkit.Start(t, e)
+	testkit.WaitStatus(t, f.DB, s.completed, saga.StatusCompleted)
 	in := decode[saga.Instance](t, f.cli(t, "show", s.completed.String(), "--json"))
 	var ran []string
 	for _, ev := range in.History {
@@ -66,7 +67,7 @@ func TestPlanChangesNothingAndMatchesTheAction(t *testing.T) {
 	}
 	require.Equal(t, runs, ran, "the plan and the action agree")
 	for _, r := range rerun.Runs {
-		require.Equal(t, 1, f.count(t, "SELECT count(*) FROM "+f.table("inbox")+" WHERE key = $1", r.Key),
+		require.Equal(t, 1, f.Count(t, "SELECT count(*) FROM "+f.Table("inbox")+" WHERE key = $1", r.Key),
 			"the planned key %s is the one the step ran under", r.Key)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagaflow/sagaflow/internal/testkit"
 	"github.com/sagaflow/sagaflow/saga"
 )
 
@@ -58,9 +59,9 @@ func TestReplay(t *testing.T) {
 
 	// The fix is deployed: an engine with the fixed saga finishes both.
 	e, _, _ := f.engine(t, true)
-	start(t, e)
-	f.waitStatus(t, s.failed1, saga.StatusCompensated)
-	f.waitStatus(t, s.completed, saga.StatusCompleted)
+	testkit.Start(t, e)
+	testkit.WaitStatus(t, f.DB, s.failed1, saga.StatusCompensated)
+	testkit.WaitStatus(t, f.DB, s.completed, saga.StatusCompleted)
 
 	in := decode[saga.Instance](t, f.cli(t, "show", s.completed.String(), "--json"))
 	require.Equal(t, 1, in.Epoch)

@@ -119,7 +119,7 @@ func TestNoOutputHoldsThePassword(t *testing.T) {
 
 			for name, dsn := range dsns {
 				flagArgs := func(args ...string) []string {
-					return append([]string{"--database-url", dsn, "--schema", f.schema, "--timeout", "10s"}, args...)
+					return append([]string{"--database-url", dsn, "--schema", f.Schema, "--timeout", "10s"}, args...)
 				}
 				type call struct {
 					env  map[string]string
@@ -143,9 +143,9 @@ func TestNoOutputHoldsThePassword(t *testing.T) {
 					{args: flagArgs("help", "replay")},
 					{args: flagArgs("list", "--bogus")},
 					{args: flagArgs("purge")},
-					{args: []string{"--database-url=" + dsn, "--schema", f.schema, "list"}},
-					{env: map[string]string{"DATABASE_URL": dsn}, args: []string{"--schema", f.schema, "list"}},
-					{env: map[string]string{"DATABASE_URL": dsn}, args: []string{"--schema", f.schema, "--json", "outbox", "status"}},
+					{args: []string{"--database-url=" + dsn, "--schema", f.Schema, "list"}},
+					{env: map[string]string{"DATABASE_URL": dsn}, args: []string{"--schema", f.Schema, "list"}},
+					{env: map[string]string{"DATABASE_URL": dsn}, args: []string{"--schema", f.Schema, "--json", "outbox", "status"}},
 					// A connection string given in the wrong place.
 					{args: []string{"show", dsn}},
 					{args: []string{"--timeout", dsn, "list"}},

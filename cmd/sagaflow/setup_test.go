@@ -5,20 +5,16 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"log/slog"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagaflow/sagaflow/internal/pgtest"
-	"github.com/sagaflow/sagaflow/migrations"
+	"github.com/sagaflow/sagaflow/internal/testkit"
 	"github.com/sagaflow/sagaflow/saga"
-	"github.com/sagaflow/sagaflow/sagatest"
 	"github.com/sagaflow/sagaflow/steps"
 )
 
@@ -64,42 +60,20 @@ func definePing() *saga.Definition[order] {
 
 // fixture is a migrated schema and how the CLI reaches it.
 type fixture struct {
-	pool   *pgxpool.Pool
-	schema string
-	url    string
+	*testkit.DB
+	url string
 }
 
 func setup(t *testing.T) *fixture {
 	t.Helper()
-	pool, schema := pgtest.NewSchema(t)
-	_, err := migrations.Migrate(context.Background(), pool, schema)
-	require.NoError(t, err)
-	return &fixture{pool: pool, schema: schema, url: pgtest.ConnString(t)}
+	return &fixture{DB: testkit.NewDB(t), url: pgtest.ConnString(t)}
 }
 
 // engine returns an engine (not started) with the order and ping sagas.
 func (f *fixture) engine(t *testing.T, fixed bool) (*saga.Engine, *saga.Definition[order], *saga.Definition[order]) {
 	t.Helper()
-	e, err := saga.New(f.pool, &saga.Config{Schema: f.schema, PollInterval: 50 * time.Millisecond,
-		Logger: slog.New(slog.DiscardHandler)})
-	require.NoError(t, err)
 	orderDef, pingDef := defineOrder(fixed), definePing()
-	require.NoError(t, e.Register(orderDef, pingDef))
-	return e, orderDef, pingDef
-}
-
-// start starts e and stops it when the test ends.
-func start(t *testing.T, e *saga.Engine) {
-	t.Helper()
-	require.NoError(t, e.Start(context.Background()))
-	t.Cleanup(func() { stop(t, e) })
-}
-
-func stop(t *testing.T, e *saga.Engine) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	require.NoError(t, e.Stop(ctx))
+	return testkit.NewEngine(t, f.Pool, f.Config(), orderDef, pingDef), orderDef, pingDef
 }
 
 // ended are the sagas of populate, by how they ended.
@@ -114,7 +88,7 @@ func (f *fixture) populate(t *testing.T) ended {
 	t.Helper()
 	ctx := context.Background()
 	e, orderDef, pingDef := f.engine(t, false)
-	require.NoError(t, e.Start(ctx))
+	stop := testkit.Start(t, e)
 	startOrder := func(o order) uuid.UUID {
 		st, err := saga.Start(ctx, e, orderDef, o, &saga.StartOpts{BusinessKey: o.ID})
 		require.NoError(t, err)
@@ -129,12 +103,12 @@ func (f *fixture) populate(t *testing.T) ended {
 	require.NoError(t, err)
 	s.ping = st.ID
 
-	f.waitStatus(t, s.completed, saga.StatusCompleted)
-	f.waitStatus(t, s.compensated, saga.StatusCompensated)
-	f.waitStatus(t, s.failed1, saga.StatusFailed)
-	f.waitStatus(t, s.failed2, saga.StatusFailed)
-	f.waitStatus(t, s.ping, saga.StatusCompleted)
-	stop(t, e)
+	testkit.WaitStatus(t, f.DB, s.completed, saga.StatusCompleted)
+	testkit.WaitStatus(t, f.DB, s.compensated, saga.StatusCompensated)
+	testkit.WaitStatus(t, f.DB, s.failed1, saga.StatusFailed)
+	testkit.WaitStatus(t, f.DB, s.failed2, saga.StatusFailed)
+	testkit.WaitStatus(t, f.DB, s.ping, saga.StatusCompleted)
+	stop()
 	return s
 }
 
@@ -142,15 +116,15 @@ func (f *fixture) populate(t *testing.T) ended {
 func (f *fixture) status(t *testing.T, id uuid.UUID) saga.Status {
 	t.Helper()
 	var s string
-	require.NoError(t, f.pool.QueryRow(context.Background(),
-		"SELECT status FROM "+f.table("saga_instances")+" WHERE id = $1", id).Scan(&s))
+	require.NoError(t, f.Pool.QueryRow(context.Background(),
+		"SELECT status FROM "+f.Table("saga_instances")+" WHERE id = $1", id).Scan(&s))
 	return saga.Status(s)
 }
 
 // statuses reads every saga's status with SQL.
 func (f *fixture) statuses(t *testing.T) map[uuid.UUID]string {
 	t.Helper()
-	rows, err := f.pool.Query(context.Background(), "SELECT id, status FROM "+f.table("saga_instances"))
+	rows, err := f.Pool.Query(context.Background(), "SELECT id, status FROM "+f.Table("saga_instances"))
 	require.NoError(t, err)
 	out := map[uuid.UUID]string{}
 	var id uuid.UUID
@@ -158,27 +132,6 @@ func (f *fixture) statuses(t *testing.T) map[uuid.UUID]string {
 	_, err = pgx.ForEachRow(rows, []any{&id, &s}, func() error { out[id] = s; return nil })
 	require.NoError(t, err)
 	return out
-}
-
-// waitStatus waits until the saga has status want, reading it through an
-// engine that is only a client (the engines under test may be stopped and
-// replaced meanwhile).
-func (f *fixture) waitStatus(t *testing.T, id uuid.UUID, want saga.Status) {
-	t.Helper()
-	client, err := saga.New(f.pool, &saga.Config{Schema: f.schema, Logger: slog.New(slog.DiscardHandler)})
-	require.NoError(t, err)
-	sagatest.Wait(t, client, id, sagatest.Status(want), &sagatest.WaitOpts{Timeout: 30 * time.Second})
-}
-
-func (f *fixture) table(name string) string {
-	return pgx.Identifier{f.schema, name}.Sanitize()
-}
-
-func (f *fixture) count(t *testing.T, query string, args ...any) int {
-	t.Helper()
-	var n int
-	require.NoError(t, f.pool.QueryRow(context.Background(), query, args...).Scan(&n))
-	return n
 }
 
 // result is what one CLI run printed and returned.
@@ -198,7 +151,7 @@ func runCLI(t *testing.T, env map[string]string, args ...string) result {
 // cli runs the CLI against the fixture's schema.
 func (f *fixture) cli(t *testing.T, args ...string) result {
 	t.Helper()
-	return runCLI(t, nil, append([]string{"--database-url", f.url, "--schema", f.schema}, args...)...)
+	return runCLI(t, nil, append([]string{"--database-url", f.url, "--schema", f.Schema}, args...)...)
 }
 
 // ok requires exit code 0 and returns stdout.

@@ -53,7 +53,7 @@ func TestShow(t *testing.T) {
 	t.Run("not found", func(t *testing.T) {
 		id := uuid.New()
 		msg := f.cli(t, "show", id.String()).failed(t, exitNotFound)
-		require.Equal(t, "sagaflow: show "+id.String()+`: no such saga in schema "`+f.schema+`"`+"\n", msg)
+		require.Equal(t, "sagaflow: show "+id.String()+`: no such saga in schema "`+f.Schema+`"`+"\n", msg)
 
 		r := f.cli(t, "--json", "show", id.String())
 		require.Equal(t, exitNotFound, r.code)

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"log/slog"
 	"strconv"
 	"strings"
 	"testing"
@@ -11,6 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagaflow/sagaflow/internal/testkit"
 	"github.com/sagaflow/sagaflow/saga"
 	"github.com/sagaflow/sagaflow/sagatest"
 )
@@ -45,12 +45,8 @@ func defineFulfil() *saga.Definition[parcel] {
 func (f *fixture) startFulfil(t *testing.T, keys ...string) (*saga.Engine, []uuid.UUID) {
 	t.Helper()
 	ctx := context.Background()
-	e, err := saga.New(f.pool, &saga.Config{Schema: f.schema, PollInterval: 50 * time.Millisecond,
-		Logger: slog.New(slog.DiscardHandler)})
-	require.NoError(t, err)
 	def := defineFulfil()
-	require.NoError(t, e.Register(def))
-	start(t, e)
+	e, _ := testkit.StartEngine(t, f.Pool, f.Config(), def)
 	var ids []uuid.UUID
 	for _, k := range keys {
 		st, err := saga.Start(ctx, e, def, parcel{ID: k}, &saga.StartOpts{BusinessKey: k})
@@ -123,7 +119,7 @@ func TestSignalCompletesAWaitingSaga(t *testing.T) {
 	out = r.ok(t)
 	require.Equal(t, `signal "picked" sent to saga `+s1.String()+` (seq `, out[:len(`signal "picked" sent to saga `)+36+6])
 	require.Contains(t, out, `id "wh-1"`)
-	f.waitStatus(t, s1, saga.StatusCompleted)
+	testkit.WaitStatus(t, f.DB, s1, saga.StatusCompleted)
 	got, err := e.Get(ctx, s1)
 	require.NoError(t, err)
 	var p parcel
@@ -143,20 +139,20 @@ func TestSignalCompletesAWaitingSaga(t *testing.T) {
 	require.Equal(t, map[string]any{"by": "anna"}, sh.Signals[0].Payload)
 
 	// The same id again: a duplicate, nothing new written.
-	before := f.count(t, "SELECT count(*) FROM "+f.table("saga_signals"))
+	before := f.Count(t, "SELECT count(*) FROM "+f.Table("saga_signals"))
 	doc := decode[signalOut](t, f.cli(t, "--json", "signal", s1.String(), "picked", "--id", "wh-1"))
 	require.True(t, doc.Duplicate)
 	require.Equal(t, "duplicate", doc.Result)
 	require.Equal(t, s1, *doc.SagaID)
 	require.Equal(t, sh.Signals[0].Seq, doc.Seq)
-	require.Equal(t, before, f.count(t, "SELECT count(*) FROM "+f.table("saga_signals")))
+	require.Equal(t, before, f.Count(t, "SELECT count(*) FROM "+f.Table("saga_signals")))
 
 	// The saga has ended: a new signal is recorded as rejected.
 	msg := f.cli(t, "signal", s1.String(), "picked", "--id", "wh-late").failed(t, exitFailed)
 	require.Contains(t, msg, `signal "picked" to saga `+s1.String()+": recorded as rejected (seq ")
 	require.Contains(t, msg, "the saga is not running (its status is completed)")
-	require.Equal(t, before+1, f.count(t, "SELECT count(*) FROM "+f.table("saga_signals")))
-	require.Equal(t, 1, f.count(t, "SELECT count(*) FROM "+f.table("saga_signals")+" WHERE status = 'rejected' AND signal_id = 'wh-late'"))
+	require.Equal(t, before+1, f.Count(t, "SELECT count(*) FROM "+f.Table("saga_signals")))
+	require.Equal(t, 1, f.Count(t, "SELECT count(*) FROM "+f.Table("saga_signals")+" WHERE status = 'rejected' AND signal_id = 'wh-late'"))
 	r = f.cli(t, "--json", "signal", s1.String(), "picked", "--id", "wh-late")
 	require.Equal(t, exitFailed, r.code)
 	doc = decode[signalOut](t, r)
@@ -171,7 +167,7 @@ func TestSignalCompletesAWaitingSaga(t *testing.T) {
 	msg = f.cli(t, "signal", missing.String(), "picked").failed(t, exitNotFound)
 	require.Contains(t, msg, "recorded as rejected")
 	require.Contains(t, msg, "no such saga")
-	require.Equal(t, 1, f.count(t, "SELECT count(*) FROM "+f.table("saga_signals")+" WHERE target = $1 AND status = 'rejected'",
+	require.Equal(t, 1, f.Count(t, "SELECT count(*) FROM "+f.Table("saga_signals")+" WHERE target = $1 AND status = 'rejected'",
 		missing.String()))
 	msg = f.cli(t, "signal", "--saga", "fulfil", "--key", "p-nope", "picked", "--id", "x").failed(t, exitNotFound)
 	require.Contains(t, msg, `saga "fulfil" with key "p-nope": recorded as rejected`)
@@ -186,7 +182,7 @@ func TestSignalCompletesAWaitingSaga(t *testing.T) {
 	require.False(t, doc.Duplicate)
 	_, err = uuid.Parse(doc.ID)
 	require.NoError(t, err, "a signal without --id gets a UUID")
-	f.waitStatus(t, s2, saga.StatusCompleted)
+	testkit.WaitStatus(t, f.DB, s2, saga.StatusCompleted)
 	require.Equal(t, "no sagas match\n", f.cli(t, "list", "--waiting").ok(t))
 }
 
@@ -198,8 +194,8 @@ func TestSignalBadInput(t *testing.T) {
 	_, ids := f.startFulfil(t, "p-1")
 	id := ids[0].String()
 	written := func() int {
-		return f.count(t, "SELECT count(*) FROM "+f.table("saga_signals")) +
-			f.count(t, "SELECT count(*) FROM "+f.table("outbox")+" WHERE type = 'sagaflow.wake'")
+		return f.Count(t, "SELECT count(*) FROM "+f.Table("saga_signals")) +
+			f.Count(t, "SELECT count(*) FROM "+f.Table("outbox")+" WHERE type = 'sagaflow.wake'")
 	}
 	long := strings.Repeat("x", 10_000)
 	for _, tc := range []struct {

@@ -42,7 +42,7 @@ func TestUICommand(t *testing.T) {
 	var stdout, stderr lockedBuffer
 	done := make(chan int, 1)
 	go func() {
-		done <- run(ctx, []string{"--database-url", f.url, "--schema", f.schema, "ui", "--listen", "127.0.0.1:0", "--prefix", "/ops"},
+		done <- run(ctx, []string{"--database-url", f.url, "--schema", f.Schema, "ui", "--listen", "127.0.0.1:0", "--prefix", "/ops"},
 			&stdout, &stderr, func(string) string { return "" })
 	}()
 	deadline := time.Now().Add(30 * time.Second)
