@@ -137,7 +137,7 @@ func (e *Engine) startConcurrent(ctx context.Context, db store.DBTX, own bool, d
 				a.Position = -1
 				return err
 			}
-			a, err = e.st.AdmitStarted(ctx, db, sg.ID, def.name, key, def.concurrency, cmd, check)
+			a, err = e.st.AdmitStarted(ctx, db, sg.ID, def.name, key, def.concurrency, cmd, check.At)
 			return err
 		}
 		var err error
@@ -154,7 +154,7 @@ func (e *Engine) startConcurrent(ctx context.Context, db store.DBTX, own bool, d
 		if _, err := startSaga(batchDB{b}); err != nil {
 			return false, err
 		}
-		e.st.QueueAdmitStarted(b, &a, sg.ID, def.name, key, def.concurrency, cmd, check)
+		e.st.QueueAdmitStarted(b, &a, sg.ID, def.name, key, def.concurrency, cmd, check.At)
 		if err := e.pool.SendBatch(ctx, b).Close(); err != nil {
 			return false, fmt.Errorf("start %s with concurrency key %q: %w", def.name, key, err)
 		}
@@ -163,7 +163,7 @@ func (e *Engine) startConcurrent(ctx context.Context, db store.DBTX, own bool, d
 		if err != nil || !inserted {
 			return false, err
 		}
-		if a, err = e.st.AdmitStarted(ctx, db, sg.ID, def.name, key, def.concurrency, cmd, check); err != nil {
+		if a, err = e.st.AdmitStarted(ctx, db, sg.ID, def.name, key, def.concurrency, cmd, check.At); err != nil {
 			return false, err
 		}
 	}

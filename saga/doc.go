@@ -111,7 +111,10 @@
 //     keep serving everything else.
 //
 //  9. No saga left behind. Every running saga has a deadline in database
-//     time (next_check_at). The rescuer finds sagas past it: one whose
+//     time: greatest(next_check_at, due_at), where next_check_at, indexed,
+//     is a lower bound that the rescuer moves up to due_at when it passes
+//     first (see [RescueResult].Rechecked). The rescuer finds sagas past the
+//     deadline: one whose
 //     command still waits in the queue is left waiting (no attempt spent);
 //     one whose command was lost is re-driven under the same step-scoped
 //     key, or, its attempts spent, compensated (or failed, if it was

@@ -101,8 +101,8 @@ type Config struct {
 	// groups, and each would also read, and dead-letter, the other's
 	// commands.
 	CommandTopic string
-	// RescueSlack is added to each step's timeout to give a saga's deadline
-	// (next_check_at), past which the rescuer looks at it. When a step has
+	// RescueSlack is added to each step's timeout to give a saga's deadline,
+	// past which the rescuer looks at it. When a step has
 	// to move the deadline, it moves it with RescueSlack more as room, so
 	// that quick steps after it can leave it where it is; a new saga's first
 	// deadline has that room too. A lost command is so found at most the

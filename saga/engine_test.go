@@ -326,7 +326,7 @@ func TestStaleWorkerCannotCommit(t *testing.T) {
 	<-entered
 	// While the worker runs "charge", another worker takes the saga over
 	// (as the rescuer would after a lost lease): the version moves on.
-	_, err = b.pool.Exec(ctx, "UPDATE "+b.table("saga_instances")+" SET version = version + 1, next_check_at = now() WHERE id = $1", st.ID)
+	_, err = b.pool.Exec(ctx, "UPDATE "+b.table("saga_instances")+" SET version = version + 1, next_check_at = now(), due_at = NULL WHERE id = $1", st.ID)
 	require.NoError(t, err)
 	close(release)
 	// The stale worker's commit is refused.
@@ -339,7 +339,7 @@ func TestStaleWorkerCannotCommit(t *testing.T) {
 	// takes it for a running step and moves its deadline a RescueSlack on.
 	// Let that deadline pass, as time would, until a rescue re-drives it.
 	waitFor(t, 10*time.Second, func() bool {
-		_, err := b.pool.Exec(ctx, "UPDATE "+b.table("saga_instances")+" SET next_check_at = now() WHERE id = $1", st.ID)
+		_, err := b.pool.Exec(ctx, "UPDATE "+b.table("saga_instances")+" SET next_check_at = now(), due_at = NULL WHERE id = $1", st.ID)
 		require.NoError(t, err)
 		res, err := b.engine.RescueNow(ctx)
 		require.NoError(t, err)

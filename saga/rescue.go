@@ -39,12 +39,16 @@ type RescueResult struct {
 	// that wrote them held): they are due again, as [Engine.Resume] makes
 	// them.
 	Released int
+	// Rechecked sagas were looked at before their deadline: a step had
+	// moved the deadline later without moving the rescuer's indexed lower
+	// bound. Their next check was moved to the deadline; nothing else.
+	Rechecked int
 }
 
 // RescueNow runs the stuck-saga rescuer once, now, instead of waiting for
 // its interval: it finds running and compensating sagas of the registered
-// definitions whose deadline (next_check_at, database time) has passed,
-// and re-drives or fails over each. Before that, it releases the commands
+// definitions whose deadline (database time) has passed, and re-drives or
+// fails over each. Before that, it releases the commands
 // held for a pause that no longer exists (see "Pause" in the package doc).
 // Safe to run on many engines at once.
 func (e *Engine) RescueNow(ctx context.Context) (RescueResult, error) {
@@ -59,6 +63,11 @@ func (e *Engine) RescueNow(ctx context.Context) (RescueResult, error) {
 	// First, so that a saga whose command was held and is now released is
 	// not judged stuck below.
 	if err := e.releaseStrayHeld(ctx, &res); err != nil {
+		return res, err
+	}
+	// Then the sagas whose check came before their deadline, so that only
+	// sagas past their deadline are judged below.
+	if err := e.raiseChecks(ctx, &res); err != nil {
 		return res, err
 	}
 	for {
@@ -77,6 +86,26 @@ func (e *Engine) RescueNow(ctx context.Context) (RescueResult, error) {
 			return res, err
 		}
 	}
+}
+
+// raiseChecksPasses bounds the statements of one [Engine.raiseChecks].
+const raiseChecksPasses = 16
+
+// raiseChecks moves the next check of sagas whose deadline's lower bound
+// (next_check_at) passed before the deadline itself (due_at) to that
+// deadline, RescueBatch sagas per statement.
+func (e *Engine) raiseChecks(ctx context.Context, res *RescueResult) error {
+	for range raiseChecksPasses {
+		n, err := e.st.RaiseChecks(ctx, e.pool, e.cfg.RescueBatch)
+		if err != nil {
+			return err
+		}
+		res.Rechecked += int(n)
+		if n < int64(e.cfg.RescueBatch) {
+			return nil
+		}
+	}
+	return nil
 }
 
 // rescueLockTimeout bounds how long the rescuer waits for a saga row that a

@@ -2,6 +2,7 @@ package saga_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -10,13 +11,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagaflow/sagaflow/saga"
+	"github.com/sagaflow/sagaflow/steps"
 )
 
 // overdue moves a saga's deadline into the past, as if time had passed.
 func (b *bundle) overdue(t *testing.T, id uuid.UUID) {
 	t.Helper()
 	_, err := b.pool.Exec(context.Background(), "UPDATE "+b.table("saga_instances")+
-		" SET next_check_at = now() - interval '1 minute' WHERE id = $1", id)
+		" SET next_check_at = now() - interval '1 minute', due_at = NULL WHERE id = $1", id)
 	require.NoError(t, err)
 }
 
@@ -107,7 +109,7 @@ func TestRescueFailsOverWhenAttemptsAreSpent(t *testing.T) {
 	require.NoError(t, err)
 	b.waitTerminal(t, stuck.ID)
 	_, err = b.pool.Exec(ctx, "UPDATE "+b.table("saga_instances")+` SET status = 'running', step_name = 'charge', step_index = 1,
-		direction = 'forward', attempt = 2, ended_at = NULL, next_check_at = now() - interval '1 minute', command_id = NULL WHERE id = $1`, stuck.ID)
+		direction = 'forward', attempt = 2, ended_at = NULL, next_check_at = now() - interval '1 minute', due_at = NULL, command_id = NULL WHERE id = $1`, stuck.ID)
 	require.NoError(t, err)
 	res, err := b.engine.RescueNow(ctx)
 	require.NoError(t, err)
@@ -212,7 +214,7 @@ func TestBusySagasDoNotStarveTheRescuer(t *testing.T) {
 		b.overdue(t, id)
 	}
 	_, err = b.pool.Exec(ctx, "UPDATE "+b.table("saga_instances")+` SET status = 'running', step_name = 'charge', step_index = 1,
-		attempt = 0, ended_at = NULL, next_check_at = now() - interval '1 second', command_id = NULL WHERE id = $1`, st.ID)
+		attempt = 0, ended_at = NULL, next_check_at = now() - interval '1 second', due_at = NULL, command_id = NULL WHERE id = $1`, st.ID)
 	require.NoError(t, err)
 
 	started := time.Now()
@@ -223,4 +225,65 @@ func TestBusySagasDoNotStarveTheRescuer(t *testing.T) {
 	require.Equal(t, 1, res.Redriven, "the saga behind the busy ones was reached: %+v", res)
 	blocked.release()
 	require.Equal(t, saga.StatusCompleted, b.waitTerminal(t, st.ID).Status)
+}
+
+// deadlineColumns reads a saga's next_check_at (the rescuer's indexed lower
+// bound) and due_at (its deadline when later), as microseconds since the
+// epoch (0 for NULL).
+func (b *bundle) deadlineColumns(t *testing.T, id uuid.UUID) (check, due int64) {
+	t.Helper()
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT
+			coalesce((EXTRACT(EPOCH FROM next_check_at) * 1e6)::int8, 0), coalesce((EXTRACT(EPOCH FROM due_at) * 1e6)::int8, 0)
+		FROM `+b.table("saga_instances")+` WHERE id = $1`, id).Scan(&check, &due))
+	return check, due
+}
+
+// A step that pushes the deadline later writes it to due_at and leaves the
+// indexed next_check_at alone (so the row can be updated in place). When
+// that lower bound passes first, the rescuer only moves it up to the
+// deadline; it rescues the saga once the deadline itself has passed.
+func TestRescuerWaitsForTheDeadlineNotItsLowerBound(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	def := threeSteps(b, "bound", map[string]saga.StepFunc[order]{
+		"charge/forward": func(context.Context, *saga.StepRun, *order) error {
+			return steps.RetryAfter(time.Hour, errors.New("the bank asks us to come back later"))
+		},
+	})
+	require.NoError(t, b.engine.Register(def))
+	ctx := context.Background()
+	st, err := saga.Start(ctx, b.engine, def, order{}, nil)
+	require.NoError(t, err)
+	check0, due0 := b.deadlineColumns(t, st.ID)
+	require.Positive(t, check0)
+	require.Greater(t, due0, check0, "a new saga's deadline is later than its first check")
+
+	b.start(t)
+	waitFor(t, 10*time.Second, func() bool {
+		return b.count(t, "SELECT count(*) FROM "+b.table("saga_instances")+" WHERE id = $1 AND step_name = 'charge' AND attempt = 1", st.ID) == 1
+	}, "charge's first attempt to fail")
+	check1, due1 := b.deadlineColumns(t, st.ID)
+	require.Equal(t, check0, check1, "reserve's and charge's transitions moved the indexed lower bound")
+	require.Greater(t, due1, due0+int64(50*time.Minute/time.Microsecond), "the retry an hour away moved the deadline")
+
+	// charge's retry is lost, and the lower bound passes: the deadline has
+	// not, so the rescuer only moves the check to it.
+	b.deleteCommands(t, st.ID)
+	_, err = b.pool.Exec(ctx, "UPDATE "+b.table("saga_instances")+" SET next_check_at = now() - interval '1 second' WHERE id = $1", st.ID)
+	require.NoError(t, err)
+	res, err := b.engine.RescueNow(ctx)
+	require.NoError(t, err)
+	require.Equal(t, saga.RescueResult{Rechecked: 1}, res)
+	check2, due2 := b.deadlineColumns(t, st.ID)
+	require.Equal(t, due1, check2, "the check moved to the deadline")
+	require.Equal(t, due1, due2)
+	res, err = b.engine.RescueNow(ctx)
+	require.NoError(t, err)
+	require.Equal(t, saga.RescueResult{}, res, "a second look finds nothing to do")
+
+	// Then the deadline passes: the lost retry is re-driven.
+	b.overdue(t, st.ID)
+	res, err = b.engine.RescueNow(ctx)
+	require.NoError(t, err)
+	require.Equal(t, saga.RescueResult{Redriven: 1}, res)
 }

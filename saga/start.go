@@ -179,7 +179,7 @@ func (e *Engine) startRaw(ctx context.Context, db store.DBTX, own bool, def *com
 	if o.ConcurrencyKey != "" { // concurrency.go
 		inserted, err = e.startConcurrent(ctx, db, own, def, sg, rows, &o, startSaga)
 	} else if own && e.starts != nil {
-		inserted, err = e.starts.start(ctx, e, &startReq{sg: sg, checkAfter: e.firstDeadline(first.timeout),
+		inserted, err = e.starts.start(ctx, e, &startReq{sg: sg, check: e.firstDeadline(first.timeout),
 			deadline: deadline, rows: rows, key: o.BusinessKey})
 	} else {
 		inserted, err = startSaga(db)
@@ -204,11 +204,16 @@ func (e *Engine) startRaw(ctx context.Context, db store.DBTX, own bool, def *com
 // firstDeadline is how long after its start a saga counts as stuck: its
 // first step's timeout and RescueSlack, as for every step, and RescueSlack
 // once more as room. With the room, the first step's transition usually
-// finds the deadline far enough out for the second step and leaves it alone,
-// so PostgreSQL can update the row in place without touching the deadline's
-// index; short rescue settings still rescue a lost first command soon.
-func (e *Engine) firstDeadline(timeout time.Duration) time.Duration {
-	return timeout + 2*e.cfg.RescueSlack
+// finds the deadline far enough out for the second step and leaves it alone;
+// short rescue settings still rescue a lost first command soon.
+//
+// The rescuer may first look at the saga after the first step's timeout
+// (the deadline's lower bound, next_check_at): a step that moves the
+// deadline then never has to move that indexed column, unless its deadline
+// is sooner (a remote step whose reply timeout is shorter than the first
+// step's timeout). A saga still going then costs the rescuer one update.
+func (e *Engine) firstDeadline(timeout time.Duration) store.Check {
+	return store.Check{From: timeout, At: timeout + 2*e.cfg.RescueSlack}
 }
 
 // existingStart finds the saga that a start which wrote nothing collided

@@ -49,11 +49,11 @@ const startGroupTimeout = time.Minute
 
 // startReq is one start waiting to be committed with others.
 type startReq struct {
-	sg         *store.Saga
-	checkAfter time.Duration
-	deadline   time.Duration
-	rows       *store.Transition
-	key        string // the business key, to order a group's inserts
+	sg       *store.Saga
+	check    store.Check
+	deadline time.Duration
+	rows     *store.Transition
+	key      string // the business key, to order a group's inserts
 
 	// state: reqWaiting, reqTaken, reqGivenUp or reqSent.
 	state    atomic.Int32
@@ -196,7 +196,7 @@ func alone(e *Engine, r *startReq) {
 	if !r.state.CompareAndSwap(reqTaken, reqSent) && r.state.Load() != reqSent {
 		return // given up: nothing was sent
 	}
-	r.inserted, r.err = e.st.StartSaga(ctx, conn, r.sg, r.checkAfter, r.deadline, r.rows, e.cfg.CommandTopic, false)
+	r.inserted, r.err = e.st.StartSaga(ctx, conn, r.sg, r.check, r.deadline, r.rows, e.cfg.CommandTopic, false)
 }
 
 // commitTogether sends group's starts, left out those whose callers gave up
@@ -228,7 +228,7 @@ func (g *startGroup) commitTogether(ctx context.Context, e *Engine, group []*sta
 	// start waits alone.
 	b.Queue("SET LOCAL lock_timeout = " + strconv.Itoa(int(startGroupLockWait.Milliseconds())))
 	for i, r := range sent {
-		e.st.QueueStartSaga(b, r.sg, r.checkAfter, r.deadline, r.rows, e.cfg.CommandTopic, &inserted[i])
+		e.st.QueueStartSaga(b, r.sg, r.check, r.deadline, r.rows, e.cfg.CommandTopic, &inserted[i])
 	}
 	b.Queue("COMMIT").Exec(func(ct pgconn.CommandTag) error {
 		if ct.String() != "COMMIT" {

@@ -114,7 +114,7 @@ func TestMovedDeadlineUsesRescueSlackAsRoom(t *testing.T) {
 	require.NoError(t, err)
 	<-running
 	var left time.Duration
-	require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT EXTRACT(EPOCH FROM next_check_at - now())::float8 * interval '1 second' FROM "+
+	require.NoError(t, b.pool.QueryRow(context.Background(), "SELECT EXTRACT(EPOCH FROM greatest(next_check_at, due_at) - now())::float8 * interval '1 second' FROM "+
 		b.table("saga_instances")+" WHERE id = $1", st.ID).Scan(&left))
 	close(release)
 	// 2 s of timeout, 300 ms of slack and 300 ms of room from when quick

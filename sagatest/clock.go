@@ -59,7 +59,7 @@ func NewClock(pool *pgxpool.Pool, schema string, engines ...*saga.Engine) *Clock
 //   - outbox.created_at and published_at: the age of a Postgres-only command
 //     for a saga or step no engine here knows (Config.UnknownSagaGrace), and
 //     how long a published command counts as in flight;
-//   - saga_instances.next_check_at: every saga's rescue deadline, so the
+//   - saga_instances.next_check_at and due_at: every saga's rescue deadline, so the
 //     rescuer finds lost commands, and a remote step's reply timeout (its
 //     step's Timeout) passes; wait_until, the end of a wait (a timer, a
 //     signal's or child's time limit), whose command is an outbox row due
@@ -103,7 +103,7 @@ func (c *Clock) Advance(ctx context.Context, d time.Duration) error {
 		return col + " = " + col + " - $1 * interval '1 microsecond'"
 	}
 	stmts := []string{
-		`UPDATE ` + s + `.saga_instances SET ` + shift("next_check_at") + `, ` + shift("created_at") + `, ` +
+		`UPDATE ` + s + `.saga_instances SET ` + shift("next_check_at") + `, ` + shift("due_at") + `, ` + shift("created_at") + `, ` +
 			shift("updated_at") + `, ` + shift("ended_at") + `, ` + shift("wait_until") + `, ` + shift("deadline_at"),
 		`UPDATE ` + s + `.outbox SET ` + shift("available_at") + `, ` + shift("created_at") + `, ` + shift("published_at") + `, ` +
 			shift("paused_from"),

@@ -16,7 +16,7 @@ import (
 // opsStatements are the statements of the scheduler, retention and
 // operator tools.
 type opsStatements struct {
-	stuck, deleteOutbox, deleteInbox, deleteSagas, outboxStatus, extendDeadline string
+	stuck, raiseChecks, deleteOutbox, deleteInbox, deleteSagas, outboxStatus, extendDeadline string
 }
 
 func newOpsStatements(s string) opsStatements {
@@ -28,12 +28,24 @@ func newOpsStatements(s string) opsStatements {
 				(SELECT CASE WHEN o.status = 'published' AND o.published_at > now() - $4 * interval '1 microsecond'
 					THEN 'in_flight' ELSE o.status END
 					FROM ` + s + `.outbox o WHERE o.id = s.command_id),
-				EXTRACT(EPOCH FROM now() - s.next_check_at)
+				EXTRACT(EPOCH FROM now() - greatest(s.next_check_at, s.due_at))
 			FROM (SELECT * FROM ` + s + `.saga_instances s
 				WHERE status IN ('running', 'compensating') AND next_check_at < now() AND saga_name = ANY($1)
+					AND (due_at IS NULL OR due_at < now())
 					AND NOT ` + pausedSQL(s) + `
 				ORDER BY next_check_at LIMIT $2) s`,
-		extendDeadline: `UPDATE ` + s + `.saga_instances SET next_check_at = clock_timestamp() + $3 * interval '1 microsecond'
+		// Sagas whose lower bound (next_check_at) has passed but whose
+		// deadline (due_at) has not: a step pushed the deadline later
+		// without touching the indexed column. Their next check moves to
+		// the deadline. A row that a batch has written and not committed
+		// is skipped; its transition sets the deadline anyway.
+		raiseChecks: `UPDATE ` + s + `.saga_instances u SET next_check_at = u.due_at
+			FROM (SELECT id FROM ` + s + `.saga_instances
+				WHERE status IN ('running', 'compensating') AND next_check_at < now() AND due_at >= now()
+				ORDER BY next_check_at LIMIT $1 FOR NO KEY UPDATE SKIP LOCKED) e
+			WHERE u.id = e.id AND u.due_at > u.next_check_at`,
+		extendDeadline: `UPDATE ` + s + `.saga_instances SET next_check_at = clock_timestamp() + $3 * interval '1 microsecond',
+				due_at = NULL
 			WHERE id = $1 AND version = $2`,
 		deleteOutbox: `DELETE FROM ` + s + `.outbox WHERE id IN (
 				SELECT id FROM ` + s + `.outbox WHERE status = 'published' AND published_at < now() - $1 * interval '1 microsecond'
@@ -103,6 +115,18 @@ func (s *Store) StuckSagas(ctx context.Context, tx pgx.Tx, names []string, limit
 		return nil, fmt.Errorf("store: find stuck sagas: %w", err)
 	}
 	return out, nil
+}
+
+// RaiseChecks moves the next check of up to limit sagas whose lower bound
+// (next_check_at) has passed before their deadline (due_at) up to that
+// deadline, and returns how many it moved. It runs in a statement of its
+// own, so that it holds their rows only for that statement.
+func (s *Store) RaiseChecks(ctx context.Context, db DBTX, limit int) (int64, error) {
+	tag, err := db.Exec(ctx, s.ops.raiseChecks, limit)
+	if err != nil {
+		return 0, fmt.Errorf("store: move sagas' checks to their deadlines: %w", err)
+	}
+	return tag.RowsAffected(), nil
 }
 
 // ExtendDeadline moves a saga's deadline to now + d if the saga still has

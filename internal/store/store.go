@@ -305,9 +305,21 @@ type statements struct {
 // maxHistoryRows is the most history entries one statement inserts.
 const maxHistoryRows = 4
 
-const sagaColumns = `id, saga_name, business_key, status, step_index, step_name, direction, epoch, attempt,
+// sagaColumnList names the columns a [Saga] is read from. The deadline is
+// read as greatest(next_check_at, due_at) (see [prefixColumns]).
+const sagaColumnList = `id, saga_name, business_key, status, step_index, step_name, direction, epoch, attempt,
 	state, version, next_check_at, command_id, awaiting_reply, last_error, last_error_code, failed_step, created_at, updated_at, ended_at,
 	wait_kind, wait_for, wait_until, deadline_at, parent_id, parent_name, parent_key, trace_context, def_version, parent_version`
+
+// newDeadline is the deadline a transition gives a saga that goes on (see
+// updateSaga): exactly $10 from now for a reply timeout ($17); else the
+// current deadline when it is at least $10 away; else $10 plus the room
+// ($11) from now.
+const newDeadline = `CASE
+				WHEN $17 THEN clock_timestamp() + $10 * interval '1 microsecond'
+				WHEN greatest(next_check_at, due_at) >= clock_timestamp() + $10 * interval '1 microsecond'
+					THEN greatest(next_check_at, due_at)
+				ELSE clock_timestamp() + ($10 + $11) * interval '1 microsecond' END`
 
 // historyRows and messageRows expand parallel arrays into rows, so one
 // statement shape serves any number of history entries and messages.
@@ -351,9 +363,10 @@ func New(schema string) (*Store, error) {
 		// command and the wake-up, or nothing when the business key exists.
 		startSaga: `WITH s AS (
 				INSERT INTO ` + s + `.saga_instances
-				(id, saga_name, business_key, status, step_index, step_name, direction, epoch, attempt, state, next_check_at, command_id,
+				(id, saga_name, business_key, status, step_index, step_name, direction, epoch, attempt, state, next_check_at, due_at, command_id,
 				 deadline_at, parent_id, parent_name, parent_key, trace_context, concurrency_key, def_version, parent_version)
-				VALUES ($1, $2, $3, $4, $5, $6, $7, 0, 0, $8, clock_timestamp() + $9 * interval '1 microsecond', ($20::uuid[])[1],
+				VALUES ($1, $2, $3, $4, $5, $6, $7, 0, 0, $8, clock_timestamp() + $38::int8 * interval '1 microsecond',
+				 clock_timestamp() + $9 * interval '1 microsecond', ($20::uuid[])[1],
 				 clock_timestamp() + $30 * interval '1 microsecond', $31, $32, $33, $34::text, $35::text, $36::int, $37::int)
 				ON CONFLICT DO NOTHING
 				RETURNING id
@@ -366,9 +379,10 @@ func New(schema string) (*Store, error) {
 		// server to plan and run).
 		startSagaOne: `WITH s AS (
 				INSERT INTO ` + s + `.saga_instances
-				(id, saga_name, business_key, status, step_index, step_name, direction, epoch, attempt, state, next_check_at, command_id,
+				(id, saga_name, business_key, status, step_index, step_name, direction, epoch, attempt, state, next_check_at, due_at, command_id,
 				 deadline_at, parent_id, parent_name, parent_key, trace_context, concurrency_key, def_version, parent_version)
-				VALUES ($1, $2, $3, $4, $5, $6, $7, 0, 0, $8, clock_timestamp() + $9 * interval '1 microsecond', $20::uuid,
+				VALUES ($1, $2, $3, $4, $5, $6, $7, 0, 0, $8, clock_timestamp() + $38::int8 * interval '1 microsecond',
+				 clock_timestamp() + $9 * interval '1 microsecond', $20::uuid,
 				 clock_timestamp() + $30 * interval '1 microsecond', $31, $32, $33, $34::text, $35::text, $36::int, $37::int)
 				ON CONFLICT DO NOTHING
 				RETURNING id
@@ -441,19 +455,25 @@ func New(schema string) (*Store, error) {
 			LEFT JOIN ` + s + `.saga_cancel_requests r ON r.saga_id = s.id
 			WHERE s.id = ANY($1) ORDER BY s.id`,
 		// The fenced update. Times use clock_timestamp(), not the batch
-		// transaction's start. next_check_at only moves when the stored
-		// deadline would come too early, and then with room to spare: quick
-		// steps leave every indexed column alone, so PostgreSQL can update
-		// the row in place (HOT) without touching its indexes.
+		// transaction's start. The deadline (greatest(next_check_at,
+		// due_at), see migration 013) only moves when it would come too
+		// early, and then with room to spare. It moves in due_at, which has
+		// no index; next_check_at, the rescuer's indexed lower bound, only
+		// moves down (or to NULL when the saga ends or waits without a
+		// limit). So a step that pushes the deadline later leaves every
+		// indexed column alone, and PostgreSQL updates the row in place
+		// (HOT) without touching its indexes.
 		updateSaga: `UPDATE ` + s + `.saga_instances SET
 			status = $3, step_index = $4, step_name = $5, direction = $6, epoch = $7, attempt = $8,
 			state = COALESCE($9, state), version = version + 1,
 			next_check_at = CASE
 				WHEN $3 NOT IN ('running', 'compensating') THEN NULL
 				WHEN $18::text IS NOT NULL AND $20 AND $21::int8 < 0 THEN NULL
-				WHEN $17 THEN clock_timestamp() + $10 * interval '1 microsecond'
-				WHEN next_check_at >= clock_timestamp() + $10 * interval '1 microsecond' THEN next_check_at
-				ELSE clock_timestamp() + ($10 + $11) * interval '1 microsecond' END,
+				ELSE least(next_check_at, ` + newDeadline + `) END,
+			due_at = CASE
+				WHEN $3 NOT IN ('running', 'compensating') THEN NULL
+				WHEN $18::text IS NOT NULL AND $20 AND $21::int8 < 0 THEN NULL
+				ELSE ` + newDeadline + ` END,
 			last_error = $12, last_error_code = $13, failed_step = $14, updated_at = clock_timestamp(),
 			ended_at = CASE WHEN $3 IN ('running', 'compensating') THEN NULL ELSE clock_timestamp() END,
 			command_id = $15, awaiting_reply = $16, def_version = COALESCE($22::int, def_version),
@@ -536,10 +556,21 @@ func New(schema string) (*Store, error) {
 	return st, nil
 }
 
+// sagaColumns is the select list of a [Saga].
+var sagaColumns = prefixColumns("")
+
+// prefixColumns is the select list of a [Saga] from the table aliased p
+// ("s." say). A saga's deadline is the later of next_check_at and due_at
+// (migration 013).
 func prefixColumns(p string) string {
-	cols := strings.Split(sagaColumns, ",")
+	cols := strings.Split(sagaColumnList, ",")
 	for i, c := range cols {
-		cols[i] = p + strings.TrimSpace(c)
+		c = strings.TrimSpace(c)
+		if c == "next_check_at" {
+			cols[i] = "greatest(" + p + "next_check_at, " + p + "due_at)"
+			continue
+		}
+		cols[i] = p + c
 	}
 	return strings.Join(cols, ", ")
 }
@@ -562,11 +593,11 @@ func micros(d time.Duration) int64 { return d.Microseconds() }
 // The saga's rescue deadline is checkAfter from now; its own deadline
 // (deadline_at) is deadline from now, or none when deadline is 0. A child
 // saga's sg names its parent (ParentID, ParentName, ParentKey).
-func (s *Store) StartSaga(ctx context.Context, db DBTX, sg *Saga, checkAfter, deadline time.Duration, rows *Transition, topic string, notify bool) (bool, error) {
+func (s *Store) StartSaga(ctx context.Context, db DBTX, sg *Saga, check Check, deadline time.Duration, rows *Transition, topic string, notify bool) (bool, error) {
 	if notify && DeferWake(ctx, s.channel, topic) {
 		notify = false // the transaction's owner notifies after its commit
 	}
-	q, args := s.startSaga(sg, checkAfter, deadline, rows, topic, notify)
+	q, args := s.startSaga(sg, check, deadline, rows, topic, notify)
 	tag, err := db.Exec(ctx, q, args...)
 	if err != nil {
 		return false, fmt.Errorf("store: start saga %s %s: %w", sg.Name, sg.ID, err)
@@ -578,22 +609,28 @@ func (s *Store) StartSaga(ctx context.Context, db DBTX, sg *Saga, checkAfter, de
 // notification: several starts then commit in one transaction (see
 // pgx.Batch.BeginTx). Whether the saga was inserted is stored in *inserted
 // when b's results are read.
-func (s *Store) QueueStartSaga(b *pgx.Batch, sg *Saga, checkAfter, deadline time.Duration, rows *Transition, topic string, inserted *bool) {
-	q, args := s.startSaga(sg, checkAfter, deadline, rows, topic, false)
+func (s *Store) QueueStartSaga(b *pgx.Batch, sg *Saga, check Check, deadline time.Duration, rows *Transition, topic string, inserted *bool) {
+	q, args := s.startSaga(sg, check, deadline, rows, topic, false)
 	b.Queue(q, args...).Exec(func(tag pgconn.CommandTag) error {
 		*inserted = tag.RowsAffected() == 1
 		return nil
 	})
 }
 
+// Check is a new saga's rescue deadline: At from now. From (at most At) is
+// when the rescuer may first look at it (next_check_at, a lower bound; see
+// migration 013): a first step whose transition pushes the deadline later
+// then leaves the indexed column alone.
+type Check struct{ From, At time.Duration }
+
 // startSaga returns the statement that starts sg, and its arguments.
-func (s *Store) startSaga(sg *Saga, checkAfter, deadline time.Duration, rows *Transition, topic string, notify bool) (string, []any) {
+func (s *Store) startSaga(sg *Saga, check Check, deadline time.Duration, rows *Transition, topic string, notify bool) (string, []any) {
 	channel := ""
 	if notify {
 		channel = s.channel
 	}
 	args := []any{pgID(sg.ID), sg.Name, sg.BusinessKey, sg.Status, sg.StepIndex, sg.StepName, sg.Direction, sg.State,
-		micros(checkAfter), channel, topic}
+		micros(check.At), channel, topic}
 	q := s.q.startSaga
 	if len(rows.History) == 1 && len(rows.Messages) == 1 {
 		q = s.q.startSagaOne
@@ -618,7 +655,7 @@ func (s *Store) startSaga(sg *Saga, checkAfter, deadline time.Duration, rows *Tr
 		deadlineUS = &d
 	}
 	args = append(args, deadlineUS, pgIDPtr(sg.ParentID), sg.ParentName, sg.ParentKey, sg.TraceContext, sg.ConcurrencyKey,
-		int32(max(sg.DefVersion, 1)), sg.ParentVersion)
+		int32(max(sg.DefVersion, 1)), sg.ParentVersion, micros(min(max(check.From, 0), check.At)))
 	return q, args
 }
 

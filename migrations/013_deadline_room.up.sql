@@ -1,0 +1,15 @@
+-- A saga's rescue deadline is kept in two columns, so that a step that moves
+-- it need not touch an index.
+--
+-- next_check_at, indexed for the rescuer, becomes a lower bound: the rescuer
+-- looks at a saga once it has passed. due_at, not indexed, may hold a later
+-- deadline. The deadline is greatest(next_check_at, due_at) (NULLs ignored).
+-- A step's transition writes its deadline to due_at and lowers next_check_at
+-- only when the new deadline is earlier, so that a step that pushes the
+-- deadline later changes no indexed column and PostgreSQL updates the row in
+-- place (HOT). The rescuer moves next_check_at up to due_at when it finds a
+-- saga whose lower bound passed before its deadline.
+--
+-- Rows written before this migration have due_at NULL: their deadline is
+-- next_check_at, as it was.
+ALTER TABLE {{schema}}.saga_instances ADD COLUMN due_at timestamptz;
