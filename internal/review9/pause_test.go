@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagaflow/sagaflow/internal/testkit"
 	"github.com/sagaflow/sagaflow/saga"
 )
 
@@ -84,7 +85,7 @@ func pauseResume(t *testing.T, batch int) {
 	def := orderDef(d, "review9.pause", "", steps, 30*time.Millisecond, p)
 	cfg := engineConfig(d)
 	cfg.BatchSize = batch
-	e := newEngine(t, d.pool, cfg, true, def)
+	e, _ := testkit.StartEngine(t, d.Pool, cfg, def)
 	ctx := context.Background()
 
 	const n = 30
@@ -231,7 +232,7 @@ func TestPausedSagasPastTheirDeadline(t *testing.T) {
 	stepTimeout = 10 * time.Second
 	cfg := engineConfig(d)
 	cfg.RescueSlack = 200 * time.Millisecond
-	client := newEngine(t, d.pool, cfg, false, def)
+	client := testkit.NewEngine(t, d.Pool, cfg, def)
 	ctx := context.Background()
 
 	// Paused one by one, before any worker runs.
@@ -259,7 +260,7 @@ func TestPausedSagasPastTheirDeadline(t *testing.T) {
 	}
 	t.Logf("StartsGrouped of the client: %d", client.Stats().StartsGrouped)
 
-	e := newEngine(t, d.pool, cfg, true, def)
+	e, _ := testkit.StartEngine(t, d.Pool, cfg, def)
 	resc := runRescuer(e, 50*time.Millisecond)
 	time.Sleep(3 * time.Second) // the first deadline is about 0.7 s away
 	resc.halt(t)

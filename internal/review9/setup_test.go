@@ -10,8 +10,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"sort"
 	"sync"
 	"testing"
@@ -23,59 +21,33 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagaflow/sagaflow/internal/pgtest"
-	"github.com/sagaflow/sagaflow/migrations"
+	"github.com/sagaflow/sagaflow/internal/testkit"
 	"github.com/sagaflow/sagaflow/saga"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
-
-func randomLetters(n int) string {
-	const letters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
-	b := make([]byte, n)
-	x := uint64(88172645463325252)
-	for i := range b {
-		x ^= x << 13
-		x ^= x >> 7
-		x ^= x << 17
-		b[i] = letters[x%uint64(len(letters))]
-	}
-	return string(b)
-}
-
 // db is a migrated schema with an effects table written by steps in
 // run.Tx (no unique key: a doubled effect is a second row).
 type db struct {
-	pool   *pgxpool.Pool
-	schema string
+	*testkit.DB
+	effects *testkit.Effects
 }
 
 func newDB(t *testing.T) *db {
 	t.Helper()
-	pool, schema := pgtest.NewSchema(t)
-	return migrate(t, pool, schema)
+	return withEffects(t, testkit.NewDB(t))
 }
 
+// migrate migrates schema, on pool, and adds the effects table.
 func migrate(t *testing.T, pool *pgxpool.Pool, schema string) *db {
 	t.Helper()
-	ctx := context.Background()
-	_, err := migrations.Migrate(ctx, pool, schema)
-	require.NoError(t, err)
-	d := &db{pool: pool, schema: schema}
-	_, err = pool.Exec(ctx, `CREATE TABLE `+d.table("effects")+
-		` (seq bigint GENERATED ALWAYS AS IDENTITY, saga_id uuid NOT NULL, what text NOT NULL, tenant text)`)
-	require.NoError(t, err)
-	return d
+	return withEffects(t, testkit.Migrate(t, pool, schema))
 }
 
-func (d *db) table(name string) string { return pgx.Identifier{d.schema, name}.Sanitize() }
-
-func (d *db) count(t *testing.T, q string, args ...any) int {
+func withEffects(t *testing.T, d *testkit.DB) *db {
 	t.Helper()
-	var n int
-	require.NoError(t, d.pool.QueryRow(context.Background(), q, args...).Scan(&n))
-	return n
+	return &db{DB: d, effects: testkit.NewEffects(t, d)}
 }
 
 // order is the saga state; Tenant lets a step check it runs in the right
@@ -138,7 +110,7 @@ func orderDef(d *db, name, tenant string, n int, stepSleep time.Duration, p *pro
 				if tenant != "" && o.Tenant != tenant {
 					what = step + ":wrong-tenant:" + o.Tenant
 				}
-				_, err := run.Tx.Exec(ctx, `INSERT INTO `+d.table("effects")+` (saga_id, what, tenant) VALUES ($1, $2, $3)`,
+				_, err := run.Tx.Exec(ctx, `INSERT INTO `+d.effects.Table()+` (saga_id, what, tenant) VALUES ($1, $2, $3)`,
 					run.SagaID, what, tenant)
 				return err
 			}})
@@ -147,31 +119,10 @@ func orderDef(d *db, name, tenant string, n int, stepSleep time.Duration, p *pro
 }
 
 func engineConfig(d *db) *saga.Config {
-	return &saga.Config{
-		Schema:         d.schema,
-		Workers:        2,
-		PollInterval:   50 * time.Millisecond,
-		RescueInterval: time.Second,
-		Logger:         quiet,
-	}
-}
-
-// newEngine makes an engine with defs registered; started says whether
-// its workers run (an engine never started is a client).
-func newEngine(t *testing.T, pool *pgxpool.Pool, cfg *saga.Config, started bool, defs ...saga.AnyDefinition) *saga.Engine {
-	t.Helper()
-	e, err := saga.New(pool, cfg)
-	require.NoError(t, err)
-	require.NoError(t, e.Register(defs...))
-	if started {
-		require.NoError(t, e.Start(context.Background()))
-		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			require.NoError(t, e.Stop(ctx))
-		})
-	}
-	return e
+	cfg := d.Config()
+	cfg.Workers = 2
+	cfg.RescueInterval = time.Second
+	return cfg
 }
 
 // allSagas lists every saga of name through the public API.
@@ -223,7 +174,7 @@ func waitAllCompleted(t *testing.T, e *saga.Engine, name string, want int, d tim
 // per step s1..sn and that no other effect exists.
 func (d *db) requireEffectsOnce(t *testing.T, ids map[uuid.UUID]bool, n int) {
 	t.Helper()
-	rows, err := d.pool.Query(context.Background(), `SELECT saga_id, what, count(*) FROM `+d.table("effects")+` GROUP BY 1, 2`)
+	rows, err := d.Pool.Query(context.Background(), `SELECT saga_id, what, count(*) FROM `+d.effects.Table()+` GROUP BY 1, 2`)
 	require.NoError(t, err)
 	type eff struct {
 		ID   uuid.UUID

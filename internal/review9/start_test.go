@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagaflow/sagaflow/internal/pgtest"
+	"github.com/sagaflow/sagaflow/internal/testkit"
 	"github.com/sagaflow/sagaflow/saga"
 )
 
@@ -58,7 +59,7 @@ func startAll(e *saga.Engine, def *saga.Definition[order], n int, arg func(i int
 func TestConcurrentStartsDuplicateKeysAndIDs(t *testing.T) {
 	d := newDB(t)
 	def := orderDef(d, "review9.dups", "", 3, 0, nil)
-	e := newEngine(t, d.pool, engineConfig(d), true, def)
+	e, _ := testkit.StartEngine(t, d.Pool, engineConfig(d), def)
 
 	const (
 		keyed    = 40 // keys, each started by 4 goroutines
@@ -178,12 +179,12 @@ func TestConcurrentStartsDuplicateKeysAndIDs(t *testing.T) {
 func TestBadStartsDoNotHurtGoodOnes(t *testing.T) {
 	d := newDB(t)
 	def := orderDef(d, "review9.bad", "", 2, 0, nil)
-	e := newEngine(t, d.pool, engineConfig(d), true, def)
+	e, _ := testkit.StartEngine(t, d.Pool, engineConfig(d), def)
 
 	bad := []struct{ name, key string }{
 		{"nul", "po\x00ison"},
 		{"utf8", "po\xff\xfeison"},
-		{"10kB", randomLetters(10 << 10)},
+		{"10kB", testkit.RandomLetters(10 << 10)},
 	}
 	// Alone first: the errors.
 	for _, b := range bad {
@@ -238,7 +239,7 @@ func TestBadStartsDoNotHurtGoodOnes(t *testing.T) {
 func TestStateWithNULNextToGoodStarts(t *testing.T) {
 	d := newDB(t)
 	def := orderDef(d, "review9.nulstate", "", 1, 0, nil)
-	e := newEngine(t, d.pool, engineConfig(d), true, def)
+	e, _ := testkit.StartEngine(t, d.Pool, engineConfig(d), def)
 
 	_, aloneErr := saga.Start(context.Background(), e, def, order{Key: "k", Note: "a\x00b"}, nil)
 	t.Logf("alone: state with NUL: %v", aloneErr)
@@ -296,10 +297,10 @@ func TestHeldBusinessKey(t *testing.T) {
 func heldKey(t *testing.T, commit, burst bool) {
 	d := newDB(t)
 	def := orderDef(d, "review9.held", "", 2, 0, nil)
-	e := newEngine(t, d.pool, engineConfig(d), true, def)
+	e, _ := testkit.StartEngine(t, d.Pool, engineConfig(d), def)
 	ctx := context.Background()
 
-	tx, err := d.pool.Begin(ctx)
+	tx, err := d.Pool.Begin(ctx)
 	require.NoError(t, err)
 	held, err := saga.StartTx(ctx, e, tx, def, order{Key: "K"}, &saga.StartOpts{BusinessKey: "K"})
 	require.NoError(t, err)
@@ -376,11 +377,11 @@ func heldKey(t *testing.T, commit, burst bool) {
 func TestManyStartsOnOneHeldKey(t *testing.T) {
 	d := newDB(t)
 	def := orderDef(d, "review9.heldmany", "", 1, 0, nil)
-	e := newEngine(t, d.pool, engineConfig(d), false, def) // a client: no workers use the pool
+	e := testkit.NewEngine(t, d.Pool, engineConfig(d), def) // a client: no workers use the pool
 	ctx := context.Background()
-	maxConns := int(d.pool.Config().MaxConns)
+	maxConns := int(d.Pool.Config().MaxConns)
 
-	tx, err := d.pool.Begin(ctx)
+	tx, err := d.Pool.Begin(ctx)
 	require.NoError(t, err)
 	held, err := saga.StartTx(ctx, e, tx, def, order{Key: "K"}, &saga.StartOpts{BusinessKey: "K"})
 	require.NoError(t, err)
@@ -426,7 +427,7 @@ func TestManyStartsOnOneHeldKey(t *testing.T) {
 func TestCancelledStarts(t *testing.T) {
 	d := newDB(t)
 	def := orderDef(d, "review9.cancel", "", 2, 0, nil)
-	e := newEngine(t, d.pool, engineConfig(d), true, def)
+	e, _ := testkit.StartEngine(t, d.Pool, engineConfig(d), def)
 
 	// Before: half the starts of a burst have a cancelled context.
 	const n = 60
@@ -516,7 +517,7 @@ func TestCancelledStarts(t *testing.T) {
 func TestTenantsDoNotCross(t *testing.T) {
 	d1 := newDB(t)
 	_, schema2 := pgtest.NewSchema(t)
-	d2 := migrate(t, d1.pool, schema2) // tenant 2's schema, on tenant 1's pool
+	d2 := migrate(t, d1.Pool, schema2) // tenant 2's schema, on tenant 1's pool
 	d3 := newDB(t)                     // tenant 3, its own pool
 
 	const name = "review9.tenant"
@@ -530,7 +531,8 @@ func TestTenantsDoNotCross(t *testing.T) {
 	for i, d := range []*db{d1, d2, d3} {
 		tag := fmt.Sprint("t", i+1)
 		def := orderDef(d, name, tag, 2, 0, nil)
-		ts = append(ts, &tenant{d: d, def: def, tag: tag, e: newEngine(t, d.pool, engineConfig(d), true, def)})
+		e, _ := testkit.StartEngine(t, d.Pool, engineConfig(d), def)
+		ts = append(ts, &tenant{d: d, def: def, tag: tag, e: e})
 	}
 	const n = 80
 	type out struct {
@@ -574,7 +576,7 @@ func TestTenantsDoNotCross(t *testing.T) {
 	for ti, tn := range ts {
 		waitAllCompleted(t, tn.e, name, n, 60*time.Second)
 		tn.d.requireEffectsOnce(t, outs[ti].ids, 2)
-		require.Zero(t, tn.d.count(t, `SELECT count(*) FROM `+tn.d.table("effects")+` WHERE what LIKE '%wrong-tenant%' OR tenant <> $1`, tn.tag))
+		require.Zero(t, tn.d.Count(t, `SELECT count(*) FROM `+tn.d.effects.Table()+` WHERE what LIKE '%wrong-tenant%' OR tenant <> $1`, tn.tag))
 	}
 }
 
@@ -583,7 +585,7 @@ func TestTenantsDoNotCross(t *testing.T) {
 func TestStartsGroupedCounts(t *testing.T) {
 	d := newDB(t)
 	def := orderDef(d, "review9.stats", "", 1, 0, nil)
-	client := newEngine(t, d.pool, engineConfig(d), false, def)
+	client := testkit.NewEngine(t, d.Pool, engineConfig(d), def)
 	ctx := context.Background()
 	for i := 0; i < 30; i++ {
 		_, err := saga.Start(ctx, client, def, order{Key: fmt.Sprint(i)}, nil)
@@ -632,9 +634,9 @@ func TestStartsGroupedCounts(t *testing.T) {
 func TestHeldKeysAsManyAsThePool(t *testing.T) {
 	d := newDB(t)
 	def := orderDef(d, "review9.heldpool", "", 1, 0, nil)
-	e := newEngine(t, d.pool, engineConfig(d), false, def)
+	e := testkit.NewEngine(t, d.Pool, engineConfig(d), def)
 	ctx := context.Background()
-	maxConns := int(d.pool.Config().MaxConns)
+	maxConns := int(d.Pool.Config().MaxConns)
 
 	// The holders use a pool of their own.
 	holders, _ := pgtest.NewSchema(t)
@@ -695,7 +697,7 @@ func TestHeldKeysAsManyAsThePool(t *testing.T) {
 func TestStartGivenUpBeforeItWasSent(t *testing.T) {
 	d := newDB(t)
 	def := orderDef(d, "review9.givenup", "", 1, 0, nil)
-	e := newEngine(t, d.pool, engineConfig(d), false, def)
+	e := testkit.NewEngine(t, d.Pool, engineConfig(d), def)
 	ctx := context.Background()
 
 	// A start first, so that the engine has whatever it keeps warm.
@@ -703,8 +705,8 @@ func TestStartGivenUpBeforeItWasSent(t *testing.T) {
 	require.NoError(t, err)
 
 	var conns []interface{ Release() }
-	for i := 0; i < int(d.pool.Config().MaxConns); i++ {
-		c, err := d.pool.Acquire(ctx)
+	for i := 0; i < int(d.Pool.Config().MaxConns); i++ {
+		c, err := d.Pool.Acquire(ctx)
 		require.NoError(t, err)
 		conns = append(conns, c)
 	}
