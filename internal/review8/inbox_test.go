@@ -18,6 +18,7 @@ import (
 
 	"github.com/sagaflow/sagaflow/inbox"
 	"github.com/sagaflow/sagaflow/internal/kafkatest"
+	"github.com/sagaflow/sagaflow/internal/testkit"
 	"github.com/sagaflow/sagaflow/steps"
 	"github.com/sagaflow/sagaflow/wire"
 )
@@ -50,7 +51,7 @@ func newInboxRig(t *testing.T) *inboxRig {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(kc.Addrs()...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	require.NoError(t, err)
 	t.Cleanup(cl.Close)
-	in, err := inbox.New(d.pool, &inbox.Config{Consumer: "payments", Schema: d.schema})
+	in, err := inbox.New(d.Pool, &inbox.Config{Consumer: "payments", Schema: d.Schema})
 	require.NoError(t, err)
 	return &inboxRig{db: d, kc: kc, cl: cl, in: in}
 }
@@ -121,7 +122,7 @@ func run(t *testing.T, c *inbox.Consumer, cond func() bool) {
 // effectIDs lists the effects (message ids) in commit order.
 func (r *inboxRig) effectIDs(t *testing.T) []string {
 	t.Helper()
-	rows, err := r.pool.Query(context.Background(), `SELECT what FROM `+r.table("effects")+` ORDER BY seq`)
+	rows, err := r.Pool.Query(context.Background(), `SELECT what FROM `+r.fx.Table()+` ORDER BY seq`)
 	require.NoError(t, err)
 	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
@@ -136,7 +137,7 @@ type deadRow struct {
 
 func (r *inboxRig) dead(t *testing.T) []deadRow {
 	t.Helper()
-	rows, err := r.pool.Query(context.Background(), `SELECT coalesce(message_id, ''), reason, kafka_offset FROM `+r.table("dead_letters")+` ORDER BY kafka_offset`)
+	rows, err := r.Pool.Query(context.Background(), `SELECT coalesce(message_id, ''), reason, kafka_offset FROM `+r.Table("dead_letters")+` ORDER BY kafka_offset`)
 	require.NoError(t, err)
 	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[deadRow])
 	require.NoError(t, err)
@@ -173,10 +174,10 @@ func (h *handler) handle(ctx context.Context, tx pgx.Tx, m inbox.Message) error 
 	if _, err := fmt.Sscanf(note, "flaky:%d", &flaky); err == nil && n <= flaky {
 		return fmt.Errorf("review8: transient failure %d of %s", n, m.ID)
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO `+h.r.table("effects")+` (what) VALUES ($1)`, m.ID); err != nil {
+	if _, err := tx.Exec(ctx, `INSERT INTO `+h.r.fx.Table()+` (what) VALUES ($1)`, m.ID); err != nil {
 		return err
 	}
-	_, err := tx.Exec(ctx, `INSERT INTO `+h.r.table("notes")+` (note) VALUES ($1)`, note)
+	_, err := tx.Exec(ctx, `INSERT INTO `+h.r.Table("notes")+` (note) VALUES ($1)`, note)
 	return err
 }
 
@@ -333,12 +334,7 @@ func TestConsumerCancelledMidBatchLosesAndDoublesNothing(t *testing.T) {
 		t.Fatal("m-25 never reached")
 	}
 	cancel()
-	select {
-	case err := <-done:
-		require.NoError(t, err, "Run returns nil when its context ends")
-	case <-time.After(40 * time.Second):
-		t.Fatal("Run did not return after its context ended")
-	}
+	require.NoError(t, testkit.Recv(t, done, 40*time.Second, "Run to return after its context ended"), "Run returns nil when its context ends")
 	require.NoError(t, first.Close())
 
 	committed := r.committed()
@@ -392,14 +388,14 @@ func TestConsumerBatchDoesNotLeakTransactionState(t *testing.T) {
 			leaks.Add(1)
 			example.Store(fmt.Sprintf("%s (no tenant) saw tenant %q", m.ID, seen))
 		}
-		_, err := tx.Exec(ctx, `INSERT INTO `+r.table("effects")+` (what) VALUES ($1)`, m.ID)
+		_, err := tx.Exec(ctx, `INSERT INTO `+r.fx.Table()+` (what) VALUES ($1)`, m.ID)
 		return err
 	}
 	c, err := r.in.NewConsumer(r.reader(t), &inbox.ConsumerConfig{Handlers: map[string]inbox.HandlerFunc{"charge": hd}})
 	require.NoError(t, err)
 	run(t, c, func() bool { return r.committed() == int64(len(recs)) })
 	var txs int
-	require.NoError(t, r.pool.QueryRow(context.Background(), `SELECT count(DISTINCT txid) FROM `+r.table("effects")).Scan(&txs))
+	require.NoError(t, r.Pool.QueryRow(context.Background(), `SELECT count(DISTINCT txid) FROM `+r.fx.Table()).Scan(&txs))
 	t.Logf("40 messages in %d transactions; batched %d; %d handlers saw another message's transaction-local setting", txs, c.Batched(), leaks.Load())
 	if leaks.Load() > 0 {
 		t.Skipf("FINDING F2: a handler sees the transaction-local state of other messages' handlers: %v", example.Load())

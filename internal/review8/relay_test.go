@@ -16,6 +16,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagaflow/sagaflow/internal/testkit"
 	"github.com/sagaflow/sagaflow/outbox"
 	"github.com/sagaflow/sagaflow/relay"
 	"github.com/sagaflow/sagaflow/wire"
@@ -150,8 +151,8 @@ func (w *fakeWriter) checkEarlierRecorded(ctx context.Context, call int, msgs []
 	if len(pending) == 0 {
 		return
 	}
-	rows, err := w.d.pool.Query(context.WithoutCancel(ctx), `SELECT id::text, status, attempts, coalesce(last_error, '') FROM `+
-		w.d.table("outbox")+` WHERE id = ANY($1::uuid[])`, pending)
+	rows, err := w.d.Pool.Query(context.WithoutCancel(ctx), `SELECT id::text, status, attempts, coalesce(last_error, '') FROM `+
+		w.d.Table("outbox")+` WHERE id = ANY($1::uuid[])`, pending)
 	if err != nil {
 		w.note("query: " + err.Error())
 		return
@@ -205,9 +206,9 @@ func (w *fakeWriter) snapshot() (acked map[string]int, order map[string][]int, v
 func backlog(t *testing.T, d *db, w *fakeWriter, topic string, keys []string, n int) {
 	t.Helper()
 	ctx := context.Background()
-	ob, err := outbox.New(d.pool, d.schema)
+	ob, err := outbox.New(d.Pool, d.Schema)
 	require.NoError(t, err)
-	tx, err := d.pool.Begin(ctx)
+	tx, err := d.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
 	for i := range n {
@@ -225,8 +226,8 @@ func fastBackoff(int) time.Duration { return 100 * time.Millisecond }
 
 func startRelay(t *testing.T, d *db, w relay.Writer, batch int) *relay.Relay {
 	t.Helper()
-	r, err := relay.New(d.pool, w, &relay.Config{Schema: d.schema, BatchSize: batch, PollInterval: 50 * time.Millisecond,
-		Backoff: fastBackoff, OutageBackoffMax: 300 * time.Millisecond, Logger: quiet})
+	r, err := relay.New(d.Pool, w, &relay.Config{Schema: d.Schema, BatchSize: batch, PollInterval: 50 * time.Millisecond,
+		Backoff: fastBackoff, OutageBackoffMax: 300 * time.Millisecond, Logger: testkit.Discard})
 	require.NoError(t, err)
 	require.NoError(t, r.Start(context.Background()))
 	t.Cleanup(func() {
@@ -239,7 +240,7 @@ func startRelay(t *testing.T, d *db, w relay.Writer, batch int) *relay.Relay {
 
 func (d *db) outboxStatus(t *testing.T) map[string]int {
 	t.Helper()
-	rows, err := d.pool.Query(context.Background(), `SELECT status, count(*) FROM `+d.table("outbox")+` GROUP BY status`)
+	rows, err := d.Pool.Query(context.Background(), `SELECT status, count(*) FROM `+d.Table("outbox")+` GROUP BY status`)
 	require.NoError(t, err)
 	defer rows.Close()
 	out := map[string]int{}
@@ -303,7 +304,7 @@ func TestRelayOverlapKeepsKeysInOrderThroughFailures(t *testing.T) {
 	backlog(t, d, w, "review8.events", keys, n)
 	startRelay(t, d, w, 10)
 
-	eventually(t, 30*time.Second, "the backlog to drain", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "the backlog to drain", func() bool {
 		st := d.outboxStatus(t)
 		return st["pending"] == 0
 	})
@@ -314,7 +315,7 @@ func TestRelayOverlapKeepsKeysInOrderThroughFailures(t *testing.T) {
 	st := d.outboxStatus(t)
 	require.Equal(t, map[string]int{"published": 3*n - 1, "dead": 1}, st)
 	var deadErr string
-	require.NoError(t, d.pool.QueryRow(context.Background(), `SELECT last_error FROM `+d.table("outbox")+` WHERE status = 'dead'`).Scan(&deadErr))
+	require.NoError(t, d.Pool.QueryRow(context.Background(), `SELECT last_error FROM `+d.Table("outbox")+` WHERE status = 'dead'`).Scan(&deadErr))
 	require.True(t, strings.HasPrefix(deadErr, "review8_refused"), "the dead row's error starts with its code: %q", deadErr)
 	for id, r := range w.rows {
 		if r.key == "K2" && r.seq == 40 {
@@ -359,8 +360,8 @@ func TestRelayOutageKeepsKeyOrder(t *testing.T) {
 			if how == "running" {
 				startRelay(t, d, w, 10)
 			} else {
-				r, err := relay.New(d.pool, w, &relay.Config{Schema: d.schema, BatchSize: 10, Backoff: fastBackoff,
-					OutageBackoffMax: 300 * time.Millisecond, Logger: quiet})
+				r, err := relay.New(d.Pool, w, &relay.Config{Schema: d.Schema, BatchSize: 10, Backoff: fastBackoff,
+					OutageBackoffMax: 300 * time.Millisecond, Logger: testkit.Discard})
 				require.NoError(t, err)
 				end := time.Now().Add(30 * time.Second)
 				for d.outboxStatus(t)["pending"] > 0 && time.Now().Before(end) {
@@ -370,7 +371,7 @@ func TestRelayOutageKeepsKeyOrder(t *testing.T) {
 					time.Sleep(20 * time.Millisecond)
 				}
 			}
-			eventually(t, 30*time.Second, "the backlog to drain", func() bool { return d.outboxStatus(t)["pending"] == 0 })
+			testkit.WaitFor(t, 30*time.Second, "the backlog to drain", func() bool { return d.outboxStatus(t)["pending"] == 0 })
 			acked, order, _, calls := w.snapshot()
 			t.Logf("%s: %d calls, %d outages; sizes %v", how, calls, outages.Load(), w.sizes())
 			require.Equal(t, int32(2), outages.Load())
@@ -380,7 +381,7 @@ func TestRelayOutageKeepsKeyOrder(t *testing.T) {
 				require.Equal(t, 1, acked[id], "%s#%d acknowledged once", r.key, r.seq)
 			}
 			var attempts int
-			require.NoError(t, d.pool.QueryRow(context.Background(), `SELECT coalesce(max(attempts), 0) FROM `+d.table("outbox")).Scan(&attempts))
+			require.NoError(t, d.Pool.QueryRow(context.Background(), `SELECT coalesce(max(attempts), 0) FROM `+d.Table("outbox")).Scan(&attempts))
 			require.LessOrEqual(t, attempts, 1, "an outage spends no attempt (the one attempt is the publish itself)")
 			for _, k := range keys {
 				if bad := increasing(order[k], nil); bad != "" {
@@ -416,22 +417,13 @@ func TestRelayStopMidBatchLosesAndDoublesNothing(t *testing.T) {
 	const n = 40
 	backlog(t, d, w, "review8.events", keys, n)
 	r := startRelay(t, d, w, 10)
-	select {
-	case <-entered:
-	case <-time.After(20 * time.Second):
-		t.Fatal("the third write never started")
-	}
+	testkit.Recv(t, entered, 20*time.Second, "the third write to start")
 	time.Sleep(200 * time.Millisecond) // let the claim behind it happen
 	stopped := make(chan error, 1)
 	go func() { stopped <- r.Stop(context.Background()) }()
 	time.Sleep(100 * time.Millisecond)
 	close(release)
-	select {
-	case err := <-stopped:
-		require.NoError(t, err)
-	case <-time.After(20 * time.Second):
-		t.Fatal("Stop did not return")
-	}
+	require.NoError(t, testkit.Recv(t, stopped, 20*time.Second, "Stop to return"))
 	acked, _, _, calls := w.snapshot()
 	require.Equal(t, 3, calls, "no write after Stop")
 	published := 0
@@ -443,13 +435,13 @@ func TestRelayStopMidBatchLosesAndDoublesNothing(t *testing.T) {
 	require.Equal(t, 30, st["published"], "and marked: %v", st)
 	require.Equal(t, 3*n-30, st["pending"])
 	var attempts int
-	require.NoError(t, d.pool.QueryRow(context.Background(), `SELECT coalesce(sum(attempts), 0) FROM `+d.table("outbox")+
+	require.NoError(t, d.Pool.QueryRow(context.Background(), `SELECT coalesce(sum(attempts), 0) FROM `+d.Table("outbox")+
 		` WHERE status = 'pending'`).Scan(&attempts))
 	require.Zero(t, attempts, "the released batch spent nothing")
 
 	// A new relay on the same writer publishes the rest.
 	startRelay(t, d, w, 10)
-	eventually(t, 30*time.Second, "the rest to drain", func() bool { return d.outboxStatus(t)["pending"] == 0 })
+	testkit.WaitFor(t, 30*time.Second, "the rest to drain", func() bool { return d.outboxStatus(t)["pending"] == 0 })
 	acked, order, _, _ := w.snapshot()
 	for id, r := range w.rows {
 		require.Equal(t, 1, acked[id], "%s#%d acknowledged once", r.key, r.seq)
@@ -488,11 +480,7 @@ func TestRelayHardStopMidBatchLosesNothing(t *testing.T) {
 			const n = 40
 			backlog(t, d, w, "review8.events", keys, n)
 			r := startRelay(t, d, w, 10)
-			select {
-			case <-entered:
-			case <-time.After(20 * time.Second):
-				t.Fatal("the fourth write never started")
-			}
+			testkit.Recv(t, entered, 20*time.Second, "the fourth write to start")
 			time.Sleep(200 * time.Millisecond)
 			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 			defer cancel()
@@ -513,7 +501,7 @@ func TestRelayHardStopMidBatchLosesNothing(t *testing.T) {
 
 			w.block = nil
 			startRelay(t, d, w, 10)
-			eventually(t, 30*time.Second, "the rest to drain", func() bool { return d.outboxStatus(t)["pending"] == 0 })
+			testkit.WaitFor(t, 30*time.Second, "the rest to drain", func() bool { return d.outboxStatus(t)["pending"] == 0 })
 			acked, order, _, _ := w.snapshot()
 			doubled := 0
 			for id, r := range w.rows {

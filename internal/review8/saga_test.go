@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/sagaflow/sagaflow/internal/testkit"
 	"github.com/sagaflow/sagaflow/saga"
 	"github.com/sagaflow/sagaflow/sagatest"
 	"github.com/sagaflow/sagaflow/steps"
@@ -62,7 +63,7 @@ func newSagaRig(t *testing.T, name string, allSteps bool, shipFn saga.StepFunc[o
 	r.bus = newBus(t, d, 1, r.replies, r.remote, r.cmd)
 	eff := func(what string) saga.StepFunc[ord] {
 		return func(ctx context.Context, run *saga.StepRun, _ *ord) error {
-			return d.effect(ctx, run.Tx, run.SagaID, what)
+			return d.fx.Record(ctx, run.Tx, run.SagaID, what)
 		}
 	}
 	pick := func(ctx context.Context, run *saga.StepRun, o *ord) error {
@@ -76,7 +77,7 @@ func newSagaRig(t *testing.T, name string, allSteps bool, shipFn saga.StepFunc[o
 		}
 		// A step that ignored its cancelled context and succeeds anyway
 		// must not have its own write fail on that context.
-		return d.effect(context.WithoutCancel(ctx), run.Tx, run.SagaID, "pick")
+		return d.fx.Record(context.WithoutCancel(ctx), run.Tx, run.SagaID, "pick")
 	}
 	ship := eff("ship")
 	if shipFn != nil {
@@ -89,17 +90,13 @@ func newSagaRig(t *testing.T, name string, allSteps bool, shipFn saga.StepFunc[o
 			Command: func(_ context.Context, _ *saga.StepRun, o *ord) (any, error) { return o, nil },
 			OnReply: func(ctx context.Context, run *saga.StepRun, o *ord, res json.RawMessage) error {
 				o.Paid = string(res)
-				return d.effect(ctx, run.Tx, run.SagaID, "paid")
+				return d.fx.Record(ctx, run.Tx, run.SagaID, "paid")
 			},
 		}},
 		saga.Step[ord]{Name: "ship", Action: ship, Compensate: eff("ship-undo"), Retry: fast},
 	)
-	var err error
-	r.client, err = saga.New(d.pool, r.config())
-	require.NoError(t, err)
-	require.NoError(t, r.client.Register(r.def))
-	r.tool, err = saga.New(d.pool, &saga.Config{Schema: d.schema, Logger: quiet})
-	require.NoError(t, err)
+	r.client = testkit.NewEngine(t, d.Pool, r.config(), r.def)
+	r.tool = testkit.NewEngine(t, d.Pool, &saga.Config{Schema: d.Schema, Logger: testkit.Discard})
 	return r
 }
 
@@ -107,7 +104,7 @@ func (r *sagaRig) config() *saga.Config { return engineConfig(r.db, r.kc, r.allS
 
 func (r *sagaRig) engine(t *testing.T) (*saga.Engine, func()) {
 	t.Helper()
-	return startEngine(t, r.pool, r.config(), r.def)
+	return testkit.StartEngine(t, r.Pool, r.config(), r.def)
 }
 
 // started starts n sagas and waits for each one's remote command; it
@@ -206,20 +203,20 @@ func TestChainedRepliesWithForgeriesDuplicatesAndPoisonInOneBacklog(t *testing.T
 
 			e2, _ := r.engine(t)
 			for i := range 5 {
-				in := waitEnded(t, e2, ids[i])
+				in := testkit.WaitEnded(t, e2, ids[i])
 				require.Equal(t, saga.StatusCompleted, in.Status, "saga %d: %s", i, timeline(in))
-				require.Equal(t, []string{"pick", "paid", "ship"}, r.effects(t, ids[i]), "saga %d", i)
+				require.Equal(t, []string{"pick", "paid", "ship"}, r.fx.List(t, ids[i]), "saga %d", i)
 				var o ord
 				require.NoError(t, in.DecodeState(&o))
 				require.JSONEq(t, fmt.Sprintf(`{"charge":"ch-%d"}`, i), o.Paid, "the genuine reply's result, not a copy's")
 			}
-			in := waitEnded(t, e2, ids[5])
+			in := testkit.WaitEnded(t, e2, ids[5])
 			require.Equal(t, saga.StatusCompensated, in.Status, timeline(in))
-			require.Equal(t, []string{"pick", "pick-undo"}, r.effects(t, ids[5]))
+			require.Equal(t, []string{"pick", "pick-undo"}, r.fx.List(t, ids[5]))
 			require.NotNil(t, in.LastError)
 			require.Equal(t, "card_declined", in.LastError.Code)
 
-			eventually(t, 15*time.Second, "the dead letters", func() bool { return len(r.deadLetters(t, r.replies)) >= dead })
+			testkit.WaitFor(t, 15*time.Second, "the dead letters", func() bool { return len(r.deadLetters(t, r.replies)) >= dead })
 			time.Sleep(500 * time.Millisecond)
 			letters := r.deadLetters(t, r.replies)
 			require.Len(t, letters, dead, "forged, NUL key and unknown saga, once each")
@@ -228,7 +225,7 @@ func TestChainedRepliesWithForgeriesDuplicatesAndPoisonInOneBacklog(t *testing.T
 				t.Logf("dead letter %s: %.100s", l.MessageID, l.Reason)
 			}
 			for i := range 6 {
-				require.Equal(t, boolInt(i < 5), countOf(r.effects(t, ids[i]), "ship"), "saga %d: ship once or never", i)
+				require.Equal(t, boolInt(i < 5), countOf(r.fx.List(t, ids[i]), "ship"), "saga %d: ship once or never", i)
 			}
 			st := e2.Stats()
 			t.Logf("%s: chained %d, bus batched %d, stale %d", m.name, st.Chained, st.BusBatched, st.StaleDiscarded)
@@ -267,8 +264,8 @@ func TestCancelRequestedWhileRemoteStepIsOutNeverChains(t *testing.T) {
 					reply(r.replies, id, keys[i], `{"ok":true,"result":{"charge":"x"}}`))
 			}
 			for i, id := range ids {
-				in := waitEnded(t, e, id)
-				effs := r.effects(t, id)
+				in := testkit.WaitEnded(t, e, id)
+				effs := r.fx.List(t, id)
 				require.Equal(t, saga.StatusCompensated, in.Status, "saga %d: %s", i, timeline(in))
 				require.Zero(t, countOf(effs, "ship"), "saga %d: ship ran after a cancel request: %v", i, effs)
 				require.Equal(t, 1, countOf(effs, "pick-undo"), "saga %d: %v", i, effs)
@@ -309,34 +306,34 @@ func TestPauseAndCancelWhileRemoteStepIsOutInOneBacklog(t *testing.T) {
 			r.produce(t, recs...)
 
 			e2, _ := r.engine(t)
-			in := waitEnded(t, e2, d)
+			in := testkit.WaitEnded(t, e2, d)
 			require.Equal(t, saga.StatusCompleted, in.Status, timeline(in))
-			require.Equal(t, []string{"pick", "paid", "ship"}, r.effects(t, d))
-			in = waitEnded(t, e2, a)
+			require.Equal(t, []string{"pick", "paid", "ship"}, r.fx.List(t, d))
+			in = testkit.WaitEnded(t, e2, a)
 			require.Equal(t, saga.StatusCompensated, in.Status, timeline(in))
-			require.Zero(t, countOf(r.effects(t, a), "ship"), "A: %v", r.effects(t, a))
+			require.Zero(t, countOf(r.fx.List(t, a), "ship"), "A: %v", r.fx.List(t, a))
 
-			eventually(t, 20*time.Second, "B's reply to be applied", func() bool { return r.get(t, b).Step == "ship" })
+			testkit.WaitFor(t, 20*time.Second, "B's reply to be applied", func() bool { return r.get(t, b).Step == "ship" })
 			hold := time.Now().Add(1500 * time.Millisecond)
 			for time.Now().Before(hold) {
-				require.Zero(t, countOf(r.effects(t, b), "ship"), "B: ship ran while paused")
-				require.Zero(t, countOf(r.effects(t, c), "ship"), "C: ship ran")
+				require.Zero(t, countOf(r.fx.List(t, b), "ship"), "B: ship ran while paused")
+				require.Zero(t, countOf(r.fx.List(t, c), "ship"), "C: ship ran")
 				inC := r.get(t, c)
 				require.Nil(t, inC.EndedAt, "C ended while paused: %s", timeline(inC))
 				time.Sleep(100 * time.Millisecond)
 			}
-			t.Logf("C while paused: %s; effects %v", timeline(r.get(t, c)), r.effects(t, c))
+			t.Logf("C while paused: %s; effects %v", timeline(r.get(t, c)), r.fx.List(t, c))
 			require.NoError(t, r.client.Resume(ctx, b, "done looking"))
 			require.NoError(t, r.client.Resume(ctx, c, "done looking"))
-			in = waitEnded(t, e2, b)
+			in = testkit.WaitEnded(t, e2, b)
 			require.Equal(t, saga.StatusCompleted, in.Status, timeline(in))
-			require.Equal(t, []string{"pick", "paid", "ship"}, r.effects(t, b))
-			in = waitEnded(t, e2, c)
+			require.Equal(t, []string{"pick", "paid", "ship"}, r.fx.List(t, b))
+			in = testkit.WaitEnded(t, e2, c)
 			require.Equal(t, saga.StatusCompensated, in.Status, timeline(in))
-			effs := r.effects(t, c)
+			effs := r.fx.List(t, c)
 			require.Zero(t, countOf(effs, "ship"), "C: %v", effs)
 			require.Equal(t, 1, countOf(effs, "pick-undo"), "C: %v", effs)
-			t.Logf("A %v; C %v; chained %d", r.effects(t, a), effs, e2.Stats().Chained)
+			t.Logf("A %v; C %v; chained %d", r.fx.List(t, a), effs, e2.Stats().Chained)
 		})
 	}
 }
@@ -351,12 +348,12 @@ func TestChainedStepRefusedByPostgreSQL(t *testing.T) {
 	t.Parallel()
 	var r *sagaRig
 	ship := func(ctx context.Context, run *saga.StepRun, o *ord) error {
-		if err := r.effect(ctx, run.Tx, run.SagaID, "ship"); err != nil {
+		if err := r.fx.Record(ctx, run.Tx, run.SagaID, "ship"); err != nil {
 			return err
 		}
 		for _, p := range poison {
 			if o.OrderID == "poison-"+p.name {
-				_, err := run.Tx.Exec(ctx, `INSERT INTO `+r.table("notes")+` (note) VALUES ($1)`, p.s)
+				_, err := run.Tx.Exec(ctx, `INSERT INTO `+r.Table("notes")+` (note) VALUES ($1)`, p.s)
 				return err
 			}
 		}
@@ -382,8 +379,8 @@ func TestChainedStepRefusedByPostgreSQL(t *testing.T) {
 	r.produce(t, recs...)
 	e2, _ := r.engine(t)
 	for i, id := range ids {
-		in := waitEnded(t, e2, id)
-		effs := r.effects(t, id)
+		in := testkit.WaitEnded(t, e2, id)
+		effs := r.fx.List(t, id)
 		if strings.HasPrefix(names[i], "ok-") {
 			require.Equal(t, saga.StatusCompleted, in.Status, "%s: %s", names[i], timeline(in))
 			require.Equal(t, []string{"pick", "paid", "ship"}, effs, names[i])
@@ -428,16 +425,13 @@ func newKmode(t *testing.T, name string, maxAttempts int) *kmode {
 					return err
 				}
 			}
-			return d.effect(ctx, run.Tx, run.SagaID, n)
+			return d.fx.Record(ctx, run.Tx, run.SagaID, n)
 		}, Compensate: func(ctx context.Context, run *saga.StepRun, _ *ord) error {
-			return d.effect(ctx, run.Tx, run.SagaID, n+"-undo")
+			return d.fx.Record(ctx, run.Tx, run.SagaID, n+"-undo")
 		}}
 	}
 	k.def = saga.Define(name, step("a"), step("b"), step("c"))
-	var err error
-	k.client, err = saga.New(d.pool, k.config())
-	require.NoError(t, err)
-	require.NoError(t, k.client.Register(k.def))
+	k.client = testkit.NewEngine(t, d.Pool, k.config(), k.def)
 	return k
 }
 
@@ -463,7 +457,7 @@ func (k *kmode) backlog(t *testing.T, orders []string) []uuid.UUID {
 		require.NoError(t, err)
 		ids = append(ids, st.ID)
 	}
-	eventually(t, 20*time.Second, "the backlog on the topic", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "the backlog on the topic", func() bool {
 		msgs, err := k.kc.ReadAll(context.Background(), k.cmd)
 		require.NoError(t, err)
 		return len(msgs) >= len(ids)
@@ -494,10 +488,10 @@ func TestKafkaModeNeighbourFailureSpendsNoAttempt(t *testing.T) {
 		case "fail":
 			return errors.New("review8: the card service timed out")
 		case "nul":
-			_, err := run.Tx.Exec(ctx, `INSERT INTO `+k.table("notes")+` (note) VALUES ($1)`, poison[0].s)
+			_, err := run.Tx.Exec(ctx, `INSERT INTO `+k.Table("notes")+` (note) VALUES ($1)`, poison[0].s)
 			return err
 		case "big":
-			_, err := run.Tx.Exec(ctx, `INSERT INTO `+k.table("notes")+` (note) VALUES ($1)`, poison[2].s)
+			_, err := run.Tx.Exec(ctx, `INSERT INTO `+k.Table("notes")+` (note) VALUES ($1)`, poison[2].s)
 			return err
 		case "refused":
 			return steps.Permanent(errors.New("review8: card declined"))
@@ -520,14 +514,14 @@ func TestKafkaModeNeighbourFailureSpendsNoAttempt(t *testing.T) {
 		}
 	}
 	ids := k.backlog(t, orders)
-	e, _ := startEngine(t, k.pool, k.config(), k.def)
+	e, _ := testkit.StartEngine(t, k.Pool, k.config(), k.def)
 	reran, charged := 0, 0
 	var bad []string
 	for i, id := range ids {
-		in := waitEnded(t, e, id)
+		in := testkit.WaitEnded(t, e, id)
 		if !strings.HasPrefix(orders[i], "ok-") {
 			require.Equal(t, saga.StatusCompensated, in.Status, "%s: %s", orders[i], timeline(in))
-			require.Empty(t, k.effects(t, id), "%s: its own step rolled back", orders[i])
+			require.Empty(t, k.fx.List(t, id), "%s: its own step rolled back", orders[i])
 			continue
 		}
 		at := k.attempts(id, "a")
@@ -539,20 +533,20 @@ func TestKafkaModeNeighbourFailureSpendsNoAttempt(t *testing.T) {
 				charged++
 			}
 		}
-		if in.Status != saga.StatusCompleted || strings.Join(k.effects(t, id), ",") != "a,b,c" {
-			bad = append(bad, fmt.Sprintf("%s: %s, effects %v, attempts of a %v (%s)", orders[i], in.Status, k.effects(t, id), at, timeline(in)))
+		if in.Status != saga.StatusCompleted || strings.Join(k.fx.List(t, id), ",") != "a,b,c" {
+			bad = append(bad, fmt.Sprintf("%s: %s, effects %v, attempts of a %v (%s)", orders[i], in.Status, k.fx.List(t, id), at, timeline(in)))
 		}
 	}
 	st := e.Stats()
 	t.Logf("batched %d; healthy steps run again %d, charged an attempt %d; StepsSucceeded %d for %d committed step effects",
-		st.BusBatched, reran, charged, st.StepsSucceeded, k.count(t, `SELECT count(*) FROM `+k.table("effects")))
+		st.BusBatched, reran, charged, st.StepsSucceeded, k.Count(t, `SELECT count(*) FROM `+k.fx.Table()))
 	require.Positive(t, st.BusBatched)
 	if len(bad) > 0 || charged > 0 {
 		t.Skipf("FINDING (new): healthy sagas paid for a neighbour's failure in their batch: %d charged an attempt; %s", charged, strings.Join(bad, "; "))
 	}
 	// Stats.StepsSucceeded: "step attempts (actions and compensations) that
 	// committed". Every healthy step committed once; the failing ones never.
-	if committed := k.count(t, `SELECT count(*) FROM `+k.table("effects")); st.StepsSucceeded != int64(committed) {
+	if committed := k.Count(t, `SELECT count(*) FROM `+k.fx.Table()); st.StepsSucceeded != int64(committed) {
 		t.Skipf("FINDING F3: Stats.StepsSucceeded is %d, but %d steps committed: the steps of a batch that fell back to one at a time are counted twice",
 			st.StepsSucceeded, committed)
 	}
@@ -570,14 +564,14 @@ func TestKafkaModeEachMessageInItsOwnTransaction(t *testing.T) {
 		orders = append(orders, fmt.Sprintf("o-%d", i))
 	}
 	ids := k.backlog(t, orders)
-	e, _ := startEngine(t, k.pool, k.config(), k.def)
+	e, _ := testkit.StartEngine(t, k.Pool, k.config(), k.def)
 	for _, id := range ids {
-		in := waitEnded(t, e, id)
+		in := testkit.WaitEnded(t, e, id)
 		require.Equal(t, saga.StatusCompleted, in.Status)
-		require.Equal(t, []string{"a", "b", "c"}, k.effects(t, id))
+		require.Equal(t, []string{"a", "b", "c"}, k.fx.List(t, id))
 	}
 	var shared int
-	require.NoError(t, k.pool.QueryRow(context.Background(), `SELECT count(*) FROM (SELECT txid FROM `+k.table("effects")+
+	require.NoError(t, k.Pool.QueryRow(context.Background(), `SELECT count(*) FROM (SELECT txid FROM `+k.fx.Table()+
 		` GROUP BY txid HAVING count(DISTINCT saga_id) > 1) s`).Scan(&shared))
 	t.Logf("%d transactions ran steps of several sagas; batched %d", shared, e.Stats().BusBatched)
 	// F1 (fixed in the docs): saga/doc.go now says that messages held
@@ -638,30 +632,24 @@ func TestKafkaModeHardStopMidBatch(t *testing.T) {
 		}
 		return nil
 	})
-	e1, err := saga.New(k.pool, k.config())
-	require.NoError(t, err)
-	require.NoError(t, e1.Register(k.def))
+	e1 := testkit.NewEngine(t, k.Pool, k.config(), k.def)
 	require.NoError(t, e1.Start(context.Background()))
 	t.Cleanup(func() { _ = e1.Stop(context.Background()) })
-	select {
-	case <-entered:
-	case <-time.After(30 * time.Second):
-		t.Fatal("o-12 never started")
-	}
+	testkit.Recv(t, entered, 30*time.Second, "o-12 to start")
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	err = e1.Stop(ctx)
 	require.ErrorIs(t, err, context.DeadlineExceeded, "a hard stop returns ctx.Err()")
-	committedSteps := k.count(t, `SELECT count(*) FROM `+k.table("effects"))
+	committedSteps := k.Count(t, `SELECT count(*) FROM `+k.fx.Table())
 	t.Logf("first engine: %d step effects committed; stats %+v", committedSteps, e1.Stats())
 
-	e2, _ := startEngine(t, k.pool, k.config(), k.def)
+	e2, _ := testkit.StartEngine(t, k.Pool, k.config(), k.def)
 	for i, id := range ids {
-		in := waitEnded(t, e2, id)
+		in := testkit.WaitEnded(t, e2, id)
 		require.Equal(t, saga.StatusCompleted, in.Status, "o-%d: %s", i, timeline(in))
-		require.Equal(t, []string{"a", "b", "c"}, k.effects(t, id), "o-%d", i)
+		require.Equal(t, []string{"a", "b", "c"}, k.fx.List(t, id), "o-%d", i)
 	}
-	eventually(t, 15*time.Second, "the NUL command's dead letter", func() bool {
+	testkit.WaitFor(t, 15*time.Second, "the NUL command's dead letter", func() bool {
 		page, err := k.client.DeadLetters(context.Background(), &saga.DeadOpts{Topic: k.cmd})
 		require.NoError(t, err)
 		return len(page.Letters) >= 1
@@ -682,7 +670,7 @@ func TestKafkaModeHardStopMidBatch(t *testing.T) {
 		require.Contains(t, []int64{nulOffset, nulOffset + 1}, off, "only the NUL command (and perhaps the forged cancel) is dead-lettered")
 	}
 	t.Logf("second engine: %+v", e2.Stats())
-	require.Equal(t, 0, k.count(t, `SELECT count(*) FROM `+k.table("saga_instances")+` WHERE status <> 'completed'`))
+	require.Equal(t, 0, k.Count(t, `SELECT count(*) FROM `+k.Table("saga_instances")+` WHERE status <> 'completed'`))
 	// Stats.StepsSucceeded: "step attempts (actions and compensations) that
 	// committed".
 	if got := e1.Stats().StepsSucceeded; got != int64(committedSteps) {
@@ -736,11 +724,7 @@ func TestPauseOrCancelDuringTheStepBeforeARemoteOne(t *testing.T) {
 				ctx := context.Background()
 				st, err := saga.Start(ctx, r.client, r.def, ord{OrderID: "gated"}, nil)
 				require.NoError(t, err)
-				select {
-				case <-entered:
-				case <-time.After(30 * time.Second):
-					t.Fatal("pick never ran")
-				}
+				testkit.Recv(t, entered, 30*time.Second, "pick to run")
 				if op == "pause" {
 					require.NoError(t, r.client.Pause(ctx, st.ID, "operator looks"))
 				} else {
@@ -749,16 +733,16 @@ func TestPauseOrCancelDuringTheStepBeforeARemoteOne(t *testing.T) {
 				time.Sleep(100 * time.Millisecond)
 				close(release)
 				if op == "cancel" {
-					in := waitEnded(t, e, st.ID)
+					in := testkit.WaitEnded(t, e, st.ID)
 					require.Equal(t, saga.StatusCompensated, in.Status, timeline(in))
 					time.Sleep(1500 * time.Millisecond) // give the relay time to publish a command that should not exist
-					effs := r.effects(t, st.ID)
+					effs := r.fx.List(t, st.ID)
 					t.Logf("cancel during pick: effects %v; %s", effs, timeline(in))
 					require.Zero(t, r.remoteCommands(t, st.ID), "a cancelled saga's remote command was sent to the participant")
 					require.Equal(t, []string{"pick", "pick-undo"}, effs, "kept, since it succeeded, and compensated")
 					return
 				}
-				eventually(t, 20*time.Second, "pick to record its outcome", func() bool { return countOf(r.effects(t, st.ID), "pick") == 1 })
+				testkit.WaitFor(t, 20*time.Second, "pick to record its outcome", func() bool { return countOf(r.fx.List(t, st.ID), "pick") == 1 })
 				time.Sleep(1500 * time.Millisecond)
 				sentWhilePaused := r.remoteCommands(t, st.ID)
 				in := r.get(t, st.ID)
@@ -766,9 +750,9 @@ func TestPauseOrCancelDuringTheStepBeforeARemoteOne(t *testing.T) {
 				require.NoError(t, r.client.Resume(ctx, st.ID, "done"))
 				key := r.commandKey(t, r.remote, st.ID)
 				r.produce(t, reply(r.replies, st.ID, key, `{"ok":true,"result":{}}`))
-				in = waitEnded(t, e, st.ID)
+				in = testkit.WaitEnded(t, e, st.ID)
 				require.Equal(t, saga.StatusCompleted, in.Status, timeline(in))
-				require.Equal(t, []string{"pick", "paid", "ship"}, r.effects(t, st.ID))
+				require.Equal(t, []string{"pick", "paid", "ship"}, r.fx.List(t, st.ID))
 				if sentWhilePaused > 0 {
 					t.Skipf("FINDING (new): pay's command reached the participant while the saga was paused (%d sent): %s", sentWhilePaused, timeline(in))
 				}
@@ -796,46 +780,43 @@ func TestCancelDuringALocalStepThatSucceedsAnyway(t *testing.T) {
 			var once sync.Once
 			eff := func(what string) saga.StepFunc[ord] {
 				return func(ctx context.Context, run *saga.StepRun, _ *ord) error {
-					return d.effect(ctx, run.Tx, run.SagaID, what)
+					return d.fx.Record(ctx, run.Tx, run.SagaID, what)
 				}
 			}
 			name := "rv8ctl" + mode + strings.ReplaceAll(tc.order, "-", "")
 			def := saga.Define(name,
 				saga.Step[ord]{Name: "pick", Compensate: eff("pick-undo"), Action: func(ctx context.Context, run *saga.StepRun, o *ord) error {
 					if tc.order == "write-first" {
-						if err := d.effect(ctx, run.Tx, run.SagaID, "pick"); err != nil {
+						if err := d.fx.Record(ctx, run.Tx, run.SagaID, "pick"); err != nil {
 							return err
 						}
 					}
 					once.Do(func() { close(entered) })
 					<-release
 					if tc.order == "call-first" {
-						return d.effect(context.WithoutCancel(ctx), run.Tx, run.SagaID, "pick")
+						return d.fx.Record(context.WithoutCancel(ctx), run.Tx, run.SagaID, "pick")
 					}
 					return nil
 				}},
 				saga.Step[ord]{Name: "ship", Action: eff("ship"), Compensate: eff("ship-undo")},
 			)
-			cfg := &saga.Config{Schema: d.schema, Workers: 2, PollInterval: 50 * time.Millisecond, Logger: quiet}
+			cfg := d.Config()
+			cfg.Workers = 2
 			if mode == "hybrid" {
 				b := newBus(t, d, 1, saga.CommandTopicDefault+"."+name+".replies")
 				cfg = engineConfig(d, b.kc, false)
 			}
-			e, _ := startEngine(t, d.pool, cfg, def)
+			e, _ := testkit.StartEngine(t, d.Pool, cfg, def)
 			ctx := context.Background()
 			st, err := saga.Start(ctx, e, def, ord{OrderID: "x"}, nil)
 			require.NoError(t, err)
-			select {
-			case <-entered:
-			case <-time.After(30 * time.Second):
-				t.Fatal("pick never ran")
-			}
+			testkit.Recv(t, entered, 30*time.Second, "pick to run")
 			require.NoError(t, e.Cancel(ctx, st.ID, "customer called"))
 			time.Sleep(100 * time.Millisecond)
 			close(release)
-			in := waitEnded(t, e, st.ID)
+			in := testkit.WaitEnded(t, e, st.ID)
 			require.Equal(t, saga.StatusCompensated, in.Status, timeline(in))
-			effs := d.effects(t, st.ID)
+			effs := d.fx.List(t, st.ID)
 			t.Logf("%s/%s: effects %v; %s", mode, tc.order, effs, timeline(in))
 			require.Equal(t, []string{"pick", "pick-undo"}, effs, "kept, since it succeeded, and compensated")
 		})
@@ -859,14 +840,14 @@ func TestReplyChainingARemoteSendRespectsPauseAndCancel(t *testing.T) {
 			b := newBus(t, d, 1, replies, pay, notify, saga.CommandTopicDefault+"."+name)
 			eff := func(what string) saga.StepFunc[ord] {
 				return func(ctx context.Context, run *saga.StepRun, _ *ord) error {
-					return d.effect(ctx, run.Tx, run.SagaID, what)
+					return d.fx.Record(ctx, run.Tx, run.SagaID, what)
 				}
 			}
 			remote := func(topic, typ, what string) *saga.Remote[ord] {
 				return &saga.Remote[ord]{Topic: topic, Type: typ,
 					Command: func(_ context.Context, _ *saga.StepRun, o *ord) (any, error) { return o, nil },
 					OnReply: func(ctx context.Context, run *saga.StepRun, _ *ord, _ json.RawMessage) error {
-						return d.effect(ctx, run.Tx, run.SagaID, what)
+						return d.fx.Record(ctx, run.Tx, run.SagaID, what)
 					}}
 			}
 			def := saga.Define(name,
@@ -876,9 +857,8 @@ func TestReplyChainingARemoteSendRespectsPauseAndCancel(t *testing.T) {
 				saga.Step[ord]{Name: "ship", Action: eff("ship")},
 			)
 			cfg := engineConfig(d, b.kc, m.allSteps)
-			e, _ := startEngine(t, d.pool, cfg, def)
-			tool, err := saga.New(d.pool, &saga.Config{Schema: d.schema, Logger: quiet})
-			require.NoError(t, err)
+			e, _ := testkit.StartEngine(t, d.Pool, cfg, def)
+			tool := testkit.NewEngine(t, d.Pool, &saga.Config{Schema: d.Schema, Logger: testkit.Discard})
 			ctx := context.Background()
 			var ids []uuid.UUID
 			for _, o := range []string{"cancelled", "paused", "plain"} {
@@ -909,21 +889,21 @@ func TestReplyChainingARemoteSendRespectsPauseAndCancel(t *testing.T) {
 			}
 			// plain goes on to notify; answer it.
 			b.produce(t, reply(replies, plain, b.commandKey(t, notify, plain), `{"ok":true,"result":{}}`))
-			in := waitEnded(t, e, plain)
+			in := testkit.WaitEnded(t, e, plain)
 			require.Equal(t, saga.StatusCompleted, in.Status, timeline(in))
-			require.Equal(t, []string{"pick", "paid", "notified", "ship"}, d.effects(t, plain))
+			require.Equal(t, []string{"pick", "paid", "notified", "ship"}, d.fx.List(t, plain))
 
-			in = waitEnded(t, e, cancelled)
+			in = testkit.WaitEnded(t, e, cancelled)
 			require.Equal(t, saga.StatusCompensated, in.Status, timeline(in))
 			time.Sleep(1500 * time.Millisecond)
 			require.Zero(t, notifies(cancelled), "a saga asked to cancel sent its next remote command: %s", timeline(in))
 			require.Zero(t, notifies(paused), "a paused saga sent its next remote command: %s", timeline(get(t, e, paused)))
 			require.NoError(t, e.Resume(ctx, paused, "done"))
 			b.produce(t, reply(replies, paused, b.commandKey(t, notify, paused), `{"ok":true,"result":{}}`))
-			in = waitEnded(t, e, paused)
+			in = testkit.WaitEnded(t, e, paused)
 			require.Equal(t, saga.StatusCompleted, in.Status, timeline(in))
-			require.Equal(t, []string{"pick", "paid", "notified", "ship"}, d.effects(t, paused))
-			t.Logf("%s: cancelled %v; chained %d", m.name, d.effects(t, cancelled), e.Stats().Chained)
+			require.Equal(t, []string{"pick", "paid", "notified", "ship"}, d.fx.List(t, paused))
+			t.Logf("%s: cancelled %v; chained %d", m.name, d.fx.List(t, cancelled), e.Stats().Chained)
 		})
 	}
 }
