@@ -63,7 +63,7 @@ func newSagaRig(t *testing.T, name string, allSteps bool, shipFn saga.StepFunc[o
 	r.bus = newBus(t, d, 1, r.replies, r.remote, r.cmd)
 	eff := func(what string) saga.StepFunc[ord] {
 		return func(ctx context.Context, run *saga.StepRun, _ *ord) error {
-			return d.fx.Record(ctx, run.Tx, run.SagaID, what)
+			return d.fx.Record(ctx, run, what)
 		}
 	}
 	pick := func(ctx context.Context, run *saga.StepRun, o *ord) error {
@@ -77,7 +77,7 @@ func newSagaRig(t *testing.T, name string, allSteps bool, shipFn saga.StepFunc[o
 		}
 		// A step that ignored its cancelled context and succeeds anyway
 		// must not have its own write fail on that context.
-		return d.fx.Record(context.WithoutCancel(ctx), run.Tx, run.SagaID, "pick")
+		return d.fx.Record(context.WithoutCancel(ctx), run, "pick")
 	}
 	ship := eff("ship")
 	if shipFn != nil {
@@ -90,7 +90,7 @@ func newSagaRig(t *testing.T, name string, allSteps bool, shipFn saga.StepFunc[o
 			Command: func(_ context.Context, _ *saga.StepRun, o *ord) (any, error) { return o, nil },
 			OnReply: func(ctx context.Context, run *saga.StepRun, o *ord, res json.RawMessage) error {
 				o.Paid = string(res)
-				return d.fx.Record(ctx, run.Tx, run.SagaID, "paid")
+				return d.fx.Record(ctx, run, "paid")
 			},
 		}},
 		saga.Step[ord]{Name: "ship", Action: ship, Compensate: eff("ship-undo"), Retry: fast},
@@ -348,7 +348,7 @@ func TestChainedStepRefusedByPostgreSQL(t *testing.T) {
 	t.Parallel()
 	var r *sagaRig
 	ship := func(ctx context.Context, run *saga.StepRun, o *ord) error {
-		if err := r.fx.Record(ctx, run.Tx, run.SagaID, "ship"); err != nil {
+		if err := r.fx.Record(ctx, run, "ship"); err != nil {
 			return err
 		}
 		for _, p := range poison {
@@ -425,9 +425,9 @@ func newKmode(t *testing.T, name string, maxAttempts int) *kmode {
 					return err
 				}
 			}
-			return d.fx.Record(ctx, run.Tx, run.SagaID, n)
+			return d.fx.Record(ctx, run, n)
 		}, Compensate: func(ctx context.Context, run *saga.StepRun, _ *ord) error {
-			return d.fx.Record(ctx, run.Tx, run.SagaID, n+"-undo")
+			return d.fx.Record(ctx, run, n+"-undo")
 		}}
 	}
 	k.def = saga.Define(name, step("a"), step("b"), step("c"))
@@ -780,21 +780,21 @@ func TestCancelDuringALocalStepThatSucceedsAnyway(t *testing.T) {
 			var once sync.Once
 			eff := func(what string) saga.StepFunc[ord] {
 				return func(ctx context.Context, run *saga.StepRun, _ *ord) error {
-					return d.fx.Record(ctx, run.Tx, run.SagaID, what)
+					return d.fx.Record(ctx, run, what)
 				}
 			}
 			name := "rv8ctl" + mode + strings.ReplaceAll(tc.order, "-", "")
 			def := saga.Define(name,
 				saga.Step[ord]{Name: "pick", Compensate: eff("pick-undo"), Action: func(ctx context.Context, run *saga.StepRun, o *ord) error {
 					if tc.order == "write-first" {
-						if err := d.fx.Record(ctx, run.Tx, run.SagaID, "pick"); err != nil {
+						if err := d.fx.Record(ctx, run, "pick"); err != nil {
 							return err
 						}
 					}
 					once.Do(func() { close(entered) })
 					<-release
 					if tc.order == "call-first" {
-						return d.fx.Record(context.WithoutCancel(ctx), run.Tx, run.SagaID, "pick")
+						return d.fx.Record(context.WithoutCancel(ctx), run, "pick")
 					}
 					return nil
 				}},
@@ -840,14 +840,14 @@ func TestReplyChainingARemoteSendRespectsPauseAndCancel(t *testing.T) {
 			b := newBus(t, d, 1, replies, pay, notify, saga.CommandTopicDefault+"."+name)
 			eff := func(what string) saga.StepFunc[ord] {
 				return func(ctx context.Context, run *saga.StepRun, _ *ord) error {
-					return d.fx.Record(ctx, run.Tx, run.SagaID, what)
+					return d.fx.Record(ctx, run, what)
 				}
 			}
 			remote := func(topic, typ, what string) *saga.Remote[ord] {
 				return &saga.Remote[ord]{Topic: topic, Type: typ,
 					Command: func(_ context.Context, _ *saga.StepRun, o *ord) (any, error) { return o, nil },
 					OnReply: func(ctx context.Context, run *saga.StepRun, _ *ord, _ json.RawMessage) error {
-						return d.fx.Record(ctx, run.Tx, run.SagaID, what)
+						return d.fx.Record(ctx, run, what)
 					}}
 			}
 			def := saga.Define(name,

@@ -25,7 +25,7 @@
 //		fx := testkit.NewEffects(t, d)
 //		def := saga.Define("order", saga.Step[order]{Name: "reserve",
 //			Action: func(ctx context.Context, run *saga.StepRun, _ *order) error {
-//				return fx.Record(ctx, run.Tx, run.SagaID, "reserve")
+//				return fx.Record(ctx, run, "reserve")
 //			}})
 //		e, _ := testkit.StartEngine(t, d.Pool, d.Config(), def)
 //		st, err := saga.Start(ctx, e, def, order{}, nil)

@@ -6,6 +6,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/sagaflow/sagaflow/saga"
 )
 
 // EffectsTable is the name of the table [NewEffects] creates.
@@ -44,9 +46,10 @@ func NewEffects(tb testing.TB, d *DB) *Effects {
 // Table is the qualified, quoted name of the table, for SQL.
 func (f *Effects) Table() string { return f.table }
 
-// Record records what for saga id in tx (a step's run.Tx).
-func (f *Effects) Record(ctx context.Context, tx pgx.Tx, id uuid.UUID, what string) error {
-	_, err := tx.Exec(ctx, `INSERT INTO `+f.table+` (saga_id, what) VALUES ($1, $2)`, id, what)
+// Record records what for run's saga in run's transaction, so that the
+// effect commits with the step or not at all.
+func (f *Effects) Record(ctx context.Context, run *saga.StepRun, what string) error {
+	_, err := run.Tx.Exec(ctx, `INSERT INTO `+f.table+` (saga_id, what) VALUES ($1, $2)`, run.SagaID, what)
 	return err
 }
 

@@ -43,11 +43,11 @@ func TestEffects(t *testing.T) {
 	a, b := uuid.New(), uuid.New()
 	require.NoError(t, pgx.BeginFunc(ctx, d.Pool, func(tx pgx.Tx) error {
 		for _, w := range []string{"z", "a", "z"} {
-			if err := fx.Record(ctx, tx, a, w); err != nil {
+			if err := fx.Record(ctx, &saga.StepRun{Tx: tx, SagaID: a}, w); err != nil {
 				return err
 			}
 		}
-		return fx.Record(ctx, tx, b, "a")
+		return fx.Record(ctx, &saga.StepRun{Tx: tx, SagaID: b}, "a")
 	}))
 	require.Equal(t, 2, fx.Count(t, a, "z"))
 	require.Equal(t, 0, fx.Count(t, b, "z"))
@@ -64,7 +64,7 @@ func TestEngine(t *testing.T) {
 	fx := testkit.NewEffects(t, d)
 	def := saga.Define("order", saga.Step[order]{Name: "reserve",
 		Action: func(ctx context.Context, run *saga.StepRun, _ *order) error {
-			return fx.Record(ctx, run.Tx, run.SagaID, "reserve")
+			return fx.Record(ctx, run, "reserve")
 		}})
 
 	cfg := d.Config()
