@@ -8,6 +8,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagaflow/sagaflow/internal/testkit"
 	"github.com/sagaflow/sagaflow/saga"
 	"github.com/sagaflow/sagaflow/sagatest"
 )
@@ -24,7 +25,7 @@ func TestPauseTimerWithClockAdvance(t *testing.T) {
 	d := saga.Define("p-clock",
 		saga.Step[st]{Name: "nap", Wait: saga.Sleep[st](time.Hour)},
 		saga.Step[st]{Name: "after", Action: func(ctx context.Context, run *saga.StepRun, _ *st) error {
-			return v.effect(ctx, run, "after")
+			return v.fx.Record(ctx, run, "after")
 		}})
 	e := v.engine(t, true, d)
 	s, err := saga.Start(ctx, e, d, st{}, nil)
@@ -33,10 +34,10 @@ func TestPauseTimerWithClockAdvance(t *testing.T) {
 		return in.Wait != nil
 	}), nil)
 	require.NoError(t, e.Pause(ctx, s.ID, "hold"))
-	clock := sagatest.NewClock(v.pool, v.schema, e)
+	clock := sagatest.NewClock(v.Pool, v.Schema, e)
 	require.NoError(t, clock.Advance(ctx, 2*time.Hour))
-	hold(t, time.Second, "the due timer does not fire while paused", func() bool {
-		return v.count(t, s.ID, "after") == 0
+	testkit.Hold(t, time.Second, "the due timer does not fire while paused", func() bool {
+		return v.fx.Count(t, s.ID, "after") == 0
 	})
 	require.NoError(t, e.Resume(ctx, s.ID, "go"))
 	if w := get(t, e, s.ID).Wait; w != nil && w.Until != nil {
@@ -64,9 +65,9 @@ func TestFindingRequeueReparkedByEngineWithoutVersion(t *testing.T) {
 	cfg := v.config()
 	cfg.UnknownSagaGrace = time.Minute
 	onlyV2 := v.engineWith(t, cfg, true, orderV2(v))
-	require.NoError(t, sagatest.NewClock(v.pool, v.schema, onlyV2).Advance(ctx, 2*time.Minute))
+	require.NoError(t, sagatest.NewClock(v.Pool, v.Schema, onlyV2).Advance(ctx, 2*time.Minute))
 	var dead *saga.DeadMessagePage
-	eventually(t, 15*time.Second, "the v1 command is parked after the grace", func() bool {
+	testkit.WaitFor(t, 15*time.Second, "the v1 command is parked after the grace", func() bool {
 		dead, err = client.DeadMessages(ctx, nil)
 		require.NoError(t, err)
 		return len(dead.Messages) > 0
@@ -75,13 +76,13 @@ func TestFindingRequeueReparkedByEngineWithoutVersion(t *testing.T) {
 	require.NotNil(t, dead.Messages[0].SagaID)
 	require.Equal(t, old.ID, *dead.Messages[0].SagaID)
 	require.NotEmpty(t, dead.Messages[0].LastError)
-	require.Empty(t, v.counts(t, old.ID))
+	require.Empty(t, v.fx.Counts(t, old.ID))
 
 	withV1 := v.engine(t, true, orderV1(v))
 	rq, err := withV1.RequeueDead(ctx, &saga.RequeueOpts{MessageIDs: []uuid.UUID{dead.Messages[0].ID}})
 	require.NoError(t, err)
 	require.Len(t, rq.Messages, 1)
-	in := waitEnded(t, withV1, old.ID)
+	in := testkit.WaitEnded(t, withV1, old.ID)
 	require.Equal(t, saga.StatusCompleted, in.Status, sagatest.Describe(in))
-	require.Equal(t, map[string]int{"v1-a": 1, "v1-b": 1}, v.counts(t, old.ID))
+	require.Equal(t, map[string]int{"v1-a": 1, "v1-b": 1}, v.fx.Counts(t, old.ID))
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagaflow/sagaflow/internal/testkit"
 	"github.com/sagaflow/sagaflow/saga"
 	"github.com/sagaflow/sagaflow/sagatest"
 	"github.com/sagaflow/sagaflow/steps"
@@ -23,8 +24,8 @@ import (
 // order returns what saga id recorded, oldest first.
 func (v *env) order(t *testing.T, id uuid.UUID) []string {
 	t.Helper()
-	rows, err := v.pool.Query(context.Background(), `SELECT what FROM `+
-		pgx.Identifier{v.schema, "effects"}.Sanitize()+` WHERE saga_id = $1 ORDER BY at`, id)
+	rows, err := v.Pool.Query(context.Background(), `SELECT what FROM `+
+		v.fx.Table()+` WHERE saga_id = $1 ORDER BY at`, id)
 	require.NoError(t, err)
 	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
@@ -62,7 +63,7 @@ func TestParallelBranchesOverlap(t *testing.T) {
 				return nil, steps.Permanent(fmt.Errorf("branch %s saw N=%d, want the state as the group started", name, s.N))
 			}
 			s.N = 1000 // a copy: cannot change the saga's state
-			if err := v.effect(ctx, run, name); err != nil {
+			if err := v.fx.Record(ctx, run, name); err != nil {
 				return nil, err
 			}
 			// All three must be inside at once: a barrier with a deadline.
@@ -92,18 +93,18 @@ func TestParallelBranchesOverlap(t *testing.T) {
 				return nil
 			}}},
 		saga.Step[st]{Name: "after", Action: func(ctx context.Context, run *saga.StepRun, _ *st) error {
-			return v.effect(ctx, run, "after")
+			return v.fx.Record(ctx, run, "after")
 		}})
 	e := v.engine(t, true, d)
 	s, err := saga.Start(ctx, e, d, st{}, nil)
 	require.NoError(t, err)
-	in := waitEnded(t, e, s.ID)
+	in := testkit.WaitEnded(t, e, s.ID)
 	require.Equal(t, saga.StatusCompleted, in.Status, sagatest.Describe(in))
 	var out st
 	require.NoError(t, in.DecodeState(&out))
 	require.Equal(t, 111, out.Sum)
 	require.Equal(t, 5, out.N, "a branch cannot change the state")
-	require.Equal(t, map[string]int{"x": 1, "y": 1, "z": 1, "after": 1}, v.counts(t, s.ID))
+	require.Equal(t, map[string]int{"x": 1, "y": 1, "z": 1, "after": 1}, v.fx.Counts(t, s.ID))
 	for _, name := range []string{"x", "y", "z"} {
 		k, ok := keys.Load(name)
 		require.True(t, ok)
@@ -142,16 +143,16 @@ func TestParallelBranchFailureCompensatesExactlyTheCompleted(t *testing.T) {
 			if name == "ok" {
 				gotResult.Store(string(result))
 			}
-			return v.effect(ctx, run, "undo-"+name)
+			return v.fx.Record(ctx, run, "undo-"+name)
 		}
 	}
 	d := saga.Define("par-fail",
 		saga.Step[st]{Name: "before",
-			Action:     func(ctx context.Context, run *saga.StepRun, _ *st) error { return v.effect(ctx, run, "before") },
-			Compensate: func(ctx context.Context, run *saga.StepRun, _ *st) error { return v.effect(ctx, run, "undo-before") }},
+			Action:     func(ctx context.Context, run *saga.StepRun, _ *st) error { return v.fx.Record(ctx, run, "before") },
+			Compensate: func(ctx context.Context, run *saga.StepRun, _ *st) error { return v.fx.Record(ctx, run, "undo-before") }},
 		saga.Step[st]{Name: "grp", Parallel: &saga.Parallel[st]{Branches: []saga.Branch[st]{
 			{Name: "ok", Compensate: undo("ok"), Action: func(ctx context.Context, run *saga.StepRun, _ st) (any, error) {
-				return "charge-17", v.effect(ctx, run, "ok")
+				return "charge-17", v.fx.Record(ctx, run, "ok")
 			}},
 			{Name: "bad", Compensate: undo("bad"), Action: func(ctx context.Context, run *saga.StepRun, _ st) (any, error) {
 				// Fail only once ok has completed, so "the completed" is ok.
@@ -162,14 +163,14 @@ func TestParallelBranchFailureCompensatesExactlyTheCompleted(t *testing.T) {
 					}
 					time.Sleep(10 * time.Millisecond)
 				}
-				if err := v.effect(ctx, run, "bad"); err != nil {
+				if err := v.fx.Record(ctx, run, "bad"); err != nil {
 					return nil, err
 				}
 				return nil, steps.Permanent(errors.New("card declined"))
 			}},
 			{Name: "slow", Compensate: undo("slow"), Timeout: 20 * time.Second,
 				Action: func(ctx context.Context, run *saga.StepRun, _ st) (any, error) {
-					if err := v.effect(ctx, run, "slow"); err != nil {
+					if err := v.fx.Record(ctx, run, "slow"); err != nil {
 						return nil, err
 					}
 					select {
@@ -180,16 +181,16 @@ func TestParallelBranchFailureCompensatesExactlyTheCompleted(t *testing.T) {
 				}},
 		}}},
 		saga.Step[st]{Name: "never", Action: func(ctx context.Context, run *saga.StepRun, _ *st) error {
-			return v.effect(ctx, run, "never")
+			return v.fx.Record(ctx, run, "never")
 		}})
 	e = v.engine(t, true, d)
 	s, err := saga.Start(ctx, e, d, st{}, nil)
 	require.NoError(t, err)
 	sagatest.Wait(t, e, s.ID, sagatest.Event("step_failed:grp.bad"), nil)
 	releaseOnce.Do(func() { close(release) })
-	in := waitEnded(t, e, s.ID)
+	in := testkit.WaitEnded(t, e, s.ID)
 	require.Equal(t, saga.StatusCompensated, in.Status, sagatest.Describe(in))
-	require.Equal(t, map[string]int{"before": 1, "ok": 1, "undo-ok": 1, "undo-before": 1}, v.counts(t, s.ID),
+	require.Equal(t, map[string]int{"before": 1, "ok": 1, "undo-ok": 1, "undo-before": 1}, v.fx.Counts(t, s.ID),
 		"bad's and slow's writes roll back; only ok and before are compensated")
 	require.Equal(t, `"charge-17"`, gotResult.Load(), "Compensate gets the branch's result")
 	order := v.order(t, s.ID)
@@ -214,19 +215,19 @@ func TestParallelJoinFails(t *testing.T) {
 	br := func(name string) saga.Branch[st] {
 		return saga.Branch[st]{Name: name,
 			Action: func(ctx context.Context, run *saga.StepRun, _ st) (any, error) {
-				return name + "-res", v.effect(ctx, run, name)
+				return name + "-res", v.fx.Record(ctx, run, name)
 			},
 			Compensate: func(ctx context.Context, run *saga.StepRun, _ st, res json.RawMessage) error {
 				if string(res) != `"`+name+`-res"` {
 					return steps.Permanent(fmt.Errorf("%s got result %s", name, res))
 				}
-				return v.effect(ctx, run, "undo-"+name)
+				return v.fx.Record(ctx, run, "undo-"+name)
 			}}
 	}
 	d := saga.Define("par-join",
 		saga.Step[st]{Name: "before",
-			Action:     func(ctx context.Context, run *saga.StepRun, _ *st) error { return v.effect(ctx, run, "before") },
-			Compensate: func(ctx context.Context, run *saga.StepRun, _ *st) error { return v.effect(ctx, run, "undo-before") }},
+			Action:     func(ctx context.Context, run *saga.StepRun, _ *st) error { return v.fx.Record(ctx, run, "before") },
+			Compensate: func(ctx context.Context, run *saga.StepRun, _ *st) error { return v.fx.Record(ctx, run, "undo-before") }},
 		saga.Step[st]{Name: "grp", Parallel: &saga.Parallel[st]{
 			Branches: []saga.Branch[st]{br("a"), br("b"), br("c")},
 			Join: func(_ context.Context, _ *saga.StepRun, _ *st, results map[string]json.RawMessage) error {
@@ -239,7 +240,7 @@ func TestParallelJoinFails(t *testing.T) {
 	e := v.engine(t, true, d)
 	s, err := saga.Start(ctx, e, d, st{}, nil)
 	require.NoError(t, err)
-	in := waitEnded(t, e, s.ID)
+	in := testkit.WaitEnded(t, e, s.ID)
 	require.Equal(t, saga.StatusCompensated, in.Status, sagatest.Describe(in))
 	require.Equal(t, int32(1), joins.Load(), "a failing Join is not retried")
 	order := v.order(t, s.ID)
@@ -271,15 +272,15 @@ func TestParallelResultNotJSON(t *testing.T) {
 		var joined atomic.Value
 		d := saga.Define("par-json-"+name,
 			saga.Step[st]{Name: "before",
-				Action:     func(ctx context.Context, run *saga.StepRun, _ *st) error { return v.effect(ctx, run, "before") },
-				Compensate: func(ctx context.Context, run *saga.StepRun, _ *st) error { return v.effect(ctx, run, "undo-before") }},
+				Action:     func(ctx context.Context, run *saga.StepRun, _ *st) error { return v.fx.Record(ctx, run, "before") },
+				Compensate: func(ctx context.Context, run *saga.StepRun, _ *st) error { return v.fx.Record(ctx, run, "undo-before") }},
 			saga.Step[st]{Name: "grp", Parallel: &saga.Parallel[st]{Branches: []saga.Branch[st]{
 				{Name: "good", Action: func(ctx context.Context, run *saga.StepRun, _ st) (any, error) {
-					return 1, v.effect(ctx, run, "good")
+					return 1, v.fx.Record(ctx, run, "good")
 				}},
 				{Name: "weird", Retry: &saga.RetryPolicy{MaxAttempts: 2, Backoff: func(int) time.Duration { return 10 * time.Millisecond }},
 					Action: func(ctx context.Context, run *saga.StepRun, _ st) (any, error) {
-						return results[name], v.effect(ctx, run, "weird")
+						return results[name], v.fx.Record(ctx, run, "weird")
 					}},
 			}, Join: func(_ context.Context, _ *saga.StepRun, _ *st, r map[string]json.RawMessage) error {
 				joined.Store(string(r["weird"]))
@@ -288,9 +289,9 @@ func TestParallelResultNotJSON(t *testing.T) {
 		e := v.engine(t, true, d)
 		s, err := saga.Start(ctx, e, d, st{}, nil)
 		require.NoError(t, err)
-		in := waitEnded(t, e, s.ID)
+		in := testkit.WaitEnded(t, e, s.ID)
 		t.Logf("%s: %s, last error %+v", name, in.Status, in.LastError)
-		c := v.counts(t, s.ID)
+		c := v.fx.Counts(t, s.ID)
 		if name == "nul" {
 			require.Equal(t, saga.StatusCompleted, in.Status, sagatest.Describe(in))
 			require.Equal(t, `"a\u0000b"`, joined.Load())
@@ -370,41 +371,41 @@ func TestParallelCancelDuringBranches(t *testing.T) {
 	g := newGate()
 	d := saga.Define("par-cancel",
 		saga.Step[st]{Name: "before",
-			Action:     func(ctx context.Context, run *saga.StepRun, _ *st) error { return v.effect(ctx, run, "before") },
-			Compensate: func(ctx context.Context, run *saga.StepRun, _ *st) error { return v.effect(ctx, run, "undo-before") }},
+			Action:     func(ctx context.Context, run *saga.StepRun, _ *st) error { return v.fx.Record(ctx, run, "before") },
+			Compensate: func(ctx context.Context, run *saga.StepRun, _ *st) error { return v.fx.Record(ctx, run, "undo-before") }},
 		saga.Step[st]{Name: "grp", Parallel: &saga.Parallel[st]{Branches: []saga.Branch[st]{
 			{Name: "fast", Action: func(ctx context.Context, run *saga.StepRun, _ st) (any, error) {
-				return 7, v.effect(ctx, run, "fast")
+				return 7, v.fx.Record(ctx, run, "fast")
 			}, Compensate: func(ctx context.Context, run *saga.StepRun, _ st, res json.RawMessage) error {
-				return v.effect(ctx, run, "undo-fast:"+string(res))
+				return v.fx.Record(ctx, run, "undo-fast:"+string(res))
 			}},
 			// A short Timeout: a cancel does not end a running branch's
 			// context before it (see FINDINGS.md, F2).
 			{Name: "stuck", Timeout: 2 * time.Second, Action: func(ctx context.Context, run *saga.StepRun, _ st) (any, error) {
-				if err := v.effect(ctx, run, "stuck"); err != nil {
+				if err := v.fx.Record(ctx, run, "stuck"); err != nil {
 					return nil, err
 				}
 				return nil, g.wait(ctx)
 			}, Compensate: func(ctx context.Context, run *saga.StepRun, _ st, _ json.RawMessage) error {
-				return v.effect(ctx, run, "undo-stuck")
+				return v.fx.Record(ctx, run, "undo-stuck")
 			}},
 		}}},
 		saga.Step[st]{Name: "never", Action: func(ctx context.Context, run *saga.StepRun, _ *st) error {
-			return v.effect(ctx, run, "never")
+			return v.fx.Record(ctx, run, "never")
 		}})
 	e := v.engine(t, true, d)
 	s, err := saga.Start(ctx, e, d, st{}, nil)
 	require.NoError(t, err)
 	g.waitEntered(t)
-	eventually(t, 20*time.Second, "fast completes", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "fast completes", func() bool {
 		return branchStatus(t, e, s.ID)["fast"].Status == "completed"
 	})
 	start := time.Now()
 	require.NoError(t, e.Cancel(ctx, s.ID, "customer left"))
-	in := waitEnded(t, e, s.ID)
+	in := testkit.WaitEnded(t, e, s.ID)
 	require.Less(t, time.Since(start), 15*time.Second, "the cancel ends the saga")
 	require.Equal(t, saga.StatusCompensated, in.Status, sagatest.Describe(in))
-	require.Equal(t, map[string]int{"before": 1, "fast": 1, "undo-fast:7": 1, "undo-before": 1}, v.counts(t, s.ID))
+	require.Equal(t, map[string]int{"before": 1, "fast": 1, "undo-fast:7": 1, "undo-before": 1}, v.fx.Counts(t, s.ID))
 	require.Equal(t, 1, events(in, saga.EventSagaCancelled))
 }
 
@@ -418,7 +419,7 @@ func TestParallelManySagas(t *testing.T) {
 	var joins sync.Map
 	br := func(name string) saga.Branch[st] {
 		return saga.Branch[st]{Name: name, Action: func(ctx context.Context, run *saga.StepRun, s st) (any, error) {
-			return s.N, v.effect(ctx, run, name)
+			return s.N, v.fx.Record(ctx, run, name)
 		}}
 	}
 	d := saga.Define("par-many",
@@ -434,10 +435,10 @@ func TestParallelManySagas(t *testing.T) {
 					}
 					s.Sum += x
 				}
-				return v.effect(ctx, run, "join")
+				return v.fx.Record(ctx, run, "join")
 			}}},
 		saga.Step[st]{Name: "after", Action: func(ctx context.Context, run *saga.StepRun, _ *st) error {
-			return v.effect(ctx, run, "after")
+			return v.fx.Record(ctx, run, "after")
 		}})
 	e := v.engine(t, true, d)
 	ids := make([]uuid.UUID, 50)
@@ -447,12 +448,12 @@ func TestParallelManySagas(t *testing.T) {
 		ids[i] = s.ID
 	}
 	for i, id := range ids {
-		in := waitEnded(t, e, id)
+		in := testkit.WaitEnded(t, e, id)
 		require.Equal(t, saga.StatusCompleted, in.Status, sagatest.Describe(in))
 		var out st
 		require.NoError(t, in.DecodeState(&out))
 		require.Equal(t, 4*i, out.Sum)
-		require.Equal(t, map[string]int{"a": 1, "b": 1, "c": 1, "d": 1, "join": 1, "after": 1}, v.counts(t, id))
+		require.Equal(t, map[string]int{"a": 1, "b": 1, "c": 1, "d": 1, "join": 1, "after": 1}, v.fx.Counts(t, id))
 	}
 }
 
@@ -469,7 +470,7 @@ func TestParallelPauseDuringBranches(t *testing.T) {
 	d := saga.Define("par-pause",
 		saga.Step[st]{Name: "grp", Parallel: &saga.Parallel[st]{Branches: []saga.Branch[st]{
 			{Name: "held", Action: func(ctx context.Context, run *saga.StepRun, _ st) (any, error) {
-				if err := v.effect(ctx, run, "held"); err != nil {
+				if err := v.fx.Record(ctx, run, "held"); err != nil {
 					return nil, err
 				}
 				return nil, g.wait(ctx)
@@ -481,11 +482,11 @@ func TestParallelPauseDuringBranches(t *testing.T) {
 						g.entered <- struct{}{}
 						return nil, errors.New("transient")
 					}
-					return nil, v.effect(ctx, run, "flaky")
+					return nil, v.fx.Record(ctx, run, "flaky")
 				}},
 		}}},
 		saga.Step[st]{Name: "after", Action: func(ctx context.Context, run *saga.StepRun, _ *st) error {
-			return v.effect(ctx, run, "after")
+			return v.fx.Record(ctx, run, "after")
 		}})
 	e := v.engine(t, true, d)
 	s, err := saga.Start(ctx, e, d, st{}, nil)
@@ -494,22 +495,22 @@ func TestParallelPauseDuringBranches(t *testing.T) {
 	require.NoError(t, e.Pause(ctx, s.ID, "hold the group"))
 	g.waitEntered(t)
 	close(g.release)
-	eventually(t, 20*time.Second, "the held branch completes", func() bool {
+	testkit.WaitFor(t, 20*time.Second, "the held branch completes", func() bool {
 		return branchStatus(t, e, s.ID)["held"].Status == "completed"
 	})
 	pausedAt := time.Now()
-	hold(t, time.Second, "the flaky branch's retry waits for the resume", func() bool {
-		if flakyCalls.Load() != 1 || v.count(t, s.ID, "after") != 0 {
+	testkit.Hold(t, time.Second, "the flaky branch's retry waits for the resume", func() bool {
+		if flakyCalls.Load() != 1 || v.fx.Count(t, s.ID, "after") != 0 {
 			in := get(t, e, s.ID)
 			t.Logf("%s after the pause: calls=%d effects=%v paused=%+v\n%s", time.Since(pausedAt), flakyCalls.Load(),
-				v.counts(t, s.ID), in.Paused, sagatest.Describe(in))
+				v.fx.Counts(t, s.ID), in.Paused, sagatest.Describe(in))
 			return false
 		}
 		return true
 	})
 	require.NoError(t, e.Resume(ctx, s.ID, "go"))
-	in := waitEnded(t, e, s.ID)
+	in := testkit.WaitEnded(t, e, s.ID)
 	require.Equal(t, saga.StatusCompleted, in.Status, sagatest.Describe(in))
-	require.Equal(t, map[string]int{"held": 1, "flaky": 1, "after": 1}, v.counts(t, s.ID))
+	require.Equal(t, map[string]int{"held": 1, "flaky": 1, "after": 1}, v.fx.Counts(t, s.ID))
 	require.Equal(t, int32(2), flakyCalls.Load())
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagaflow/sagaflow/internal/testkit"
 	"github.com/sagaflow/sagaflow/saga"
 	"github.com/sagaflow/sagaflow/sagatest"
 	"github.com/sagaflow/sagaflow/steps"
@@ -29,13 +30,13 @@ func TestPauseWhileStepRuns(t *testing.T) {
 	g := newGate()
 	d := saga.Define("p-run",
 		saga.Step[st]{Name: "a", Action: func(ctx context.Context, run *saga.StepRun, _ *st) error {
-			if err := v.effect(ctx, run, "a"); err != nil {
+			if err := v.fx.Record(ctx, run, "a"); err != nil {
 				return err
 			}
 			return g.wait(ctx)
 		}},
 		saga.Step[st]{Name: "b", Action: func(ctx context.Context, run *saga.StepRun, _ *st) error {
-			return v.effect(ctx, run, "b")
+			return v.fx.Record(ctx, run, "b")
 		}})
 	e := v.engine(t, true, d)
 	s, err := saga.Start(ctx, e, d, st{}, nil)
@@ -46,7 +47,7 @@ func TestPauseWhileStepRuns(t *testing.T) {
 
 	// a finishes and records its outcome.
 	in := sagatest.Wait(t, e, s.ID, sagatest.Event("step_completed:a"), nil)
-	require.Equal(t, 1, v.count(t, s.ID, "a"))
+	require.Equal(t, 1, v.fx.Count(t, s.ID, "a"))
 	require.NotNil(t, in.Paused, "Instance.Paused shows the pause")
 	require.Equal(t, saga.PauseCodeOperator, in.Paused.Code)
 	require.Equal(t, "incident 42", in.Paused.Reason)
@@ -58,16 +59,16 @@ func TestPauseWhileStepRuns(t *testing.T) {
 	require.Equal(t, s.ID, list.Sagas[0].ID)
 
 	// b does not start while paused.
-	hold(t, 1500*time.Millisecond, "step b does not run while paused", func() bool {
-		return v.count(t, s.ID, "b") == 0
+	testkit.Hold(t, 1500*time.Millisecond, "step b does not run while paused", func() bool {
+		return v.fx.Count(t, s.ID, "b") == 0
 	})
 	require.Equal(t, saga.StatusRunning, get(t, e, s.ID).Status)
 
 	require.NoError(t, e.Resume(ctx, s.ID, "incident over"))
-	in = waitEnded(t, e, s.ID)
+	in = testkit.WaitEnded(t, e, s.ID)
 	require.Equal(t, saga.StatusCompleted, in.Status, sagatest.Describe(in))
 	require.Nil(t, in.Paused)
-	require.Equal(t, map[string]int{"a": 1, "b": 1}, v.counts(t, s.ID))
+	require.Equal(t, map[string]int{"a": 1, "b": 1}, v.fx.Counts(t, s.ID))
 	require.Equal(t, 1, events(in, saga.EventSagaPaused))
 	require.Equal(t, 1, events(in, saga.EventSagaUnpaused))
 	list, err = e.List(ctx, &saga.ListOpts{Paused: true})
@@ -85,20 +86,20 @@ func TestPauseThenCancel(t *testing.T) {
 	g := newGate()
 	d := saga.Define("p-cancel",
 		saga.Step[st]{Name: "a",
-			Action: func(ctx context.Context, run *saga.StepRun, _ *st) error { return v.effect(ctx, run, "a") },
+			Action: func(ctx context.Context, run *saga.StepRun, _ *st) error { return v.fx.Record(ctx, run, "a") },
 			Compensate: func(ctx context.Context, run *saga.StepRun, _ *st) error {
-				return v.effect(ctx, run, "undo-a")
+				return v.fx.Record(ctx, run, "undo-a")
 			}},
 		saga.Step[st]{Name: "b", Action: func(ctx context.Context, run *saga.StepRun, _ *st) error {
-			if err := v.effect(ctx, run, "b"); err != nil {
+			if err := v.fx.Record(ctx, run, "b"); err != nil {
 				return err
 			}
 			return g.wait(ctx)
 		}, Compensate: func(ctx context.Context, run *saga.StepRun, _ *st) error {
-			return v.effect(ctx, run, "undo-b")
+			return v.fx.Record(ctx, run, "undo-b")
 		}},
 		saga.Step[st]{Name: "c", Action: func(ctx context.Context, run *saga.StepRun, _ *st) error {
-			return v.effect(ctx, run, "c")
+			return v.fx.Record(ctx, run, "c")
 		}})
 	e := v.engine(t, true, d)
 	s, err := saga.Start(ctx, e, d, st{}, nil)
@@ -109,8 +110,8 @@ func TestPauseThenCancel(t *testing.T) {
 	sagatest.Wait(t, e, s.ID, sagatest.Event("step_completed:b"), nil)
 
 	require.NoError(t, e.Cancel(ctx, s.ID, "customer left"))
-	hold(t, time.Second, "no compensation runs while paused", func() bool {
-		c := v.counts(t, s.ID)
+	testkit.Hold(t, time.Second, "no compensation runs while paused", func() bool {
+		c := v.fx.Counts(t, s.ID)
 		return c["undo-a"] == 0 && c["undo-b"] == 0 && c["c"] == 0
 	})
 	in := get(t, e, s.ID)
@@ -118,9 +119,9 @@ func TestPauseThenCancel(t *testing.T) {
 	require.NotNil(t, in.Paused)
 
 	require.NoError(t, e.Resume(ctx, s.ID, "go"))
-	in = waitEnded(t, e, s.ID)
+	in = testkit.WaitEnded(t, e, s.ID)
 	require.Equal(t, saga.StatusCompensated, in.Status, sagatest.Describe(in))
-	require.Equal(t, map[string]int{"a": 1, "b": 1, "undo-b": 1, "undo-a": 1}, v.counts(t, s.ID))
+	require.Equal(t, map[string]int{"a": 1, "b": 1, "undo-b": 1, "undo-a": 1}, v.fx.Counts(t, s.ID))
 }
 
 // doc.go "Pause": "a timer that fell due during the pause fires once, after
@@ -132,7 +133,7 @@ func TestPauseSleepingTimer(t *testing.T) {
 	d := saga.Define("p-timer",
 		saga.Step[st]{Name: "nap", Wait: saga.Sleep[st](700 * time.Millisecond)},
 		saga.Step[st]{Name: "after", Action: func(ctx context.Context, run *saga.StepRun, _ *st) error {
-			return v.effect(ctx, run, "after")
+			return v.fx.Record(ctx, run, "after")
 		}})
 	e := v.engine(t, true, d)
 	s, err := saga.Start(ctx, e, d, st{}, nil)
@@ -142,15 +143,15 @@ func TestPauseSleepingTimer(t *testing.T) {
 	}), nil)
 	require.NoError(t, e.Pause(ctx, s.ID, "hold the timer"))
 	// The timer falls due during the pause, and must not fire.
-	hold(t, 2*time.Second, "the timer does not fire while paused", func() bool {
+	testkit.Hold(t, 2*time.Second, "the timer does not fire while paused", func() bool {
 		in := get(t, e, s.ID)
-		return events(in, "timer_fired:nap") == 0 && v.count(t, s.ID, "after") == 0
+		return events(in, "timer_fired:nap") == 0 && v.fx.Count(t, s.ID, "after") == 0
 	})
 	require.NoError(t, e.Resume(ctx, s.ID, ""))
-	in := waitEnded(t, e, s.ID)
+	in := testkit.WaitEnded(t, e, s.ID)
 	require.Equal(t, saga.StatusCompleted, in.Status, sagatest.Describe(in))
 	require.Equal(t, 1, events(in, "timer_fired:nap"), sagatest.Describe(in))
-	require.Equal(t, 1, v.count(t, s.ID, "after"))
+	require.Equal(t, 1, v.fx.Count(t, s.ID, "after"))
 }
 
 // Pausing and resuming many times quickly loses and doubles nothing:
@@ -166,7 +167,7 @@ func TestPauseResumeFlapping(t *testing.T) {
 		name := fmt.Sprintf("s%d", i)
 		ss = append(ss, saga.Step[st]{Name: name, Action: func(ctx context.Context, run *saga.StepRun, s *st) error {
 			s.N++
-			return v.effect(ctx, run, name)
+			return v.fx.Record(ctx, run, name)
 		}})
 	}
 	d := saga.Define("p-flap", ss...)
@@ -208,12 +209,12 @@ func TestPauseResumeFlapping(t *testing.T) {
 		}
 	}
 	for _, id := range ids {
-		in := waitEnded(t, e, id)
+		in := testkit.WaitEnded(t, e, id)
 		require.Equal(t, saga.StatusCompleted, in.Status, sagatest.Describe(in))
 		var s st
 		require.NoError(t, in.DecodeState(&s))
 		require.Equal(t, 6, s.N)
-		c := v.counts(t, id)
+		c := v.fx.Counts(t, id)
 		for i := range 6 {
 			require.Equal(t, 1, c[fmt.Sprintf("s%d", i)], "saga %s effects %v", id, c)
 		}
@@ -231,7 +232,7 @@ func TestPauseEndedOrUnknownSaga(t *testing.T) {
 	e := v.engine(t, true, d)
 	s, err := saga.Start(ctx, e, d, st{}, nil)
 	require.NoError(t, err)
-	waitEnded(t, e, s.ID)
+	testkit.WaitEnded(t, e, s.ID)
 	err = e.Pause(ctx, s.ID, "late")
 	require.ErrorIs(t, err, saga.ErrNotRunning)
 	err = e.Pause(ctx, uuid.New(), "nobody")
@@ -292,7 +293,7 @@ func TestPauseTypeSecondTenant(t *testing.T) {
 	v1, v2 := newEnv(t), newEnv(t)
 	mk := func(v *env) *saga.Definition[st] {
 		return saga.Define("tenant", saga.Step[st]{Name: "a", Action: func(ctx context.Context, run *saga.StepRun, _ *st) error {
-			return v.effect(ctx, run, "a")
+			return v.fx.Record(ctx, run, "a")
 		}})
 	}
 	d1, d2 := mk(v1), mk(v2)
@@ -306,20 +307,20 @@ func TestPauseTypeSecondTenant(t *testing.T) {
 	require.NoError(t, err)
 	s1, err := saga.Start(ctx, e1, d1, st{}, nil)
 	require.NoError(t, err)
-	in2 := waitEnded(t, e2, s2.ID)
+	in2 := testkit.WaitEnded(t, e2, s2.ID)
 	require.Equal(t, saga.StatusCompleted, in2.Status)
 	types2, err := e2.PausedTypes(ctx)
 	require.NoError(t, err)
 	require.Empty(t, types2)
 
-	hold(t, time.Second, "tenant 1's saga stays held", func() bool { return v1.count(t, s1.ID, "a") == 0 })
+	testkit.Hold(t, time.Second, "tenant 1's saga stays held", func() bool { return v1.fx.Count(t, s1.ID, "a") == 0 })
 	in1 := get(t, e1, s1.ID)
 	require.NotNil(t, in1.Paused)
 	require.True(t, in1.Paused.Type)
 	ok, err := e1.ResumeType(ctx, "tenant")
 	require.NoError(t, err)
 	require.True(t, ok)
-	require.Equal(t, saga.StatusCompleted, waitEnded(t, e1, s1.ID).Status)
+	require.Equal(t, saga.StatusCompleted, testkit.WaitEnded(t, e1, s1.ID).Status)
 }
 
 // Engine.PauseType: "name need not be registered with this engine. It
@@ -373,7 +374,7 @@ func TestResumeOfSagaPausedByTypeOnly(t *testing.T) {
 	ctx := context.Background()
 	v := newEnv(t)
 	d := saga.Define("p-type", saga.Step[st]{Name: "a", Action: func(ctx context.Context, run *saga.StepRun, _ *st) error {
-		return v.effect(ctx, run, "a")
+		return v.fx.Record(ctx, run, "a")
 	}})
 	e := v.engine(t, true, d)
 	_, err := e.PauseType(ctx, "p-type", "deploy")
@@ -394,23 +395,23 @@ func TestResumeOfSagaPausedByTypeOnly(t *testing.T) {
 	// Resume of the type-paused saga does not run it (Resume: "an error
 	// wrapping ErrNotReplayable for a saga that is not failed").
 	require.ErrorIs(t, e.Resume(ctx, byType.ID, "try"), saga.ErrNotReplayable)
-	hold(t, time.Second, "the type-paused saga stays held after Resume", func() bool {
-		return v.count(t, byType.ID, "a") == 0
+	testkit.Hold(t, time.Second, "the type-paused saga stays held after Resume", func() bool {
+		return v.fx.Count(t, byType.ID, "a") == 0
 	})
 	ok, err := e.ResumeType(ctx, "p-type")
 	require.NoError(t, err)
 	require.True(t, ok)
-	require.Equal(t, saga.StatusCompleted, waitEnded(t, e, byType.ID).Status)
-	hold(t, time.Second, "a saga paused on its own stays paused", func() bool {
-		return v.count(t, own.ID, "a") == 0
+	require.Equal(t, saga.StatusCompleted, testkit.WaitEnded(t, e, byType.ID).Status)
+	testkit.Hold(t, time.Second, "a saga paused on its own stays paused", func() bool {
+		return v.fx.Count(t, own.ID, "a") == 0
 	})
 	in = get(t, e, own.ID)
 	require.NotNil(t, in.Paused)
 	require.False(t, in.Paused.Type)
 	require.NoError(t, e.Resume(ctx, own.ID, "now"))
-	require.Equal(t, saga.StatusCompleted, waitEnded(t, e, own.ID).Status)
-	require.Equal(t, 1, v.count(t, own.ID, "a"))
-	require.Equal(t, 1, v.count(t, byType.ID, "a"))
+	require.Equal(t, saga.StatusCompleted, testkit.WaitEnded(t, e, own.ID).Status)
+	require.Equal(t, 1, v.fx.Count(t, own.ID, "a"))
+	require.Equal(t, 1, v.fx.Count(t, byType.ID, "a"))
 }
 
 // Step.PauseWhenExhausted: "pauses the saga for an operator when Action's
@@ -426,8 +427,8 @@ func TestPauseWhenExhausted(t *testing.T) {
 	attempts := map[int]int{}
 	quick := &saga.RetryPolicy{MaxAttempts: 2, Backoff: func(int) time.Duration { return 10 * time.Millisecond }}
 	d := saga.Define("p-exhaust",
-		saga.Step[st]{Name: "a", Action: func(ctx context.Context, run *saga.StepRun, _ *st) error { return v.effect(ctx, run, "a") },
-			Compensate: func(ctx context.Context, run *saga.StepRun, _ *st) error { return v.effect(ctx, run, "undo-a") }},
+		saga.Step[st]{Name: "a", Action: func(ctx context.Context, run *saga.StepRun, _ *st) error { return v.fx.Record(ctx, run, "a") },
+			Compensate: func(ctx context.Context, run *saga.StepRun, _ *st) error { return v.fx.Record(ctx, run, "undo-a") }},
 		saga.Step[st]{Name: "flaky", Retry: quick, PauseWhenExhausted: true,
 			Action: func(ctx context.Context, run *saga.StepRun, s *st) error {
 				mu.Lock()
@@ -439,7 +440,7 @@ func TestPauseWhenExhausted(t *testing.T) {
 				if fail {
 					return errors.New("provider down")
 				}
-				return v.effect(ctx, run, "flaky")
+				return v.fx.Record(ctx, run, "flaky")
 			}})
 	e := v.engine(t, true, d)
 	s, err := saga.Start(ctx, e, d, st{}, nil)
@@ -453,23 +454,23 @@ func TestPauseWhenExhausted(t *testing.T) {
 	require.Equal(t, saga.StatusRunning, in.Status)
 	require.NotNil(t, in.LastError)
 	require.Contains(t, in.LastError.Message, "provider down")
-	hold(t, 500*time.Millisecond, "no compensation", func() bool { return v.count(t, s.ID, "undo-a") == 0 })
+	testkit.Hold(t, 500*time.Millisecond, "no compensation", func() bool { return v.fx.Count(t, s.ID, "undo-a") == 0 })
 
 	mu.Lock()
 	fail = false
 	mu.Unlock()
 	require.NoError(t, e.Resume(ctx, s.ID, "provider back"))
-	in = waitEnded(t, e, s.ID)
+	in = testkit.WaitEnded(t, e, s.ID)
 	require.Equal(t, saga.StatusCompleted, in.Status, sagatest.Describe(in))
 	mu.Lock()
 	require.Equal(t, 2, attempts[1], "Resume counts attempts afresh: attempt 1 ran again")
 	mu.Unlock()
-	require.Equal(t, map[string]int{"a": 1, "flaky": 1}, v.counts(t, s.ID))
+	require.Equal(t, map[string]int{"a": 1, "flaky": 1}, v.fx.Counts(t, s.ID))
 
 	// A permanent error still compensates.
 	p, err := saga.Start(ctx, e, d, st{Tag: "perm"}, nil)
 	require.NoError(t, err)
-	in = waitEnded(t, e, p.ID)
+	in = testkit.WaitEnded(t, e, p.ID)
 	require.Equal(t, saga.StatusCompensated, in.Status, sagatest.Describe(in))
-	require.Equal(t, 1, v.count(t, p.ID, "undo-a"))
+	require.Equal(t, 1, v.fx.Count(t, p.ID, "undo-a"))
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagaflow/sagaflow/internal/testkit"
 	"github.com/sagaflow/sagaflow/saga"
 	"github.com/sagaflow/sagaflow/sagatest"
 	"github.com/sagaflow/sagaflow/steps"
@@ -29,7 +30,7 @@ func orderV1(v *env, extra ...saga.Step[st]) *saga.Definition[st] {
 	rec := func(name string) saga.StepFunc[st] {
 		return func(ctx context.Context, run *saga.StepRun, s *st) error {
 			s.N++
-			return v.effect(ctx, run, "v1-"+name)
+			return v.fx.Record(ctx, run, "v1-"+name)
 		}
 	}
 	ss := []saga.Step[st]{{Name: "a", Action: rec("a")}, {Name: "b", Action: rec("b")}}
@@ -40,7 +41,7 @@ func orderV2(v *env) *saga.Definition[st2] {
 	rec := func(name string) saga.StepFunc[st2] {
 		return func(ctx context.Context, run *saga.StepRun, s *st2) error {
 			s.Count++
-			return v.effect(ctx, run, "v2-"+name)
+			return v.fx.Record(ctx, run, "v2-"+name)
 		}
 	}
 	return saga.Define("order",
@@ -83,15 +84,15 @@ func TestVersionsSideBySide(t *testing.T) {
 	require.Equal(t, map[int]int64{1: 1, 2: 2}, got)
 
 	e := v.engine(t, true, v1, v2)
-	in := waitEnded(t, e, a.ID)
+	in := testkit.WaitEnded(t, e, a.ID)
 	require.Equal(t, saga.StatusCompleted, in.Status, sagatest.Describe(in))
 	require.Equal(t, 1, in.DefinitionVersion)
-	require.Equal(t, map[string]int{"v1-a": 1, "v1-b": 1}, v.counts(t, a.ID))
+	require.Equal(t, map[string]int{"v1-a": 1, "v1-b": 1}, v.fx.Counts(t, a.ID))
 	for _, id := range []uuid.UUID{b.ID, b2.ID} {
-		in := waitEnded(t, e, id)
+		in := testkit.WaitEnded(t, e, id)
 		require.Equal(t, saga.StatusCompleted, in.Status, sagatest.Describe(in))
 		require.Equal(t, 2, in.DefinitionVersion)
-		require.Equal(t, map[string]int{"v2-a": 1, "v2-b": 1, "v2-d": 1}, v.counts(t, id))
+		require.Equal(t, map[string]int{"v2-a": 1, "v2-b": 1, "v2-d": 1}, v.fx.Counts(t, id))
 		var s st2
 		require.NoError(t, in.DecodeState(&s))
 		require.Equal(t, 3, s.Count)
@@ -139,11 +140,11 @@ func TestVersionsEngineWithoutOldVersion(t *testing.T) {
 	onlyV2 := v.engineWith(t, cfg, true, orderV2(v))
 	fresh, err := saga.Start(ctx, client, v2, st2{}, nil)
 	require.NoError(t, err)
-	require.Equal(t, saga.StatusCompleted, waitEnded(t, onlyV2, fresh.ID).Status, "nothing else waits")
+	require.Equal(t, saga.StatusCompleted, testkit.WaitEnded(t, onlyV2, fresh.ID).Status, "nothing else waits")
 
-	hold(t, 1500*time.Millisecond, "the v2-only engine neither runs nor parks the v1 saga", func() bool {
+	testkit.Hold(t, 1500*time.Millisecond, "the v2-only engine neither runs nor parks the v1 saga", func() bool {
 		in := get(t, client, old.ID)
-		return len(v.counts(t, old.ID)) == 0 && in.Status == saga.StatusRunning &&
+		return len(v.fx.Counts(t, old.ID)) == 0 && in.Status == saga.StatusRunning &&
 			events(in, saga.EventCommandParked) == 0
 	})
 	dead, err := client.DeadMessages(ctx, nil)
@@ -152,10 +153,10 @@ func TestVersionsEngineWithoutOldVersion(t *testing.T) {
 	require.Zero(t, onlyV2.Stats().Parked)
 
 	withV1 := v.engine(t, true, orderV1(v))
-	in := waitEnded(t, withV1, old.ID)
+	in := testkit.WaitEnded(t, withV1, old.ID)
 	require.Equal(t, saga.StatusCompleted, in.Status, sagatest.Describe(in))
 	require.Equal(t, 1, in.DefinitionVersion)
-	require.Equal(t, map[string]int{"v1-a": 1, "v1-b": 1}, v.counts(t, old.ID))
+	require.Equal(t, map[string]int{"v1-a": 1, "v1-b": 1}, v.fx.Counts(t, old.ID))
 }
 
 // doc.go "Versions": "[MigrateSagas] moves in-flight sagas to another
@@ -208,14 +209,14 @@ func TestMigrateDryRunMatchesRealRun(t *testing.T) {
 
 	e := v.engine(t, true, orderV2(v))
 	for i, id := range ids {
-		in := waitEnded(t, e, id)
+		in := testkit.WaitEnded(t, e, id)
 		require.Equal(t, saga.StatusCompleted, in.Status, sagatest.Describe(in))
 		require.Equal(t, 2, in.DefinitionVersion)
 		require.Equal(t, 1, events(in, saga.EventSagaMigrated))
 		var s st2
 		require.NoError(t, in.DecodeState(&s))
 		require.Equal(t, st2{Count: 10 + i + 3, Label: fmt.Sprint("t", i)}, s)
-		require.Equal(t, map[string]int{"v2-a": 1, "v2-b": 1, "v2-d": 1}, v.counts(t, id))
+		require.Equal(t, map[string]int{"v2-a": 1, "v2-b": 1, "v2-d": 1}, v.fx.Counts(t, id))
 	}
 }
 
@@ -273,8 +274,8 @@ func TestMigrateMapFailsPanicsOrInventsPosition(t *testing.T) {
 
 	// The saga still runs on v1.
 	e := v.engine(t, true, orderV1(v))
-	require.Equal(t, saga.StatusCompleted, waitEnded(t, e, s.ID).Status)
-	require.Equal(t, map[string]int{"v1-a": 1, "v1-b": 1}, v.counts(t, s.ID))
+	require.Equal(t, saga.StatusCompleted, testkit.WaitEnded(t, e, s.ID).Status)
+	require.Equal(t, map[string]int{"v1-a": 1, "v1-b": 1}, v.fx.Counts(t, s.ID))
 }
 
 // MigrateSagas: "A saga is skipped, with the reason in its SagaMove, when a
@@ -286,13 +287,13 @@ func TestMigrateSagaWhoseStepRuns(t *testing.T) {
 	g := newGate()
 	v1 := saga.Define("order",
 		saga.Step[st]{Name: "a", Action: func(ctx context.Context, run *saga.StepRun, _ *st) error {
-			if err := v.effect(ctx, run, "v1-a"); err != nil {
+			if err := v.fx.Record(ctx, run, "v1-a"); err != nil {
 				return err
 			}
 			return g.wait(ctx)
 		}},
 		saga.Step[st]{Name: "b", Action: func(ctx context.Context, run *saga.StepRun, _ *st) error {
-			return v.effect(ctx, run, "v1-b")
+			return v.fx.Record(ctx, run, "v1-b")
 		}})
 	v2 := orderV2(v)
 	e := v.engine(t, true, v1, v2)
@@ -311,10 +312,10 @@ func TestMigrateSagaWhoseStepRuns(t *testing.T) {
 		require.NotEmpty(t, res.Moves[0].Skipped)
 	}
 	close(g.release)
-	in := waitEnded(t, e, s.ID)
+	in := testkit.WaitEnded(t, e, s.ID)
 	require.Equal(t, saga.StatusCompleted, in.Status)
 	require.Equal(t, 1, in.DefinitionVersion)
-	require.Equal(t, map[string]int{"v1-a": 1, "v1-b": 1}, v.counts(t, s.ID))
+	require.Equal(t, map[string]int{"v1-a": 1, "v1-b": 1}, v.fx.Counts(t, s.ID))
 }
 
 // Migrating twice: the second time the saga "is not at m.From's version
@@ -350,9 +351,9 @@ func TestMigrateTwice(t *testing.T) {
 	require.Equal(t, before.Version, after.Version, "the second migration wrote nothing")
 	require.Equal(t, 1, events(after, saga.EventSagaMigrated))
 	e := v.engine(t, true, orderV2(v))
-	in := waitEnded(t, e, s.ID)
+	in := testkit.WaitEnded(t, e, s.ID)
 	require.Equal(t, saga.StatusCompleted, in.Status)
-	require.Equal(t, map[string]int{"v2-a": 1, "v2-b": 1, "v2-d": 1}, v.counts(t, s.ID))
+	require.Equal(t, map[string]int{"v2-a": 1, "v2-b": 1, "v2-d": 1}, v.fx.Counts(t, s.ID))
 }
 
 // SagaMove.KeyReused: "says that a step with that key committed before
@@ -405,13 +406,13 @@ func TestMigrateKeyReusedIsTruthful(t *testing.T) {
 	require.False(t, byID[ahead.ID].KeyReused, "%+v", byID[ahead.ID])
 
 	for _, id := range []uuid.UUID{back.ID, ahead.ID} {
-		in := waitEnded(t, e, id)
+		in := testkit.WaitEnded(t, e, id)
 		require.Equal(t, saga.StatusCompleted, in.Status, sagatest.Describe(in))
 		require.Equal(t, 2, in.DefinitionVersion)
 	}
 	// back: b is not run again (v1-b once, v2-b never), then d runs.
-	require.Equal(t, map[string]int{"v1-a": 1, "v1-b": 1, "v2-d": 1}, v.counts(t, back.ID))
-	require.Equal(t, map[string]int{"v1-a": 1, "v1-b": 1, "v2-d": 1}, v.counts(t, ahead.ID))
+	require.Equal(t, map[string]int{"v1-a": 1, "v1-b": 1, "v2-d": 1}, v.fx.Counts(t, back.ID))
+	require.Equal(t, map[string]int{"v1-a": 1, "v1-b": 1, "v2-d": 1}, v.fx.Counts(t, ahead.ID))
 
 	// The history entry has both versions and positions.
 	in := get(t, e, back.ID)
@@ -441,9 +442,9 @@ func TestVersionsOldVersionParkedAfterGraceThenRequeued(t *testing.T) {
 	cfg := v.config()
 	cfg.UnknownSagaGrace = time.Minute
 	onlyV2 := v.engineWith(t, cfg, true, orderV2(v))
-	require.NoError(t, sagatest.NewClock(v.pool, v.schema, onlyV2).Advance(ctx, 2*time.Minute))
+	require.NoError(t, sagatest.NewClock(v.Pool, v.Schema, onlyV2).Advance(ctx, 2*time.Minute))
 	var dead *saga.DeadMessagePage
-	eventually(t, 15*time.Second, "the v1 command is parked after the grace", func() bool {
+	testkit.WaitFor(t, 15*time.Second, "the v1 command is parked after the grace", func() bool {
 		dead, err = client.DeadMessages(ctx, nil)
 		require.NoError(t, err)
 		return len(dead.Messages) > 0
@@ -452,7 +453,7 @@ func TestVersionsOldVersionParkedAfterGraceThenRequeued(t *testing.T) {
 	require.NotNil(t, dead.Messages[0].SagaID)
 	require.Equal(t, old.ID, *dead.Messages[0].SagaID)
 	require.NotEmpty(t, dead.Messages[0].LastError)
-	require.Empty(t, v.counts(t, old.ID))
+	require.Empty(t, v.fx.Counts(t, old.ID))
 
 	// The v2-only engine is stopped first: while it runs it may claim the
 	// requeued command and park it again at once (FINDINGS.md, F3).
@@ -461,9 +462,9 @@ func TestVersionsOldVersionParkedAfterGraceThenRequeued(t *testing.T) {
 	rq, err := withV1.RequeueDead(ctx, &saga.RequeueOpts{MessageIDs: []uuid.UUID{dead.Messages[0].ID}})
 	require.NoError(t, err)
 	require.Len(t, rq.Messages, 1)
-	in := waitEnded(t, withV1, old.ID)
+	in := testkit.WaitEnded(t, withV1, old.ID)
 	require.Equal(t, saga.StatusCompleted, in.Status, sagatest.Describe(in))
-	require.Equal(t, map[string]int{"v1-a": 1, "v1-b": 1}, v.counts(t, old.ID))
+	require.Equal(t, map[string]int{"v1-a": 1, "v1-b": 1}, v.fx.Counts(t, old.ID))
 }
 
 // Migration.Map is user code. The docs say what an error does ("An error
@@ -507,9 +508,9 @@ func TestMigrateMapPanics(t *testing.T) {
 	// Whatever happened, each saga is on exactly one version and runs there.
 	e := v.engine(t, true, orderV1(v), orderV2(v))
 	for _, id := range []uuid.UUID{first.ID, second.ID} {
-		in := waitEnded(t, e, id)
+		in := testkit.WaitEnded(t, e, id)
 		require.Equal(t, saga.StatusCompleted, in.Status, sagatest.Describe(in))
-		c := v.counts(t, id)
+		c := v.fx.Counts(t, id)
 		if in.DefinitionVersion == 1 {
 			require.Equal(t, map[string]int{"v1-a": 1, "v1-b": 1}, c)
 		} else {
@@ -533,16 +534,16 @@ func TestMigrateMidParallelGroup(t *testing.T) {
 	mk := func(ver int, failB bool) *saga.Definition[st] {
 		return saga.Define("mid-group",
 			saga.Step[st]{Name: "grp", Parallel: &saga.Parallel[st]{Branches: []saga.Branch[st]{
-				{Name: "a", Action: func(ctx context.Context, run *saga.StepRun, _ st) (any, error) { return 1, v.effect(ctx, run, "a") }},
+				{Name: "a", Action: func(ctx context.Context, run *saga.StepRun, _ st) (any, error) { return 1, v.fx.Record(ctx, run, "a") }},
 				{Name: "b", Retry: &saga.RetryPolicy{MaxAttempts: 5, Backoff: func(int) time.Duration { return time.Hour }},
 					Action: func(ctx context.Context, run *saga.StepRun, _ st) (any, error) {
 						if failB {
 							return nil, errors.New("later")
 						}
-						return 2, v.effect(ctx, run, "b")
+						return 2, v.fx.Record(ctx, run, "b")
 					}},
 			}}},
-			saga.Step[st]{Name: "after", Action: func(ctx context.Context, run *saga.StepRun, _ *st) error { return v.effect(ctx, run, "after") }},
+			saga.Step[st]{Name: "after", Action: func(ctx context.Context, run *saga.StepRun, _ *st) error { return v.fx.Record(ctx, run, "after") }},
 		).WithVersion(ver)
 	}
 	v1 := mk(1, true)
@@ -551,7 +552,7 @@ func TestMigrateMidParallelGroup(t *testing.T) {
 	s, err := saga.Start(ctx, e1, v1, st{}, nil)
 	require.NoError(t, err)
 	sagatest.Wait(t, e1, s.ID, sagatest.Event("step_failed:grp.b"), nil)
-	eventually(t, 10*time.Second, "a completes", func() bool { return branchStatus(t, e1, s.ID)["a"].Status == "completed" })
+	testkit.WaitFor(t, 10*time.Second, "a completes", func() bool { return branchStatus(t, e1, s.ID)["a"].Status == "completed" })
 	res, err := saga.MigrateSagas(ctx, e1, saga.Migration[st, st]{From: v1, To: v2,
 		Map: func(_ context.Context, _ uuid.UUID, s *st, at saga.Position) (*st, saga.Position, error) {
 			return s, at, nil
