@@ -64,7 +64,8 @@ func (w *Wakes) Notify(n *Notifier) {
 }
 
 // NotifyNow sends, in one round trip on db, the notifications recorded in w;
-// nil w sends nothing.
+// nil w sends nothing. What it fails to send stays recorded, for a call
+// after it to send.
 func (w *Wakes) NotifyNow(ctx context.Context, db interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }) error {
@@ -83,6 +84,16 @@ func (w *Wakes) NotifyNow(ctx context.Context, db interface {
 		return nil
 	}
 	if _, err := db.Exec(ctx, `SELECT pg_notify(c, p) FROM unnest($1::text[], $2::text[]) AS n(c, p)`, channels, payloads); err != nil {
+		w.mu.Lock()
+		if w.channels == nil {
+			w.channels = map[string]string{}
+		}
+		for i, ch := range channels {
+			if _, ok := w.channels[ch]; !ok { // a wake recorded since is newer
+				w.channels[ch] = payloads[i]
+			}
+		}
+		w.mu.Unlock()
 		return fmt.Errorf("store: notify after the commit: %w", err)
 	}
 	return nil
