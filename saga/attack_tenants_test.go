@@ -213,6 +213,15 @@ func pauseTypeInOneTenant(t *testing.T, caseTwin bool) {
 	<-enteredB
 	l.upToNow(t) // forget the starts' notifications
 
+	// Names PostgreSQL could not store or index are refused, naming the
+	// input, before anything is written.
+	for _, bad := range []string{tenantName + "\x00", tenantName + "\xff", strings.Repeat("n", 10_000)} {
+		_, err := a.engine.PauseType(ctx, bad, "")
+		require.ErrorIs(t, err, saga.ErrInvalidInput)
+		require.ErrorContains(t, err, "saga name")
+	}
+	require.Zero(t, a.count(t, "SELECT count(*) FROM "+a.table("saga_pauses")))
+
 	paused, err := a.engine.PauseType(ctx, tenantName, "incident in tenant A")
 	require.NoError(t, err)
 	require.True(t, paused)
@@ -338,7 +347,7 @@ func TestPauseOfASagaIDInOneTenantLeavesTheSameIDInTheOther(t *testing.T) {
 	require.ErrorIs(t, b.engine.Resume(ctx, id, ""), saga.ErrNotReplayable)
 	require.Equal(t, 1, a.heldCommands(t, id))
 
-	require.NoError(t, a.engine.Resume(ctx, id, "over"))
+	require.NoError(t, a.engine.Resume(ctx, id, reason))
 	require.Equal(t, saga.StatusCompleted, a.waitTerminal(t, id).Status)
 	require.Equal(t, tenantSteps, a.effects(t, id))
 }
