@@ -1,7 +1,8 @@
 // Package testkit is the test plumbing shared by this repository's own
 // tests; it is for those tests only and promises nothing to anyone else
 // (users have the public package sagatest). It builds on [pgtest], which
-// finds the test database and gives each test an empty schema.
+// finds the test database and gives each test an empty schema. Since it
+// imports package saga, saga's own in-package tests cannot use it.
 //
 // # A schema
 //
@@ -20,7 +21,10 @@
 // definitions; [Start] starts one and stops it when the test ends, failing
 // the test if it does not stop cleanly.
 //
-//	func TestSomething(t *testing.T) {
+//	type order struct{ ID string }
+//
+//	func TestReserveOnce(t *testing.T) {
+//		ctx := context.Background()
 //		d := testkit.NewDB(t)
 //		fx := testkit.NewEffects(t, d)
 //		def := saga.Define("order", saga.Step[order]{Name: "reserve",
@@ -28,7 +32,7 @@
 //				return fx.Record(ctx, run, "reserve")
 //			}})
 //		e, _ := testkit.StartEngine(t, d.Pool, d.Config(), def)
-//		st, err := saga.Start(ctx, e, def, order{}, nil)
+//		st, err := saga.Start(ctx, e, def, order{ID: "o-1"}, nil)
 //		require.NoError(t, err)
 //		testkit.WaitEnded(t, e, st.ID)
 //		require.Equal(t, 1, fx.Count(t, st.ID, "reserve"))
