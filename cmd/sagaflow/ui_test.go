@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/sagaflow/sagaflow/internal/testkit"
 )
 
 // lockedBuffer is a writer the test reads while the command writes.
@@ -69,12 +71,8 @@ func TestUICommand(t *testing.T) {
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Contains(t, string(body), "read-only")
 	cancel()
-	select {
-	case code := <-done:
-		require.Equal(t, exitOK, code, stderr.String())
-	case <-time.After(30 * time.Second):
-		t.Fatal("ui did not stop when its context was cancelled")
-	}
+	code := testkit.Recv(t, done, 30*time.Second, "ui to stop when its context was cancelled")
+	require.Equal(t, exitOK, code, stderr.String())
 }
 
 func TestUICommandRefusesArguments(t *testing.T) {

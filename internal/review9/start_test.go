@@ -351,12 +351,7 @@ func heldKey(t *testing.T, commit, burst bool) {
 	} else {
 		require.NoError(t, tx.Rollback(ctx))
 	}
-	var r kres
-	select {
-	case r = <-kdone:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the start of K did not return within 10 s of the holder's end")
-	}
+	r := testkit.Recv(t, kdone, 10*time.Second, "the start of K to return after the holder's end")
 	t.Logf("start of K returned %s after the holder ended (%s after it began)", time.Since(tEnd).Round(time.Millisecond), r.took.Round(time.Millisecond))
 	require.NoError(t, r.err)
 	if commit {
