@@ -156,7 +156,7 @@ func TestStepIsNotChargedForEarlierWritesWaitingOnALock(t *testing.T) {
 	require.NoError(t, err)
 	b.start(t)
 	waitFor(t, 10*time.Second, func() bool {
-		return b.count(t, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE %saga_instances%'") > 0
+		return b.count(t, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%UPDATE %saga_instances%'") > 0
 	}, "the batch's write to wait on the lock")
 	time.Sleep(1500 * time.Millisecond) // hold it well past b's timeout + grace: the point of the test
 	require.NoError(t, holder.Rollback(ctx))
