@@ -171,7 +171,9 @@ type Execer interface {
 // a WAL flush, so many small transactions that each write an outbox row
 // commit one after the other. If wake is not called (the transaction rolled
 // back, or the process died after the commit), the relay and the engines
-// find the rows at their next poll.
+// find the rows at their next poll. A wake that fails (its context ended,
+// the connection broke) keeps what it did not send: calling it again sends
+// it.
 //
 //	ctx, wake := outbox.WakeAfterCommit(ctx)
 //	tx, err := pool.Begin(ctx)

@@ -59,7 +59,9 @@ func pauseInfo(p *store.Pause) *PauseInfo {
 // [ErrNotRunning] for a saga that has ended.
 //
 // Pause works whatever engine runs the saga, and from an operator tool's
-// engine that registered no definitions.
+// engine that registered no definitions. The reason is stored as text
+// PostgreSQL accepts: a NUL becomes the two characters \0, invalid UTF-8
+// becomes U+FFFD, and it is cut to at most 2000 bytes.
 func (e *Engine) Pause(ctx context.Context, id uuid.UUID, reason string) error {
 	if err := e.ready("Engine.Pause"); err != nil {
 		return err
