@@ -1343,3 +1343,175 @@ func TestRescueExhaustionKeepsStepRules(t *testing.T) {
 		})
 	}
 }
+
+// Two engines recheck the same sagas at once: each saga is rechecked once
+// in all (Rechecked is not double counted) and no deadline moves.
+func TestConcurrentRechecks(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	const n = 30
+	def := saga.Define("rc", e.local("s1", 10*time.Second))
+	cfg := e.cfg(5 * time.Second)
+	e1 := testkit.NewEngine(t, e.Pool, cfg, def)
+	e2 := testkit.NewEngine(t, e.Pool, cfg, def)
+	var ids []uuid.UUID
+	before := map[uuid.UUID]time.Time{}
+	for i := 0; i < n; i++ {
+		st, err := saga.Start(ctx, e1, def, order{N: i}, nil)
+		require.NoError(t, err)
+		ids = append(ids, st.ID)
+	}
+	require.NoError(t, e.clk.Advance(ctx, 12*time.Second))
+	for _, id := range ids {
+		before[id] = *e.read(t, id).deadline
+	}
+	var mu sync.Mutex
+	var total saga.RescueResult
+	var wg sync.WaitGroup
+	for _, g := range []*saga.Engine{e1, e2, e1, e2} {
+		wg.Add(1)
+		go func(g *saga.Engine) {
+			defer wg.Done()
+			res, err := g.RescueNow(ctx)
+			if err != nil {
+				t.Errorf("RescueNow: %v", err)
+				return
+			}
+			mu.Lock()
+			total.Rechecked += res.Rechecked
+			total.Redriven += res.Redriven
+			total.Waiting += res.Waiting
+			mu.Unlock()
+		}(g)
+	}
+	wg.Wait()
+	require.Equal(t, n, total.Rechecked, "%+v", total)
+	require.Equal(t, 0, total.Redriven+total.Waiting, "%+v", total)
+	for _, id := range ids {
+		r := e.read(t, id)
+		require.WithinDuration(t, before[id], *r.deadline, time.Millisecond, "a recheck moved the deadline: %s", r)
+		require.WithinDuration(t, *r.deadline, *r.check, time.Millisecond, "next_check_at moved up to due_at: %s", r)
+	}
+}
+
+// Kafka mode: a step command published to the bus and never consumed (the
+// reader delivers nothing) is lost; the rescuer re-drives it after the
+// deadline, not before, and writes it to the outbox again.
+func TestKafkaModeLostPublishedCommand(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	const T, slack = 2 * time.Second, time.Second
+	def := saga.Define("km", e.local("s1", T))
+	cfg := e.cfg(slack)
+	cfg.Kafka = &saga.KafkaConfig{AllSteps: true, NewReader: newSilentReader}
+	eng, _ := testkit.StartEngine(t, e.Pool, cfg, def)
+	st, err := saga.Start(ctx, eng, def, order{}, nil)
+	require.NoError(t, err)
+	require.Equal(t, 1, e.publishRelayRows(t, st.ID), "Kafka mode writes the command as a relay row")
+	e.stepToRescue(t, eng, st.ID, 200*time.Millisecond, 20*time.Second)
+	require.Equal(t, 1, e.Count(t, `SELECT count(*) FROM `+e.Table("outbox")+` WHERE saga_id = $1 AND status = 'pending' AND delivery = 'relay'`, st.ID),
+		"the re-drive writes the command for the relay again")
+	r := e.read(t, st.ID)
+	require.Equal(t, 1, r.attempt)
+	require.Equal(t, "running", r.status)
+}
+
+// A parallel group's saga row has no deadline; a branch is "a step of its
+// own". When a branch's command is lost, is the saga left behind?
+// Guarantee 9: "Every running saga has a deadline ... The rescuer finds
+// sagas past the deadline: ... one whose command was lost is re-driven".
+func TestLostBranchCommand(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	branch := func(name string) saga.Branch[order] {
+		return saga.Branch[order]{Name: name, Timeout: time.Second,
+			Action: func(ctx context.Context, run *saga.StepRun, _ order) (any, error) {
+				return nil, e.fx.Record(ctx, run, name)
+			}}
+	}
+	def := saga.Define("lostbranch",
+		saga.Step[order]{Name: "fan", Timeout: time.Second, Parallel: &saga.Parallel[order]{Branches: []saga.Branch[order]{branch("b1"), branch("b2")}}},
+		e.local("s2", time.Second))
+	eng, _ := testkit.StartEngine(t, e.Pool, e.cfg(time.Second), def)
+	e.loseNext(t, "%/fan.b2/forward/%", 0, 1)
+	st, err := saga.Start(ctx, eng, def, order{}, nil)
+	require.NoError(t, err)
+	waitFor(t, "b2's command lost and b1 done", func() bool {
+		return e.dropped(t, "%/fan.b2/forward/%") == 1 && e.fx.Count(t, st.ID, "b1") == 1
+	})
+	r := e.read(t, st.ID)
+	require.Equal(t, 0, e.pendingCommands(t, st.ID), "b2's command is gone: %s", r)
+	// A day passes; the rescuer runs.
+	for i := 0; i < 4; i++ {
+		require.NoError(t, e.clk.Advance(ctx, 6*time.Hour))
+		_, err := eng.RescueNow(ctx)
+		require.NoError(t, err)
+	}
+	in, err := eng.Get(ctx, st.ID)
+	require.NoError(t, err)
+	branches, err := eng.Branches(ctx, st.ID)
+	require.NoError(t, err)
+	r = e.read(t, st.ID)
+	require.Truef(t, in.EndedAt != nil || e.fx.Count(t, st.ID, "b2") == 1 || e.pendingCommands(t, st.ID) > 0,
+		"a day after a branch's command was lost the saga is still waiting for it with nothing to wake it and no deadline: %s, branches %+v", r, branches)
+}
+
+// A saga waiting for a signal without a time limit has no deadline "as
+// what it waits for wakes it". The signal's wake-up is a command: when it
+// is lost, is the saga left behind with its signal pending?
+func TestLostSignalWakeUp(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	def := saga.Define("lostwake", e.local("s1", time.Second),
+		saga.Step[order]{Name: "await", Timeout: time.Second, Wait: saga.OnSignal("go", func(context.Context, *saga.StepRun, *order, struct{}) error { return nil })},
+		e.local("s3", time.Second))
+	eng, _ := testkit.StartEngine(t, e.Pool, e.cfg(time.Second), def)
+	st, err := saga.Start(ctx, eng, def, order{}, nil)
+	require.NoError(t, err)
+	waitFor(t, "the signal wait", func() bool {
+		r := e.read(t, st.ID)
+		return r.waitKind != nil && *r.waitKind == "signal" && e.pendingCommands(t, st.ID) == 0
+	})
+	e.loseNext(t, "type:sagaflow.wake", 0, 1)
+	_, err = eng.Signal(ctx, saga.Signal{SagaID: st.ID, Name: "go", Payload: struct{}{}})
+	require.NoError(t, err)
+	waitFor(t, "the wake-up lost", func() bool { return e.dropped(t, "type:sagaflow.wake") == 1 })
+	for i := 0; i < 4; i++ {
+		require.NoError(t, e.clk.Advance(ctx, 6*time.Hour))
+		_, err := eng.RescueNow(ctx)
+		require.NoError(t, err)
+	}
+	r := e.read(t, st.ID)
+	sigs, err := eng.Signals(ctx, st.ID)
+	require.NoError(t, err)
+	require.Truef(t, e.fx.Count(t, st.ID, "s3") == 1 || e.pendingCommands(t, st.ID) > 0,
+		"a day after its signal's wake-up was lost the saga still waits, with no deadline, its signal pending: %s, signals %+v", r, sigs)
+}
+
+// The same for a child wait without a time limit: the child's end wakes the
+// parent with a command; when that command is lost, is the parent left
+// behind?
+func TestLostChildWakeUp(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	child := saga.Define("kid", e.local("k1", time.Second))
+	parent := saga.Define("parent", e.local("s1", time.Second),
+		saga.Step[order]{Name: "spawn", Timeout: time.Second, Wait: saga.Child(child,
+			func(context.Context, *saga.StepRun, *order) (order, *saga.StartOpts, error) { return order{N: 7}, nil, nil },
+			func(context.Context, *saga.StepRun, *order, order) error { return nil })},
+		e.local("s3", time.Second))
+	eng, _ := testkit.StartEngine(t, e.Pool, e.cfg(time.Second), parent, child)
+	e.loseNext(t, "type:sagaflow.wake", 0, 1)
+	st, err := saga.Start(ctx, eng, parent, order{}, nil)
+	require.NoError(t, err)
+	waitFor(t, "the child's wake-up lost", func() bool { return e.dropped(t, "type:sagaflow.wake") == 1 })
+	for i := 0; i < 4; i++ {
+		require.NoError(t, e.clk.Advance(ctx, 6*time.Hour))
+		_, err := eng.RescueNow(ctx)
+		require.NoError(t, err)
+	}
+	r := e.read(t, st.ID)
+	kids := e.Count(t, `SELECT count(*) FROM `+e.Table("saga_instances")+` WHERE parent_id = $1 AND status = 'completed'`, st.ID)
+	require.Truef(t, e.fx.Count(t, st.ID, "s3") == 1 || e.pendingCommands(t, st.ID) > 0,
+		"a day after its completed child's (%d) wake-up was lost the parent still waits, with no deadline: %s", kids, r)
+}

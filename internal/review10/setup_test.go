@@ -53,8 +53,8 @@ func (e *env) cfg(slack time.Duration) *saga.Config {
 }
 
 // installLoss creates the table "lose" and a trigger that deletes, right
-// after its insert, an outbox row whose step_key is LIKE a pattern of the
-// table (after skipping "skip" matches, at most "drop" rows): a command
+// after its insert, an outbox row of a saga whose step_key is LIKE a
+// pattern of the table (or whose type is the pattern's after "type:") (after skipping "skip" matches, at most "drop" rows): a command
 // lost at a chosen step, as an operator's DELETE or a bug would lose it.
 func (e *env) installLoss(t *testing.T) {
 	t.Helper()
@@ -66,7 +66,7 @@ func (e *env) installLoss(t *testing.T) {
 	_, err = e.Pool.Exec(ctx, `CREATE FUNCTION `+fn+`() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE p text;
 BEGIN
-    SELECT l.pattern INTO p FROM `+lose+` l WHERE NEW.step_key LIKE l.pattern FOR UPDATE;
+    SELECT l.pattern INTO p FROM `+lose+` l WHERE NEW.step_key LIKE l.pattern OR 'type:' || NEW.type = l.pattern FOR UPDATE;
     IF NOT FOUND THEN RETURN NULL; END IF;
     UPDATE `+lose+` SET skip = skip - 1 WHERE pattern = p AND skip > 0;
     IF FOUND THEN RETURN NULL; END IF;
@@ -75,7 +75,7 @@ BEGIN
     RETURN NULL;
 END $$`)
 	require.NoError(t, err)
-	_, err = e.Pool.Exec(ctx, `CREATE TRIGGER review10_lose AFTER INSERT ON `+out+` FOR EACH ROW WHEN (NEW.step_key IS NOT NULL) EXECUTE FUNCTION `+fn+`()`)
+	_, err = e.Pool.Exec(ctx, `CREATE TRIGGER review10_lose AFTER INSERT ON `+out+` FOR EACH ROW WHEN (NEW.saga_id IS NOT NULL) EXECUTE FUNCTION `+fn+`()`)
 	require.NoError(t, err)
 }
 
