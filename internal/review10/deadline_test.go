@@ -1497,7 +1497,9 @@ func TestLostChildWakeUp(t *testing.T) {
 	child := saga.Define("kid", e.local("k1", time.Second))
 	parent := saga.Define("parent", e.local("s1", time.Second),
 		saga.Step[order]{Name: "spawn", Timeout: time.Second, Wait: saga.Child(child,
-			func(context.Context, *saga.StepRun, *order) (order, *saga.StartOpts, error) { return order{N: 7}, nil, nil },
+			func(context.Context, *saga.StepRun, *order) (order, *saga.StartOpts, error) {
+				return order{N: 7}, nil, nil
+			},
 			func(context.Context, *saga.StepRun, *order, order) error { return nil })},
 		e.local("s3", time.Second))
 	eng, _ := testkit.StartEngine(t, e.Pool, e.cfg(time.Second), parent, child)
