@@ -1517,3 +1517,26 @@ func TestLostChildWakeUp(t *testing.T) {
 	require.Truef(t, e.fx.Count(t, st.ID, "s3") == 1 || e.pendingCommands(t, st.ID) > 0,
 		"a day after its completed child's (%d) wake-up was lost the parent still waits, with no deadline: %s", kids, r)
 }
+
+// Rows written before migration 013 have due_at NULL: "their deadline is
+// next_check_at, as it was". A lost command of such a saga is rescued at
+// next_check_at, without a recheck, and not before.
+func TestPre013Rows(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	def := saga.Define("old", e.local("s1", time.Second))
+	client := testkit.NewEngine(t, e.Pool, e.cfg(time.Second), def)
+	st, err := saga.Start(ctx, client, def, order{}, nil)
+	require.NoError(t, err)
+	_, err = e.Pool.Exec(ctx, `UPDATE `+e.Table("saga_instances")+` SET due_at = NULL, next_check_at = clock_timestamp() + interval '5 seconds' WHERE id = $1`, st.ID)
+	require.NoError(t, err)
+	require.Equal(t, 1, e.deleteCommands(t, st.ID))
+	r := e.read(t, st.ID)
+	require.WithinDuration(t, *r.check, *r.deadline, time.Millisecond)
+	advanced, _ := e.stepToRescue(t, client, st.ID, 250*time.Millisecond, 20*time.Second)
+	within(t, "time to the rescue of a pre-013 row", advanced, 4500*time.Millisecond, 5500*time.Millisecond)
+	testkit.Start(t, client)
+	in := testkit.WaitEnded(t, client, st.ID)
+	require.Equal(t, saga.StatusCompleted, in.Status)
+	require.Equal(t, 1, e.fx.Count(t, st.ID, "s1"))
+}
