@@ -3,7 +3,8 @@
 --
 -- next_check_at, indexed for the rescuer, becomes a lower bound: the rescuer
 -- looks at a saga once it has passed. due_at, not indexed, may hold a later
--- deadline. The deadline is greatest(next_check_at, due_at) (NULLs ignored).
+-- deadline. The deadline is greatest(next_check_at, due_at), and there is none
+-- when next_check_at is NULL (a wait without a time limit, a concurrency slot).
 -- A step's transition writes its deadline to due_at and lowers next_check_at
 -- only when the new deadline is earlier, so that a step that pushes the
 -- deadline later changes no indexed column and PostgreSQL updates the row in

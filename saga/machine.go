@@ -590,8 +590,14 @@ func (m machine) rescue(s *store.StuckSaga, def *compiled) rescueDecision {
 	rescued := store.HistoryEntry{SagaID: s.ID, Event: EventSagaRescued, StepName: s.StepName,
 		Direction: s.Direction, Epoch: s.Epoch, Attempt: attempt, Detail: detail}
 	if attempt >= def.policy(idx, dir).MaxAttempts && !(dir == steps.Forward && def.steps[idx].retriable) {
-		d := m.failure(&s.Saga, def, idx, dir, attempt,
-			steps.Permanent(steps.WithCode(CodeRescueExhausted, errors.New(reason))), 0)
+		err := steps.WithCode(CodeRescueExhausted, errors.New(reason))
+		if dir != steps.Forward || !def.steps[idx].pauseExhausted {
+			// A step with PauseWhenExhausted pauses instead, as when its
+			// last attempt fails (found by review10: the rescuer
+			// compensated it).
+			err = steps.Permanent(err)
+		}
+		d := m.failure(&s.Saga, def, idx, dir, attempt, err, 0)
 		d.tr.History = append([]store.HistoryEntry{rescued}, d.tr.History...)
 		return rescueDecision{action: rescueFailOver, d: d}
 	}

@@ -21,7 +21,8 @@ type RescueResult struct {
 	// same step-scoped key.
 	Redriven int
 	// FailedOver sagas had spent their attempts: they now compensate (or,
-	// if they were compensating, are failed).
+	// if they were compensating, are failed; or, at a step with
+	// PauseWhenExhausted, are paused).
 	FailedOver int
 	// Waiting sagas still had their command pending in the queue (workers
 	// down or busy): their deadline was moved, no attempt spent.

@@ -310,19 +310,31 @@ type statements struct {
 const maxHistoryRows = 4
 
 // sagaColumnList names the columns a [Saga] is read from. The deadline is
-// read as greatest(next_check_at, due_at) (see [prefixColumns]).
+// read as [deadlineOf] (see [prefixColumns]).
 const sagaColumnList = `id, saga_name, business_key, status, step_index, step_name, direction, epoch, attempt,
 	state, version, next_check_at, command_id, awaiting_reply, last_error, last_error_code, failed_step, created_at, updated_at, ended_at,
 	wait_kind, wait_for, wait_until, deadline_at, parent_id, parent_name, parent_key, trace_context, def_version, parent_version`
 
+// deadlineOf is a saga's rescue deadline, from the table aliased p ("s."
+// say, or ""): the later of next_check_at and due_at, and none when
+// next_check_at is NULL (a saga that waits without a time limit, or for a
+// concurrency slot). See migration 013.
+func deadlineOf(p string) string {
+	return "CASE WHEN " + p + "next_check_at IS NOT NULL THEN greatest(" + p + "next_check_at, " + p + "due_at) END"
+}
+
 // newDeadline is the deadline a transition gives a saga that goes on (see
 // updateSaga): exactly $10 from now for a reply timeout ($17); else the
-// current deadline when it is at least $10 away; else $10 plus the room
-// ($11) from now.
-const newDeadline = `CASE
+// current deadline when it is at least $10 and at most $10 plus twice the
+// room ($11) away; else $10 plus the room from now. The upper bound keeps
+// the promise that a lost command is found at most its step's timeout plus
+// twice the room after it was written, also after a step with a longer
+// timeout (found by review10).
+var newDeadline = `CASE
 				WHEN $17 THEN clock_timestamp() + $10 * interval '1 microsecond'
-				WHEN greatest(next_check_at, due_at) >= clock_timestamp() + $10 * interval '1 microsecond'
-					THEN greatest(next_check_at, due_at)
+				WHEN ` + deadlineOf("") + ` BETWEEN clock_timestamp() + $10 * interval '1 microsecond'
+						AND clock_timestamp() + ($10 + 2 * $11) * interval '1 microsecond'
+					THEN ` + deadlineOf("") + `
 				ELSE clock_timestamp() + ($10 + $11) * interval '1 microsecond' END`
 
 // historyRows and messageRows expand parallel arrays into rows, so one
@@ -612,14 +624,13 @@ func transitionOneSQL(s, update string, hist int, inbox, msg bool) string {
 var sagaColumns = prefixColumns("")
 
 // prefixColumns is the select list of a [Saga] from the table aliased p
-// ("s." say). A saga's deadline is the later of next_check_at and due_at
-// (migration 013).
+// ("s." say). A saga's deadline is read as [deadlineOf].
 func prefixColumns(p string) string {
 	cols := strings.Split(sagaColumnList, ",")
 	for i, c := range cols {
 		c = strings.TrimSpace(c)
 		if c == "next_check_at" {
-			cols[i] = "greatest(" + p + "next_check_at, " + p + "due_at)"
+			cols[i] = deadlineOf(p)
 			continue
 		}
 		cols[i] = p + c
