@@ -122,6 +122,10 @@
 //     the saga: its update is guarded on the version it read. A saga that
 //     waits ([Wait]) counts as healthy until its wait's end; one that waits
 //     without a time limit has no deadline, as what it waits for wakes it.
+//     If that wake-up is lost (deleted, or parked as dead), the rescuer sends
+//     another once the signal has been pending, or the child ended, for
+//     RescueSlack ([RescueResult].Woken). Not covered yet: a parallel
+//     group's branch whose command is lost leaves its saga waiting.
 //
 //  10. Cancel lands. [Engine.Cancel] and [Engine.RequestCancel] record a
 //     request that is durable until applied ([EventCancelRequested]). It

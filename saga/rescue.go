@@ -2,6 +2,7 @@ package saga
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -40,6 +41,11 @@ type RescueResult struct {
 	// that wrote them held): they are due again, as [Engine.Resume] makes
 	// them.
 	Released int
+	// Woken sagas waited without a time limit for something that had
+	// happened (a signal pending, a child ended) more than RescueSlack
+	// before, without moving: their wake-up had been lost (deleted, or
+	// parked as dead). Each was sent a new one.
+	Woken int
 	// Rechecked sagas were looked at before their deadline: a step had
 	// moved the deadline later without moving the rescuer's indexed lower
 	// bound. Their next check was moved to the deadline; nothing else.
@@ -83,10 +89,61 @@ func (e *Engine) RescueNow(ctx context.Context) (RescueResult, error) {
 		changed := res.Redriven+res.FailedOver+res.Waiting+res.Busy+res.Superseded >
 			before.Redriven+before.FailedOver+before.Waiting+before.Busy+before.Superseded
 		if n < e.cfg.RescueBatch || !changed {
+			if err := e.resendWakes(ctx, names, &res); err != nil {
+				return res, err
+			}
 			err := e.enforceDeadlines(ctx, names, &res)
 			return res, err
 		}
 	}
+}
+
+// resendWakes sends a new wake-up to the sagas that wait without a time
+// limit (so without a deadline) for a signal that is pending, or a child
+// that has ended, since more than RescueSlack ago, and have not moved since:
+// their wake-up was lost. The saga's updated_at moves with it, so a saga is
+// woken at most once per RescueSlack; a wake-up that finds the saga moved on
+// does nothing.
+func (e *Engine) resendWakes(ctx context.Context, names []string, res *RescueResult) error {
+	sagas, err := e.st.WaitsReady(ctx, e.pool, names, e.cfg.RescueSlack, e.cfg.RescueBatch)
+	if err != nil {
+		return fmt.Errorf("saga: rescue: %w", err)
+	}
+	for i := range sagas {
+		sg := &sagas[i]
+		woken := false
+		err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			ok, err := e.st.TouchSaga(ctx, tx, sg.ID, sg.Version)
+			if err != nil || !ok {
+				return err // moved on since it was read: nothing to do
+			}
+			detail, _ := json.Marshal(map[string]string{"reason": fmt.Sprintf(
+				"what the saga waits for (%s) has happened, and its wake-up was lost; woken again", deref(sg.WaitKind))})
+			if err := e.st.InsertHistory(ctx, tx, &store.HistoryEntry{SagaID: sg.ID, Event: EventSagaRescued, StepName: sg.StepName,
+				Direction: sg.Direction, Epoch: sg.Epoch, Attempt: sg.Attempt, Detail: detail}); err != nil {
+				return err
+			}
+			msg := e.nudgeMessage(sg, wakeType)
+			if err := e.st.InsertMessage(ctx, tx, &msg); err != nil {
+				return err
+			}
+			woken = true
+			return e.st.Notify(ctx, tx, e.cfg.CommandTopic)
+		})
+		switch {
+		case err == nil:
+			if woken {
+				res.Woken++
+			}
+		case ctx.Err() != nil:
+			return ctx.Err()
+		default:
+			// One saga's trouble must not hold back the others.
+			e.log.ErrorContext(ctx, "sagaflow could not wake a saga whose wake-up was lost", slog.String("saga_id", sg.ID.String()),
+				slog.Any("error", err))
+		}
+	}
+	return nil
 }
 
 // raiseChecksPasses bounds the statements of one [Engine.raiseChecks].

@@ -287,3 +287,57 @@ func TestRescuerWaitsForTheDeadlineNotItsLowerBound(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, saga.RescueResult{Redriven: 1}, res)
 }
+
+// A saga that waits for a signal without a time limit has no deadline. When
+// the signal's wake-up is lost (deleted here; parked as dead during a
+// rolling deploy), the rescuer wakes it again once the signal has waited
+// RescueSlack, at most once per RescueSlack, and leaves a saga whose
+// signal has not come alone (found by review10, F1).
+func TestRescuerWakesAWaitWhoseWakeUpWasLost(t *testing.T) {
+	t.Parallel()
+	const slack = 300 * time.Millisecond
+	b := setup(t, &saga.Config{RescueSlack: slack})
+	def := saga.Define("lostwake",
+		saga.Step[order]{Name: "wait", Wait: saga.OnSignal("go", func(context.Context, *saga.StepRun, *order, struct{}) error { return nil })},
+		saga.Step[order]{Name: "after", Action: func(ctx context.Context, run *saga.StepRun, _ *order) error {
+			return recordEffect(ctx, run, b.schema)
+		}},
+	)
+	require.NoError(t, b.engine.Register(def))
+	ctx := context.Background()
+	lost, err := saga.Start(ctx, b.engine, def, order{}, nil)
+	require.NoError(t, err)
+	quiet, err := saga.Start(ctx, b.engine, def, order{}, nil)
+	require.NoError(t, err)
+	b.start(t)
+	waiting := func(id uuid.UUID) bool {
+		return b.count(t, "SELECT count(*) FROM "+b.table("saga_instances")+" WHERE id = $1 AND wait_kind = 'signal'", id) == 1 &&
+			b.count(t, "SELECT count(*) FROM "+b.table("outbox")+" WHERE saga_id = $1 AND status = 'pending'", id) == 0
+	}
+	waitFor(t, 10*time.Second, func() bool { return waiting(lost.ID) && waiting(quiet.ID) }, "both sagas to wait")
+
+	// The signal's wake-up is lost before an engine takes it.
+	require.NoError(t, b.engine.Stop(ctx))
+	_, err = b.engine.Signal(ctx, saga.Signal{SagaID: lost.ID, Name: "go", Payload: struct{}{}})
+	require.NoError(t, err)
+	b.deleteCommands(t, lost.ID)
+
+	res, err := b.engine.RescueNow(ctx)
+	require.NoError(t, err)
+	require.Zero(t, res.Woken, "the signal has not waited RescueSlack yet")
+	time.Sleep(slack + 100*time.Millisecond)
+	res, err = b.engine.RescueNow(ctx)
+	require.NoError(t, err)
+	require.Equal(t, saga.RescueResult{Woken: 1}, res)
+	res, err = b.engine.RescueNow(ctx)
+	require.NoError(t, err)
+	require.Zero(t, res.Woken, "woken at most once per RescueSlack")
+	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM "+b.table("outbox")+" WHERE saga_id = $1 AND status = 'pending'", lost.ID))
+
+	b.start(t)
+	in := b.waitTerminal(t, lost.ID)
+	require.Equal(t, saga.StatusCompleted, in.Status)
+	require.Equal(t, []string{"after/forward"}, b.effects(t, lost.ID))
+	require.True(t, waiting(quiet.ID), "the saga whose signal has not come still waits, and was not woken")
+	require.Zero(t, b.count(t, "SELECT count(*) FROM "+b.table("saga_history")+" WHERE saga_id = $1 AND event = 'saga_rescued'", quiet.ID))
+}

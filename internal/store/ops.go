@@ -16,7 +16,7 @@ import (
 // opsStatements are the statements of the scheduler, retention and
 // operator tools.
 type opsStatements struct {
-	stuck, raiseChecks, deleteOutbox, deleteInbox, deleteSagas, outboxStatus, extendDeadline string
+	stuck, raiseChecks, waitsReady, touchSaga, deleteOutbox, deleteInbox, deleteSagas, outboxStatus, extendDeadline string
 }
 
 func newOpsStatements(s string) opsStatements {
@@ -44,6 +44,25 @@ func newOpsStatements(s string) opsStatements {
 				WHERE status IN ('running', 'compensating') AND next_check_at < now() AND due_at >= now()
 				ORDER BY next_check_at LIMIT $1 FOR NO KEY UPDATE SKIP LOCKED) e
 			WHERE u.id = e.id AND u.due_at > u.next_check_at`,
+		// Sagas that wait without a time limit (no deadline) for what has
+		// happened more than $2 ago, and have not moved since: a signal of
+		// the name they wait for is pending, or the child they wait for has
+		// ended. Their wake-up was lost (deleted, or parked as dead).
+		waitsReady: `SELECT ` + prefixColumns("s.") + `
+			FROM ` + s + `.saga_instances s
+			WHERE s.status = 'running' AND s.wait_kind IN ('signal', 'child') AND s.saga_name = ANY($1)
+				AND s.updated_at < now() - $2 * interval '1 microsecond'
+				AND NOT ` + pausedSQL(s) + `
+				AND CASE s.wait_kind
+					WHEN 'signal' THEN EXISTS (SELECT 1 FROM ` + s + `.saga_signals g
+						WHERE g.saga_id = s.id AND g.name = s.wait_for AND g.status = 'pending'
+							AND g.created_at < now() - $2 * interval '1 microsecond')
+					ELSE EXISTS (SELECT 1 FROM ` + s + `.saga_instances c
+						WHERE c.parent_id = s.id AND c.id::text = s.wait_for AND c.status IN ('completed', 'compensated', 'failed')
+							AND c.ended_at < now() - $2 * interval '1 microsecond')
+				END
+			ORDER BY s.created_at LIMIT $3`,
+		touchSaga: `UPDATE ` + s + `.saga_instances SET updated_at = clock_timestamp() WHERE id = $1 AND version = $2`,
 		extendDeadline: `UPDATE ` + s + `.saga_instances SET next_check_at = clock_timestamp() + $3 * interval '1 microsecond',
 				due_at = NULL
 			WHERE id = $1 AND version = $2`,
@@ -127,6 +146,35 @@ func (s *Store) RaiseChecks(ctx context.Context, db DBTX, limit int) (int64, err
 		return 0, fmt.Errorf("store: move sagas' checks to their deadlines: %w", err)
 	}
 	return tag.RowsAffected(), nil
+}
+
+// WaitsReady returns up to limit sagas of names that wait without a time
+// limit for a signal that is pending, or for a child that has ended, since
+// more than after ago, and have not moved for as long: the wake-up that
+// should have moved them was lost.
+func (s *Store) WaitsReady(ctx context.Context, db DBTX, names []string, after time.Duration, limit int) ([]Saga, error) {
+	rows, err := db.Query(ctx, s.ops.waitsReady, names, micros(after), limit)
+	if err != nil {
+		return nil, fmt.Errorf("store: find waits whose wake-up was lost: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Saga, error) {
+		var sg Saga
+		return sg, r.Scan(sagaDest(&sg)...)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: find waits whose wake-up was lost: %w", err)
+	}
+	return out, nil
+}
+
+// TouchSaga sets saga id's updated_at to now if it still has version, and
+// reports whether it did.
+func (s *Store) TouchSaga(ctx context.Context, db DBTX, id uuid.UUID, version int64) (bool, error) {
+	tag, err := db.Exec(ctx, s.ops.touchSaga, pgID(id), version)
+	if err != nil {
+		return false, fmt.Errorf("store: touch saga %s: %w", id, err)
+	}
+	return tag.RowsAffected() == 1, nil
 }
 
 // ExtendDeadline moves a saga's deadline to now + d if the saga still has
