@@ -81,7 +81,10 @@ type KafkaConfig struct {
 	// engine (killed, paused, cut off) before it gives the engine's
 	// partitions to the others; their commands wait that long. Heartbeats
 	// go every tenth of it. Zero keeps kafka-go's default (30 s); the broker
-	// bounds it (group.min.session.timeout.ms, 6 s by default).
+	// bounds it (group.min.session.timeout.ms, 6 s by default). It also
+	// bounds a rebalance (how long the coordinator waits for the engines to
+	// join again, and so how long a stopping engine may wait for one); 10 s
+	// when zero.
 	SessionTimeout time.Duration
 	// SigningKey, when set, signs every command, cancel request and remote
 	// command the engine writes for Kafka with HMAC-SHA256 (the
@@ -195,10 +198,29 @@ func (e *Engine) newCommandReader() KafkaReader {
 		MaxWait:           250 * time.Millisecond,
 		SessionTimeout:    k.SessionTimeout,
 		HeartbeatInterval: k.SessionTimeout / 10,
+		RebalanceTimeout:  rebalanceTimeout(k),
 		CommitInterval:    0, // commit synchronously, after the step's transaction
 		Logger:            nil,
 		ErrorLogger:       kafka.LoggerFunc(func(msg string, args ...any) { e.log.Debug("sagaflow kafka: " + fmt.Sprintf(msg, args...)) }),
 	})
+}
+
+// rebalanceTimeoutDefault bounds a rebalance of the engines' group when
+// KafkaConfig.SessionTimeout is not set (kafka-go's own default is 30 s).
+const rebalanceTimeoutDefault = 10 * time.Second
+
+// rebalanceTimeout is how long the group coordinator waits for the members
+// to join again when the group changes: the session timeout when one is
+// set, else rebalanceTimeoutDefault. An engine that stops closes its
+// readers, and each one that leaves makes the others join again; a reader
+// that is joining when it is closed waits for that round to end. With
+// kafka-go's default, an engine's Stop could take 30 s (a CI run's Stop
+// timed out there).
+func rebalanceTimeout(k *KafkaConfig) time.Duration {
+	if k.SessionTimeout > 0 {
+		return k.SessionTimeout
+	}
+	return rebalanceTimeoutDefault
 }
 
 // kafkaWork is one Kafka executor: it runs each message's command in a
