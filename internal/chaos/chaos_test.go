@@ -148,17 +148,33 @@ func TestCheckersCatchAnUnsignedBus(t *testing.T) {
 	require.Positive(t, res.Report.PoisonMissed, "forged messages were processed, not refused")
 }
 
-// TestCheckersCatchALostWakeUp is the negative control of the waits: the
-// same cell with a signaller that deletes each signal's wake-up command in
-// the signal's transaction, as an engine that skipped the wake-up would,
-// must be reported as leaving parcels stuck (those whose signal came while
-// they already waited at the await).
-func TestCheckersCatchALostWakeUp(t *testing.T) {
-	c := chaos.Cell{Point: fault.EngineWaitAfterCommit, Fault: chaos.FaultKill, Seed: 1, Sabotage: chaos.SabotageLostWakeUp}
+// TestCheckersCatchALostSignal is the negative control of the waits: the
+// same cell with a signaller that deletes each signal, and its wake-up, in
+// the signal's transaction, as an engine that lost it would, must be
+// reported as leaving parcels stuck (those whose signal came while they
+// already waited at the await).
+func TestCheckersCatchALostSignal(t *testing.T) {
+	c := chaos.Cell{Point: fault.EngineWaitAfterCommit, Fault: chaos.FaultKill, Seed: 1, Sabotage: chaos.SabotageLostSignal}
 	dir := t.TempDir()
 	res, err := chaos.RunCell(context.Background(), dir, nodeCmd, c)
 	require.NoError(t, err, chaos.LogTails(dir, 40))
 	t.Logf("%s\n%s\n%s", res.Report.Line(), res.Report.WaitLine(), strings.Join(res.Report.Violations, "\n"))
 	require.False(t, res.Report.OK())
-	require.Positive(t, res.Report.ParcelsStuck, "a parcel whose signal's wake-up was lost is not reported stuck")
+	require.Positive(t, res.Report.ParcelsStuck, "a parcel whose signal was lost is not reported stuck")
+}
+
+// TestCheckersCatchNothingWhenWakeUpsAreLost is the positive control of
+// the same cell: a signaller that deletes only each signal's wake-up (as
+// an engine that skipped it would) leaves the signals pending, and the
+// rescuer wakes the parcels again (RescueResult.Woken): none is stuck.
+// Before the rescuer did, this was the negative control.
+func TestCheckersCatchNothingWhenWakeUpsAreLost(t *testing.T) {
+	c := chaos.Cell{Point: fault.EngineWaitAfterCommit, Fault: chaos.FaultKill, Seed: 1, Sabotage: chaos.SabotageLostWakeUp}
+	dir := t.TempDir()
+	res, err := chaos.RunCell(context.Background(), dir, nodeCmd, c)
+	require.NoError(t, err, chaos.LogTails(dir, 40))
+	t.Logf("%s\n%s\n%s", res.Report.Line(), res.Report.WaitLine(), strings.Join(res.Report.Violations, "\n"))
+	require.True(t, res.Report.OK(), "violations: %v", res.Report.Violations)
+	require.Zero(t, res.Report.ParcelsStuck)
+	require.Positive(t, res.Report.SignalsReceived, "signals were delivered")
 }

@@ -182,7 +182,7 @@ func RunCell(ctx context.Context, dir string, nodeCmd NodeCommand, c Cell) (*Cel
 			if parcel%3 != 0 {
 				after = time.Duration(200+rng.IntN(2300)) * time.Millisecond
 			}
-			if c.Sabotage == SabotageLostWakeUp {
+			if c.Sabotage == SabotageLostWakeUp || c.Sabotage == SabotageLostSignal {
 				// Only a signal that comes while its parcel waits needs
 				// the wake-up: late enough for every parcel to wait.
 				after += 5 * time.Second

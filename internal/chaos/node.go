@@ -75,10 +75,16 @@ const SabotageNoSigning = "no-signing"
 
 // SabotageLostWakeUp makes the signaller delete each signal's wake-up
 // command in the signal's own transaction, as an engine that skipped the
-// wake-up would: a signal sent while its parcel already waits is never
-// delivered. A negative control: the checkers must report those parcels
-// as stuck.
+// wake-up would. The rescuer wakes such a parcel again once its signal has
+// been pending for RescueSlack (RescueResult.Woken): a positive control,
+// the checkers must report none stuck.
 const SabotageLostWakeUp = "lost-wake-up"
+
+// SabotageLostSignal makes the signaller delete each signal, with its
+// wake-up, in the signal's own transaction, as an engine that lost it
+// would: a parcel that waits for it never gets it. A negative control: the
+// checkers must report those parcels as stuck.
+const SabotageLostSignal = "lost-signal"
 
 // NodeEnv carries a node's NodeConfig, as JSON, to a node process.
 const NodeEnv = "SAGAFLOW_CHAOS_NODE"
@@ -208,7 +214,7 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 		}
 		var broken *pgxpool.Pool
 		switch cfg.Sabotage {
-		case "", SabotageNoSigning, SabotageLostWakeUp:
+		case "", SabotageNoSigning, SabotageLostWakeUp, SabotageLostSignal:
 		case SabotageEffectsOutsideTx:
 			broken = pool
 		default:
@@ -228,7 +234,7 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 			done := make(chan struct{})
 			go func() {
 				defer close(done)
-				runSignaller(sctx, e, pool, log, cfg.Sabotage == SabotageLostWakeUp)
+				runSignaller(sctx, e, pool, log, cfg.Sabotage)
 			}()
 			stops = append(stops, func(context.Context) error {
 				cancel()

@@ -187,10 +187,11 @@ func (e *Env) StartParcel(ctx context.Context, p Parcel, copies int, after time.
 }
 
 // runSignaller sends the requested signals with e until ctx ends (see the
-// workload above). With lose set (SabotageLostWakeUp) it sends each
-// through SignalTx and deletes the signal's wake-up command before the
-// commit.
-func runSignaller(ctx context.Context, e *saga.Engine, pool *pgxpool.Pool, log *slog.Logger, lose bool) {
+// workload above). With sabotage SabotageLostWakeUp it sends each through
+// SignalTx and deletes the signal's wake-up command before the commit; with
+// SabotageLostSignal, the signal too.
+func runSignaller(ctx context.Context, e *saga.Engine, pool *pgxpool.Pool, log *slog.Logger, sabotage string) {
+	lose := sabotage == SabotageLostWakeUp || sabotage == SabotageLostSignal
 	type request struct {
 		id, key string
 	}
@@ -224,6 +225,10 @@ func runSignaller(ctx context.Context, e *saga.Engine, pool *pgxpool.Pool, log *
 					}
 					_, serr = tx.Exec(ctx, "DELETE FROM "+OrdersSchema+".outbox WHERE saga_id = $1 AND type = $2 AND status = 'pending'",
 						res.SagaID, wire.TypeWake)
+					if serr == nil && sabotage == SabotageLostSignal {
+						_, serr = tx.Exec(ctx, "DELETE FROM "+OrdersSchema+".saga_signals WHERE saga_id = $1 AND signal_id = $2",
+							res.SagaID, q.id)
+					}
 					return serr
 				})
 			} else {
