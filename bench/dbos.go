@@ -7,6 +7,7 @@ import (
 
 	"github.com/dbos-inc/dbos-transact-golang/dbos"
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -100,6 +101,14 @@ func (d *dbosSystem) close() {
 	if d.ctx != nil {
 		_ = dbos.Shutdown(d.ctx, 20*time.Second)
 	}
-	dropSchema(context.Background(), d.pool, d.schema)
+	// DBOS closes the pool it was given when it shuts down, so the schema
+	// is dropped on a connection of the bench's own (on the pool, the drop
+	// failed unseen and every run left its schema behind).
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if conn, err := pgx.Connect(ctx, databaseURL()); err == nil {
+		_, _ = conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{d.schema}.Sanitize()+" CASCADE")
+		_ = conn.Close(ctx)
+	}
 	d.pool.Close()
 }
