@@ -3,6 +3,7 @@ package sagatest_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -106,7 +107,23 @@ func TestRemoteBranches(t *testing.T) {
 	require.Equal(t, steps.Key{SagaID: st.ID, Step: "prepare.card", Direction: steps.Forward}, calls[0].Key)
 	require.Empty(t, comp.all())
 
-	payments.Answer("payments.authorize", sagatest.Refuse("card_declined", "the card was declined"))
+	// The refusal comes once the local branch has completed, so that there
+	// is a completed branch to compensate (under load the reply could
+	// otherwise come first, and the local branch be cancelled instead: a CI
+	// run saw nothing compensated).
+	payments.Answer("payments.authorize", sagatest.AnswerFunc(func(ctx context.Context, c sagatest.Call) (any, error) {
+		deadline := time.Now().Add(10 * time.Second)
+		for time.Now().Before(deadline) {
+			var done bool
+			err := b.pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM "+b.table("saga_branches")+
+				" WHERE saga_id = $1 AND branch = 'stock' AND status = 'completed')", c.Key.SagaID).Scan(&done)
+			if err != nil || done {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		return nil, steps.Permanent(steps.WithCode("card_declined", errors.New("the card was declined")))
+	}))
 	st, err = saga.Start(ctx, b.engine, def, prepared{OrderID: "o2"}, nil)
 	require.NoError(t, err)
 	in = sagatest.WaitEnded(t, b.engine, st.ID, nil)
