@@ -10,21 +10,14 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sagaflow/sagaflow/internal/pgtest"
 	"github.com/sagaflow/sagaflow/internal/store"
-	"github.com/sagaflow/sagaflow/migrations"
 )
 
 // An outbox row written with Wakes in the context notifies nothing at its
 // commit; the Notifier does, after. Without Wakes, the commit notifies.
 func TestDeferredWakeNotifiesAfterTheCommitNotInIt(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	pool, schema := pgtest.NewSchema(t)
-	_, err := migrations.Migrate(ctx, pool, schema)
-	require.NoError(t, err)
-	st, err := store.New(schema)
-	require.NoError(t, err)
+	ctx, pool, st, _ := relaySetup(t)
 
 	listener, err := pool.Acquire(ctx)
 	require.NoError(t, err)
