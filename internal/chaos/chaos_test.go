@@ -120,18 +120,27 @@ func TestSoakShortNATSRefusesKafkaMode(t *testing.T) {
 	require.ErrorContains(t, err, `unknown bus "carrier-pigeon"`)
 }
 
+// runControl runs the crash cell at point, killed there with seed 1, with
+// the workload broken by sabotage, and logs its report's summary, what
+// detail says of it, and its violations.
+func runControl(t *testing.T, point, sabotage string, detail func(*chaos.Report) string) *chaos.Report {
+	t.Helper()
+	c := chaos.Cell{Point: point, Fault: chaos.FaultKill, Seed: 1, Sabotage: sabotage}
+	dir := t.TempDir()
+	res, err := chaos.RunCell(context.Background(), dir, nodeCmd, c)
+	require.NoError(t, err, chaos.LogTails(dir, 40))
+	t.Logf("%s\n%s\n%s", res.Report.Line(), detail(res.Report), strings.Join(res.Report.Violations, "\n"))
+	return res.Report
+}
+
 // TestCheckersCatchADualWrite is the negative control of the matrix: the
 // same cell with a workload that writes its effects outside the step's
 // transaction must be reported as doubling effects. A checker that cannot
 // fail would pass it.
 func TestCheckersCatchADualWrite(t *testing.T) {
-	c := chaos.Cell{Point: fault.EngineAfterHandler, Fault: chaos.FaultKill, Seed: 1, Sabotage: chaos.SabotageEffectsOutsideTx}
-	dir := t.TempDir()
-	res, err := chaos.RunCell(context.Background(), dir, nodeCmd, c)
-	require.NoError(t, err, chaos.LogTails(dir, 40))
-	t.Logf("%s\n%s\n%s", res.Report.Line(), res.Report.Detail(), strings.Join(res.Report.Violations, "\n"))
-	require.False(t, res.Report.OK())
-	require.Positive(t, res.Report.DBEffectsDoubled, "the step killed after its handler ran wrote its effect twice")
+	r := runControl(t, fault.EngineAfterHandler, chaos.SabotageEffectsOutsideTx, (*chaos.Report).Detail)
+	require.False(t, r.OK())
+	require.Positive(t, r.DBEffectsDoubled, "the step killed after its handler ran wrote its effect twice")
 }
 
 // TestCheckersCatchAnUnsignedBus is the negative control of the forgeries:
@@ -139,13 +148,11 @@ func TestCheckersCatchADualWrite(t *testing.T) {
 // as letting forged messages through (they are processed, not
 // dead-lettered).
 func TestCheckersCatchAnUnsignedBus(t *testing.T) {
-	c := chaos.Cell{Point: fault.EngineAfterCommit, Fault: chaos.FaultKill, Seed: 1, Sabotage: chaos.SabotageNoSigning}
-	dir := t.TempDir()
-	res, err := chaos.RunCell(context.Background(), dir, nodeCmd, c)
-	require.NoError(t, err, chaos.LogTails(dir, 40))
-	t.Logf("%s\n%s\n%s\n%s", res.Report.Line(), res.Report.Detail(), res.Report.PoisonLine(), strings.Join(res.Report.Violations, "\n"))
-	require.False(t, res.Report.OK())
-	require.Positive(t, res.Report.PoisonMissed, "forged messages were processed, not refused")
+	r := runControl(t, fault.EngineAfterCommit, chaos.SabotageNoSigning, func(r *chaos.Report) string {
+		return r.Detail() + "\n" + r.PoisonLine()
+	})
+	require.False(t, r.OK())
+	require.Positive(t, r.PoisonMissed, "forged messages were processed, not refused")
 }
 
 // TestCheckersCatchALostSignal is the negative control of the waits: the
@@ -154,13 +161,9 @@ func TestCheckersCatchAnUnsignedBus(t *testing.T) {
 // reported as leaving parcels stuck (those whose signal came while they
 // already waited at the await).
 func TestCheckersCatchALostSignal(t *testing.T) {
-	c := chaos.Cell{Point: fault.EngineWaitAfterCommit, Fault: chaos.FaultKill, Seed: 1, Sabotage: chaos.SabotageLostSignal}
-	dir := t.TempDir()
-	res, err := chaos.RunCell(context.Background(), dir, nodeCmd, c)
-	require.NoError(t, err, chaos.LogTails(dir, 40))
-	t.Logf("%s\n%s\n%s", res.Report.Line(), res.Report.WaitLine(), strings.Join(res.Report.Violations, "\n"))
-	require.False(t, res.Report.OK())
-	require.Positive(t, res.Report.ParcelsStuck, "a parcel whose signal was lost is not reported stuck")
+	r := runControl(t, fault.EngineWaitAfterCommit, chaos.SabotageLostSignal, (*chaos.Report).WaitLine)
+	require.False(t, r.OK())
+	require.Positive(t, r.ParcelsStuck, "a parcel whose signal was lost is not reported stuck")
 }
 
 // TestCheckersCatchNothingWhenWakeUpsAreLost is the positive control of
@@ -169,12 +172,8 @@ func TestCheckersCatchALostSignal(t *testing.T) {
 // rescuer wakes the parcels again (RescueResult.Woken): none is stuck.
 // Before the rescuer did, this was the negative control.
 func TestCheckersCatchNothingWhenWakeUpsAreLost(t *testing.T) {
-	c := chaos.Cell{Point: fault.EngineWaitAfterCommit, Fault: chaos.FaultKill, Seed: 1, Sabotage: chaos.SabotageLostWakeUp}
-	dir := t.TempDir()
-	res, err := chaos.RunCell(context.Background(), dir, nodeCmd, c)
-	require.NoError(t, err, chaos.LogTails(dir, 40))
-	t.Logf("%s\n%s\n%s", res.Report.Line(), res.Report.WaitLine(), strings.Join(res.Report.Violations, "\n"))
-	require.True(t, res.Report.OK(), "violations: %v", res.Report.Violations)
-	require.Zero(t, res.Report.ParcelsStuck)
-	require.Positive(t, res.Report.SignalsReceived, "signals were delivered")
+	r := runControl(t, fault.EngineWaitAfterCommit, chaos.SabotageLostWakeUp, (*chaos.Report).WaitLine)
+	require.True(t, r.OK(), "violations: %v", r.Violations)
+	require.Zero(t, r.ParcelsStuck)
+	require.Positive(t, r.SignalsReceived, "signals were delivered")
 }
