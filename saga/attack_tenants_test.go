@@ -188,21 +188,40 @@ func TestPauseTypeInOneTenantLeavesTheOtherAlone(t *testing.T) {
 	}
 }
 
+// tenantRig is two tenants' engines, started, each with the tenant saga
+// registered; each saga's first step signals entered and waits at its gate
+// until open is called (at cleanup at the latest, before the engines stop).
+type tenantRig struct {
+	a, b               *bundle
+	defA, defB         *saga.Definition[order]
+	enteredA, enteredB chan struct{}
+	openA, openB       func()
+	l                  *pauseListener
+}
+
+func newTenantRig(t *testing.T, caseTwin bool) *tenantRig {
+	t.Helper()
+	r := &tenantRig{enteredA: make(chan struct{}, 1), enteredB: make(chan struct{}, 1)}
+	r.a, r.b = tenantPair(t, caseTwin)
+	gateA, openA := newGate()
+	gateB, openB := newGate()
+	r.openA, r.openB = openA, openB
+	r.defA = tenantSaga(r.a, r.enteredA, gateA)
+	r.defB = tenantSaga(r.b, r.enteredB, gateB)
+	require.NoError(t, r.a.engine.Register(r.defA))
+	require.NoError(t, r.b.engine.Register(r.defB))
+	r.a.start(t)
+	r.b.start(t)
+	t.Cleanup(func() { openA(); openB() }) // before the engines stop
+	r.l = listenTenants(t, r.a, r.b)
+	return r
+}
+
 func pauseTypeInOneTenant(t *testing.T, caseTwin bool) {
 	ctx := context.Background()
-	a, b := tenantPair(t, caseTwin)
-	enteredA := make(chan struct{}, 1)
-	gateA, openA := newGate()
-	enteredB := make(chan struct{}, 1)
-	gateB, openB := newGate()
-	defA := tenantSaga(a, enteredA, gateA)
-	defB := tenantSaga(b, enteredB, gateB)
-	require.NoError(t, a.engine.Register(defA))
-	require.NoError(t, b.engine.Register(defB))
-	a.start(t)
-	b.start(t)
-	t.Cleanup(func() { openA(); openB() }) // before the engines stop
-	l := listenTenants(t, a, b)
+	r := newTenantRig(t, caseTwin)
+	a, b, defA, defB, l := r.a, r.b, r.defA, r.defB, r.l
+	enteredA, enteredB, openA, openB := r.enteredA, r.enteredB, r.openA, r.openB
 
 	// A step runs in each tenant when the operator pauses A's type.
 	runningA, err := saga.Start(ctx, a.engine, defA, order{OrderID: "running"}, nil)
@@ -281,19 +300,9 @@ func pauseTypeInOneTenant(t *testing.T, caseTwin bool) {
 func TestPauseOfASagaIDInOneTenantLeavesTheSameIDInTheOther(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	a, b := tenantPair(t, false)
-	enteredA := make(chan struct{}, 1)
-	gateA, openA := newGate()
-	enteredB := make(chan struct{}, 1)
-	gateB, openB := newGate()
-	defA := tenantSaga(a, enteredA, gateA)
-	defB := tenantSaga(b, enteredB, gateB)
-	require.NoError(t, a.engine.Register(defA))
-	require.NoError(t, b.engine.Register(defB))
-	a.start(t)
-	b.start(t)
-	t.Cleanup(func() { openA(); openB() }) // before the engines stop
-	l := listenTenants(t, a, b)
+	r := newTenantRig(t, false)
+	a, b, defA, defB, l := r.a, r.b, r.defA, r.defB, r.l
+	enteredA, enteredB, openA, openB := r.enteredA, r.enteredB, r.openA, r.openB
 
 	id := uuid.Must(uuid.NewV7())
 	stA, err := saga.Start(ctx, a.engine, defA, order{OrderID: "running"}, &saga.StartOpts{ID: id})
