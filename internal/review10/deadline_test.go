@@ -546,27 +546,9 @@ func TestRescueNowOnTwoEngines(t *testing.T) {
 	_, err := e.Pool.Exec(ctx, `DELETE FROM `+e.Table("outbox")+` WHERE status = 'pending'`)
 	require.NoError(t, err)
 	require.NoError(t, e.clk.Advance(ctx, time.Minute))
-	var mu sync.Mutex
 	total := saga.RescueResult{}
-	var wg sync.WaitGroup
 	for round := 0; round < 10; round++ {
-		for _, g := range []*saga.Engine{e1, e2, e1, e2} {
-			wg.Add(1)
-			go func(g *saga.Engine) {
-				defer wg.Done()
-				res, err := g.RescueNow(ctx)
-				if err != nil {
-					t.Errorf("RescueNow: %v", err)
-					return
-				}
-				mu.Lock()
-				total.Redriven += res.Redriven
-				total.FailedOver += res.FailedOver
-				total.Superseded += res.Superseded
-				mu.Unlock()
-			}(g)
-		}
-		wg.Wait()
+		addRescues(&total, rescueAtOnce(t, ctx, e1, e2, e1, e2))
 	}
 	require.Equal(t, n, total.Redriven, "%+v", total)
 	require.Equal(t, 0, total.FailedOver, "%+v", total)
@@ -1365,26 +1347,7 @@ func TestConcurrentRechecks(t *testing.T) {
 	for _, id := range ids {
 		before[id] = *e.read(t, id).deadline
 	}
-	var mu sync.Mutex
-	var total saga.RescueResult
-	var wg sync.WaitGroup
-	for _, g := range []*saga.Engine{e1, e2, e1, e2} {
-		wg.Add(1)
-		go func(g *saga.Engine) {
-			defer wg.Done()
-			res, err := g.RescueNow(ctx)
-			if err != nil {
-				t.Errorf("RescueNow: %v", err)
-				return
-			}
-			mu.Lock()
-			total.Rechecked += res.Rechecked
-			total.Redriven += res.Redriven
-			total.Waiting += res.Waiting
-			mu.Unlock()
-		}(g)
-	}
-	wg.Wait()
+	total := rescueAtOnce(t, ctx, e1, e2, e1, e2)
 	require.Equal(t, n, total.Rechecked, "%+v", total)
 	require.Equal(t, 0, total.Redriven+total.Waiting, "%+v", total)
 	for _, id := range ids {
@@ -1550,4 +1513,42 @@ func TestPre013Rows(t *testing.T) {
 	in := testkit.WaitEnded(t, client, st.ID)
 	require.Equal(t, saga.StatusCompleted, in.Status)
 	require.Equal(t, 1, e.fx.Count(t, st.ID, "s1"))
+}
+
+// rescueAtOnce runs RescueNow on each of engines at the same time and
+// returns the sum of what they did.
+func rescueAtOnce(t *testing.T, ctx context.Context, engines ...*saga.Engine) saga.RescueResult {
+	t.Helper()
+	var mu sync.Mutex
+	var total saga.RescueResult
+	var wg sync.WaitGroup
+	for _, g := range engines {
+		wg.Add(1)
+		go func(g *saga.Engine) {
+			defer wg.Done()
+			res, err := g.RescueNow(ctx)
+			if err != nil {
+				t.Errorf("RescueNow: %v", err)
+				return
+			}
+			mu.Lock()
+			addRescues(&total, res)
+			mu.Unlock()
+		}(g)
+	}
+	wg.Wait()
+	return total
+}
+
+// addRescues adds r's counts to total.
+func addRescues(total *saga.RescueResult, r saga.RescueResult) {
+	total.Redriven += r.Redriven
+	total.FailedOver += r.FailedOver
+	total.Waiting += r.Waiting
+	total.Busy += r.Busy
+	total.Superseded += r.Superseded
+	total.Deadlines += r.Deadlines
+	total.Released += r.Released
+	total.Woken += r.Woken
+	total.Rechecked += r.Rechecked
 }
