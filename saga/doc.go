@@ -124,8 +124,12 @@
 //     without a time limit has no deadline, as what it waits for wakes it.
 //     If that wake-up is lost (deleted, or parked as dead), the rescuer sends
 //     another once the signal has been pending, or the child ended, for
-//     RescueSlack ([RescueResult].Woken). Not covered yet: a parallel
-//     group's branch whose command is lost leaves its saga waiting.
+//     RescueSlack ([RescueResult].Woken). A parallel step's branch has no
+//     deadline either: once its saga has not moved for RescueSlack, a
+//     running branch whose command was lost is sent again under the same
+//     key, counting the lost attempt, or, its attempts spent, fails the
+//     group; a remote branch's lost timeout is sent again due when it was
+//     due ([RescueResult].Redriven, [RescueResult].FailedOver).
 //
 //  10. Cancel lands. [Engine.Cancel] and [Engine.RequestCancel] record a
 //     request that is durable until applied ([EventCancelRequested]). It

@@ -694,3 +694,41 @@ func (b *batch) branchReply(ctx context.Context, c *store.Claimed, ls *store.Loc
 	}
 	return b.branchCompleted(ctx, sg, def, idx, name, key, attempt, result, 0, sp, last)
 }
+
+// branchRescue is what the rescuer does with a branch whose command was
+// lost (see [machine.rescueBranch]).
+type branchRescue struct {
+	// resend: the branch's command goes again under the same key, due
+	// after delay; attempt is the attempt to record first (0 for none).
+	resend  bool
+	delay   time.Duration
+	attempt int
+	reason  string
+	// failed, when resend is false: the branch's attempts are spent, and
+	// the group fails with this decision.
+	failed decision
+}
+
+// rescueBranch decides what to do with branch bi of sg's parallel step idx,
+// whose command was lost (deleted, or parked as dead) while the branch ran,
+// lb.Age after the group started it.
+//
+// A local branch's command goes again, counting the lost attempt (it may
+// have run before it was lost), or, with its attempts spent, the group fails
+// as when its last attempt failed. A remote branch's command is its
+// timeout: it goes again, due when the timeout would have fired, so that a
+// reply still completes the branch and no reply still fails it.
+func (m machine) rescueBranch(sg *store.Saga, def *compiled, idx, bi int, lb store.LostBranch) branchRescue {
+	br := def.steps[idx].parallel.branches[bi]
+	if br.remoteTopic != "" {
+		return branchRescue{resend: true, delay: max(br.timeout-lb.Age, 0),
+			reason: fmt.Sprintf("the timeout of remote branch %q was lost; it is due again when the branch's Timeout (%s) has passed", br.name, br.timeout)}
+	}
+	attempt := lb.Attempt + 1
+	reason := fmt.Sprintf("the command of branch %q was deleted or parked while the branch ran; attempt %d is counted as spent", br.name, attempt)
+	if attempt < br.retry.MaxAttempts {
+		return branchRescue{resend: true, attempt: attempt, reason: reason + "; the command goes again under the same key"}
+	}
+	herr := steps.Permanent(steps.WithCode(CodeRescueExhausted, errors.New(reason+", the last of the branch's attempts")))
+	return branchRescue{attempt: attempt, reason: reason, failed: m.groupFailed(sg, def, idx, sg.StepName+"."+br.name, attempt, herr, 0)}
+}

@@ -19,11 +19,13 @@ import (
 // RescueResult says what one [Engine.RescueNow] did.
 type RescueResult struct {
 	// Redriven sagas got a new command for their current step, under the
-	// same step-scoped key.
+	// same step-scoped key. It also counts the branches of parallel steps
+	// whose command was lost and was sent again.
 	Redriven int
 	// FailedOver sagas had spent their attempts: they now compensate (or,
 	// if they were compensating, are failed; or, at a step with
-	// PauseWhenExhausted, are paused).
+	// PauseWhenExhausted, are paused). It also counts parallel steps failed
+	// because a branch's command was lost with its attempts spent.
 	FailedOver int
 	// Waiting sagas still had their command pending in the queue (workers
 	// down or busy): their deadline was moved, no attempt spent.
@@ -92,6 +94,9 @@ func (e *Engine) RescueNow(ctx context.Context) (RescueResult, error) {
 			if err := e.resendWakes(ctx, names, &res); err != nil {
 				return res, err
 			}
+			if err := e.resendBranches(ctx, names, &res); err != nil {
+				return res, err
+			}
 			err := e.enforceDeadlines(ctx, names, &res)
 			return res, err
 		}
@@ -144,6 +149,115 @@ func (e *Engine) resendWakes(ctx context.Context, names []string, res *RescueRes
 		}
 	}
 	return nil
+}
+
+// resendBranches looks at the sagas in a parallel step that have not moved
+// for RescueSlack and have a running branch whose command was lost
+// (deleted, or parked as dead): a branch has no deadline of its own, and the
+// saga's wait has none, so nothing else would ever run that branch. Under
+// the saga's row lock, which every transaction that ends a branch or writes
+// its retry holds, it reads the lost branches again and decides for each
+// ([machine.rescueBranch]): its command goes again under the same key, or,
+// with its attempts spent, the group fails. The saga's updated_at moves, so
+// a saga is looked at at most once per RescueSlack.
+func (e *Engine) resendBranches(ctx context.Context, names []string, res *RescueResult) error {
+	sagas, err := e.st.SagasWithLostBranches(ctx, e.pool, names, e.cfg.RescueSlack, e.cfg.RescueBatch)
+	if err != nil {
+		return fmt.Errorf("saga: rescue: %w", err)
+	}
+	for i := range sagas {
+		sg := &sagas[i]
+		var resent, failed int
+		err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			resent, failed = 0, 0
+			return e.rescueBranches(ctx, tx, sg, &resent, &failed)
+		})
+		switch {
+		case err == nil:
+			res.Redriven += resent
+			res.FailedOver += failed
+			e.stats.rescued.Add(int64(resent))
+			e.stats.failedOver.Add(int64(failed))
+		case ctx.Err() != nil:
+			return ctx.Err()
+		default:
+			// One saga's trouble must not hold back the others.
+			e.log.ErrorContext(ctx, "sagaflow could not rescue a branch whose command was lost", slog.String("saga_id", sg.ID.String()),
+				slog.Any("error", err))
+		}
+	}
+	return nil
+}
+
+// rescueBranches is [Engine.resendBranches] for one saga, in tx.
+func (e *Engine) rescueBranches(ctx context.Context, tx pgx.Tx, sg *store.Saga, resent, failed *int) error {
+	def := e.lookup(sg)
+	if def == nil {
+		return nil // another engine's version: it rescues it
+	}
+	idx, ok := def.byName[sg.StepName]
+	if !ok || def.steps[idx].parallel == nil {
+		return nil
+	}
+	p := def.steps[idx].parallel
+	if ok, err := e.st.TouchSaga(ctx, tx, sg.ID, sg.Version); err != nil || !ok {
+		return err // moved on since it was read: nothing to do
+	}
+	lost, err := e.st.LostBranches(ctx, tx, sg.ID, sg.Epoch, sg.StepName)
+	if err != nil {
+		return err
+	}
+	for _, lb := range lost {
+		bi := p.index(lb.Name)
+		if bi < 0 {
+			continue // a branch this version does not have
+		}
+		dec := e.machine.rescueBranch(sg, def, idx, bi, lb)
+		step := sg.StepName + "." + lb.Name
+		detail, _ := json.Marshal(map[string]any{"reason": dec.reason, "attempt": dec.attempt})
+		if err := e.st.InsertHistory(ctx, tx, &store.HistoryEntry{SagaID: sg.ID, Event: EventSagaRescued, StepName: step,
+			Direction: sg.Direction, Epoch: sg.Epoch, Attempt: dec.attempt, Detail: detail}); err != nil {
+			return err
+		}
+		if !dec.resend {
+			msg, code := dec.reason, CodeRescueExhausted
+			if _, err := e.st.EndBranch(ctx, tx, sg.ID, sg.Epoch, sg.StepName, lb.Name, store.BranchFailed, dec.attempt, nil, &msg, &code); err != nil {
+				return err
+			}
+			const sp = "sagaflow_rescue_branch"
+			if _, err := tx.Exec(ctx, "SAVEPOINT "+sp); err != nil {
+				return err
+			}
+			tr := e.transition(sg, dec.failed)
+			e.tel.traceRescue(ctx, sg, tr, true)
+			fault.Hit(fault.RescueBranchBeforeCommit)
+			fenced, err := e.st.ApplyTransition(ctx, tx, tr, sp)
+			if err != nil || !fenced {
+				return err // fenced out: the row lock makes this unreachable, and nothing was written
+			}
+			*failed++
+			e.log.WarnContext(ctx, "sagaflow failed a parallel step whose branch's command was lost with its attempts spent",
+				slog.String("saga_id", sg.ID.String()), slog.String("branch", step))
+			return e.st.Notify(ctx, tx, e.cfg.CommandTopic)
+		}
+		if dec.attempt > 0 {
+			if err := e.st.BranchAttempt(ctx, tx, sg.ID, sg.Epoch, sg.StepName, lb.Name, dec.attempt, dec.reason, ""); err != nil {
+				return err
+			}
+		}
+		m := e.branchMessage(sg, sg.StepName, lb.Name, dec.delay)
+		if err := e.st.InsertMessage(ctx, tx, &m); err != nil {
+			return err
+		}
+		*resent++
+		e.log.WarnContext(ctx, "sagaflow sent again the command of a branch that was lost", slog.String("saga_id", sg.ID.String()),
+			slog.String("branch", step), slog.Int("attempt", dec.attempt))
+	}
+	if *resent == 0 {
+		return nil
+	}
+	fault.Hit(fault.RescueBranchBeforeCommit)
+	return e.st.Notify(ctx, tx, e.cfg.CommandTopic)
 }
 
 // raiseChecksPasses bounds the statements of one [Engine.raiseChecks].

@@ -53,6 +53,10 @@ const (
 	// RescueAfterRead: the rescuer has read a stuck saga and decided what to
 	// do; its guarded update is next.
 	RescueAfterRead = "rescue.after-read"
+	// RescueBranchBeforeCommit: the rescuer has written, for a parallel
+	// step's branch whose command was lost, the command again (or the
+	// group's failure, its attempts spent); COMMIT is next.
+	RescueBranchBeforeCommit = "rescue.branch-before-commit"
 	// EngineWaitBeforeCommit: a batch in which a wait ended (a timer fired,
 	// a signal was delivered, a child's end was seen) is written; COMMIT is
 	// next.
@@ -77,7 +81,7 @@ var Points = []string{
 	EngineAfterHold,
 	RelayAfterClaim, RelayAfterAck,
 	InboxBeforeCommit, InboxAfterCommit,
-	RescueAfterRead,
+	RescueAfterRead, RescueBranchBeforeCommit,
 	EngineWaitBeforeCommit, EngineWaitAfterCommit,
 	SignalBeforeCommit, SignalAfterCommit,
 	EngineBranchCompleted,

@@ -99,9 +99,10 @@ func (s *Store) SagaBranches(ctx context.Context, db DBTX, id uuid.UUID) ([]Bran
 	return out, nil
 }
 
-// BranchAttempt records a failed attempt of a branch that is retried.
+// BranchAttempt records a failed attempt of a branch that is retried; code
+// "" stores none.
 func (s *Store) BranchAttempt(ctx context.Context, db DBTX, id uuid.UUID, epoch int, step, branch string, attempt int, msg, code string) error {
-	_, err := db.Exec(ctx, `UPDATE `+quoteSchema(s.schema)+`.saga_branches SET attempt = $5, last_error = $6, error_code = $7
+	_, err := db.Exec(ctx, `UPDATE `+quoteSchema(s.schema)+`.saga_branches SET attempt = $5, last_error = $6, error_code = NULLIF($7, '')
 		WHERE saga_id = $1 AND epoch = $2 AND step = $3 AND branch = $4 AND status = 'running'`,
 		pgID(id), int32(epoch), step, branch, int32(attempt), msg, code)
 	if err != nil {

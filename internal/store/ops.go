@@ -17,6 +17,19 @@ import (
 // operator tools.
 type opsStatements struct {
 	stuck, raiseChecks, waitsReady, touchSaga, deleteOutbox, deleteInbox, deleteSagas, outboxStatus, extendDeadline string
+	branchesLost, lostBranchesOf                                                                                    string
+}
+
+// branchLostSQL is true for a running branch b whose command is
+// not pending: no outbox row of type sagaflow.branch in status pending has
+// its step key (as [wire.Key.String] writes it). A branch that runs right
+// now has its command pending and locked; a branch that ended or retries
+// wrote that in the transaction that consumed its command; so under one
+// snapshot this is true only of a command lost (deleted, or parked dead).
+func branchLostSQL(s string) string {
+	return `b.status = 'running' AND NOT EXISTS (SELECT 1 FROM ` + s + `.outbox o
+		WHERE o.step_key = b.saga_id::text || '/' || b.step || '.' || b.branch || '/forward/' || b.epoch
+			AND o.type = 'sagaflow.branch' AND o.status = 'pending')`
 }
 
 func newOpsStatements(s string) opsStatements {
@@ -62,6 +75,22 @@ func newOpsStatements(s string) opsStatements {
 							AND c.ended_at < now() - $2 * interval '1 microsecond')
 				END
 			ORDER BY s.created_at LIMIT $3`,
+		// Sagas in a parallel step, not moved for more than $2, with a
+		// branch whose command was lost (see branchLostSQL).
+		branchesLost: `SELECT ` + prefixColumns("s.") + `
+			FROM ` + s + `.saga_instances s
+			WHERE s.status = 'running' AND s.wait_kind = 'branches' AND s.direction = 'forward' AND s.saga_name = ANY($1)
+				AND s.updated_at < now() - $2 * interval '1 microsecond'
+				AND NOT ` + pausedSQL(s) + `
+				AND EXISTS (SELECT 1 FROM ` + s + `.saga_branches b
+					WHERE b.saga_id = s.id AND b.epoch = s.epoch AND b.step = s.step_name AND ` + branchLostSQL(s) + `)
+			ORDER BY s.created_at LIMIT $3`,
+		// The branches of saga $1's group (epoch $2, step $3) whose command
+		// was lost, with how long ago the group started them.
+		lostBranchesOf: `SELECT b.branch, b.attempt, EXTRACT(EPOCH FROM now() - b.started_at)
+			FROM ` + s + `.saga_branches b
+			WHERE b.saga_id = $1 AND b.epoch = $2 AND b.step = $3 AND ` + branchLostSQL(s) + `
+			ORDER BY b.branch`,
 		touchSaga: `UPDATE ` + s + `.saga_instances SET updated_at = clock_timestamp() WHERE id = $1 AND version = $2`,
 		extendDeadline: `UPDATE ` + s + `.saga_instances SET next_check_at = clock_timestamp() + $3 * interval '1 microsecond',
 				due_at = NULL
@@ -163,6 +192,55 @@ func (s *Store) WaitsReady(ctx context.Context, db DBTX, names []string, after t
 	})
 	if err != nil {
 		return nil, fmt.Errorf("store: find waits whose wake-up was lost: %w", err)
+	}
+	return out, nil
+}
+
+// SagasWithLostBranches returns up to limit running sagas of the named
+// definitions that wait in a parallel step, have not moved for longer than
+// after, and have a branch whose command was lost (deleted, or parked as
+// dead), oldest first.
+func (s *Store) SagasWithLostBranches(ctx context.Context, db DBTX, names []string, after time.Duration, limit int) ([]Saga, error) {
+	rows, err := db.Query(ctx, s.ops.branchesLost, names, micros(after), limit)
+	if err != nil {
+		return nil, fmt.Errorf("store: find branches whose command was lost: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Saga, error) {
+		var sg Saga
+		return sg, r.Scan(sagaDest(&sg)...)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: find branches whose command was lost: %w", err)
+	}
+	return out, nil
+}
+
+// LostBranch is a running branch whose command was lost, read by
+// [Store.LostBranches].
+type LostBranch struct {
+	Name    string
+	Attempt int
+	// Age is how long ago the group started the branch (database time).
+	Age time.Duration
+}
+
+// LostBranches returns the running branches of saga id's group (epoch,
+// step) whose command was lost, by name. Read it under the saga's row lock:
+// every transaction that ends a branch or writes its retry holds that lock.
+func (s *Store) LostBranches(ctx context.Context, db DBTX, id uuid.UUID, epoch int, step string) ([]LostBranch, error) {
+	rows, err := db.Query(ctx, s.ops.lostBranchesOf, pgID(id), int32(epoch), step)
+	if err != nil {
+		return nil, fmt.Errorf("store: lost branches of saga %s: %w", id, err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (LostBranch, error) {
+		var b LostBranch
+		var age float64
+		err := r.Scan(&b.Name, &b.Attempt, &age)
+		b.Age = time.Duration(age * float64(time.Second))
+		return b, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: lost branches of saga %s: %w", id, err)
 	}
 	return out, nil
 }
