@@ -32,7 +32,7 @@ func MatrixCells(points, faults []string, seeds int) []Cell {
 	for _, p := range points {
 		for _, f := range faults {
 			for s := range seeds {
-				if p == fault.EngineBranchCompleted {
+				if p == fault.EngineBranchCompleted || p == fault.RescueBranchBeforeCommit {
 					// Only the hybrid mode has parallel steps.
 					cells = append(cells, Cell{Point: p, Fault: f, Seed: uint64(s + 1)})
 					continue
@@ -106,8 +106,16 @@ func RunCell(ctx context.Context, dir string, nodeCmd NodeCommand, c Cell) (*Cel
 	env.Sabotage = c.Sabotage
 
 	hit := 1 + rng.IntN(4)
-	if c.Point == fault.RescueAfterRead {
+	switch c.Point {
+	case fault.RescueAfterRead:
 		hit = 1 // only the slow orders reach the rescuer
+	case fault.RescueBranchBeforeCommit:
+		// Only a lost branch command reaches it: every parcel loses its
+		// invoice branch's first command, and the rescuer sends it again.
+		hit = 1
+		if err := env.LoseBranchCommands(ctx); err != nil {
+			return nil, err
+		}
 	}
 	node, err := env.StartNode("node-1", AllRoles, fmt.Sprintf("%s@%d", c.Point, hit))
 	if err != nil {

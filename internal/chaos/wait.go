@@ -161,6 +161,32 @@ CREATE TABLE IF NOT EXISTS %s (
     duplicates integer     NOT NULL DEFAULT 0  -- of which the engine said Duplicate
 );`
 
+// LoseBranchCommands makes the first command of every parcel's invoice
+// branch vanish as it is written (a trigger drops it), as if it had been
+// deleted. Nothing but the rescuer runs that branch then: it sends the
+// command again once the parcel has not moved for RescueSlack, and the
+// crash-point matrix stops it there ([fault.RescueBranchBeforeCommit]).
+func (e *Env) LoseBranchCommands(ctx context.Context) error {
+	s := OrdersSchema
+	_, err := e.Pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+s+`.lost_branch_commands (step_key text PRIMARY KEY);
+		CREATE OR REPLACE FUNCTION `+s+`.lose_branch_command() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.type = 'sagaflow.branch' AND NEW.step_key LIKE '%/prepare.invoice/%' THEN
+				INSERT INTO `+s+`.lost_branch_commands VALUES (NEW.step_key) ON CONFLICT DO NOTHING;
+				IF FOUND THEN
+					RETURN NULL;
+				END IF;
+			END IF;
+			RETURN NEW;
+		END $$;
+		CREATE OR REPLACE TRIGGER lose_branch_command BEFORE INSERT ON `+s+`.outbox
+			FOR EACH ROW EXECUTE FUNCTION `+s+`.lose_branch_command();`)
+	if err != nil {
+		return fmt.Errorf("chaos: lose branch commands: %w", err)
+	}
+	return nil
+}
+
 // StartParcel starts the parcel saga of p, then asks the nodes to send its
 // signal copies times (at least once), not before after has passed. Both
 // retry while the database is away, as Start does.
