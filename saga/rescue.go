@@ -133,7 +133,11 @@ func (e *Engine) resendWakes(ctx context.Context, names []string, res *RescueRes
 				return err
 			}
 			woken = true
-			return e.st.Notify(ctx, tx, e.cfg.CommandTopic)
+			if err := e.st.Notify(ctx, tx, e.cfg.CommandTopic); err != nil {
+				return err
+			}
+			fault.Hit(fault.RescueWakeBeforeCommit)
+			return nil
 		})
 		switch {
 		case err == nil:
@@ -230,7 +234,6 @@ func (e *Engine) rescueBranches(ctx context.Context, tx pgx.Tx, sg *store.Saga, 
 			}
 			tr := e.transition(sg, dec.failed)
 			e.tel.traceRescue(ctx, sg, tr, true)
-			fault.Hit(fault.RescueBranchBeforeCommit)
 			fenced, err := e.st.ApplyTransition(ctx, tx, tr, sp)
 			if err != nil || !fenced {
 				return err // fenced out: the row lock makes this unreachable, and nothing was written
@@ -238,7 +241,11 @@ func (e *Engine) rescueBranches(ctx context.Context, tx pgx.Tx, sg *store.Saga, 
 			*failed++
 			e.log.WarnContext(ctx, "sagaflow failed a parallel step whose branch's command was lost with its attempts spent",
 				slog.String("saga_id", sg.ID.String()), slog.String("branch", step))
-			return e.st.Notify(ctx, tx, e.cfg.CommandTopic)
+			if err := e.st.Notify(ctx, tx, e.cfg.CommandTopic); err != nil {
+				return err
+			}
+			fault.Hit(fault.RescueBranchBeforeCommit)
+			return nil
 		}
 		if dec.attempt > 0 {
 			if err := e.st.BranchAttempt(ctx, tx, sg.ID, sg.Epoch, sg.StepName, lb.Name, dec.attempt, dec.reason, ""); err != nil {
@@ -256,8 +263,11 @@ func (e *Engine) rescueBranches(ctx context.Context, tx pgx.Tx, sg *store.Saga, 
 	if *resent == 0 {
 		return nil
 	}
+	if err := e.st.Notify(ctx, tx, e.cfg.CommandTopic); err != nil {
+		return err
+	}
 	fault.Hit(fault.RescueBranchBeforeCommit)
-	return e.st.Notify(ctx, tx, e.cfg.CommandTopic)
+	return nil
 }
 
 // raiseChecksPasses bounds the statements of one [Engine.raiseChecks].

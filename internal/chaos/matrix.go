@@ -32,7 +32,7 @@ func MatrixCells(points, faults []string, seeds int) []Cell {
 	for _, p := range points {
 		for _, f := range faults {
 			for s := range seeds {
-				if p == fault.EngineBranchCompleted || p == fault.RescueBranchBeforeCommit {
+				if p == fault.EngineBranchCompleted || p == fault.RescueBranchBeforeCommit || p == fault.RescueWakeBeforeCommit {
 					// Only the hybrid mode has parallel steps.
 					cells = append(cells, Cell{Point: p, Fault: f, Seed: uint64(s + 1)})
 					continue
@@ -106,7 +106,16 @@ func RunCell(ctx context.Context, dir string, nodeCmd NodeCommand, c Cell) (*Cel
 	env.Sabotage = c.Sabotage
 
 	hit := 1 + rng.IntN(4)
+	// Signals whose wake-up is lost: the positive control's sabotage, and
+	// the cell of the point where the rescuer sends a wake-up again.
+	loseWakeUps := c.Sabotage == SabotageLostWakeUp || c.Sabotage == SabotageLostSignal
 	switch c.Point {
+	case fault.RescueWakeBeforeCommit:
+		// Only a lost wake-up reaches it: the signaller loses every one.
+		hit, loseWakeUps = 1, true
+		if c.Sabotage == "" {
+			env.Sabotage = SabotageLostWakeUp
+		}
 	case fault.RescueAfterRead:
 		hit = 1 // only the slow orders reach the rescuer
 	case fault.RescueBranchBeforeCommit:
@@ -190,7 +199,7 @@ func RunCell(ctx context.Context, dir string, nodeCmd NodeCommand, c Cell) (*Cel
 			if parcel%3 != 0 {
 				after = time.Duration(200+rng.IntN(2300)) * time.Millisecond
 			}
-			if c.Sabotage == SabotageLostWakeUp || c.Sabotage == SabotageLostSignal {
+			if loseWakeUps {
 				// Only a signal that comes while its parcel waits needs
 				// the wake-up: late enough for every parcel to wait.
 				after += 5 * time.Second

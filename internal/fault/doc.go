@@ -53,6 +53,10 @@ const (
 	// RescueAfterRead: the rescuer has read a stuck saga and decided what to
 	// do; its guarded update is next.
 	RescueAfterRead = "rescue.after-read"
+	// RescueWakeBeforeCommit: the rescuer has written a new wake-up for a
+	// saga that waits without a time limit for what has happened (a signal
+	// pending, a child ended), its wake-up lost; COMMIT is next.
+	RescueWakeBeforeCommit = "rescue.wake-before-commit"
 	// RescueBranchBeforeCommit: the rescuer has written, for a parallel
 	// step's branch whose command was lost, the command again (or the
 	// group's failure, its attempts spent); COMMIT is next.
@@ -81,7 +85,7 @@ var Points = []string{
 	EngineAfterHold,
 	RelayAfterClaim, RelayAfterAck,
 	InboxBeforeCommit, InboxAfterCommit,
-	RescueAfterRead, RescueBranchBeforeCommit,
+	RescueAfterRead, RescueWakeBeforeCommit, RescueBranchBeforeCommit,
 	EngineWaitBeforeCommit, EngineWaitAfterCommit,
 	SignalBeforeCommit, SignalAfterCommit,
 	EngineBranchCompleted,
