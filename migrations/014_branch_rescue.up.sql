@@ -5,3 +5,13 @@
 -- hot path, pays nothing for it.
 CREATE INDEX outbox_branch_pending ON {{schema}}.outbox (step_key)
     WHERE type = 'sagaflow.branch' AND status = 'pending';
+
+-- The rescuer's sweeps for sagas without a deadline start from what can be
+-- ready, not from every saga that waits: a running branch that started
+-- RescueSlack ago, a pending signal, a parent waiting for a child. With
+-- 100,000 sagas asleep on signals that have not come, a sweep that read every
+-- waiting saga read 111,000 buffers (about 0.6 s) at every rescue.
+CREATE INDEX saga_branches_running ON {{schema}}.saga_branches (started_at)
+    WHERE status = 'running';
+CREATE INDEX saga_instances_child_waits ON {{schema}}.saga_instances (id)
+    WHERE wait_kind = 'child' AND status = 'running';

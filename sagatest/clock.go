@@ -68,7 +68,11 @@ func NewClock(pool *pgxpool.Pool, schema string, engines ...*saga.Engine) *Clock
 //   - saga_history.at, inbox.processed_at, dead_letters.created_at and
 //     requeued_at, saga_cancel_requests.requested_at, saga_signals.created_at
 //     and delivered_at, so that retention
-//     (Engine.RunRetention) and listings see the same world.
+//     (Engine.RunRetention) and listings see the same world;
+//   - saga_branches.started_at and ended_at: how long a parallel step's
+//     branch has run, which the rescuer reads to find a branch whose
+//     command was lost and to send a remote branch's lost timeout again
+//     due when it was due.
 //
 // Then it notifies the schema's channel ("<schema>_sagaflow", payload
 // [AdvancePayload]), which wakes the engines' workers and the relays on the
@@ -113,6 +117,7 @@ func (c *Clock) Advance(ctx context.Context, d time.Duration) error {
 		`UPDATE ` + s + `.dead_letters SET ` + shift("created_at") + `, ` + shift("requeued_at"),
 		`UPDATE ` + s + `.saga_cancel_requests SET ` + shift("requested_at"),
 		`UPDATE ` + s + `.saga_signals SET ` + shift("created_at") + `, ` + shift("delivered_at"),
+		`UPDATE ` + s + `.saga_branches SET ` + shift("started_at") + `, ` + shift("ended_at"),
 	}
 	for attempt := 1; ; attempt++ {
 		err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {

@@ -72,22 +72,27 @@ func (b *behave) enter(ctx context.Context, key string, attempt int) error {
 // "undo:<fan>.<branch>" as its compensation, then "post". Branch attempts
 // are bounded by maxAttempts, with a backoff of 10 ms.
 func fanDef(name string, fx *testkit.Effects, bh *behave, maxAttempts int, branches ...string) *saga.Definition[order] {
+	return fanDefWith(name, fx, bh, &saga.RetryPolicy{MaxAttempts: maxAttempts, Backoff: func(int) time.Duration { return 10 * time.Millisecond }}, branches...)
+}
+
+// fanDefWith is fanDef with the branches' retry policy given.
+func fanDefWith(name string, fx *testkit.Effects, bh *behave, retry *saga.RetryPolicy, branches ...string) *saga.Definition[order] {
 	return saga.Define(name,
 		saga.Step[order]{Name: "pre",
 			Action:     func(ctx context.Context, run *saga.StepRun, _ *order) error { return fx.Record(ctx, run, "pre") },
 			Compensate: func(ctx context.Context, run *saga.StepRun, _ *order) error { return fx.Record(ctx, run, "undo:pre") }},
-		saga.Step[order]{Name: "fan", Parallel: &saga.Parallel[order]{Branches: branchesOf("fan", fx, bh, maxAttempts, branches...)}},
+		saga.Step[order]{Name: "fan", Parallel: &saga.Parallel[order]{Branches: branchesOf("fan", fx, bh, retry, branches...)}},
 		saga.Step[order]{Name: "post",
 			Action: func(ctx context.Context, run *saga.StepRun, _ *order) error { return fx.Record(ctx, run, "post") }},
 	)
 }
 
-func branchesOf(step string, fx *testkit.Effects, bh *behave, maxAttempts int, names ...string) []saga.Branch[order] {
+func branchesOf(step string, fx *testkit.Effects, bh *behave, retry *saga.RetryPolicy, names ...string) []saga.Branch[order] {
 	var out []saga.Branch[order]
 	for _, n := range names {
 		key := step + "." + n
 		out = append(out, saga.Branch[order]{Name: n,
-			Retry:   &saga.RetryPolicy{MaxAttempts: maxAttempts, Backoff: func(int) time.Duration { return 10 * time.Millisecond }},
+			Retry:   retry,
 			Timeout: 10 * time.Second,
 			Action: func(ctx context.Context, run *saga.StepRun, _ order) (any, error) {
 				if err := bh.enter(ctx, key, run.Attempt); err != nil {

@@ -125,15 +125,35 @@ func (e *env) branchCommands(t *testing.T, id uuid.UUID, stepBranch, st string) 
 		AND step_key LIKE '%/' || $2 || '/%' AND ($3 = '' OR status = $3)`, id, stepBranch, st)
 }
 
-// age makes saga id look as if it had not moved for d: its updated_at (and
-// its rows' times, through the clock) go back by d. It locks the saga's
-// row with SKIP LOCKED and reports whether it could.
+// age makes saga id look as if d had passed since it last moved: its
+// updated_at, and its branch rows' started_at and ended_at, go back by d.
+// It takes the saga's row with SKIP LOCKED, so it never waits for (or
+// deadlocks with) a batch, and tries again until it could. It reports
+// true, for require.True at call sites. (sagatest.Clock moves the outbox
+// too, which waits for a running handler's claimed row.)
 func (e *env) age(t *testing.T, id uuid.UUID, d time.Duration) bool {
 	t.Helper()
-	tag, err := e.Pool.Exec(context.Background(), `UPDATE `+e.Table("saga_instances")+` SET updated_at = updated_at - $2::interval
-		WHERE id = (SELECT id FROM `+e.Table("saga_instances")+` WHERE id = $1 FOR UPDATE SKIP LOCKED)`, id, d.String())
-	require.NoError(t, err)
-	return tag.RowsAffected() == 1
+	waitFor(t, "the saga row of "+id.String()+" free to age", func() bool {
+		var n int64
+		err := pgxBeginFunc(e.Pool, func(tx pgx.Tx) error {
+			tag, err := tx.Exec(context.Background(), `UPDATE `+e.Table("saga_instances")+` SET updated_at = updated_at - $2::interval
+				WHERE id = (SELECT id FROM `+e.Table("saga_instances")+` WHERE id = $1 FOR UPDATE SKIP LOCKED)`, id, d.String())
+			if err != nil || tag.RowsAffected() == 0 {
+				return err
+			}
+			n = tag.RowsAffected()
+			_, err = tx.Exec(context.Background(), `UPDATE `+e.Table("saga_branches")+` SET started_at = started_at - $2::interval,
+				ended_at = ended_at - $2::interval WHERE saga_id = $1`, id, d.String())
+			return err
+		})
+		require.NoError(t, err)
+		return n == 1
+	})
+	return true
+}
+
+func pgxBeginFunc(pool *pgxpool.Pool, f func(pgx.Tx) error) error {
+	return pgx.BeginFunc(context.Background(), pool, f)
 }
 
 // events counts saga id's history entries of event (at step, when step is

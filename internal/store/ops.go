@@ -63,7 +63,12 @@ func newOpsStatements(s string) opsStatements {
 		// ended. Their wake-up was lost (deleted, or parked as dead).
 		waitsReady: `SELECT ` + prefixColumns("s.") + `
 			FROM ` + s + `.saga_instances s
-			WHERE s.status = 'running' AND s.wait_kind IN ('signal', 'child') AND s.saga_name = ANY($1)
+			WHERE s.id IN (
+					SELECT g.saga_id FROM ` + s + `.saga_signals g
+					WHERE g.status = 'pending' AND g.created_at < now() - $2 * interval '1 microsecond'
+					UNION ALL
+					SELECT w.id FROM ` + s + `.saga_instances w WHERE w.wait_kind = 'child' AND w.status = 'running')
+				AND s.status = 'running' AND s.wait_kind IN ('signal', 'child') AND s.saga_name = ANY($1)
 				AND s.updated_at < now() - $2 * interval '1 microsecond'
 				AND NOT ` + pausedSQL(s) + `
 				AND CASE s.wait_kind
@@ -79,7 +84,9 @@ func newOpsStatements(s string) opsStatements {
 		// branch whose command was lost (see branchLostSQL).
 		branchesLost: `SELECT ` + prefixColumns("s.") + `
 			FROM ` + s + `.saga_instances s
-			WHERE s.status = 'running' AND s.wait_kind = 'branches' AND s.direction = 'forward' AND s.saga_name = ANY($1)
+			WHERE s.id IN (SELECT b.saga_id FROM ` + s + `.saga_branches b
+					WHERE b.status = 'running' AND b.started_at < now() - $2 * interval '1 microsecond')
+				AND s.status = 'running' AND s.wait_kind = 'branches' AND s.direction = 'forward' AND s.saga_name = ANY($1)
 				AND s.updated_at < now() - $2 * interval '1 microsecond'
 				AND NOT ` + pausedSQL(s) + `
 				AND EXISTS (SELECT 1 FROM ` + s + `.saga_branches b
