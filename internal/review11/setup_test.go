@@ -77,7 +77,7 @@ func (e *env) installLoss(t *testing.T) {
 	_, err = e.Pool.Exec(ctx, `CREATE FUNCTION `+fn+`() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE p text; m text;
 BEGIN
-    SELECT l.pattern, l.mode INTO p, m FROM `+lose+` l WHERE NEW.step_key LIKE l.pattern AND NEW.type LIKE l.typ FOR UPDATE;
+    SELECT l.pattern, l.mode INTO p, m FROM `+lose+` l WHERE coalesce(NEW.step_key, '') LIKE l.pattern AND NEW.type LIKE l.typ FOR UPDATE;
     IF NOT FOUND THEN RETURN NULL; END IF;
     UPDATE `+lose+` SET skip = skip - 1 WHERE pattern = p AND skip > 0;
     IF FOUND THEN RETURN NULL; END IF;
