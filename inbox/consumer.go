@@ -400,8 +400,10 @@ func (c *Consumer) processBatch(ctx context.Context, ms []kafka.Message) bool {
 		}
 		return false
 	}
-	wakes.Notify(c.in.wakes)
+	// Before the wake-up: a crash here loses it, and the relay's poll must
+	// publish what the handler wrote.
 	fault.Hit(fault.InboxAfterCommit)
+	wakes.Notify(c.in.wakes)
 	ok = true
 	c.batched.Add(int64(len(ms)))
 	return true

@@ -141,8 +141,10 @@ func (in *Inbox) Process(ctx context.Context, msg Message, fn HandlerFunc) (proc
 	if err != nil {
 		return false, err
 	}
-	wakes.Notify(in.wakes)
+	// Before the wake-up: a crash here loses it, and the relay's poll must
+	// publish what the handler wrote.
 	fault.Hit(fault.InboxAfterCommit)
+	wakes.Notify(in.wakes)
 	return processed, nil
 }
 

@@ -47,8 +47,9 @@ const (
 	// InboxBeforeCommit: a consumed message's handler ran and its inbox key
 	// is written, in a transaction not yet committed.
 	InboxBeforeCommit = "inbox.before-commit"
-	// InboxAfterCommit: the message's transaction committed; its offset is
-	// not committed yet.
+	// InboxAfterCommit: the message's transaction committed; the relay has
+	// not been woken for the rows it wrote, and its offset is not committed
+	// yet.
 	InboxAfterCommit = "inbox.after-commit"
 	// RescueAfterRead: the rescuer has read a stuck saga and decided what to
 	// do; its guarded update is next.
