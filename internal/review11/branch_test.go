@@ -3,7 +3,6 @@ package review11_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -327,8 +326,6 @@ func TestExhaustedWhileSiblingRuns(t *testing.T) {
 	require.Equal(t, "cancelled", branch(t, g, st.ID, "fan", "a", 0).Status)
 }
 
-var _ = fmt.Sprintf
-
 // sagatest.Clock is how a user makes time pass in a test: "every time
 // sagaflow stored in the schema moves d into the past ... so the rescuer
 // finds lost commands". Advancing it past RescueSlack, with the engine
@@ -345,4 +342,27 @@ func TestClockAdvanceRescuesALostBranch(t *testing.T) {
 	in := sagatest.WaitEnded(t, g, id, &sagatest.WaitOpts{Timeout: 5 * time.Second})
 	require.Equal(t, saga.StatusCompleted, in.Status)
 	require.Equal(t, map[string]int{"pre": 1, "fan.a": 1, "fan.b": 1, "post": 1}, e.fx.Counts(t, id))
+}
+
+// A re-sent command lost again is sent again after another RescueSlack,
+// not before ("a saga is looked at at most once per RescueSlack"), each
+// loss counting an attempt; the third attempt runs.
+func TestBranchLostTwice(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	def := fanDef("twice_lost", e.fx, newBehave(), 3, "a", "b")
+	e.lose(t, "%/fan.b/%", "sagaflow.branch", "delete", 0, 2)
+	g, _ := testkit.StartEngine(t, e.Pool, e.cfg(), def)
+	id := e.startFan(t, g, def, "a")
+	require.True(t, e.age(t, id, 2*slack))
+	require.Equal(t, 1, rescue(t, g).Redriven)
+	require.Equal(t, 2, e.dropped(t, "%/fan.b/%"), "the re-sent command was lost too")
+	res := rescue(t, g)
+	require.Zero(t, res.Redriven+res.FailedOver, "looked at again before RescueSlack: %+v", res)
+	require.True(t, e.age(t, id, 2*slack))
+	require.Equal(t, 1, rescue(t, g).Redriven)
+	require.Equal(t, saga.StatusCompleted, testkit.WaitEnded(t, g, id).Status)
+	require.Equal(t, map[string]int{"pre": 1, "fan.a": 1, "fan.b": 1, "post": 1}, e.fx.Counts(t, id))
+	require.Equal(t, 3, branch(t, g, id, "fan", "b", 0).Attempts)
+	require.Equal(t, 2, e.events(t, id, saga.EventSagaRescued, "fan.b"))
 }

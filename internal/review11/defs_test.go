@@ -3,6 +3,7 @@ package review11_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"sync"
 	"time"
 
@@ -106,3 +107,5 @@ func branchesOf(step string, fx *testkit.Effects, bh *behave, retry *saga.RetryP
 	}
 	return out
 }
+
+var errTransient = errors.New("transient")

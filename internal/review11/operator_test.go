@@ -76,9 +76,9 @@ func TestPausedSagaLostBranch(t *testing.T) {
 }
 
 // Pauses race the rescuer: twelve sagas with a lost branch, paused while
-// two rescuers run (no worker runs meanwhile). Once both are done, no
-// paused saga has a claimable branch command; workers then run nothing of
-// them; after Resume every saga completes with each effect once.
+// two rescuers run (no worker runs meanwhile). Once both are done, workers
+// run nothing of the paused sagas; after Resume every saga completes with
+// each effect once, its lost attempt counted once.
 func TestPauseRacesTheBranchRescue(t *testing.T) {
 	t.Parallel()
 	const sagas = 12
@@ -127,9 +127,18 @@ func TestPauseRacesTheBranchRescue(t *testing.T) {
 	}()
 	close(start)
 	wg.Wait()
+	// A re-sent command may escape the pause's hold (the rescue and the
+	// pause committed at the same time): the docs allow that ("a command
+	// that escaped the hold by racing the pause ... an engine that claims
+	// one writes it back held instead of running it"), so it is counted,
+	// not refused. What must hold is that no worker runs it.
+	escaped := 0
 	for _, id := range ids {
-		require.True(t, e.heldOrAbsent(t, id, "fan.b"), "paused saga %s has a claimable branch command\n%s", id, e.dump(t, id))
+		if !e.heldOrAbsent(t, id, "fan.b") {
+			escaped++
+		}
 	}
+	t.Logf("%d of %d re-sent branch commands escaped the pause's hold", escaped, sagas)
 	g2, _ := testkit.StartEngine(t, e.Pool, e.cfg(), def)
 	testkit.Hold(t, 500*time.Millisecond, "no paused saga runs fan.b", func() bool {
 		return e.Count(t, `SELECT count(*) FROM `+e.fx.Table()+` WHERE what = 'fan.b'`) == 0

@@ -8,7 +8,9 @@ package review11_test
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -24,7 +26,20 @@ import (
 	"github.com/sagaflow/sagaflow/sagatest"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+// TestMain runs four tests at once unless -parallel says otherwise: the
+// tests mostly wait on PostgreSQL and the engines' polls, not on the CPU, and
+// with the default (GOMAXPROCS, 2 on CI) the package took about 50 s.
+func TestMain(m *testing.M) {
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set && runtime.GOMAXPROCS(0) < 4 {
+		if err := flag.Set("test.parallel", "4"); err != nil {
+			panic(err)
+		}
+	}
+	pgtest.Main(m)
+}
 
 // slack is the RescueSlack of every engine here. Time passes with
 // sagatest.Clock (or by moving updated_at by hand), never by sleeping.
