@@ -218,12 +218,12 @@ func timeline(t *testing.T, g *saga.Engine, id uuid.UUID) []string {
 func (e *env) dump(t *testing.T, id uuid.UUID) string {
 	t.Helper()
 	var b strings.Builder
-	rows, err := e.Pool.Query(context.Background(), `SELECT type, coalesce(step_key, ''), status, available_at::text, coalesce(paused_from::text, '') FROM `+e.Table("outbox")+` WHERE saga_id = $1 ORDER BY created_at`, id)
+	rows, err := e.Pool.Query(context.Background(), `SELECT type, aggregatetype, coalesce(step_key, ''), status, available_at::text, coalesce(paused_from::text, '') FROM `+e.Table("outbox")+` WHERE saga_id = $1 ORDER BY created_at`, id)
 	require.NoError(t, err)
 	for rows.Next() {
-		var typ, key, st, at, pf string
-		require.NoError(t, rows.Scan(&typ, &key, &st, &at, &pf))
-		fmt.Fprintf(&b, "outbox %s %s %s at=%s paused_from=%s\n", typ, key, st, at, pf)
+		var typ, agg, key, st, at, pf string
+		require.NoError(t, rows.Scan(&typ, &agg, &key, &st, &at, &pf))
+		fmt.Fprintf(&b, "outbox %s %s %s %s at=%s paused_from=%s\n", typ, agg, key, st, at, pf)
 	}
 	rows.Close()
 	rows, err = e.Pool.Query(context.Background(), `SELECT epoch, step, branch, status, attempt, coalesce(error_code, '') FROM `+e.Table("saga_branches")+` WHERE saga_id = $1 ORDER BY epoch, step, branch`, id)

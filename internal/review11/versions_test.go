@@ -2,6 +2,7 @@ package review11_test
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -124,4 +125,43 @@ func TestBranchSweepIsNotStarved(t *testing.T) {
 	for _, id := range waiting {
 		require.Zero(t, e.events(t, id, saga.EventSagaRescued, ""), "a branch in backoff is not lost")
 	}
+}
+
+// The same for a lost wake-up: a v2 saga waits for "go" (v2's handler
+// records "v2:go"); the signal came and its wake-up was lost; an engine
+// with only v1 (whose handler records "v1:go") runs the rescuer. The v2
+// saga's wait must never be ended by v1's code, and whatever wake-up is
+// written must be one only v2 engines claim.
+func TestLostWakeUpOfAnUnknownVersion(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	mk := func(v int) *saga.Definition[order] {
+		tag := map[int]string{1: "v1:go", 2: "v2:go"}[v]
+		return saga.Define("vwait",
+			saga.Step[order]{Name: "await_go", Wait: saga.OnSignal("go", func(ctx context.Context, run *saga.StepRun, _ *order, _ json.RawMessage) error {
+				return e.fx.Record(ctx, run, tag)
+			})}).WithVersion(v)
+	}
+	v1, v2 := mk(1), mk(2)
+	gNew, stopNew := testkit.StartEngine(t, e.Pool, e.cfg(), v2)
+	id := e.startWaiting(t, gNew, v2)
+	stopNew()
+	e.lose(t, "%", "sagaflow.wake", "delete", 0, 1)
+	signal(t, gNew, id, "go")
+	require.Equal(t, 1, e.dropped(t, "%"))
+
+	gOld, _ := testkit.StartEngine(t, e.Pool, e.cfg(), v1)
+	require.NoError(t, e.clk.Advance(ctx, 2*slack))
+	res := rescue(t, gOld)
+	t.Logf("the v1 engine's rescue: %+v\n%s", res, e.dump(t, id))
+	testkit.Hold(t, 500*time.Millisecond, "v1's handler never ends the v2 saga's wait", func() bool { return e.fx.Count(t, id, "v1:go") == 0 })
+	require.Zero(t, e.Count(t, `SELECT count(*) FROM `+e.Table("outbox")+` WHERE saga_id = $1 AND status = 'pending' AND aggregatetype <> 'saga.vwait@v2'`, id),
+		"a wake-up a v1 engine would claim\n%s", e.dump(t, id))
+
+	gNew2, _ := testkit.StartEngine(t, e.Pool, e.cfg(), v2)
+	require.NoError(t, e.clk.Advance(ctx, 2*slack))
+	rescue(t, gNew2)
+	require.Equal(t, saga.StatusCompleted, testkit.WaitEnded(t, gNew2, id).Status)
+	require.Equal(t, map[string]int{"v2:go": 1}, e.fx.Counts(t, id))
 }
