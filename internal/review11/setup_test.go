@@ -77,7 +77,7 @@ func (e *env) cfg() *saga.Config {
 }
 
 // installLoss creates the table "lose" and a trigger that loses, right
-// after its insert, an outbox row of a saga whose step_key is LIKE a pattern
+// after its insert, an outbox row of a saga whose "<step_key>|<type>" is LIKE a pattern
 // of the table (after skipping "skip" matches, at most "drop" rows): mode
 // 'delete' deletes it, mode 'dead' parks it as dead, as an operator's DELETE,
 // a bug, or an engine that did not know the saga for UnknownSagaGrace would.
@@ -92,7 +92,7 @@ func (e *env) installLoss(t *testing.T) {
 	_, err = e.Pool.Exec(ctx, `CREATE FUNCTION `+fn+`() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE p text; m text;
 BEGIN
-    SELECT l.pattern, l.mode INTO p, m FROM `+lose+` l WHERE coalesce(NEW.step_key, '') LIKE l.pattern AND NEW.type LIKE l.typ FOR UPDATE;
+    SELECT l.pattern, l.mode INTO p, m FROM `+lose+` l WHERE coalesce(NEW.step_key, '') || '|' || NEW.type LIKE l.pattern AND NEW.type LIKE l.typ FOR UPDATE;
     IF NOT FOUND THEN RETURN NULL; END IF;
     UPDATE `+lose+` SET skip = skip - 1 WHERE pattern = p AND skip > 0;
     IF FOUND THEN RETURN NULL; END IF;
