@@ -11,6 +11,7 @@ import (
 
 	"github.com/sagaflow/sagaflow/internal/testkit"
 	"github.com/sagaflow/sagaflow/saga"
+	"github.com/sagaflow/sagaflow/sagatest"
 )
 
 // waiterDef awaits signal "go", then signal "later", each without a time
@@ -184,3 +185,55 @@ func TestChildWithLostBranchAndLostParentWakeUp(t *testing.T) {
 	require.Equal(t, map[string]int{"child_done": 1}, e.fx.Counts(t, st.ID))
 	require.Equal(t, map[string]int{"pre": 1, "fan.a": 1, "fan.b": 1, "post": 1}, e.fx.Counts(t, kid))
 }
+
+// A wait with a time limit has a deadline, so the sweep for lost wake-ups
+// is not for it. But its signal came in time and only the wake-up was
+// lost: when the limit's command fires, the signal is there, pending.
+// Guarantee 12, "Waits end once, and none is missed ... a signal is
+// delivered whether it arrives before the saga reaches the await ... or
+// after": the wait takes the signal rather than timing out.
+//
+// Two cases: the rescuer runs after RescueSlack (it wakes the saga, which is
+// more than promised for a timed wait), or the hour passes before any
+// rescue, so that the limit's command is what finds the pending signal.
+func TestLostWakeUpOfATimedWait(t *testing.T) {
+	t.Parallel()
+	for _, rescueFirst := range []bool{true, false} {
+		name := map[bool]string{true: "rescuer first", false: "limit first"}[rescueFirst]
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			lostWakeUpOfATimedWait(t, rescueFirst)
+		})
+	}
+}
+
+func lostWakeUpOfATimedWait(t *testing.T, rescueFirst bool) {
+	ctx := context.Background()
+	e := newEnv(t)
+	def := saga.Define("timedwait",
+		saga.Step[order]{Name: "pre",
+			Action:     func(ctx context.Context, run *saga.StepRun, _ *order) error { return e.fx.Record(ctx, run, "pre") },
+			Compensate: func(ctx context.Context, run *saga.StepRun, _ *order) error { return e.fx.Record(ctx, run, "undo:pre") }},
+		saga.Step[order]{Name: "await_go", Wait: saga.OnSignal("go", func(ctx context.Context, run *saga.StepRun, _ *order, _ json.RawMessage) error {
+			return e.fx.Record(ctx, run, "go")
+		}).Timeout(time.Hour)},
+	)
+	g, _ := testkit.StartEngine(t, e.Pool, e.cfg(), def)
+	id := e.startWaiting(t, g, def)
+	e.lose(t, "%", "sagaflow.wake", "delete", 0, 1)
+	signal(t, g, id, "go")
+	require.Equal(t, 1, e.dropped(t, "%"))
+	if rescueFirst {
+		require.NoError(t, e.clk.Advance(ctx, 2*slack))
+		t.Logf("rescue after 2×RescueSlack: %+v", rescue(t, g))
+	} else {
+		require.NoError(t, e.clk.Advance(ctx, time.Hour+time.Second))
+	}
+	in := testkit.WaitEnded(t, g, id)
+	sigs, err := g.Signals(ctx, id)
+	require.NoError(t, err)
+	require.Equal(t, map[string]int{"pre": 1, "go": 1}, e.fx.Counts(t, id), "the signal came within the hour; timeline %v; signals %+v", sagatestTimeline(in), sigs)
+	require.Equal(t, saga.StatusCompleted, in.Status)
+}
+
+func sagatestTimeline(in *saga.Instance) []string { return sagatest.Timeline(in) }
