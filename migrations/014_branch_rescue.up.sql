@@ -15,3 +15,9 @@ CREATE INDEX saga_branches_running ON {{schema}}.saga_branches (started_at)
     WHERE status = 'running';
 CREATE INDEX saga_instances_child_waits ON {{schema}}.saga_instances (id)
     WHERE wait_kind = 'child' AND status = 'running';
+
+-- A wake-up that is pending (queued behind a backlog, or with no worker
+-- running) is not lost: the wake-up sweep looks for one per saga before it
+-- sends another.
+CREATE INDEX outbox_wake_pending ON {{schema}}.outbox (saga_id)
+    WHERE type = 'sagaflow.wake' AND status = 'pending';

@@ -302,6 +302,19 @@ func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, derr 
 		if ls.Paused && !Status(ls.Status).Terminal() {
 			return b.hold(ctx, c, ls)
 		}
+		if ls.CancelRequest == nil {
+			ls.CancelRequest = e.running.pending(ls.ID)
+		}
+		if ls.CancelRequest != nil {
+			// A pending cancel request goes ahead of a branch too, as of
+			// any command: a branch re-sent by the rescuer, or requeued by
+			// an operator, found a request whose own message was lost
+			// (found by review11).
+			handled, err := b.applyCancel(ctx, c, ls, def, last)
+			if err != nil || handled {
+				return err
+			}
+		}
 		return b.branch(b.traceStep(ctx, c, &ls.Saga, steps.Forward), c, cmd, ls, def, last)
 	}
 	if ls.CancelRequest == nil {

@@ -489,6 +489,12 @@ func (b *batch) branchFailed(ctx context.Context, sg *store.Saga, def *compiled,
 	b.tx.stats.failed.Add(1)
 	if !steps.IsPermanent(herr) && attempt < br.retry.MaxAttempts {
 		delay := br.retry.Backoff(attempt)
+		var ra *steps.RetryAfterError
+		if errors.As(herr, &ra) {
+			// As a step's: no sooner than the handler asked (found by
+			// review11: a branch was retried after its backoff).
+			delay = ra.Delay
+		}
 		if err := e.st.BranchAttempt(ctx, b.tx.tx, sg.ID, sg.Epoch, sg.StepName, br.name, attempt, msg, code); err != nil {
 			return err
 		}

@@ -45,8 +45,11 @@ type RescueResult struct {
 	Released int
 	// Woken sagas waited without a time limit for something that had
 	// happened (a signal pending, a child ended) more than RescueSlack
-	// before, without moving: their wake-up had been lost (deleted, or
-	// parked as dead). Each was sent a new one.
+	// before, without moving, and had no wake-up pending in the outbox:
+	// their wake-up had been lost (deleted, or parked as dead). Each was
+	// sent a new one. (In Kafka mode a wake-up that was published and
+	// waits in a consumer's backlog longer than RescueSlack counts as lost
+	// too; the second one finds the saga moved on and does nothing.)
 	Woken int
 	// Rechecked sagas were looked at before their deadline: a step had
 	// moved the deadline later without moving the rescuer's indexed lower

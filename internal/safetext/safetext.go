@@ -41,10 +41,13 @@ func Check(field, s string, limit int) error {
 	return nil
 }
 
+// ellipsis ends a cut text.
+const ellipsis = "…"
+
 // Text makes s storable in a text or jsonb value: NUL bytes become the two
 // characters \0, invalid UTF-8 becomes U+FFFD, and a string longer than
 // limit bytes (limit <= 0: no limit) is cut on a rune boundary and ends
-// with "…". A string that is already safe and short enough is returned as it
+// with "…", at most limit bytes in all. A string that is already safe and short enough is returned as it
 // is.
 func Text(s string, limit int) string {
 	if Problem(s, limit) == "" {
@@ -52,11 +55,13 @@ func Text(s string, limit int) string {
 	}
 	s = strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", `\0`), "\uFFFD")
 	if limit > 0 && len(s) > limit {
-		cut := limit
+		// The ellipsis counts: the result is at most limit bytes (or just
+		// the ellipsis, for a limit shorter than it).
+		cut := max(limit-len(ellipsis), 0)
 		for cut > 0 && !utf8.RuneStart(s[cut]) {
 			cut--
 		}
-		s = s[:cut] + "…"
+		s = s[:cut] + ellipsis
 	}
 	return s
 }

@@ -18,7 +18,8 @@ func TestText(t *testing.T) {
 		{"safe", "hello", 10, "hello"},
 		{"nul", "a\x00b", 0, `a\0b`},
 		{"invalid utf8", "a\xffb", 0, "a\uFFFDb"},
-		{"cut on a rune", "ééé", 3, "é…"},
+		{"cut on a rune", "ééé", 5, "é…"},
+		{"the ellipsis counts", "ééé", 4, "…"},
 		{"no limit", strings.Repeat("x", 10000), 0, strings.Repeat("x", 10000)},
 	}
 	for _, c := range cases {

@@ -60,7 +60,8 @@ func newOpsStatements(s string) opsStatements {
 		// Sagas that wait without a time limit (no deadline) for what has
 		// happened more than $2 ago, and have not moved since: a signal of
 		// the name they wait for is pending, or the child they wait for has
-		// ended. Their wake-up was lost (deleted, or parked as dead).
+		// ended, and no wake-up of theirs is pending. Their wake-up was lost
+		// (deleted, or parked as dead).
 		waitsReady: `SELECT ` + prefixColumns("s.") + `
 			FROM ` + s + `.saga_instances s
 			WHERE s.id IN (
@@ -71,6 +72,8 @@ func newOpsStatements(s string) opsStatements {
 				AND s.status = 'running' AND s.wait_kind IN ('signal', 'child') AND s.saga_name = ANY($1)
 				AND s.updated_at < now() - $2 * interval '1 microsecond'
 				AND NOT ` + pausedSQL(s) + `
+				AND NOT EXISTS (SELECT 1 FROM ` + s + `.outbox o
+					WHERE o.saga_id = s.id AND o.type = 'sagaflow.wake' AND o.status = 'pending')
 				AND CASE s.wait_kind
 					WHEN 'signal' THEN EXISTS (SELECT 1 FROM ` + s + `.saga_signals g
 						WHERE g.saga_id = s.id AND g.name = s.wait_for AND g.status = 'pending'
