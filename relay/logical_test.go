@@ -24,6 +24,7 @@ import (
 // schema on it, a kfake cluster and a log-based relay run by a supervisor
 // that restarts it when its stream breaks.
 type logicalEnv struct {
+	t    *testing.T
 	ctx  context.Context
 	srv  *pgtest.Server
 	pool *pgxpool.Pool
@@ -58,11 +59,13 @@ func setupLogical(t *testing.T) *logicalEnv {
 	mr := sdkmetric.NewManualReader()
 	lr, err := relay.NewLogical(pool, srv.ConnString(), w, &relay.LogicalConfig{
 		Schema: cdcSchema, Slot: "cdc_test", Publication: "cdc_test", StatusInterval: 200 * time.Millisecond,
-		Logger: quiet, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(mr)),
+		Logger: testLogger(t), MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(mr)),
 	})
 	require.NoError(t, err)
 	require.NoError(t, lr.Setup(ctx))
-	return &logicalEnv{ctx: ctx, srv: srv, pool: pool, kc: kc, lr: lr, mr: mr}
+	e := &logicalEnv{t: t, ctx: ctx, srv: srv, pool: pool, kc: kc, lr: lr, mr: mr}
+	t.Cleanup(e.kill) // before the server stops, and before the test's log closes
+	return e
 }
 
 // start runs the relay until stop, restarting it whenever Run returns an
@@ -75,9 +78,11 @@ func (e *logicalEnv) start() {
 	go func(done chan struct{}) {
 		defer close(done)
 		for ctx.Err() == nil {
-			if err := e.lr.Run(ctx); err == nil {
+			err := e.lr.Run(ctx)
+			if err == nil {
 				return
 			}
+			e.t.Logf("%s logical relay: Run: %v; restarting", time.Now().Format("15:04:05.000"), err)
 			select {
 			case <-ctx.Done():
 			case <-time.After(100 * time.Millisecond):
@@ -91,6 +96,9 @@ func (e *logicalEnv) start() {
 func (e *logicalEnv) kill() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if e.cancel == nil {
+		return
+	}
 	e.cancel()
 	<-e.done
 }
