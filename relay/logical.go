@@ -78,9 +78,9 @@ type LogicalConfig struct {
 // docs/relays.md for what it does and what it leaves to the polling
 // [Relay]. It reads one transaction at a time, in commit order, waits until
 // other sessions can see it, writes the transaction's rows with one
-// WriteMessages call, marks them published (or
-// parks bad rows dead) with one statement each, and only then confirms the
-// transaction's end to the slot. A crash before the confirmation streams
+// WriteMessages call, marks them published (or parks bad rows dead) with
+// one statement each, and only then confirms the transaction's end to the
+// slot. A crash before the confirmation streams
 // the transaction again: consumers deduplicate on sagaflow-message-id.
 type LogicalRelay struct {
 	pool      *pgxpool.Pool
