@@ -398,7 +398,7 @@ func (r *LogicalRelay) stream(ctx context.Context) error {
 // waits, the relay keeps reporting the last confirmed position, so that the
 // server does not drop the connection after wal_sender_timeout.
 func (r *LogicalRelay) awaitVisible(ctx context.Context, conn *pgconn.PgConn, xid uint32, confirmed pglogrepl.LSN) error {
-	wait := time.Millisecond
+	wait := 100 * time.Microsecond // the gap is usually shorter than a round trip
 	nextStatus := time.Now().Add(r.cfg.StatusInterval)
 	for {
 		var snap string
