@@ -125,7 +125,9 @@ type Config struct {
 	// requeued or replayed, which have attempts) and rows pending longer
 	// than SweepAfter (a backstop for a slot that lost rows), and it does
 	// not LISTEN, so it never races the log-based relay for a row due at
-	// once. Defaults to false: a relay that publishes every due row.
+	// once while the stream keeps up (a row the stream holds back longer
+	// than SweepAfter may be published by both). Defaults to false: a relay
+	// that publishes every due row.
 	Sweeper bool
 	// SweepAfter is, for a Sweeper, how long a row that the log-based relay
 	// should publish may stay pending before the sweeper publishes it.

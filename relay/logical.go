@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -75,10 +76,11 @@ type LogicalConfig struct {
 // LogicalRelay publishes the outbox's relay rows from PostgreSQL's logical
 // replication stream (pgoutput) instead of claiming them: see
 // docs/relays.md for what it does and what it leaves to the polling
-// [Relay]. It reads one transaction at a time, in commit order, writes the
-// transaction's rows with one WriteMessages call, marks them published (or
-// parks bad rows dead) with one statement each, and only then confirms the
-// transaction's end to the slot. A crash before the confirmation streams
+// [Relay]. It reads one transaction at a time, in commit order, waits until
+// other sessions can see it, writes the transaction's rows with one
+// WriteMessages call, marks them published (or parks bad rows dead) with
+// one statement each, and only then confirms the transaction's end to the
+// slot. A crash before the confirmation streams
 // the transaction again: consumers deduplicate on sagaflow-message-id.
 type LogicalRelay struct {
 	pool      *pgxpool.Pool
@@ -280,6 +282,7 @@ func (r *LogicalRelay) stream(ctx context.Context) error {
 	// published are skipped (one query per replayed transaction).
 	replaying := true
 	inTx := false
+	var xid uint32 // the transaction being read
 	nextStatus := time.Now().Add(r.cfg.StatusInterval)
 	for {
 		if time.Now().After(nextStatus) && confirmed != 0 {
@@ -337,6 +340,7 @@ func (r *LogicalRelay) stream(ctx context.Context) error {
 			case *pglogrepl.BeginMessage:
 				txRows = txRows[:0]
 				inTx = true
+				xid = m.Xid
 			case *pglogrepl.InsertMessage:
 				rel := relations[m.RelationID]
 				if rel == nil {
@@ -353,6 +357,13 @@ func (r *LogicalRelay) stream(ctx context.Context) error {
 					txRows = append(txRows, row)
 				}
 			case *pglogrepl.CommitMessage:
+				if len(txRows) > 0 {
+					// Published, checked and marked only once other
+					// sessions can see them.
+					if err := r.awaitVisible(ctx, conn, xid, confirmed); err != nil {
+						return err
+					}
+				}
 				if replaying && len(txRows) > 0 {
 					n := len(txRows)
 					if txRows, err = r.stillPending(ctx, txRows); err != nil {
@@ -374,6 +385,78 @@ func (r *LogicalRelay) stream(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// awaitVisible returns once transaction xid, whose commit the stream has
+// delivered, is visible to new snapshots. PostgreSQL writes a commit to the
+// WAL, where the walsender can decode and send it, before it makes the
+// transaction visible to other sessions; a committing backend that is slow
+// (a loaded machine) or waits for a synchronous standby leaves a gap. In
+// that gap the rows are not there for SQL: marking them published would
+// update nothing and leave them pending for a sweeper to publish again, and
+// the replay check would take them for rows already published. While it
+// waits, the relay keeps reporting the last confirmed position, so that the
+// server does not drop the connection after wal_sender_timeout.
+func (r *LogicalRelay) awaitVisible(ctx context.Context, conn *pgconn.PgConn, xid uint32, confirmed pglogrepl.LSN) error {
+	wait := 100 * time.Microsecond // the gap is usually shorter than a round trip
+	nextStatus := time.Now().Add(r.cfg.StatusInterval)
+	for {
+		var snap string
+		if err := r.pool.QueryRow(ctx, `SELECT pg_current_snapshot()::text`).Scan(&snap); err != nil {
+			return fmt.Errorf("relay: wait for transaction %d to be visible: %w", xid, err)
+		}
+		done, err := finishedIn(xid, snap)
+		if err != nil || done {
+			return err
+		}
+		if time.Now().After(nextStatus) && confirmed != 0 {
+			if err := r.confirm(ctx, conn, confirmed); err != nil {
+				return err
+			}
+			nextStatus = time.Now().Add(r.cfg.StatusInterval)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 50*time.Millisecond)
+	}
+}
+
+// finishedIn reports whether the snapshot snap (pg_snapshot's text form,
+// xmin:xmax:xip,...) sees transaction xid as finished. xid is the 32-bit id
+// pgoutput sends; it is placed in the epoch that puts it nearest xmax.
+func finishedIn(xid uint32, snap string) (bool, error) {
+	parts := strings.Split(snap, ":")
+	if len(parts) != 3 {
+		return false, fmt.Errorf("relay: snapshot %q", snap)
+	}
+	xmin, err1 := strconv.ParseUint(parts[0], 10, 64)
+	xmax, err2 := strconv.ParseUint(parts[1], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return false, fmt.Errorf("relay: snapshot %q: %w", snap, err)
+	}
+	full := int64(xmax) + int64(int32(xid-uint32(xmax)))
+	switch {
+	case full < int64(xmin):
+		return true, nil
+	case full >= int64(xmax):
+		return false, nil
+	}
+	if parts[2] == "" {
+		return true, nil
+	}
+	for _, s := range strings.Split(parts[2], ",") {
+		x, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			return false, fmt.Errorf("relay: snapshot %q: %w", snap, err)
+		}
+		if int64(x) == full {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // stillPending returns the rows of rows that are still pending.

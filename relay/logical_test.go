@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -24,6 +25,7 @@ import (
 // schema on it, a kfake cluster and a log-based relay run by a supervisor
 // that restarts it when its stream breaks.
 type logicalEnv struct {
+	t    *testing.T
 	ctx  context.Context
 	srv  *pgtest.Server
 	pool *pgxpool.Pool
@@ -58,11 +60,13 @@ func setupLogical(t *testing.T) *logicalEnv {
 	mr := sdkmetric.NewManualReader()
 	lr, err := relay.NewLogical(pool, srv.ConnString(), w, &relay.LogicalConfig{
 		Schema: cdcSchema, Slot: "cdc_test", Publication: "cdc_test", StatusInterval: 200 * time.Millisecond,
-		Logger: quiet, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(mr)),
+		Logger: testLogger(t), MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(mr)),
 	})
 	require.NoError(t, err)
 	require.NoError(t, lr.Setup(ctx))
-	return &logicalEnv{ctx: ctx, srv: srv, pool: pool, kc: kc, lr: lr, mr: mr}
+	e := &logicalEnv{t: t, ctx: ctx, srv: srv, pool: pool, kc: kc, lr: lr, mr: mr}
+	t.Cleanup(e.kill) // before the server stops, and before the test's log closes
+	return e
 }
 
 // start runs the relay until stop, restarting it whenever Run returns an
@@ -75,9 +79,11 @@ func (e *logicalEnv) start() {
 	go func(done chan struct{}) {
 		defer close(done)
 		for ctx.Err() == nil {
-			if err := e.lr.Run(ctx); err == nil {
+			err := e.lr.Run(ctx)
+			if err == nil {
 				return
 			}
+			e.t.Logf("%s logical relay: Run: %v; restarting", time.Now().Format("15:04:05.000"), err)
 			select {
 			case <-ctx.Done():
 			case <-time.After(100 * time.Millisecond):
@@ -91,6 +97,9 @@ func (e *logicalEnv) start() {
 func (e *logicalEnv) kill() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if e.cancel == nil {
+		return
+	}
 	e.cancel()
 	<-e.done
 }
@@ -311,4 +320,146 @@ func TestSweeperBesideALogicalRelay(t *testing.T) {
 	h, err := sweeper.Health(e.ctx)
 	require.NoError(t, err)
 	require.Positive(t, h.Published, "the sweeper published the delayed row")
+}
+
+// TestLogicalRelayMarksACommitOnceVisible holds a transaction in the gap
+// between its commit record reaching the WAL, where the stream decodes it,
+// and its becoming visible to other sessions: a loaded server leaves that
+// gap open for a moment, a commit waiting for a synchronous standby (here
+// one that does not exist) for as long as it waits. The relay publishes and
+// marks the rows only once it can see them: an UPDATE in the gap finds
+// nothing, the rows stay pending and a sweeper publishes them again after
+// SweepAfter (CI saw a row published twice after 31 s beside a sweeper,
+// and waited 60 s in vain for rows marked published without one).
+//
+// The held transaction comes either after one the relay has published or
+// first: at start-up the relay checks replayed rows by SQL, and took rows
+// it could not see yet for rows already published, which it skipped.
+func TestLogicalRelayMarksACommitOnceVisible(t *testing.T) {
+	t.Run("after a first row", func(t *testing.T) { testCommitOnceVisible(t, true) })
+	t.Run("first", func(t *testing.T) { testCommitOnceVisible(t, false) })
+}
+
+func testCommitOnceVisible(t *testing.T, warm bool) {
+	e := setupLogical(t)
+	e.start()
+	var want []uuid.UUID
+	if warm {
+		want = e.insert(t, []int{1}, "relay")
+		waitFor(t, time.Minute, "the stream to publish a first row", func() bool { return e.published(t) == 1 })
+	}
+	countedBefore := e.publishedMetric(t)
+
+	// Every commit that writes now waits for the standby 'nobody', once
+	// the checkpointer has taken the setting up: a probe's commit shows
+	// when.
+	_, err := e.pool.Exec(e.ctx, `CREATE TABLE cdc.probe (n int)`)
+	require.NoError(t, err)
+	_, err = e.pool.Exec(e.ctx, `ALTER SYSTEM SET synchronous_standby_names = 'nobody'`)
+	require.NoError(t, err)
+	_, err = e.pool.Exec(e.ctx, `SELECT pg_reload_conf()`)
+	require.NoError(t, err)
+	released := false
+	release := func() {
+		if released {
+			return
+		}
+		released = true
+		_, err := e.pool.Exec(e.ctx, `ALTER SYSTEM RESET synchronous_standby_names`)
+		require.NoError(t, err)
+		_, err = e.pool.Exec(e.ctx, `SELECT pg_reload_conf()`)
+		require.NoError(t, err)
+	}
+	t.Cleanup(release)
+	hold := func(what, sql string, args ...any) <-chan error {
+		t.Helper()
+		conn, err := pgx.Connect(e.ctx, e.srv.ConnString())
+		require.NoError(t, err)
+		var pid int
+		require.NoError(t, conn.QueryRow(e.ctx, `SELECT pg_backend_pid()`).Scan(&pid))
+		done, finished := make(chan error, 1), make(chan struct{})
+		go func() {
+			defer close(finished)
+			_, err := conn.Exec(e.ctx, sql, args...)
+			done <- err
+		}()
+		t.Cleanup(func() {
+			release()
+			<-finished
+			_ = conn.Close(context.Background())
+		})
+		committed := false
+		waitFor(t, time.Minute, what+" to wait for the standby", func() bool {
+			select {
+			case err := <-done:
+				require.NoError(t, err)
+				committed = true
+				return true
+			default:
+			}
+			var waiting bool
+			require.NoError(t, e.pool.QueryRow(e.ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+				WHERE pid = $1 AND wait_event = 'SyncRep')`, pid).Scan(&waiting))
+			return waiting
+		})
+		if committed {
+			return nil
+		}
+		return done
+	}
+	for hold("a probe", `INSERT INTO cdc.probe VALUES (1)`) == nil {
+	}
+
+	held := uuid.New()
+	insertDone := hold("the outbox insert", `INSERT INTO cdc.outbox (id, topic, aggregateid, type, payload)
+		VALUES ($1, $2, 'k', 'test', '\x00')`, held, topicOrders)
+	require.NotNil(t, insertDone, "the insert waits for the standby")
+	want = append(want, held)
+	var visible bool
+	require.NoError(t, e.pool.QueryRow(e.ctx, `SELECT EXISTS (SELECT FROM cdc.outbox WHERE id = $1)`, held).Scan(&visible))
+	require.False(t, visible, "the held row is not visible yet")
+	// The stream carries the commit at once; a relay that published or
+	// marked the row before it could see it would do so within
+	// milliseconds.
+	watch := time.NewTimer(time.Second)
+	defer watch.Stop()
+	for tick := time.NewTicker(10 * time.Millisecond); ; {
+		msgs, err := e.kc.ReadAll(e.ctx, topicOrders)
+		require.NoError(t, err)
+		require.Zero(t, copies(t, msgs)[held.String()], "the relay published a row it could not see")
+		require.Equal(t, countedBefore, e.publishedMetric(t), "the relay marked rows it could not see")
+		select {
+		case <-tick.C:
+			continue
+		case <-watch.C:
+		}
+		tick.Stop()
+		break
+	}
+
+	release()
+	require.NoError(t, <-insertDone)
+	waitFor(t, time.Minute, "the held row marked published", func() bool { return e.published(t) == len(want) })
+	e.kill()
+	msgs, err := e.kc.ReadAll(e.ctx, topicOrders)
+	require.NoError(t, err)
+	n := copies(t, msgs)
+	for _, id := range want {
+		require.Equal(t, 1, n[id.String()], "message %s", id)
+	}
+}
+
+// publishedMetric returns the relay's sagaflow.outbox.published counter.
+func (e *logicalEnv) publishedMetric(t *testing.T) int64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, e.mr.Collect(e.ctx, &rm))
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if s, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == "sagaflow.outbox.published" && len(s.DataPoints) == 1 {
+				return s.DataPoints[0].Value
+			}
+		}
+	}
+	return 0
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -62,6 +63,19 @@ func (e *env) writer(t *testing.T) *kafka.Writer {
 }
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// testLogger writes a relay's warnings and errors to the test's log. The
+// relay must have stopped before the test ends.
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(logWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+type logWriter struct{ t *testing.T }
+
+func (w logWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
 
 // relay returns a relay on the test schema with cfg (Schema and Logger are
 // filled in), stopped when the test ends.
