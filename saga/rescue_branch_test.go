@@ -119,6 +119,9 @@ func TestRescuerResendsALostBranchCommand(t *testing.T) {
 	g.mu.Unlock()
 	b.parkBranchOnce(t, lost.ID, "fan.b2")
 	b.start(t)
+	var once sync.Once
+	releaseRunning := func() { once.Do(func() { close(g.release) }) }
+	t.Cleanup(releaseRunning) // before the engine stops, if the test fails first
 
 	require.Equal(t, running.ID, <-g.started, "the running saga's b2 runs and waits")
 	waitFor(t, 10*time.Second, func() bool {
@@ -126,9 +129,18 @@ func TestRescuerResendsALostBranchCommand(t *testing.T) {
 			b.count(t, "SELECT count(*) FROM "+b.table("outbox")+" WHERE saga_id = $1 AND status = 'dead'", lost.ID) == 1
 	}, "b1 to complete and b2's command to be parked")
 
+	// Before RescueSlack has passed since the saga last moved, nothing is
+	// sent. (Under load the wait above can take longer than that: the
+	// check is made only while it can hold.)
+	var idle time.Duration
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT now() - updated_at FROM "+b.table("saga_instances")+" WHERE id = $1", lost.ID).Scan(&idle))
 	res, err := b.engine.RescueNow(ctx)
 	require.NoError(t, err)
-	require.Zero(t, res.Redriven, "the group has not waited RescueSlack yet")
+	if idle < slack/2 {
+		require.Zero(t, res.Redriven, "the group has not waited RescueSlack yet (idle %s)", idle)
+	} else {
+		t.Logf("the saga was idle %s before the first rescue: the not-yet check is skipped", idle)
+	}
 	time.Sleep(slack + 100*time.Millisecond)
 	res, err = b.engine.RescueNow(ctx)
 	require.NoError(t, err)
@@ -145,7 +157,7 @@ func TestRescuerResendsALostBranchCommand(t *testing.T) {
 	res, err = b.engine.RescueNow(ctx)
 	require.NoError(t, err)
 	require.Zero(t, res.Redriven, "nothing is lost any more")
-	close(g.release)
+	releaseRunning()
 	in = b.waitTerminal(t, running.ID)
 	require.Equal(t, saga.StatusCompleted, in.Status)
 	require.ElementsMatch(t, []string{"fan.b1/forward", "fan.b2/forward", "after/forward"}, b.effects(t, running.ID))
@@ -193,7 +205,7 @@ func TestRescuerFailsAGroupWhenALostBranchHasNoAttemptLeft(t *testing.T) {
 func TestRescuerResendsALostRemoteBranchTimeout(t *testing.T) {
 	t.Parallel()
 	const slack = 200 * time.Millisecond
-	const timeout = 3 * time.Second
+	const timeout = 5 * time.Second
 	k := setupKafkaWith(t, 1, &saga.Config{RescueSlack: slack, Kafka: &saga.KafkaConfig{}},
 		"payments.commands", saga.CommandTopicDefault+".losttimer.replies")
 	b := k.bundle
@@ -229,7 +241,9 @@ func TestRescuerResendsALostRemoteBranchTimeout(t *testing.T) {
 		" WHERE saga_id = $1 AND type = 'sagaflow.branch' AND status = 'pending'", st.ID).Scan(&due))
 	require.WithinDuration(t, started.Add(timeout), due, 250*time.Millisecond,
 		"the timeout is due when it was due before it was lost")
-	require.Equal(t, "running", branchesOf(t, b.engine, st.ID)["pay"].Status, "no reply yet, and the timeout not yet due")
+	if time.Since(started) < timeout-time.Second {
+		require.Equal(t, "running", branchesOf(t, b.engine, st.ID)["pay"].Status, "no reply yet, and the timeout not yet due")
+	}
 
 	in := b.waitTerminal(t, st.ID)
 	require.Equal(t, saga.StatusCompensated, in.Status)
