@@ -7,7 +7,6 @@ package review11_test
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"runtime"
@@ -267,12 +266,4 @@ func tenants(t *testing.T) (*testkit.DB, *testkit.DB) {
 		}
 	})
 	return testkit.Migrate(t, pool, lower), testkit.Migrate(t, pool, upper)
-}
-
-// mustJSON encodes v.
-func mustJSON(t *testing.T, v any) json.RawMessage {
-	t.Helper()
-	b, err := json.Marshal(v)
-	require.NoError(t, err)
-	return b
 }
