@@ -295,27 +295,14 @@ func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, derr 
 			return err
 		}
 	}
-	if c.Type == branchType {
-		// A branch runs beside the others of its group (it holds its own
-		// lock, not the saga's): pause and cancel are applied by the
-		// saga's own commands, and a branch finds the group gone.
-		if ls.Paused && !Status(ls.Status).Terminal() {
-			return b.hold(ctx, c, ls)
-		}
-		if ls.CancelRequest == nil {
-			ls.CancelRequest = e.running.pending(ls.ID)
-		}
-		if ls.CancelRequest != nil {
-			// A pending cancel request goes ahead of a branch too, as of
-			// any command: a branch re-sent by the rescuer, or requeued by
-			// an operator, found a request whose own message was lost
-			// (found by review11).
-			handled, err := b.applyCancel(ctx, c, ls, def, last)
-			if err != nil || handled {
-				return err
-			}
-		}
-		return b.branch(b.traceStep(ctx, c, &ls.Saga, steps.Forward), c, cmd, ls, def, last)
+	// A branch runs beside the others of its group (it holds its own lock,
+	// not the saga's), and a branch finds the group gone when the saga's
+	// own commands ended it. A paused saga's branch is held; a pending
+	// cancel request goes ahead of it as of any command (a branch re-sent by
+	// the rescuer, or requeued by an operator, can find a request whose own
+	// message was lost: found by review11).
+	if c.Type == branchType && ls.Paused && !Status(ls.Status).Terminal() {
+		return b.hold(ctx, c, ls)
 	}
 	if ls.CancelRequest == nil {
 		// A request recorded since the claim, heard of while earlier
@@ -328,6 +315,9 @@ func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, derr 
 		if err != nil || handled {
 			return err
 		}
+	}
+	if c.Type == branchType {
+		return b.branch(b.traceStep(ctx, c, &ls.Saga, steps.Forward), c, cmd, ls, def, last)
 	}
 	if !ls.Paused && (c.Type == wakeType || c.Type == commandType) && b.tx.pauseHeard() {
 		// A pause was announced since the batch claimed its commands:
