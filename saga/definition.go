@@ -3,6 +3,7 @@ package saga
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -97,6 +98,17 @@ func (p *RetryPolicy) withDefaults() RetryPolicy {
 		out.Backoff = DefaultBackoff
 	}
 	return out
+}
+
+// retryDelay is how long after failed attempt the next one is due: the
+// policy's Backoff, or the delay the handler asked for with
+// [steps.RetryAfter]. Steps and branches both retry by it.
+func (p RetryPolicy) retryDelay(attempt int, herr error) time.Duration {
+	var ra *steps.RetryAfterError
+	if errors.As(herr, &ra) {
+		return ra.Delay
+	}
+	return p.Backoff(attempt)
 }
 
 // Remote makes a step a call to another service (a participant, see

@@ -246,7 +246,6 @@ func (m machine) failure(sg *store.Saga, def *compiled, idx int, dir steps.Direc
 		Epoch: sg.Epoch, Attempt: attempt, Error: msg, ErrorCode: code}
 
 	policy := def.policy(idx, dir)
-	var ra *steps.RetryAfterError
 	// A retriable step, after the pivot, has no attempt limit: it runs
 	// until it succeeds or fails for good.
 	retriable := dir == steps.Forward && def.steps[idx].retriable
@@ -256,10 +255,7 @@ func (m machine) failure(sg *store.Saga, def *compiled, idx int, dir steps.Direc
 	}
 	retryable := transient && (attempt < policy.MaxAttempts || retriable)
 	if retryable {
-		delay := policy.Backoff(attempt)
-		if errors.As(herr, &ra) {
-			delay = ra.Delay
-		}
+		delay := policy.retryDelay(attempt, herr)
 		extra["retry_in_ms"] = delay.Milliseconds()
 		failed.Detail = durationDetail(elapsed, extra)
 		tr.History = append(tr.History, failed)

@@ -249,10 +249,12 @@ func (p *Parallel[S]) compensate(ctx context.Context, r *StepRun, s S) error {
 // once.
 func (e *Engine) branchTopic() string { return e.cfg.CommandTopic + ".branches" }
 
-// branchMessage is the command of branch of sg's parallel step.
-func (e *Engine) branchMessage(sg *store.Saga, step, branch string, delay time.Duration) store.Message {
+// branchMessage is the command of branch of sg's parallel step, written
+// when sg is at version (its next version, for the transition that enters
+// the group), due after delay.
+func (e *Engine) branchMessage(sg *store.Saga, step, branch string, version int64, delay time.Duration) store.Message {
 	c := wire.Command{SagaID: wire.UUID(sg.ID), Saga: sg.Name, Step: step + "." + branch, Direction: steps.Forward,
-		Epoch: sg.Epoch, Version: sg.Version + 1}
+		Epoch: sg.Epoch, Version: version}
 	m := e.engineMessage(c, sg.DefVersion, branchType)
 	m.Topic, m.Delivery = e.branchTopic(), store.DeliveryDirect
 	key := c.Key().String()
@@ -294,7 +296,7 @@ func (b *batch) enterGroup(ctx context.Context, sg *store.Saga, def *compiled, i
 	for _, name := range run {
 		br := p.branches[p.index(name)]
 		if br.remoteTopic == "" {
-			tr.Messages = append(tr.Messages, e.branchMessage(sg, sg.StepName, name, 0))
+			tr.Messages = append(tr.Messages, e.branchMessage(sg, sg.StepName, name, sg.Version+1, 0))
 			continue
 		}
 		// A remote branch: its command to the participant, and its
@@ -305,7 +307,7 @@ func (b *batch) enterGroup(ctx context.Context, sg *store.Saga, def *compiled, i
 			b.tx.write(sg, e.transition(sg, d), sp, true, last, nil, func() { b.tx.stats.failed.Add(1) })
 			return nil
 		}
-		tr.Messages = append(tr.Messages, m, e.branchMessage(sg, sg.StepName, name, br.timeout))
+		tr.Messages = append(tr.Messages, m, e.branchMessage(sg, sg.StepName, name, sg.Version+1, br.timeout))
 	}
 	stampAll(tr, sg.TraceContext)
 	b.announce += len(run) - 1 // one wake-up per branch, so that they start on several workers
@@ -488,13 +490,9 @@ func (b *batch) branchFailed(ctx context.Context, sg *store.Saga, def *compiled,
 	msg := safetext.Text(errorMessage(herr), 4000)
 	b.tx.stats.failed.Add(1)
 	if !steps.IsPermanent(herr) && attempt < br.retry.MaxAttempts {
-		delay := br.retry.Backoff(attempt)
-		var ra *steps.RetryAfterError
-		if errors.As(herr, &ra) {
-			// As a step's: no sooner than the handler asked (found by
-			// review11: a branch was retried after its backoff).
-			delay = ra.Delay
-		}
+		// As a step's, so that a steps.RetryAfter is honoured (found by
+		// review11: a branch was retried after its backoff).
+		delay := br.retry.retryDelay(attempt, herr)
 		if err := e.st.BranchAttempt(ctx, b.tx.tx, sg.ID, sg.Epoch, sg.StepName, br.name, attempt, msg, code); err != nil {
 			return err
 		}
@@ -503,9 +501,7 @@ func (b *batch) branchFailed(ctx context.Context, sg *store.Saga, def *compiled,
 			Direction: string(steps.Forward), Epoch: sg.Epoch, Attempt: attempt, Error: msg, ErrorCode: code, Detail: detail}); err != nil {
 			return err
 		}
-		m := e.branchMessage(sg, sg.StepName, br.name, delay)
-		m.Payload = wire.EncodeCommand(wire.Command{SagaID: wire.UUID(sg.ID), Saga: sg.Name, Step: step, Direction: steps.Forward,
-			Epoch: sg.Epoch, Version: sg.Version})
+		m := e.branchMessage(sg, sg.StepName, br.name, sg.Version, delay)
 		b.tx.stats.retries.Add(1)
 		return e.st.InsertMessage(ctx, b.tx.tx, &m)
 	}

@@ -255,7 +255,7 @@ func (e *Engine) rescueBranches(ctx context.Context, tx pgx.Tx, sg *store.Saga, 
 				return err
 			}
 		}
-		m := e.branchMessage(sg, sg.StepName, lb.Name, dec.delay)
+		m := e.branchMessage(sg, sg.StepName, lb.Name, sg.Version, dec.delay)
 		if err := e.st.InsertMessage(ctx, tx, &m); err != nil {
 			return err
 		}
