@@ -117,45 +117,29 @@ func (e *Engine) resendWakes(ctx context.Context, names []string, res *RescueRes
 	if err != nil {
 		return fmt.Errorf("saga: rescue: %w", err)
 	}
-	for i := range sagas {
-		sg := &sagas[i]
-		woken := false
-		err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-			ok, err := e.st.TouchSaga(ctx, tx, sg.ID, sg.Version)
-			if err != nil || !ok {
-				return err // moved on since it was read: nothing to do
-			}
-			detail, _ := json.Marshal(map[string]string{"reason": fmt.Sprintf(
-				"what the saga waits for (%s) has happened, and its wake-up was lost; woken again", deref(sg.WaitKind))})
-			if err := e.st.InsertHistory(ctx, tx, &store.HistoryEntry{SagaID: sg.ID, Event: EventSagaRescued, StepName: sg.StepName,
-				Direction: sg.Direction, Epoch: sg.Epoch, Attempt: sg.Attempt, Detail: detail}); err != nil {
-				return err
-			}
-			msg := e.nudgeMessage(sg, wakeType)
-			if err := e.st.InsertMessage(ctx, tx, &msg); err != nil {
-				return err
-			}
-			woken = true
-			if err := e.st.Notify(ctx, tx, e.cfg.CommandTopic); err != nil {
-				return err
-			}
-			fault.Hit(fault.RescueWakeBeforeCommit)
-			return nil
-		})
-		switch {
-		case err == nil:
-			if woken {
-				res.Woken++
-			}
-		case ctx.Err() != nil:
-			return ctx.Err()
-		default:
-			// One saga's trouble must not hold back the others.
-			e.log.ErrorContext(ctx, "sagaflow could not wake a saga whose wake-up was lost", slog.String("saga_id", sg.ID.String()),
-				slog.Any("error", err))
-		}
+	return e.rescueEach(ctx, sagas, "wake a saga whose wake-up was lost", res, e.wakeAgain)
+}
+
+// wakeAgain is [Engine.resendWakes] for one saga, in tx.
+func (e *Engine) wakeAgain(ctx context.Context, tx pgx.Tx, sg *store.Saga) (RescueResult, error) {
+	if ok, err := e.st.TouchSaga(ctx, tx, sg.ID, sg.Version); err != nil || !ok {
+		return RescueResult{}, err // moved on since it was read: nothing to do
 	}
-	return nil
+	detail, _ := json.Marshal(map[string]string{"reason": fmt.Sprintf(
+		"what the saga waits for (%s) has happened, and its wake-up was lost; woken again", deref(sg.WaitKind))})
+	if err := e.st.InsertHistory(ctx, tx, &store.HistoryEntry{SagaID: sg.ID, Event: EventSagaRescued, StepName: sg.StepName,
+		Direction: sg.Direction, Epoch: sg.Epoch, Attempt: sg.Attempt, Detail: detail}); err != nil {
+		return RescueResult{}, err
+	}
+	msg := e.nudgeMessage(sg, wakeType)
+	if err := e.st.InsertMessage(ctx, tx, &msg); err != nil {
+		return RescueResult{}, err
+	}
+	if err := e.st.Notify(ctx, tx, e.cfg.CommandTopic); err != nil {
+		return RescueResult{}, err
+	}
+	fault.Hit(fault.RescueWakeBeforeCommit)
+	return RescueResult{Woken: 1}, nil
 }
 
 // resendBranches looks at the sagas in a parallel step that have not moved
@@ -172,47 +156,57 @@ func (e *Engine) resendBranches(ctx context.Context, names []string, res *Rescue
 	if err != nil {
 		return fmt.Errorf("saga: rescue: %w", err)
 	}
+	return e.rescueEach(ctx, sagas, "rescue a branch whose command was lost", res, e.rescueBranches)
+}
+
+// rescueEach runs fn for each of sagas in a transaction of its own and,
+// once it committed, adds what it did to res and to the engine's stats. One
+// saga's trouble is logged ("could not " + what) and does not hold back the
+// others; only the end of ctx stops it.
+func (e *Engine) rescueEach(ctx context.Context, sagas []store.Saga, what string, res *RescueResult,
+	fn func(ctx context.Context, tx pgx.Tx, sg *store.Saga) (RescueResult, error)) error {
 	for i := range sagas {
 		sg := &sagas[i]
-		var resent, failed int
+		var did RescueResult
 		err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-			resent, failed = 0, 0
-			return e.rescueBranches(ctx, tx, sg, &resent, &failed)
+			var err error
+			did, err = fn(ctx, tx, sg)
+			return err
 		})
 		switch {
 		case err == nil:
-			res.Redriven += resent
-			res.FailedOver += failed
-			e.stats.rescued.Add(int64(resent))
-			e.stats.failedOver.Add(int64(failed))
+			res.Woken += did.Woken
+			res.Redriven += did.Redriven
+			res.FailedOver += did.FailedOver
+			e.stats.rescued.Add(int64(did.Redriven))
+			e.stats.failedOver.Add(int64(did.FailedOver))
 		case ctx.Err() != nil:
 			return ctx.Err()
 		default:
-			// One saga's trouble must not hold back the others.
-			e.log.ErrorContext(ctx, "sagaflow could not rescue a branch whose command was lost", slog.String("saga_id", sg.ID.String()),
-				slog.Any("error", err))
+			e.log.ErrorContext(ctx, "sagaflow could not "+what, slog.String("saga_id", sg.ID.String()), slog.Any("error", err))
 		}
 	}
 	return nil
 }
 
 // rescueBranches is [Engine.resendBranches] for one saga, in tx.
-func (e *Engine) rescueBranches(ctx context.Context, tx pgx.Tx, sg *store.Saga, resent, failed *int) error {
+func (e *Engine) rescueBranches(ctx context.Context, tx pgx.Tx, sg *store.Saga) (RescueResult, error) {
+	var did RescueResult
 	def := e.lookup(sg)
 	if def == nil {
-		return nil // another engine's version: it rescues it
+		return did, nil // another engine's version: it rescues it
 	}
 	idx, ok := def.byName[sg.StepName]
 	if !ok || def.steps[idx].parallel == nil {
-		return nil
+		return did, nil
 	}
 	p := def.steps[idx].parallel
 	if ok, err := e.st.TouchSaga(ctx, tx, sg.ID, sg.Version); err != nil || !ok {
-		return err // moved on since it was read: nothing to do
+		return did, err // moved on since it was read: nothing to do
 	}
 	lost, err := e.st.LostBranches(ctx, tx, sg.ID, sg.Epoch, sg.StepName)
 	if err != nil {
-		return err
+		return did, err
 	}
 	for _, lb := range lost {
 		bi := p.index(lb.Name)
@@ -224,53 +218,51 @@ func (e *Engine) rescueBranches(ctx context.Context, tx pgx.Tx, sg *store.Saga, 
 		detail, _ := json.Marshal(map[string]any{"reason": dec.reason, "attempt": dec.attempt})
 		if err := e.st.InsertHistory(ctx, tx, &store.HistoryEntry{SagaID: sg.ID, Event: EventSagaRescued, StepName: step,
 			Direction: sg.Direction, Epoch: sg.Epoch, Attempt: dec.attempt, Detail: detail}); err != nil {
-			return err
+			return did, err
 		}
 		if !dec.resend {
+			// Its attempts are spent: the group fails, and no other branch
+			// needs its command any more.
 			msg, code := dec.reason, CodeRescueExhausted
 			if _, err := e.st.EndBranch(ctx, tx, sg.ID, sg.Epoch, sg.StepName, lb.Name, store.BranchFailed, dec.attempt, nil, &msg, &code); err != nil {
-				return err
+				return did, err
 			}
 			const sp = "sagaflow_rescue_branch"
 			if _, err := tx.Exec(ctx, "SAVEPOINT "+sp); err != nil {
-				return err
+				return did, err
 			}
 			tr := e.transition(sg, dec.failed)
 			e.tel.traceRescue(ctx, sg, tr, true)
 			fenced, err := e.st.ApplyTransition(ctx, tx, tr, sp)
 			if err != nil || !fenced {
-				return err // fenced out: the row lock makes this unreachable, and nothing was written
+				return RescueResult{}, err // fenced out: the row lock makes this unreachable, and nothing was written
 			}
-			*failed++
 			e.log.WarnContext(ctx, "sagaflow failed a parallel step whose branch's command was lost with its attempts spent",
 				slog.String("saga_id", sg.ID.String()), slog.String("branch", step))
-			if err := e.st.Notify(ctx, tx, e.cfg.CommandTopic); err != nil {
-				return err
-			}
-			fault.Hit(fault.RescueBranchBeforeCommit)
-			return nil
+			did = RescueResult{FailedOver: 1}
+			break
 		}
 		if dec.attempt > 0 {
 			if err := e.st.BranchAttempt(ctx, tx, sg.ID, sg.Epoch, sg.StepName, lb.Name, dec.attempt, dec.reason, ""); err != nil {
-				return err
+				return did, err
 			}
 		}
 		m := e.branchMessage(sg, sg.StepName, lb.Name, sg.Version, dec.delay)
 		if err := e.st.InsertMessage(ctx, tx, &m); err != nil {
-			return err
+			return did, err
 		}
-		*resent++
+		did.Redriven++
 		e.log.WarnContext(ctx, "sagaflow sent again the command of a branch that was lost", slog.String("saga_id", sg.ID.String()),
 			slog.String("branch", step), slog.Int("attempt", dec.attempt))
 	}
-	if *resent == 0 {
-		return nil
+	if did == (RescueResult{}) {
+		return did, nil
 	}
 	if err := e.st.Notify(ctx, tx, e.cfg.CommandTopic); err != nil {
-		return err
+		return RescueResult{}, err
 	}
 	fault.Hit(fault.RescueBranchBeforeCommit)
-	return nil
+	return did, nil
 }
 
 // raiseChecksPasses bounds the statements of one [Engine.raiseChecks].
