@@ -192,18 +192,7 @@ func (s *Store) RaiseChecks(ctx context.Context, db DBTX, limit int) (int64, err
 // more than after ago, and have not moved for as long: the wake-up that
 // should have moved them was lost.
 func (s *Store) WaitsReady(ctx context.Context, db DBTX, names []string, after time.Duration, limit int) ([]Saga, error) {
-	rows, err := db.Query(ctx, s.ops.waitsReady, names, micros(after), limit)
-	if err != nil {
-		return nil, fmt.Errorf("store: find waits whose wake-up was lost: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Saga, error) {
-		var sg Saga
-		return sg, r.Scan(sagaDest(&sg)...)
-	})
-	if err != nil {
-		return nil, fmt.Errorf("store: find waits whose wake-up was lost: %w", err)
-	}
-	return out, nil
+	return querySagas(ctx, db, "find waits whose wake-up was lost", s.ops.waitsReady, names, micros(after), limit)
 }
 
 // SagasWithLostBranches returns up to limit running sagas of the named
@@ -211,18 +200,7 @@ func (s *Store) WaitsReady(ctx context.Context, db DBTX, names []string, after t
 // after, and have a branch whose command was lost (deleted, or parked as
 // dead), oldest first.
 func (s *Store) SagasWithLostBranches(ctx context.Context, db DBTX, names []string, after time.Duration, limit int) ([]Saga, error) {
-	rows, err := db.Query(ctx, s.ops.branchesLost, names, micros(after), limit)
-	if err != nil {
-		return nil, fmt.Errorf("store: find branches whose command was lost: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Saga, error) {
-		var sg Saga
-		return sg, r.Scan(sagaDest(&sg)...)
-	})
-	if err != nil {
-		return nil, fmt.Errorf("store: find branches whose command was lost: %w", err)
-	}
-	return out, nil
+	return querySagas(ctx, db, "find branches whose command was lost", s.ops.branchesLost, names, micros(after), limit)
 }
 
 // LostBranch is a running branch whose command was lost, read by

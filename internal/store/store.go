@@ -1310,17 +1310,9 @@ func (s *Store) ListSagas(ctx context.Context, db DBTX, f ListFilter) ([]Saga, s
 		q += " WHERE " + strings.Join(where, " AND ")
 	}
 	q += " ORDER BY created_at DESC, id DESC LIMIT " + arg(f.Limit+1)
-	rows, err := db.Query(ctx, q, args...)
+	out, err := querySagas(ctx, db, "list sagas", q, args...)
 	if err != nil {
-		return nil, "", fmt.Errorf("store: list sagas: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Saga, error) {
-		var sg Saga
-		err := r.Scan(sagaDest(&sg)...)
-		return sg, err
-	})
-	if err != nil {
-		return nil, "", fmt.Errorf("store: list sagas: %w", err)
+		return nil, "", err
 	}
 	next := ""
 	if len(out) > f.Limit {
@@ -1329,6 +1321,23 @@ func (s *Store) ListSagas(ctx context.Context, db DBTX, f ListFilter) ([]Saga, s
 		next = encodeCursor(last.CreatedAt, last.ID)
 	}
 	return out, next, nil
+}
+
+// querySagas runs q, whose select list is [prefixColumns]'s, and reads
+// the sagas it returns; what names the query in its error.
+func querySagas(ctx context.Context, db DBTX, what, q string, args ...any) ([]Saga, error) {
+	rows, err := db.Query(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("store: %s: %w", what, err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Saga, error) {
+		var sg Saga
+		return sg, r.Scan(sagaDest(&sg)...)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: %s: %w", what, err)
+	}
+	return out, nil
 }
 
 func encodeCursor(at time.Time, id uuid.UUID) string {
