@@ -8,9 +8,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
-
-	"github.com/sagaflow/sagaflow/internal/pgtest"
-	"github.com/sagaflow/sagaflow/migrations"
 )
 
 // TestNextDirectDueReadsOneEntry: with many sleeping sagas' commands in the
@@ -21,15 +18,11 @@ import (
 func TestNextDirectDueReadsOneEntry(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, schema := pgtest.NewSchema(t)
-	_, err := migrations.Migrate(ctx, pool, schema)
-	require.NoError(t, err)
-	st, err := New(schema)
-	require.NoError(t, err)
+	pool, schema, st := migratedStore(t)
 	outbox := pgx.Identifier{schema, "outbox"}.Sanitize()
 
 	const sleeping = 5000
-	_, err = pool.Exec(ctx, `INSERT INTO `+outbox+` (id, topic, delivery, aggregatetype, aggregateid, type, payload, available_at)
+	_, err := pool.Exec(ctx, `INSERT INTO `+outbox+` (id, topic, delivery, aggregatetype, aggregateid, type, payload, available_at)
 		SELECT gen_random_uuid(), 'cmds', 'direct', 'saga.mine', i::text, 'sagaflow.step', '{}', now() + interval '1 hour' + i * interval '1 s'
 		FROM generate_series(1, $1) AS i`, sleeping)
 	require.NoError(t, err)

@@ -7,9 +7,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
-
-	"github.com/sagaflow/sagaflow/internal/pgtest"
-	"github.com/sagaflow/sagaflow/migrations"
 )
 
 // TestWakeSweepReadsWhatCanBeReady: the rescuer's sweep for lost wake-ups
@@ -21,14 +18,10 @@ import (
 func TestWakeSweepReadsWhatCanBeReady(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, schema := pgtest.NewSchema(t)
-	_, err := migrations.Migrate(ctx, pool, schema)
-	require.NoError(t, err)
-	st, err := New(schema)
-	require.NoError(t, err)
+	pool, schema, st := migratedStore(t)
 	sagas := pgx.Identifier{schema, "saga_instances"}.Sanitize()
 	const sleeping = 5000
-	_, err = pool.Exec(ctx, `INSERT INTO `+sagas+` (id, saga_name, status, step_index, step_name, direction, state, wait_kind, wait_for,
+	_, err := pool.Exec(ctx, `INSERT INTO `+sagas+` (id, saga_name, status, step_index, step_name, direction, state, wait_kind, wait_for,
 			created_at, updated_at)
 		SELECT gen_random_uuid(), 'parcel', 'running', 1, 'await', 'forward', '{}', 'signal', 'go',
 			now() - interval '1 hour', now() - interval '1 hour'

@@ -8,9 +8,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
-
-	"github.com/sagaflow/sagaflow/internal/pgtest"
-	"github.com/sagaflow/sagaflow/migrations"
 )
 
 // The UI's queries answer from a bounded read through an index, whatever
@@ -19,16 +16,12 @@ import (
 func TestUIQueriesUseIndexes(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, schema := pgtest.NewSchema(t)
-	_, err := migrations.Migrate(ctx, pool, schema)
-	require.NoError(t, err)
-	st, err := New(schema)
-	require.NoError(t, err)
+	pool, schema, st := migratedStore(t)
 	q := quoteSchema(schema)
 	// 60,000 sagas (a tenth failed at "charge" with card_declined, older
 	// ones first), 120,000 history entries, an old one an hour and a half
 	// ago, and dead rows of both kinds.
-	_, err = pool.Exec(ctx, `INSERT INTO `+q+`.saga_instances
+	_, err := pool.Exec(ctx, `INSERT INTO `+q+`.saga_instances
 		(id, saga_name, business_key, status, step_index, step_name, direction, state, last_error, last_error_code, failed_step, created_at)
 		SELECT gen_random_uuid(), CASE WHEN i % 2 = 0 THEN 'checkout' ELSE 'refund' END, 'k' || i,
 			CASE WHEN i % 10 = 0 THEN 'failed' ELSE 'completed' END, 1, 'charge', 'forward', '{}',
