@@ -205,7 +205,7 @@ func TestRemoteReplyTimeout(t *testing.T) {
 				Command: func(context.Context, *saga.StepRun, *order) (any, error) { return map[string]int{"amount": 1}, nil }}}
 			def := saga.Define("remote", e.local("s1", tc.t1), pay, e.local("s3", time.Second))
 			cfg := e.cfg(slack)
-			cfg.Kafka = &saga.KafkaConfig{NewReader: newSilentReader}
+			cfg.Kafka = &saga.KafkaConfig{NewReader: testkit.NewSilentReader}
 			eng, _ := testkit.StartEngine(t, e.Pool, cfg, def)
 			st, err := saga.Start(ctx, eng, def, order{}, nil)
 			require.NoError(t, err)
@@ -939,7 +939,7 @@ func TestRecheckRacesRemoteSteps(t *testing.T) {
 		}}
 	def := saga.Define("race", s1, pay)
 	cfg := e.cfg(slack)
-	cfg.Kafka = &saga.KafkaConfig{NewReader: newSilentReader}
+	cfg.Kafka = &saga.KafkaConfig{NewReader: testkit.NewSilentReader}
 	client := testkit.NewEngine(t, e.Pool, cfg, def)
 	var ids []uuid.UUID
 	for i := 0; i < n; i++ {
@@ -1009,7 +1009,7 @@ func TestFirstStepRemote(t *testing.T) {
 	const remoteT, slack = 3 * time.Second, 2 * time.Second
 	def := saga.Define("first-remote", payStep(remoteT, false, nil), e.local("s2", time.Second))
 	cfg := e.cfg(slack)
-	cfg.Kafka = &saga.KafkaConfig{NewReader: newSilentReader}
+	cfg.Kafka = &saga.KafkaConfig{NewReader: testkit.NewSilentReader}
 	eng, _ := testkit.StartEngine(t, e.Pool, cfg, def)
 	st, err := saga.Start(ctx, eng, def, order{}, nil)
 	require.NoError(t, err)
@@ -1032,7 +1032,7 @@ func TestRemoteCompensationResentAtEachDeadline(t *testing.T) {
 	const remoteT, slack, tries = 2 * time.Second, time.Second, 3
 	def := saga.Define("refund", e.local("s1", time.Second), payStep(remoteT, true, &saga.RetryPolicy{MaxAttempts: tries}))
 	cfg := e.cfg(slack)
-	cfg.Kafka = &saga.KafkaConfig{NewReader: newSilentReader}
+	cfg.Kafka = &saga.KafkaConfig{NewReader: testkit.NewSilentReader}
 	eng, _ := testkit.StartEngine(t, e.Pool, cfg, def)
 	st, err := saga.Start(ctx, eng, def, order{}, nil)
 	require.NoError(t, err)
@@ -1368,7 +1368,7 @@ func TestKafkaModeLostPublishedCommand(t *testing.T) {
 	const T, slack = 2 * time.Second, time.Second
 	def := saga.Define("km", e.local("s1", T))
 	cfg := e.cfg(slack)
-	cfg.Kafka = &saga.KafkaConfig{AllSteps: true, NewReader: newSilentReader}
+	cfg.Kafka = &saga.KafkaConfig{AllSteps: true, NewReader: testkit.NewSilentReader}
 	eng, _ := testkit.StartEngine(t, e.Pool, cfg, def)
 	st, err := saga.Start(ctx, eng, def, order{}, nil)
 	require.NoError(t, err)

@@ -8,12 +8,10 @@ package review10_test
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagaflow/sagaflow/internal/pgtest"
@@ -224,31 +222,4 @@ func (e *env) stepToRescue(t *testing.T, g *saga.Engine, id uuid.UUID, step, lim
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	testkit.WaitFor(t, 20*time.Second, what, cond)
-}
-
-// silentReader is a Kafka reader on which nothing ever arrives: remote
-// steps send their commands, and no reply comes back.
-type silentReader struct {
-	once sync.Once
-	done chan struct{}
-}
-
-func newSilentReader(string, []string) saga.KafkaReader {
-	return &silentReader{done: make(chan struct{})}
-}
-
-func (r *silentReader) FetchMessage(ctx context.Context) (kafka.Message, error) {
-	select {
-	case <-ctx.Done():
-		return kafka.Message{}, ctx.Err()
-	case <-r.done:
-		return kafka.Message{}, context.Canceled
-	}
-}
-
-func (r *silentReader) CommitMessages(context.Context, ...kafka.Message) error { return nil }
-
-func (r *silentReader) Close() error {
-	r.once.Do(func() { close(r.done) })
-	return nil
 }

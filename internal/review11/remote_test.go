@@ -3,43 +3,14 @@ package review11_test
 import (
 	"context"
 	"encoding/json"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagaflow/sagaflow/internal/testkit"
 	"github.com/sagaflow/sagaflow/saga"
 )
-
-// silentReader is a Kafka reader on which nothing ever arrives: remote
-// branches send their commands, and no reply comes back.
-type silentReader struct {
-	once sync.Once
-	done chan struct{}
-}
-
-func newSilentReader(string, []string) saga.KafkaReader {
-	return &silentReader{done: make(chan struct{})}
-}
-
-func (r *silentReader) FetchMessage(ctx context.Context) (kafka.Message, error) {
-	select {
-	case <-ctx.Done():
-		return kafka.Message{}, ctx.Err()
-	case <-r.done:
-		return kafka.Message{}, context.Canceled
-	}
-}
-
-func (r *silentReader) CommitMessages(context.Context, ...kafka.Message) error { return nil }
-
-func (r *silentReader) Close() error {
-	r.once.Do(func() { close(r.done) })
-	return nil
-}
 
 // A remote branch's branch command is its reply timeout. Lost, it is sent
 // again "due when it was due" and "counts no attempt": not at once (the
@@ -63,7 +34,7 @@ func TestLostRemoteBranchTimeout(t *testing.T) {
 				}})}},
 	)
 	cfg := e.cfg()
-	cfg.Kafka = &saga.KafkaConfig{NewReader: newSilentReader}
+	cfg.Kafka = &saga.KafkaConfig{NewReader: testkit.NewSilentReader}
 	e.lose(t, "%/fan.r/%", "sagaflow.branch", "delete", 0, 1)
 	g, _ := testkit.StartEngine(t, e.Pool, cfg, def)
 	st, err := saga.Start(ctx, g, def, order{ID: "o"}, nil)
