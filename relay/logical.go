@@ -282,7 +282,8 @@ func (r *LogicalRelay) stream(ctx context.Context) error {
 	// published are skipped (one query per replayed transaction).
 	replaying := true
 	inTx := false
-	var xid uint32 // the transaction being read
+	var xid uint32  // the transaction being read
+	var seen string // the last snapshot awaitVisible read
 	nextStatus := time.Now().Add(r.cfg.StatusInterval)
 	for {
 		if time.Now().After(nextStatus) && confirmed != 0 {
@@ -360,7 +361,7 @@ func (r *LogicalRelay) stream(ctx context.Context) error {
 				if len(txRows) > 0 {
 					// Published, checked and marked only once other
 					// sessions can see them.
-					if err := r.awaitVisible(ctx, conn, xid, confirmed); err != nil {
+					if err := r.awaitVisible(ctx, conn, xid, confirmed, &seen); err != nil {
 						return err
 					}
 				}
@@ -397,15 +398,23 @@ func (r *LogicalRelay) stream(ctx context.Context) error {
 // the replay check would take them for rows already published. While it
 // waits, the relay keeps reporting the last confirmed position, so that the
 // server does not drop the connection after wal_sender_timeout.
-func (r *LogicalRelay) awaitVisible(ctx context.Context, conn *pgconn.PgConn, xid uint32, confirmed pglogrepl.LSN) error {
+//
+// seen is the last snapshot it read: a transaction finished in it is
+// finished for good, so a relay that streams a backlog asks the server
+// only when a transaction is newer than what it saw last.
+func (r *LogicalRelay) awaitVisible(ctx context.Context, conn *pgconn.PgConn, xid uint32, confirmed pglogrepl.LSN, seen *string) error {
+	if *seen != "" {
+		if done, err := finishedIn(xid, *seen); err == nil && done {
+			return nil
+		}
+	}
 	wait := 100 * time.Microsecond // the gap is usually shorter than a round trip
 	nextStatus := time.Now().Add(r.cfg.StatusInterval)
 	for {
-		var snap string
-		if err := r.pool.QueryRow(ctx, `SELECT pg_current_snapshot()::text`).Scan(&snap); err != nil {
+		if err := r.pool.QueryRow(ctx, `SELECT pg_current_snapshot()::text`).Scan(seen); err != nil {
 			return fmt.Errorf("relay: wait for transaction %d to be visible: %w", xid, err)
 		}
-		done, err := finishedIn(xid, snap)
+		done, err := finishedIn(xid, *seen)
 		if err != nil || done {
 			return err
 		}
