@@ -191,8 +191,11 @@ type Call[C any] struct {
 // PostgreSQL refusing a value (a NUL byte in text, say), which the consumer
 // dead-letters at once. A refusal is not recorded under the step key: a
 // refused compensation, once its cause is fixed, runs when the saga is
-// resumed (saga.Engine.Resume). A step that ran before is not run again;
-// its reply is sent again instead.
+// resumed (saga.Engine.Resume). Every reply names the command it answers
+// (wire.Reply.InReplyTo), so that a refusal sent twice before the resume
+// cannot fail the step the resume sent again. A step that ran before is not
+// run again; its reply is sent again instead, as the answer to the command
+// that asked.
 //
 // A command is checked before anything else, and dead-lettered without a
 // reply or any effect when it fails a check: its signature when signing is
@@ -218,6 +221,10 @@ func Handle[C, R any](p *Participant, commandType string, fn func(ctx context.Co
 			return err // dead-lettered by the consumer
 		}
 		call := Call[C]{Key: key, SagaID: key.SagaID, Direction: key.Direction, Type: msg.Type}
+		// Each reply names the command it answers (wire.Reply.InReplyTo):
+		// a refusal is not recorded, so after a resume the engine tells a
+		// copy of the old refusal from the answer to the command sent again.
+		commandID := msg.Headers[wire.HeaderMessageID]
 		// A savepoint around the step key and the handler's writes: a
 		// refusal undoes both, so once its cause is fixed the saga can send
 		// the same step again (Resume) and it runs.
@@ -258,7 +265,7 @@ func Handle[C, R any](p *Participant, commandType string, fn func(ctx context.Co
 			if rerr := sp.Rollback(ctx); rerr != nil {
 				return rerr
 			}
-			return p.sendReply(ctx, tx, replyTo, key, wire.Reply{Error: refusalText(err), Code: steps.Code(err)})
+			return p.sendReply(ctx, tx, replyTo, key, wire.Reply{Error: refusalText(err), Code: steps.Code(err), InReplyTo: commandID})
 		case !fresh:
 			// This step ran before (or, forward, was closed by its
 			// compensation). Send its reply again: the saga may have
@@ -267,7 +274,7 @@ func Handle[C, R any](p *Participant, commandType string, fn func(ctx context.Co
 			if err := sp.Commit(ctx); err != nil {
 				return err
 			}
-			return p.resendLast(ctx, tx, replyTo, key)
+			return p.resendLast(ctx, tx, replyTo, key, commandID)
 		}
 		if err := sp.Commit(ctx); err != nil {
 			return err
@@ -276,7 +283,7 @@ func Handle[C, R any](p *Participant, commandType string, fn func(ctx context.Co
 		if err != nil {
 			return fmt.Errorf("participant: encode reply to %s: %w", key, err)
 		}
-		return p.sendReply(ctx, tx, replyTo, key, wire.Reply{OK: true, Result: out})
+		return p.sendReply(ctx, tx, replyTo, key, wire.Reply{OK: true, Result: out, InReplyTo: commandID})
 	})
 	return nil
 }
@@ -349,8 +356,9 @@ func refusalText(err error) string {
 }
 
 // resendLast sends the latest reply recorded for key's step again, under a
-// new message id (and so a new signature).
-func (p *Participant) resendLast(ctx context.Context, tx pgx.Tx, replyTo string, key steps.Key) error {
+// new message id (and so a new signature), as the answer to command
+// commandID.
+func (p *Participant) resendLast(ctx context.Context, tx pgx.Tx, replyTo string, key steps.Key, commandID string) error {
 	payload, found, err := p.st.LastReply(ctx, tx, key.String())
 	if err != nil {
 		return fmt.Errorf("participant: read the last reply for %s: %w", key, err)
@@ -361,7 +369,27 @@ func (p *Participant) resendLast(ctx context.Context, tx pgx.Tx, replyTo string,
 			slog.String("step_key", key.String()))
 		return nil
 	}
-	return p.writeReply(ctx, tx, replyTo, key, payload)
+	return p.writeReply(ctx, tx, replyTo, key, readdress(payload, commandID))
+}
+
+// readdress returns a stored reply's payload as the answer to command
+// commandID: its "in_reply_to" set to commandID, or removed when commandID
+// is "". A payload that is not a JSON object (none this package wrote) is
+// returned as it is.
+func readdress(payload []byte, commandID string) []byte {
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(payload, &fields) != nil || fields == nil {
+		return payload
+	}
+	delete(fields, "in_reply_to")
+	if commandID != "" {
+		fields["in_reply_to"], _ = json.Marshal(commandID)
+	}
+	out, err := json.Marshal(fields)
+	if err != nil {
+		return payload
+	}
+	return out
 }
 
 // sendReply writes r to the outbox, for the relay to publish to topic. The

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -122,8 +123,9 @@ type system struct {
 	orders, inventory, payments *service
 	engine                      *saga.Engine
 	def                         *saga.Definition[checkout]
-	inventoryDown               atomic.Bool  // refuse releases
-	releaseStalls               atomic.Int32 // releases still to answer only after the reserve step's timeout
+	inventoryDown               atomic.Bool                   // refuse releases
+	releaseStalls               atomic.Int32                  // releases still to answer only after the reserve step's timeout
+	releaseGate                 atomic.Pointer[chan struct{}] // when set, a release waits until it is closed
 }
 
 // newSystem builds the system; with a key, every service signs what it
@@ -161,6 +163,9 @@ func buildSystem(t *testing.T, paymentsRunning bool, pv providers, key ...byte) 
 	require.NoError(t, participant.Handle(inv, "inventory.release", func(ctx context.Context, tx pgx.Tx, c participant.Call[reserveCmd]) (struct{}, error) {
 		if s.inventoryDown.Load() {
 			return struct{}{}, steps.Permanent(steps.WithCode("warehouse_closed", errors.New("the warehouse is closed")))
+		}
+		if g := s.releaseGate.Load(); g != nil {
+			<-*g
 		}
 		if s.releaseStalls.Add(-1) >= 0 {
 			time.Sleep(reserveTimeout + time.Second)
@@ -352,6 +357,52 @@ func TestRefusalIsNotRecordedSoAResumeRunsTheStep(t *testing.T) {
 	require.Equal(t, "warehouse_closed", in.LastError.Code)
 	s.inventoryDown.Store(false)
 	require.NoError(t, s.engine.Resume(context.Background(), in.ID, "warehouse open again"))
+	require.Equal(t, saga.StatusCompensated, s.wait(t, in.ID).Status)
+	require.Equal(t, 1, s.inventory.count(t, "SELECT count(*) FROM "+s.inventory.table("stock_moves")+" WHERE move = 'release'"))
+}
+
+// A refusal is not recorded, so a copy of it (a redelivered command refused
+// twice, a reply published twice) can reach the engine after the saga was
+// resumed, while the participant carries out the command the resume sent
+// again under the same step key. The copy names the command it answered
+// (wire.Reply.InReplyTo), not the one the saga now waits for: it is dropped,
+// and the saga ends as the participant's new answer says. Before, the copy
+// failed the saga again, and the release that then happened was ignored.
+func TestACopyOfARefusalFromBeforeAResumeIsStale(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := newSystem(t, true)
+	s.inventoryDown.Store(true)
+	in := s.run(t, checkout{OrderID: "o-5", Amount: 500})
+	require.Equal(t, saga.StatusFailed, in.Status)
+	require.Equal(t, "warehouse_closed", in.LastError.Code)
+	releaseKey := in.ID.String() + "/reserve/compensate/0"
+	require.Equal(t, 1, s.inventory.count(t, "SELECT count(*) FROM "+s.inventory.table("outbox")+" WHERE step_key = $1 AND type = 'sagaflow.reply'", releaseKey))
+
+	// The warehouse opens, but the resumed release waits in its handler
+	// until the copy of the old refusal has reached the engine.
+	gate := make(chan struct{})
+	open := sync.OnceFunc(func() { close(gate) })
+	t.Cleanup(open) // a failed assertion must not leave the handler waiting
+	s.releaseGate.Store(&gate)
+	s.inventoryDown.Store(false)
+	require.NoError(t, s.engine.Resume(ctx, in.ID, "warehouse open again"))
+	stale := s.engine.Stats().StaleDiscarded
+	_, err := s.inventory.pool.Exec(ctx, "INSERT INTO "+s.inventory.table("outbox")+
+		` (id, topic, delivery, aggregatetype, aggregateid, type, payload, headers, saga_id, step_key)
+		SELECT gen_random_uuid(), topic, delivery, aggregatetype, aggregateid, type, payload, headers, saga_id, step_key
+		FROM `+s.inventory.table("outbox")+` WHERE step_key = $1 AND type = 'sagaflow.reply'`, releaseKey)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		cur, err := s.engine.Get(ctx, in.ID)
+		require.NoError(t, err)
+		return s.engine.Stats().StaleDiscarded > stale || cur.Status.Terminal()
+	}, 20*time.Second, 10*time.Millisecond, "the copy of the refusal never reached the engine")
+	cur, err := s.engine.Get(ctx, in.ID)
+	require.NoError(t, err)
+	require.Equal(t, saga.StatusCompensating, cur.Status, "the copy of the old refusal failed the resumed saga: %+v", cur.LastError)
+
+	open()
 	require.Equal(t, saga.StatusCompensated, s.wait(t, in.ID).Status)
 	require.Equal(t, 1, s.inventory.count(t, "SELECT count(*) FROM "+s.inventory.table("stock_moves")+" WHERE move = 'release'"))
 }

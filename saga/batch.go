@@ -551,6 +551,13 @@ func (b *batch) reply(ctx context.Context, c *store.Claimed, ls *store.LockedSag
 	if err != nil {
 		return b.park(ctx, c, &sg.ID, CodeMalformed, "malformed reply: "+err.Error())
 	}
+	if !r.OK && answersAnother(r.InReplyTo, sg.CommandID) {
+		// A refusal of an earlier command under the same key: a copy sent
+		// before the saga was resumed, or the answer to a command sent again
+		// since. The command the saga waits for gets its own answer.
+		b.tx.stats.stale.Add(1)
+		return nil
+	}
 	sp := b.tx.savepoint()
 	dir := key.Direction
 	attempt := sg.Attempt + 1
@@ -588,6 +595,19 @@ func (b *batch) reply(ctx context.Context, c *store.Claimed, ls *store.LockedSag
 	tr, done := fail(herr)
 	b.tx.write(sg, tr, sp, true, last, nil, done)
 	return nil
+}
+
+// answersAnother reports whether a reply that names the command it answers,
+// inReplyTo (wire.Reply.InReplyTo), answers another command than commandID,
+// the one its saga waits for. A reply that names none, or a saga that
+// records none, cannot tell: false. Every command the engine writes has a
+// UUID for its id, so a reply naming anything else answers another.
+func answersAnother(inReplyTo string, commandID *uuid.UUID) bool {
+	if inReplyTo == "" || commandID == nil {
+		return false
+	}
+	id, err := uuid.Parse(inReplyTo)
+	return err != nil || id != *commandID
 }
 
 // heldSagas lists the sagas whose execution lock a batch holds.

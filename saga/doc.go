@@ -389,7 +389,10 @@
 // timeout, the step's own compensation included: the service may have done
 // it). A remote compensation whose reply is late is sent again under the
 // same step key until its CompensateRetry attempts are spent; only then does
-// the saga end failed. Remote steps need [Config.Kafka] (either mode).
+// the saga end failed. A refusal that names another command than the one
+// the saga waits for (steps.Reply.InReplyTo: a copy of a refusal from
+// before [Engine.Resume], or the answer to a command since sent again) is
+// dropped as stale. Remote steps need [Config.Kafka] (either mode).
 //
 // A remote step costs no claim of its own: when a local step succeeds and
 // the next step is remote, its command is written in the local step's

@@ -22,6 +22,13 @@ type Reply struct {
 	// becomes U+FFFD, and they are cut), rather than refuse a refusal.
 	Error string `json:"error,omitempty"`
 	Code  string `json:"code,omitempty"`
+	// InReplyTo is the sagaflow-message-id of the command this reply
+	// answers, "" when the participant does not say. The engine drops a
+	// refusal that answers another command than the one its saga waits
+	// for: a copy of a refusal sent before the saga was resumed must not
+	// fail the step that the resume sent again under the same key. A
+	// success is applied whatever command it answers: the step ran.
+	InReplyTo string `json:"in_reply_to,omitempty"`
 }
 
 // Bounds of a refusal's text and code.
@@ -36,17 +43,18 @@ func EncodeReply(r Reply) ([]byte, error) { return json.Marshal(r) }
 
 // DecodeReply decodes a reply's payload. Fields it does not know are
 // ignored. It returns an error naming the field when "ok" is not a boolean,
-// or "error" or "code" is not a string. Their text is taken as
+// or "error", "code" or "in_reply_to" is not a string. Their text is taken as
 // encoding/json takes it (invalid UTF-8 becomes U+FFFD) and otherwise as it
 // was sent, however long and whatever it holds: a refusal is never refused
 // for its text (see [Reply]). "result" is returned as it was sent, for the
 // saga's OnReply to decode.
 func DecodeReply(payload []byte) (Reply, error) {
 	var raw struct {
-		OK     json.RawMessage `json:"ok"`
-		Result json.RawMessage `json:"result"`
-		Error  json.RawMessage `json:"error"`
-		Code   json.RawMessage `json:"code"`
+		OK        json.RawMessage `json:"ok"`
+		Result    json.RawMessage `json:"result"`
+		Error     json.RawMessage `json:"error"`
+		Code      json.RawMessage `json:"code"`
+		InReplyTo json.RawMessage `json:"in_reply_to"`
 	}
 	if err := decodeObject(payload, &raw); err != nil {
 		return Reply{}, err
@@ -61,6 +69,7 @@ func DecodeReply(payload []byte) (Reply, error) {
 		{"ok", raw.OK, &r.OK, "true or false"},
 		{"error", raw.Error, &r.Error, "a string"},
 		{"code", raw.Code, &r.Code, "a string"},
+		{"in_reply_to", raw.InReplyTo, &r.InReplyTo, "a string"},
 	} {
 		if !present(f.raw) {
 			continue

@@ -198,6 +198,7 @@ func TestReplyRoundTrip(t *testing.T) {
 	for _, r := range []wire.Reply{
 		{OK: true, Result: json.RawMessage(`{"id":"ch_1"}`)},
 		{Error: "card declined", Code: "card_declined"},
+		{Error: "card declined", Code: "card_declined", InReplyTo: "0193b0c4-7f2a-7c3e-9a41-5d2f8e6b1c0a"},
 	} {
 		payload, err := wire.EncodeReply(r)
 		require.NoError(t, err)
@@ -216,6 +217,8 @@ func TestDecodeReplyNamesTheBadField(t *testing.T) {
 		{`{"ok":"yes"}`, `field "ok": want true or false, got "yes"`},
 		{`{"ok":false,"error":42}`, `field "error": want a string, got 42`},
 		{`{"ok":false,"code":{}}`, `field "code": want a string, got {}`},
+		{`{"ok":false,"in_reply_to":7}`, `field "in_reply_to": want a string, got 7`},
+		{`{"ok":false,"in_reply_to":"` + strings.Repeat("i", 10<<10) + `\u0000"}`, ""},
 		{`{"ok":false,"code":"` + strings.Repeat("c", 10<<10) + `"}`, ""},
 		{`{"ok":false,"error":"a\u0000b"}`, ""},
 		{"{\"ok\":false,\"error\":\"a\xffb\"}", ""},
