@@ -31,8 +31,12 @@ CHAOS_TAGS := -tags sagaflow_faults
 .PHONY: test
 test: ## run every test against a real PostgreSQL, with the race detector; then the crash matrix and a short chaos soak
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
-	$(GO) test $(CHAOS_TAGS) -count=1 -timeout 15m -v -run 'TestCrashMatrix|TestSoakShort|TestCheckersCatch' ./internal/chaos/
+	$(GO) test $(CHAOS_TAGS) -count=1 -timeout 15m -v -parallel $(CHAOS_PARALLEL) -run 'TestCrashMatrix|TestSoakShort|TestCheckersCatch' ./internal/chaos/
 
+# Cells, soaks and controls at a time in `make test`. A cell mostly waits (for
+# its node, its server, its sagas' timers): four at a time left two cores 60-70%
+# idle here, and the chaos step took 5.1 min instead of 7.7 at two.
+CHAOS_PARALLEL ?= 4
 CHAOS_DURATION ?= 5m
 CHAOS_SEEDS    ?= 3
 BUS            ?= kafka

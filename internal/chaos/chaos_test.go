@@ -46,6 +46,7 @@ func TestNode(t *testing.T) {
 // mode too (see chaos.MatrixCells): no saga lost, no database effect
 // doubled, every saga terminal within the deadline after recovery.
 func TestCrashMatrix(t *testing.T) {
+	t.Parallel()
 	require.True(t, fault.Enabled)
 	for _, c := range chaos.MatrixCells(fault.Points, chaos.Faults, *seeds) {
 		t.Run(c.String(), func(t *testing.T) {
@@ -65,6 +66,7 @@ func TestCrashMatrix(t *testing.T) {
 // attacks on two engine and two participant nodes (`make chaos` runs the
 // long one). It ends with the report line, and every invariant must hold.
 func TestSoakShort(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	res, err := chaos.RunSoak(context.Background(), dir, nodeCmd, chaos.SoakConfig{
 		Duration: *soak, Rate: 12, Engines: 2, Participants: 2, Seed: 1, Deadline: 3 * time.Minute, Logf: t.Logf,
@@ -86,6 +88,7 @@ func TestSoakShort(t *testing.T) {
 // wait, and sometimes the node that took one is killed in turn. Every
 // message a killed node held must be acknowledged later by another.
 func TestSoakShortNATS(t *testing.T) {
+	t.Parallel()
 	if _, err := os.Stat("/usr/sbin/nats-server"); err != nil {
 		if _, err := natstest.Binary(); err != nil {
 			t.Skipf("no nats-server to run the soak over NATS: %v", err)
@@ -138,6 +141,7 @@ func runControl(t *testing.T, point, sabotage string, detail func(*chaos.Report)
 // transaction must be reported as doubling effects. A checker that cannot
 // fail would pass it.
 func TestCheckersCatchADualWrite(t *testing.T) {
+	t.Parallel()
 	r := runControl(t, fault.EngineAfterHandler, chaos.SabotageEffectsOutsideTx, (*chaos.Report).Detail)
 	require.False(t, r.OK())
 	require.Positive(t, r.DBEffectsDoubled, "the step killed after its handler ran wrote its effect twice")
@@ -148,6 +152,7 @@ func TestCheckersCatchADualWrite(t *testing.T) {
 // as letting forged messages through (they are processed, not
 // dead-lettered).
 func TestCheckersCatchAnUnsignedBus(t *testing.T) {
+	t.Parallel()
 	r := runControl(t, fault.EngineAfterCommit, chaos.SabotageNoSigning, func(r *chaos.Report) string {
 		return r.Detail() + "\n" + r.PoisonLine()
 	})
@@ -161,6 +166,7 @@ func TestCheckersCatchAnUnsignedBus(t *testing.T) {
 // reported as leaving parcels stuck (those whose signal came while they
 // already waited at the await).
 func TestCheckersCatchALostSignal(t *testing.T) {
+	t.Parallel()
 	r := runControl(t, fault.EngineWaitAfterCommit, chaos.SabotageLostSignal, (*chaos.Report).WaitLine)
 	require.False(t, r.OK())
 	require.Positive(t, r.ParcelsStuck, "a parcel whose signal was lost is not reported stuck")
@@ -172,6 +178,7 @@ func TestCheckersCatchALostSignal(t *testing.T) {
 // rescuer wakes the parcels again (RescueResult.Woken): none is stuck.
 // Before the rescuer did, this was the negative control.
 func TestCheckersCatchNothingWhenWakeUpsAreLost(t *testing.T) {
+	t.Parallel()
 	r := runControl(t, fault.EngineWaitAfterCommit, chaos.SabotageLostWakeUp, (*chaos.Report).WaitLine)
 	require.True(t, r.OK(), "violations: %v", r.Violations)
 	require.Zero(t, r.ParcelsStuck)
