@@ -1,0 +1,381 @@
+// Package review12_test is a black-box review, written from the
+// documentation only, of commit 82146a2: a participant's reply names the
+// command it answers (wire.Reply.InReplyTo, JSON in_reply_to), and the
+// engine drops as stale a refusal that names another command than the one
+// its saga waits for. See FINDINGS.md.
+package review12_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sagaflow/sagaflow/inbox"
+	"github.com/sagaflow/sagaflow/internal/kafkatest"
+	"github.com/sagaflow/sagaflow/internal/pgtest"
+	"github.com/sagaflow/sagaflow/internal/testkit"
+	"github.com/sagaflow/sagaflow/migrations"
+	"github.com/sagaflow/sagaflow/participant"
+	"github.com/sagaflow/sagaflow/relay"
+	"github.com/sagaflow/sagaflow/saga"
+	"github.com/sagaflow/sagaflow/sagatest"
+	"github.com/sagaflow/sagaflow/steps"
+	"github.com/sagaflow/sagaflow/wire"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// wait bounds every poll.
+const wait = 25 * time.Second
+
+// stepTimeout is the reserve step's timeout (its compensation's reply's too).
+const stepTimeout = 2 * time.Second
+
+const replyTopic = "sagaflow.commands.checkout.replies"
+
+type service struct {
+	pool   *pgxpool.Pool
+	schema string
+}
+
+func (s *service) table(name string) string { return pgx.Identifier{s.schema, name}.Sanitize() }
+
+func (s *service) count(t *testing.T, q string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, s.pool.QueryRow(context.Background(), q, args...).Scan(&n))
+	return n
+}
+
+func newService(t *testing.T, kc *kafkatest.Cluster) *service {
+	t.Helper()
+	ctx := context.Background()
+	pool, schema := pgtest.NewSchema(t)
+	_, err := migrations.Migrate(ctx, pool, schema)
+	require.NoError(t, err)
+	w := relay.NewKafkaWriter(kc.Addrs(), nil)
+	r, err := relay.New(pool, w, &relay.Config{Schema: schema, PollInterval: 50 * time.Millisecond, Logger: quiet})
+	require.NoError(t, err)
+	require.NoError(t, r.Start(ctx))
+	t.Cleanup(func() {
+		require.NoError(t, r.Stop(context.Background()))
+		require.NoError(t, w.Close())
+	})
+	return &service{pool: pool, schema: schema}
+}
+
+func serve(t *testing.T, kc *kafkatest.Cluster, p *participant.Participant, topic, group string) {
+	t.Helper()
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: kc.Addrs(), GroupID: group, Topic: topic, MinBytes: 1, MaxBytes: 1 << 20,
+		MaxWait: 100 * time.Millisecond, StartOffset: kafka.FirstOffset, CommitInterval: 0})
+	c, err := p.Inbox().NewConsumer(r, &inbox.ConsumerConfig{Handlers: p.Handlers()})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+		require.NoError(t, r.Close())
+	})
+}
+
+// gate holds a handler until opened; opening twice is harmless.
+type gate struct {
+	ch      chan struct{}
+	once    sync.Once
+	entered atomic.Int32 // handlers that reached the gate
+}
+
+func newGate() *gate  { return &gate{ch: make(chan struct{})} }
+func (g *gate) open() { g.once.Do(func() { close(g.ch) }) }
+func (g *gate) pass(ctx context.Context) error {
+	g.entered.Add(1)
+	select {
+	case <-g.ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+type checkout struct {
+	OrderID  string `json:"order_id"`
+	Amount   int    `json:"amount"`
+	ChargeID string `json:"charge_id,omitempty"`
+}
+
+type orderCmd struct {
+	OrderID string `json:"order_id"`
+	Amount  int    `json:"amount"`
+}
+
+type charged struct {
+	ChargeID string `json:"charge_id"`
+}
+
+// opts choose the system's shape.
+type opts struct {
+	key        []byte // signing key for every service
+	pivot      bool   // reserve is the pivot (no compensation), charge is Retriable: a refused charge fails the saga
+	noPayments bool   // no consumer on payments.commands
+	// releaseAttempts is the reserve step's CompensateRetry.MaxAttempts (0: the default).
+	releaseAttempts int
+	allSteps        bool // the engine in Kafka mode instead of the hybrid default
+}
+
+// system: an orchestrator (hybrid mode) with a two-step checkout saga of
+// remote steps, an inventory participant (reserve, release) and a payments
+// participant (charge), each service with its own schema and relay.
+type system struct {
+	kc                          *kafkatest.Cluster
+	orders, inventory, payments *service
+	engine                      *saga.Engine
+	def                         *saga.Definition[checkout]
+
+	declineOver   atomic.Int64 // a charge of more than this is refused (card_declined)
+	inventoryDown atomic.Bool  // releases are refused (warehouse_closed)
+	refuseNext    atomic.Int32 // releases still to refuse after their gate (late_refusal)
+	chargeGate    atomic.Pointer[gate]
+	releaseGate   atomic.Pointer[gate]
+	reserveGate   atomic.Pointer[gate]
+}
+
+func checkoutDef(o opts, paymentsTopic string) *saga.Definition[checkout] {
+	reserve := saga.Step[checkout]{Name: "reserve", Timeout: stepTimeout, Remote: &saga.Remote[checkout]{
+		Topic: "inventory.commands", Type: "inventory.reserve", CompensateType: "inventory.release",
+		Command: func(_ context.Context, _ *saga.StepRun, c *checkout) (any, error) {
+			return orderCmd{OrderID: c.OrderID}, nil
+		},
+	}}
+	if o.releaseAttempts > 0 {
+		reserve.CompensateRetry = &saga.RetryPolicy{MaxAttempts: o.releaseAttempts}
+	}
+	charge := saga.Step[checkout]{Name: "charge", Timeout: 10 * time.Second, Remote: &saga.Remote[checkout]{
+		Topic: paymentsTopic, Type: "payments.charge",
+		Command: func(_ context.Context, _ *saga.StepRun, c *checkout) (any, error) {
+			return orderCmd{OrderID: c.OrderID, Amount: c.Amount}, nil
+		},
+		OnReply: func(_ context.Context, _ *saga.StepRun, c *checkout, result json.RawMessage) error {
+			var r charged
+			if err := json.Unmarshal(result, &r); err != nil {
+				return err
+			}
+			c.ChargeID = r.ChargeID
+			return nil
+		},
+	}}
+	if o.pivot {
+		reserve.Remote.CompensateType = ""
+		reserve.Pivot = true
+		charge.Retriable = true
+	}
+	return saga.Define("checkout", reserve, charge)
+}
+
+func newSystem(t *testing.T, o opts) *system {
+	t.Helper()
+	ctx := context.Background()
+	kc := kafkatest.New(t, kafkatest.SeedTopics(3, replyTopic, "sagaflow.commands.checkout", "inventory.commands", "payments.commands", "payments-b.commands"))
+	s := &system{kc: kc, orders: newService(t, kc), inventory: newService(t, kc), payments: newService(t, kc)}
+	s.declineOver.Store(100)
+
+	_, err := s.inventory.pool.Exec(ctx, "CREATE TABLE "+s.inventory.table("stock_moves")+" (order_id text, move text, step_key text)")
+	require.NoError(t, err)
+	inv, err := participant.New(s.inventory.pool, &participant.Config{Consumer: "inventory", Schema: s.inventory.schema, Logger: quiet, SigningKey: o.key})
+	require.NoError(t, err)
+	move := func(ctx context.Context, tx pgx.Tx, kind string, c participant.Call[orderCmd]) (struct{}, error) {
+		_, err := tx.Exec(ctx, "INSERT INTO "+s.inventory.table("stock_moves")+" VALUES ($1, $2, $3)", c.Command.OrderID, kind, c.Key.String())
+		return struct{}{}, err
+	}
+	require.NoError(t, participant.Handle(inv, "inventory.reserve", func(ctx context.Context, tx pgx.Tx, c participant.Call[orderCmd]) (struct{}, error) {
+		if g := s.reserveGate.Load(); g != nil {
+			if err := g.pass(ctx); err != nil {
+				return struct{}{}, err
+			}
+		}
+		return move(ctx, tx, "reserve", c)
+	}))
+	require.NoError(t, participant.Handle(inv, "inventory.release", func(ctx context.Context, tx pgx.Tx, c participant.Call[orderCmd]) (struct{}, error) {
+		if s.inventoryDown.Load() {
+			return struct{}{}, steps.Permanent(steps.WithCode("warehouse_closed", errors.New("the warehouse is closed")))
+		}
+		if g := s.releaseGate.Load(); g != nil {
+			if err := g.pass(ctx); err != nil {
+				return struct{}{}, err
+			}
+		}
+		if s.refuseNext.Add(-1) >= 0 {
+			return struct{}{}, steps.Permanent(steps.WithCode("late_refusal", errors.New("refused after the timeout")))
+		}
+		return move(ctx, tx, "release", c)
+	}))
+	serve(t, kc, inv, "inventory.commands", "inventory")
+
+	_, err = s.payments.pool.Exec(ctx, "CREATE TABLE "+s.payments.table("charges")+" (order_id text, amount int, step_key text)")
+	require.NoError(t, err)
+	pay, err := participant.New(s.payments.pool, &participant.Config{Consumer: "payments", Schema: s.payments.schema, Logger: quiet, SigningKey: o.key})
+	require.NoError(t, err)
+	require.NoError(t, participant.Handle(pay, "payments.charge", func(ctx context.Context, tx pgx.Tx, c participant.Call[orderCmd]) (charged, error) {
+		if g := s.chargeGate.Load(); g != nil {
+			if err := g.pass(ctx); err != nil {
+				return charged{}, err
+			}
+		}
+		if _, err := tx.Exec(ctx, "INSERT INTO "+s.payments.table("charges")+" VALUES ($1, $2, $3)", c.Command.OrderID, c.Command.Amount, c.Key.String()); err != nil {
+			return charged{}, err
+		}
+		if int64(c.Command.Amount) > s.declineOver.Load() {
+			return charged{}, steps.Permanent(steps.WithCode("card_declined", errors.New("the card was declined")))
+		}
+		return charged{ChargeID: "ch_" + c.Command.OrderID}, nil
+	}))
+	if !o.noPayments {
+		serve(t, kc, pay, "payments.commands", "payments")
+	}
+
+	s.def = checkoutDef(o, "payments.commands")
+	s.engine = newEngine(t, kc, s.orders, s.def, o.key, o.allSteps)
+	// Last registered, first run: no gated handler outlives a failed test.
+	t.Cleanup(func() {
+		for _, g := range []*gate{s.chargeGate.Load(), s.releaseGate.Load(), s.reserveGate.Load()} {
+			if g != nil {
+				g.open()
+			}
+		}
+	})
+	return s
+}
+
+func newEngine(t *testing.T, kc *kafkatest.Cluster, svc *service, def *saga.Definition[checkout], key []byte, allSteps bool) *saga.Engine {
+	t.Helper()
+	e, err := saga.New(svc.pool, &saga.Config{Schema: svc.schema, Workers: 2, Logger: quiet, RescueInterval: time.Second,
+		Kafka: &saga.KafkaConfig{Brokers: kc.Addrs(), SigningKey: key, AllSteps: allSteps}})
+	require.NoError(t, err)
+	require.NoError(t, e.Register(def))
+	require.NoError(t, e.Start(context.Background()))
+	t.Cleanup(func() { require.NoError(t, e.Stop(context.Background())) })
+	return e
+}
+
+func (s *system) start(t *testing.T, c checkout, so *saga.StartOpts) uuid.UUID {
+	t.Helper()
+	st, err := saga.Start(context.Background(), s.engine, s.def, c, so)
+	require.NoError(t, err)
+	return st.ID
+}
+
+func waitEnded(t *testing.T, e *saga.Engine, id uuid.UUID) *saga.Instance {
+	t.Helper()
+	return sagatest.WaitEnded(t, e, id, &sagatest.WaitOpts{Timeout: wait})
+}
+
+func get(t *testing.T, e *saga.Engine, id uuid.UUID) *saga.Instance {
+	t.Helper()
+	in, err := e.Get(context.Background(), id)
+	require.NoError(t, err)
+	return in
+}
+
+// commandID is the id of the command saga id waits for
+// (saga_instances.command_id, docs/protocol.md "Replies"), "" when none.
+func commandID(t *testing.T, svc *service, id uuid.UUID) string {
+	t.Helper()
+	var c *string
+	require.NoError(t, svc.pool.QueryRow(context.Background(), "SELECT command_id::text FROM "+svc.table("saga_instances")+" WHERE id = $1", id).Scan(&c))
+	if c == nil {
+		return ""
+	}
+	return *c
+}
+
+// waitAt waits until saga id runs step in direction dir and has a command
+// on the way (command_id set), and returns that command's id.
+func waitAt(t *testing.T, e *saga.Engine, svc *service, id uuid.UUID, step string, dir steps.Direction) string {
+	t.Helper()
+	var cmd string
+	testkit.WaitFor(t, wait, "saga "+id.String()+" waiting at "+step+"/"+string(dir), func() bool {
+		in := get(t, e, id)
+		require.False(t, in.Status.Terminal(), "the saga ended early: %s %+v", in.Status, in.LastError)
+		if in.Step != step || in.Direction != dir {
+			return false
+		}
+		cmd = commandID(t, svc, id)
+		return cmd != ""
+	})
+	return cmd
+}
+
+func stepKey(id uuid.UUID, step string, dir steps.Direction, epoch int) string {
+	return wire.Key{SagaID: wire.UUID(id), Step: step, Direction: wire.Direction(dir), Epoch: epoch}.String()
+}
+
+// inject writes a reply onto the reply topic as a participant would (the
+// saga id as Kafka key), with the headers of docs/protocol.md "Replies"
+// unless hdrs is given.
+func inject(t *testing.T, kc *kafkatest.Cluster, sagaID uuid.UUID, hdrs []kafka.Header, key string, payload []byte) {
+	t.Helper()
+	if hdrs == nil {
+		hdrs = []kafka.Header{
+			{Key: wire.HeaderMessageID, Value: []byte(uuid.NewString())},
+			{Key: wire.HeaderType, Value: []byte(wire.TypeReply)},
+			{Key: wire.HeaderSagaID, Value: []byte(sagaID.String())},
+			{Key: wire.HeaderStepKey, Value: []byte(key)},
+		}
+	}
+	w := &kafka.Writer{Addr: kafka.TCP(kc.Addrs()...), Topic: replyTopic, Balancer: &kafka.Hash{}, RequiredAcks: kafka.RequireAll}
+	defer w.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	require.NoError(t, w.WriteMessages(ctx, kafka.Message{Key: []byte(sagaID.String()), Value: payload, Headers: hdrs}))
+}
+
+// replyOnTopic returns the replies on the reply topic with step key key.
+func replyOnTopic(t *testing.T, kc *kafkatest.Cluster, key string) []kafka.Message {
+	t.Helper()
+	msgs, err := kc.ReadAll(context.Background(), replyTopic)
+	require.NoError(t, err)
+	var out []kafka.Message
+	for _, m := range msgs {
+		for _, h := range m.Headers {
+			if h.Key == wire.HeaderStepKey && string(h.Value) == key {
+				out = append(out, m)
+			}
+		}
+	}
+	return out
+}
+
+// copyReplies copies, in svc's outbox, the reply rows of step key key: the
+// relay publishes them again, as a participant whose command was delivered
+// twice would have sent them twice.
+func copyReplies(t *testing.T, svc *service, key string) {
+	t.Helper()
+	tag, err := svc.pool.Exec(context.Background(), "INSERT INTO "+svc.table("outbox")+
+		` (id, topic, delivery, aggregatetype, aggregateid, type, payload, headers, saga_id, step_key)
+		SELECT gen_random_uuid(), topic, delivery, aggregatetype, aggregateid, type, payload, headers, saga_id, step_key
+		FROM `+svc.table("outbox")+` WHERE step_key = $1 AND type = 'sagaflow.reply'`, key)
+	require.NoError(t, err)
+	require.Positive(t, tag.RowsAffected(), "no reply row to copy for %s", key)
+}
+
+// deadFor counts the dead letters of svc whose Kafka key is saga id.
+func deadFor(t *testing.T, svc *service, id uuid.UUID, reasonLike string) int {
+	t.Helper()
+	return svc.count(t, "SELECT count(*) FROM "+svc.table("dead_letters")+" WHERE msg_key = convert_to($1, 'UTF8') AND reason LIKE $2",
+		id.String(), reasonLike)
+}
