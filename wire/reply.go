@@ -23,7 +23,8 @@ type Reply struct {
 	Error string `json:"error,omitempty"`
 	Code  string `json:"code,omitempty"`
 	// InReplyTo is the sagaflow-message-id of the command this reply
-	// answers, "" when the participant does not say. The engine drops a
+	// answers, "" when the participant does not say (on the wire: absent,
+	// null or ""). The engine drops a
 	// refusal that answers another command than the one its saga waits
 	// for: a copy of a refusal sent before the saga was resumed must not
 	// fail the step that the resume sent again under the same key. A
@@ -42,8 +43,9 @@ const (
 func EncodeReply(r Reply) ([]byte, error) { return json.Marshal(r) }
 
 // DecodeReply decodes a reply's payload. Fields it does not know are
-// ignored. It returns an error naming the field when "ok" is not a boolean,
-// or "error", "code" or "in_reply_to" is not a string. Their text is taken as
+// ignored, and so is a field that is null. It returns an error naming the
+// field when "ok" is not a boolean, or "error", "code" or "in_reply_to" is
+// not a string. Their text is taken as
 // encoding/json takes it (invalid UTF-8 becomes U+FFFD) and otherwise as it
 // was sent, however long and whatever it holds: a refusal is never refused
 // for its text (see [Reply]). "result" is returned as it was sent, for the

@@ -194,13 +194,15 @@ func TestDecodeReplyInReplyTo(t *testing.T) {
 	require.NotEmpty(t, r.InReplyTo)
 }
 
-// JSON null is not a string: "in_reply_to must be a string when present, or
-// the reply is malformed" (CHANGELOG, docs/protocol.md); DecodeReply "returns
-// an error naming the field when ... "in_reply_to" is not a string".
-func TestDecodeReplyInReplyToNullIsNotAString(t *testing.T) {
+// JSON null is "not said", as for the reply's other optional fields (F1:
+// the docs first said a present non-string made the reply malformed; they now
+// say null counts as absent, which is what serialisers that write null for an
+// empty optional field need).
+func TestDecodeReplyInReplyToNullIsNotSaid(t *testing.T) {
 	t.Parallel()
 	r, err := wire.DecodeReply([]byte(`{"ok":false,"code":"x","in_reply_to":null}`))
-	require.Error(t, err, "in_reply_to null decoded as %+v: a present, non-string in_reply_to must make the reply malformed", r)
+	require.NoError(t, err)
+	require.Equal(t, wire.Reply{Code: "x"}, r)
 }
 
 // Hostile in_reply_to values on the wire, each on its own saga waiting for
@@ -227,7 +229,7 @@ func TestHostileInReplyTo(t *testing.T) {
 		{"other-uuid", func(string) string { return str(uuid.NewString()) }, "stale", ""},
 		{"number", func(string) string { return `12345` }, "malformed", "%"},
 		{"object", func(cmd string) string { return `{"id":` + str(cmd) + `}` }, "malformed", "%"},
-		{"null", func(string) string { return `null` }, "malformed", "%"},
+		{"null", func(string) string { return `null` }, "applied", ""},       // null = not said (F1)
 		{"empty-string", func(string) string { return `""` }, "applied", ""}, // "" = the participant does not say
 		{"upper-case-of-the-awaited-id", func(cmd string) string { return str(strings.ToUpper(cmd)) }, "applied", ""},
 	}

@@ -337,11 +337,13 @@ func inject(t *testing.T, kc *kafkatest.Cluster, sagaID uuid.UUID, hdrs []kafka.
 			{Key: wire.HeaderStepKey, Value: []byte(key)},
 		}
 	}
-	w := &kafka.Writer{Addr: kafka.TCP(kc.Addrs()...), Topic: replyTopic, Balancer: &kafka.Hash{}, RequiredAcks: kafka.RequireAll}
+	// The relay's writer: its own transport, closed with it (a writer on
+	// kafka-go's default transport leaves its connections running).
+	w := relay.NewKafkaWriter(kc.Addrs(), nil)
 	defer w.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
-	require.NoError(t, w.WriteMessages(ctx, kafka.Message{Key: []byte(sagaID.String()), Value: payload, Headers: hdrs}))
+	require.NoError(t, w.WriteMessages(ctx, kafka.Message{Topic: replyTopic, Key: []byte(sagaID.String()), Value: payload, Headers: hdrs}))
 }
 
 // replyOnTopic returns the replies on the reply topic with step key key.
