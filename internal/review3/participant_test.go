@@ -121,7 +121,8 @@ func TestParticipantHandBuiltCommands(t *testing.T) {
 	// 3. The same step key under a new message id (the rescuer's resend):
 	// no second effect, the last reply again. "The message id is not
 	// signed": the old signature still holds.
-	send(t, prod, payTopic, sagaA, set(cmdA, wire.HeaderMessageID, newID()), value)
+	resendA := newID()
+	send(t, prod, payTopic, sagaA, set(cmdA, wire.HeaderMessageID, resendA), value)
 	waitReplies(keyA, 2)
 
 	// 4. Bad commands, each of which the doc says is dead-lettered without a
@@ -231,6 +232,17 @@ func TestParticipantHandBuiltCommands(t *testing.T) {
 	require.Len(t, replies.with(wire.HeaderStepKey, keyA), 2, "A: one reply, and one more for the resend under a new id; none for the same message twice")
 	a1, _ := wire.DecodeReply(replies.with(wire.HeaderStepKey, keyA)[0].Value)
 	a2, _ := wire.DecodeReply(replies.with(wire.HeaderStepKey, keyA)[1].Value)
+	// The last reply again, as the answer to the command that asked for it
+	// (wire.Reply.InReplyTo).
+	firstA := ""
+	for _, h := range cmdA {
+		if h.k == wire.HeaderMessageID {
+			firstA = h.v
+		}
+	}
+	require.Equal(t, firstA, a1.InReplyTo, "the reply names the command it answers")
+	require.Equal(t, resendA, a2.InReplyTo, "the reply sent again names the command that asked for it")
+	a1.InReplyTo, a2.InReplyTo = "", ""
 	require.Equal(t, a1, a2, "the last reply again")
 	id1, _ := header(replies.with(wire.HeaderStepKey, keyA)[0], wire.HeaderMessageID)
 	id2, _ := header(replies.with(wire.HeaderStepKey, keyA)[1], wire.HeaderMessageID)
