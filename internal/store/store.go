@@ -300,10 +300,6 @@ type statements struct {
 	getSagaForUpdate, history, listBase                                                                                                                     string
 	insertCancel, deleteCancel, cancelRequests, holdMessage, refuseCancel                                                                                   string
 	historyRows                                                                                                                                             [maxHistoryRows + 1]string
-	// transitionOne[h][i][m] is the fenced update with h history rows, an
-	// inbox key when i is 1 and m messages, in one statement (see
-	// [Store.QueueTransition]).
-	transitionOne [maxHistoryRows + 1][2][2]string
 }
 
 // maxHistoryRows is the most history entries one statement inserts.
@@ -569,55 +565,7 @@ func New(schema string) (*Store, error) {
 		st.q.historyRows[n] = `INSERT INTO ` + s + `.saga_history
 			(saga_id, event, step_name, direction, epoch, attempt, error, error_code, detail) VALUES ` + strings.Join(vals, ", ")
 	}
-	for h := range maxHistoryRows + 1 {
-		for i := range 2 {
-			for m := range 2 {
-				st.q.transitionOne[h][i][m] = transitionOneSQL(s, st.q.updateSaga, h, i == 1, m == 1)
-			}
-		}
-	}
 	return st, nil
-}
-
-// updateSagaParams is how many parameters updateSaga takes.
-const updateSagaParams = 22
-
-// transitionOneSQL is the fenced update (update, updateSagaParams
-// parameters) with hist history rows, an inbox key when inbox is set, and a
-// message when msg is set, as one statement: a statement costs the server
-// its own round of parse, plan and executor start, and a step's transition
-// was four of them. The inserts read the updated row, so nothing is written
-// when the fence does not hold; the statement's tag says SELECT 1 when it
-// held and SELECT 0 when not. The parameters follow update's: each history
-// row's 9 ([Store.historyArgs]), then the inbox's consumer and key, then
-// the message's 11 ([Store.outboxArgs]).
-func transitionOneSQL(s, update string, hist int, inbox, msg bool) string {
-	var b strings.Builder
-	b.WriteString("WITH u AS (" + update + " RETURNING id)")
-	p := updateSagaParams
-	if hist > 0 {
-		var rows []string
-		for range hist {
-			rows = append(rows, fmt.Sprintf("($%d::uuid, $%d::text, $%d::text, $%d::text, $%d::int, $%d::int, $%d::text, $%d::text, $%d::jsonb)",
-				p+1, p+2, p+3, p+4, p+5, p+6, p+7, p+8, p+9))
-			p += 9
-		}
-		b.WriteString(`, h AS (INSERT INTO ` + s + `.saga_history (saga_id, event, step_name, direction, epoch, attempt, error, error_code, detail)
-			SELECT v.* FROM u, (VALUES ` + strings.Join(rows, ", ") + `) AS v(saga_id, event, step_name, direction, epoch, attempt, error, error_code, detail))`)
-	}
-	if inbox {
-		b.WriteString(fmt.Sprintf(`, i AS (INSERT INTO `+s+`.inbox (consumer, key) SELECT $%d::text, $%d::text FROM u ON CONFLICT DO NOTHING)`, p+1, p+2))
-		p += 2
-	}
-	if msg {
-		b.WriteString(fmt.Sprintf(`, o AS (INSERT INTO `+s+`.outbox
-			(id, topic, delivery, aggregatetype, aggregateid, type, payload, headers, saga_id, step_key, created_at, available_at)
-			SELECT $%d::uuid, $%d::text, $%d::text, $%d::text, $%d::text, $%d::text, $%d::bytea, $%d::jsonb, $%d::uuid, $%d::text,
-				c.t, c.t + $%d::int8 * interval '1 microsecond'
-			FROM u, (SELECT clock_timestamp() AS t) c)`, p+1, p+2, p+3, p+4, p+5, p+6, p+7, p+8, p+9, p+10, p+11))
-	}
-	b.WriteString(" SELECT FROM u")
-	return b.String()
 }
 
 // sagaColumns is the select list of a [Saga].
@@ -1037,9 +985,8 @@ func (s *Store) SetDeadlineRoom(d time.Duration) {
 // QueueTransition queues the fenced transition t on b: the saga update, then
 // its history entries, inbox key and messages. The returned query's
 // RowsAffected is 1 when the fence held and 0 when the saga had moved on; in
-// that case the other statements may still have run (the usual transition is
-// one statement that then writes nothing, see [transitionOneSQL]), and the
-// caller must roll them back (to a savepoint taken before).
+// that case the other statements may still have run, and the caller must
+// roll them back (to a savepoint taken before).
 func (s *Store) QueueTransition(b *pgx.Batch, t *Transition) *pgx.QueuedQuery {
 	var state any
 	if t.State != nil {
@@ -1056,21 +1003,6 @@ func (s *Store) QueueTransition(b *pgx.Batch, t *Transition) *pgx.QueuedQuery {
 	args := []any{pgID(t.ID), t.Version, t.Status, t.StepIndex, t.StepName, t.Direction, t.Epoch, t.Attempt,
 		state, micros(t.CheckAfter), micros(s.room), t.LastError, t.LastErrorCode, t.FailedStep, commandID, t.AwaitingReply,
 		t.ExactDeadline, nullStr(t.WaitKind), nullStr(t.WaitFor), t.SetWaitUntil, waitUS, defVersion(t.DefVersion)}
-	if t.plain() {
-		// The usual transition, in one statement.
-		for i := range t.History {
-			args = append(args, s.historyArgs(&t.History[i])...)
-		}
-		inbox := 0
-		if t.InboxKey != "" {
-			inbox = 1
-			args = append(args, t.InboxConsumer, t.InboxKey)
-		}
-		for i := range t.Messages {
-			args = append(args, s.outboxArgs(&t.Messages[i])...)
-		}
-		return b.Queue(s.q.transitionOne[len(t.History)][inbox][len(t.Messages)], args...)
-	}
 	q := b.Queue(s.q.updateSaga, args...)
 	for rest := t.History; len(rest) > 0; {
 		n := min(len(rest), maxHistoryRows)
@@ -1109,14 +1041,6 @@ func (s *Store) QueueTransition(b *pgx.Batch, t *Transition) *pgx.QueuedQuery {
 		b.Queue(s.q.insertOutbox, s.outboxArgs(&t.Messages[i])...)
 	}
 	return q
-}
-
-// plain reports whether t is a transition that one statement writes: up to
-// maxHistoryRows history rows, an inbox key and at most one message, and
-// nothing else.
-func (t *Transition) plain() bool {
-	return len(t.History) <= maxHistoryRows && len(t.Messages) <= 1 && !t.ClearCancel && len(t.Supersede) == 0 &&
-		t.DeliverSignal == 0 && t.CancelChild == nil && t.EnterGroup == nil && t.CancelBranches == "" && t.Pause == nil
 }
 
 // ApplyTransition runs the transition t inside tx and reports whether the
