@@ -558,6 +558,9 @@ func (b *batch) reply(ctx context.Context, c *store.Claimed, ls *store.LockedSag
 		b.tx.stats.stale.Add(1)
 		return nil
 	}
+	if !r.OK && r.InReplyTo == "" {
+		e.warnUnaddressed(ctx, sg.Name, key.Step)
+	}
 	sp := b.tx.savepoint()
 	dir := key.Direction
 	attempt := sg.Attempt + 1
@@ -608,6 +611,19 @@ func answersAnother(inReplyTo string, commandID *uuid.UUID) bool {
 	}
 	id, err := uuid.Parse(inReplyTo)
 	return err != nil || id != *commandID
+}
+
+// warnUnaddressed logs, once per remote step of a saga type, that its
+// participant refuses without naming the command it answers: such a refusal
+// is applied whatever command it answers, so a copy of one sent before a
+// resume can fail the step the resume sent again (see wire.Reply.InReplyTo).
+func (e *Engine) warnUnaddressed(ctx context.Context, sagaName, step string) {
+	if _, seen := e.unaddressed.LoadOrStore(sagaName+"/"+step, true); seen {
+		return
+	}
+	e.log.WarnContext(ctx, "sagaflow: a participant's refusal names no command (in_reply_to); a copy of a refusal sent before "+
+		"a resume cannot be told from the answer to the command sent again, and would fail the resumed step",
+		slog.String("saga", safetext.Text(sagaName, 200)), slog.String("step", safetext.Text(step, 200)))
 }
 
 // heldSagas lists the sagas whose execution lock a batch holds.

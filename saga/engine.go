@@ -283,6 +283,9 @@ type Engine struct {
 	// outbox serves the operator's outbox calls.
 	outbox *outbox.Outbox
 	log    *slog.Logger
+	// unaddressed holds the remote steps ("<saga>/<step>") whose refusals
+	// named no command, each warned about once (see batch.reply).
+	unaddressed sync.Map
 
 	// machine makes the sagas' decisions (see machine.go).
 	machine machine

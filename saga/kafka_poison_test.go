@@ -6,7 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -551,4 +554,91 @@ func TestReplyIDsMayBeAnything(t *testing.T) {
 	in, err := k.engine.Get(ctx, last)
 	require.NoError(t, err)
 	require.Equal(t, saga.StatusRunning, in.Status, "the mismatched reply was not applied")
+}
+
+// lockedBuffer is a log destination that goroutines may write to at once.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// A refusal that names no command (a participant that does not send
+// in_reply_to) is applied, and the engine says, once per remote step, that
+// such a participant is open to a copy of an old refusal failing a resumed
+// step. A refusal that names its command is applied without a word.
+func TestRefusalNamingNoCommandIsWarnedOnce(t *testing.T) {
+	t.Parallel()
+	topic := saga.CommandTopicDefault + ".unaddr"
+	replies := topic + ".replies"
+	logs := &lockedBuffer{}
+	k := setupKafkaWith(t, 1, &saga.Config{Workers: 1, Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))},
+		topic, replies, "unaddr.participant")
+	def := saga.Define("unaddr", saga.Step[order]{Name: "remote", Timeout: 20 * time.Second, Remote: &saga.Remote[order]{
+		Topic: "unaddr.participant", Type: "unaddr.do",
+		Command: func(_ context.Context, _ *saga.StepRun, o *order) (any, error) { return o, nil },
+	}})
+	require.NoError(t, k.engine.Register(def))
+	k.start(t)
+	ctx := context.Background()
+	var ids []uuid.UUID
+	for i := range 3 {
+		st, err := saga.Start(ctx, k.engine, def, order{OrderID: fmt.Sprint("o-", i)}, nil)
+		require.NoError(t, err)
+		ids = append(ids, st.ID)
+	}
+	cmds := map[uuid.UUID]map[string]string{}
+	waitFor(t, 15*time.Second, func() bool {
+		msgs, err := k.kc.ReadAll(ctx, "unaddr.participant")
+		require.NoError(t, err)
+		for _, m := range msgs {
+			hs := map[string]string{}
+			for _, h := range m.Headers {
+				hs[h.Key] = string(h.Value)
+			}
+			cmds[uuid.MustParse(hs[store.HeaderSagaID])] = hs
+		}
+		return len(cmds) == len(ids)
+	}, "the three remote commands")
+	cl := rawProducer(t, k.kc)
+	refuse := func(id uuid.UUID, inReplyTo string) {
+		body := `{"ok":false,"code":"declined","error":"no"}`
+		if inReplyTo != "" {
+			body = `{"ok":false,"code":"declined","error":"no","in_reply_to":"` + inReplyTo + `"}`
+		}
+		produce(t, cl, &kgo.Record{Topic: replies, Partition: 0, Key: []byte(id.String()), Value: []byte(body), Headers: []kgo.RecordHeader{
+			{Key: store.HeaderMessageID, Value: []byte(uuid.NewString())},
+			{Key: store.HeaderType, Value: []byte(steps.ReplyType)},
+			{Key: store.HeaderSagaID, Value: []byte(id.String())},
+			{Key: store.HeaderStepKey, Value: []byte(cmds[id][store.HeaderStepKey])},
+		}})
+	}
+	const warning = "a participant's refusal names no command"
+	// The first names its command: applied, nothing said.
+	refuse(ids[0], cmds[ids[0]][store.HeaderMessageID])
+	in := k.waitTerminalWithin(t, ids[0], 15*time.Second)
+	require.Equal(t, saga.StatusCompensated, in.Status)
+	require.Equal(t, "declined", in.LastError.Code)
+	require.NotContains(t, logs.String(), warning)
+	// The other two name none: applied, and said once.
+	refuse(ids[1], "")
+	refuse(ids[2], "")
+	for _, id := range ids[1:] {
+		in := k.waitTerminalWithin(t, id, 15*time.Second)
+		require.Equal(t, saga.StatusCompensated, in.Status)
+		require.Equal(t, "declined", in.LastError.Code)
+	}
+	require.Equal(t, 1, strings.Count(logs.String(), warning), logs.String())
+	require.Contains(t, logs.String(), "saga=unaddr step=remote")
 }
