@@ -7,12 +7,14 @@ package natssoak
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -32,6 +34,7 @@ import (
 	"github.com/sagaflow/sagaflow/participant"
 	"github.com/sagaflow/sagaflow/relay"
 	"github.com/sagaflow/sagaflow/saga"
+	"github.com/sagaflow/sagaflow/steps"
 	"github.com/sagaflow/sagaflow/transport/natsbus"
 )
 
@@ -108,6 +111,11 @@ func runParticipant(c childConfig) error {
 			return struct{}{}, err
 		}
 		time.Sleep(time.Duration(200+rand.IntN(200)) * time.Millisecond)
+		if declined(call.Command.OrderID) {
+			// Refused, over NATS: the saga must see this refusal (it names
+			// the command it answers), not time out.
+			return struct{}{}, steps.Permanent(steps.WithCode(declinedCode, errors.New("the card was declined")))
+		}
 		_, err := tx.Exec(ctx, "INSERT INTO "+charges+" (order_id) VALUES ($1)", call.Command.OrderID)
 		return struct{}{}, err
 	}); err != nil {
@@ -127,6 +135,12 @@ func runParticipant(c childConfig) error {
 type order struct {
 	OrderID string `json:"order_id"`
 }
+
+// declinedCode is the refusal of every tenth order (see declined).
+const declinedCode = "declined"
+
+// declined reports whether the participant refuses order id: o-007, o-017, …
+func declined(id string) bool { return strings.HasSuffix(id, "7") }
 
 // child is one participant process.
 type child struct{ cmd *exec.Cmd }
@@ -251,7 +265,8 @@ func TestSoakKilledConsumersOverNATS(t *testing.T) {
 		}
 	}
 
-	// Every saga ends, and each has exactly one charge.
+	// Every saga ends; each that is not declined has exactly one charge, and
+	// each declined one ends compensated with the refusal, and no charge.
 	deadline := time.Now().Add(90 * time.Second)
 	stuck := ids
 	for len(stuck) > 0 && time.Now().Before(deadline) {
@@ -268,7 +283,7 @@ func TestSoakKilledConsumersOverNATS(t *testing.T) {
 			time.Sleep(200 * time.Millisecond)
 		}
 	}
-	completed, lost, doubled := 0, 0, 0
+	completed, refused, lost, doubled := 0, 0, 0, 0
 	rows, err := payPool.Query(ctx, "SELECT order_id, count(*) FROM "+pgx.Identifier{paySchema, "charges"}.Sanitize()+" GROUP BY order_id")
 	require.NoError(t, err)
 	charges := map[string]int{}
@@ -282,10 +297,21 @@ func TestSoakKilledConsumersOverNATS(t *testing.T) {
 	for i, id := range ids {
 		in, err := engine.Get(ctx, id)
 		require.NoError(t, err)
+		oid := fmt.Sprintf("o-%03d", i)
+		if declined(oid) {
+			// Its refusal came over NATS and was applied: a refusal the
+			// engine dropped would have ended it in a reply timeout.
+			require.Equal(t, saga.StatusCompensated, in.Status, oid)
+			require.NotNil(t, in.LastError, oid)
+			require.Equal(t, declinedCode, in.LastError.Code, oid)
+			require.Zero(t, charges[oid], oid)
+			refused++
+			continue
+		}
 		if in.Status == saga.StatusCompleted {
 			completed++
 		}
-		switch n := charges[fmt.Sprintf("o-%03d", i)]; {
+		switch n := charges[oid]; {
 		case n == 0:
 			lost++
 		case n > 1:
@@ -298,14 +324,15 @@ func TestSoakKilledConsumersOverNATS(t *testing.T) {
 		" GROUP BY order_id HAVING count(*) > 1) r").Scan(&redelivered))
 	var total int
 	require.NoError(t, payPool.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{paySchema, "attempts"}.Sanitize()).Scan(&total))
-	t.Logf("nats soak: sagas=%d completed=%d lost=%d doubled=%d stuck=%d dead_letters=%d commands_taken=%d redelivered=%d sigkill=%d sigstop=%d",
-		len(ids), completed, lost, doubled, len(stuck), dead, total, redelivered, kills, stops)
+	t.Logf("nats soak: sagas=%d completed=%d refused=%d lost=%d doubled=%d stuck=%d dead_letters=%d commands_taken=%d redelivered=%d sigkill=%d sigstop=%d",
+		len(ids), completed, refused, lost, doubled, len(stuck), dead, total, redelivered, kills, stops)
 	require.Positive(t, redelivered, "no command was taken up twice: the attacks missed the work they aim at")
 	require.Positive(t, kills, "the soak attacked nothing")
 	require.Positive(t, stops)
 	require.Zero(t, lost, "lost")
 	require.Zero(t, doubled, "doubled")
 	require.Empty(t, stuck, "stuck")
-	require.Equal(t, len(ids), completed)
+	require.Equal(t, 15, refused)
+	require.Equal(t, len(ids)-refused, completed)
 	require.Zero(t, dead)
 }
