@@ -163,6 +163,10 @@ func TestSagaCallsParticipantsOverNATS(t *testing.T) {
 
 	declined := run(order{OrderID: "o-2", Amount: 500})
 	require.Equal(t, saga.StatusCompensated, declined.Status)
+	// The participant's refusal itself, not a reply timeout: it names the
+	// command it answers, and the bus carried the command's id unchanged.
+	require.NotNil(t, declined.LastError)
+	require.Equal(t, "card_declined", declined.LastError.Code)
 
 	require.Equal(t, 1, count(invPool, "SELECT count(*) FROM "+moves+" WHERE order_id = 'o-1' AND move = 'reserve'"))
 	require.Equal(t, 0, count(invPool, "SELECT count(*) FROM "+moves+" WHERE order_id = 'o-1' AND move = 'release'"))

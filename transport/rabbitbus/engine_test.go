@@ -155,6 +155,10 @@ func TestSagaWithARemoteParticipantOverRabbitMQ(t *testing.T) {
 
 			declined := run(order{OrderID: "o-2", Amount: 500})
 			require.Equal(t, saga.StatusCompensated, declined.Status, "%+v", declined)
+			// The participant's refusal itself, not a reply timeout: it names the
+			// command it answers, and the bus carried the command's id unchanged.
+			require.NotNil(t, declined.LastError)
+			require.Equal(t, "card_declined", declined.LastError.Code)
 			require.Equal(t, 1, e.countOn(t, payPool, "SELECT count(*) FROM "+pgx.Identifier{paySchema, "charges"}.Sanitize()))
 			require.Equal(t, 1, e.countOn(t, ordPool, "SELECT count(*) FROM "+reservations+" WHERE state = 'released'"))
 			require.Equal(t, 1, e.countOn(t, ordPool, "SELECT count(*) FROM "+reservations+" WHERE state = 'held'"))
