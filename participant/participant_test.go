@@ -6,7 +6,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,7 +13,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
@@ -22,6 +20,7 @@ import (
 	"github.com/sagaflow/sagaflow/inbox"
 	"github.com/sagaflow/sagaflow/internal/kafkatest"
 	"github.com/sagaflow/sagaflow/internal/pgtest"
+	"github.com/sagaflow/sagaflow/internal/testkit"
 	"github.com/sagaflow/sagaflow/migrations"
 	"github.com/sagaflow/sagaflow/participant"
 	"github.com/sagaflow/sagaflow/relay"
@@ -76,23 +75,6 @@ func (s *service) count(t *testing.T, q string, args ...any) int {
 	return n
 }
 
-// serve runs a participant's consumer on topic until the test ends.
-func serve(t *testing.T, kc *kafkatest.Cluster, p *participant.Participant, topic, group string, pv providers) {
-	t.Helper()
-	r := kafka.NewReader(kafka.ReaderConfig{Brokers: kc.Addrs(), GroupID: group, Topic: topic, MinBytes: 1, MaxBytes: 1 << 20,
-		MaxWait: 100 * time.Millisecond, StartOffset: kafka.FirstOffset, CommitInterval: 0})
-	c, err := p.Inbox().NewConsumer(r, &inbox.ConsumerConfig{Handlers: p.Handlers(), TracerProvider: pv.tp, MeterProvider: pv.mp})
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-		require.NoError(t, r.Close())
-	})
-}
-
 type checkout struct {
 	OrderID  string `json:"order_id"`
 	Amount   int    `json:"amount"`
@@ -123,9 +105,9 @@ type system struct {
 	orders, inventory, payments *service
 	engine                      *saga.Engine
 	def                         *saga.Definition[checkout]
-	inventoryDown               atomic.Bool                   // refuse releases
-	releaseStalls               atomic.Int32                  // releases still to answer only after the reserve step's timeout
-	releaseGate                 atomic.Pointer[chan struct{}] // when set, a release waits until it is closed
+	inventoryDown               atomic.Bool                  // refuse releases
+	releaseStalls               atomic.Int32                 // releases still to answer only after the reserve step's timeout
+	releaseGate                 atomic.Pointer[testkit.Gate] // when set, a release waits until it is open
 }
 
 // newSystem builds the system; with a key, every service signs what it
@@ -165,14 +147,16 @@ func buildSystem(t *testing.T, paymentsRunning bool, pv providers, key ...byte) 
 			return struct{}{}, steps.Permanent(steps.WithCode("warehouse_closed", errors.New("the warehouse is closed")))
 		}
 		if g := s.releaseGate.Load(); g != nil {
-			<-*g
+			if err := g.Pass(ctx); err != nil {
+				return struct{}{}, err
+			}
 		}
 		if s.releaseStalls.Add(-1) >= 0 {
 			time.Sleep(reserveTimeout + time.Second)
 		}
 		return move("release")(ctx, tx, c)
 	}))
-	serve(t, kc, inv, "inventory.commands", "inventory", pv)
+	testkit.Serve(t, kc.Addrs(), inv, "inventory.commands", "inventory", inbox.ConsumerConfig{TracerProvider: pv.tp, MeterProvider: pv.mp})
 
 	// Payments: charge, refusing large amounts.
 	_, err = s.payments.pool.Exec(ctx, "CREATE TABLE "+s.payments.table("charges")+" (order_id text, amount int, charge_id text)")
@@ -191,7 +175,7 @@ func buildSystem(t *testing.T, paymentsRunning bool, pv providers, key ...byte) 
 		return charged{ChargeID: id}, nil
 	}))
 	if paymentsRunning {
-		serve(t, kc, pay, "payments.commands", "payments", pv)
+		testkit.Serve(t, kc.Addrs(), pay, "payments.commands", "payments", inbox.ConsumerConfig{TracerProvider: pv.tp, MeterProvider: pv.mp})
 	}
 
 	// The orchestrator.
@@ -381,18 +365,13 @@ func TestACopyOfARefusalFromBeforeAResumeIsStale(t *testing.T) {
 
 	// The warehouse opens, but the resumed release waits in its handler
 	// until the copy of the old refusal has reached the engine.
-	gate := make(chan struct{})
-	open := sync.OnceFunc(func() { close(gate) })
-	t.Cleanup(open) // a failed assertion must not leave the handler waiting
-	s.releaseGate.Store(&gate)
+	gate := testkit.NewGate()
+	t.Cleanup(gate.Open) // a failed assertion must not leave the handler waiting
+	s.releaseGate.Store(gate)
 	s.inventoryDown.Store(false)
 	require.NoError(t, s.engine.Resume(ctx, in.ID, "warehouse open again"))
 	stale := s.engine.Stats().StaleDiscarded
-	_, err := s.inventory.pool.Exec(ctx, "INSERT INTO "+s.inventory.table("outbox")+
-		` (id, topic, delivery, aggregatetype, aggregateid, type, payload, headers, saga_id, step_key)
-		SELECT gen_random_uuid(), topic, delivery, aggregatetype, aggregateid, type, payload, headers, saga_id, step_key
-		FROM `+s.inventory.table("outbox")+` WHERE step_key = $1 AND type = 'sagaflow.reply'`, releaseKey)
-	require.NoError(t, err)
+	testkit.CopyReplies(t, &testkit.DB{Pool: s.inventory.pool, Schema: s.inventory.schema}, releaseKey)
 	require.Eventually(t, func() bool {
 		cur, err := s.engine.Get(ctx, in.ID)
 		require.NoError(t, err)
@@ -402,7 +381,7 @@ func TestACopyOfARefusalFromBeforeAResumeIsStale(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, saga.StatusCompensating, cur.Status, "the copy of the old refusal failed the resumed saga: %+v", cur.LastError)
 
-	open()
+	gate.Open()
 	require.Equal(t, saga.StatusCompensated, s.wait(t, in.ID).Status)
 	require.Equal(t, 1, s.inventory.count(t, "SELECT count(*) FROM "+s.inventory.table("stock_moves")+" WHERE move = 'release'"))
 }

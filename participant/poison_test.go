@@ -17,11 +17,13 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/sagaflow/sagaflow/inbox"
 	"github.com/sagaflow/sagaflow/internal/kafkatest"
 	"github.com/sagaflow/sagaflow/internal/pgtest"
 	"github.com/sagaflow/sagaflow/internal/safetext"
 	"github.com/sagaflow/sagaflow/internal/signing"
 	"github.com/sagaflow/sagaflow/internal/store"
+	"github.com/sagaflow/sagaflow/internal/testkit"
 	"github.com/sagaflow/sagaflow/participant"
 	"github.com/sagaflow/sagaflow/saga"
 	"github.com/sagaflow/sagaflow/steps"
@@ -86,7 +88,7 @@ func newBench(t *testing.T, cfg participant.Config) *bench {
 	}
 	require.NoError(t, participant.Handle(p, "inventory.reserve", move("reserve")))
 	require.NoError(t, participant.Handle(p, "inventory.release", move("release")))
-	serve(t, kc, p, benchTopic, "inventory", providers{})
+	testkit.Serve(t, kc.Addrs(), p, benchTopic, "inventory", inbox.ConsumerConfig{})
 	return b
 }
 

@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -21,6 +20,7 @@ import (
 	"github.com/sagaflow/sagaflow/internal/kafkatest"
 	"github.com/sagaflow/sagaflow/internal/signing"
 	"github.com/sagaflow/sagaflow/internal/store"
+	"github.com/sagaflow/sagaflow/internal/testkit"
 	"github.com/sagaflow/sagaflow/relay"
 	"github.com/sagaflow/sagaflow/saga"
 	"github.com/sagaflow/sagaflow/sagatest"
@@ -556,24 +556,6 @@ func TestReplyIDsMayBeAnything(t *testing.T) {
 	require.Equal(t, saga.StatusRunning, in.Status, "the mismatched reply was not applied")
 }
 
-// lockedBuffer is a log destination that goroutines may write to at once.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // A refusal that names no command (a participant that does not send
 // in_reply_to) is applied, and the engine says, once per remote step, that
 // such a participant is open to a copy of an old refusal failing a resumed
@@ -582,7 +564,7 @@ func TestRefusalNamingNoCommandIsWarnedOnce(t *testing.T) {
 	t.Parallel()
 	topic := saga.CommandTopicDefault + ".unaddr"
 	replies := topic + ".replies"
-	logs := &lockedBuffer{}
+	logs := &testkit.Buffer{}
 	k := setupKafkaWith(t, 1, &saga.Config{Workers: 1, Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))},
 		topic, replies, "unaddr.participant")
 	def := saga.Define("unaddr", saga.Step[order]{Name: "remote", Timeout: 20 * time.Second, Remote: &saga.Remote[order]{

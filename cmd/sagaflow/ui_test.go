@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,24 +13,6 @@ import (
 
 	"github.com/sagaflow/sagaflow/internal/testkit"
 )
-
-// lockedBuffer is a writer the test reads while the command writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 var servingOn = regexp.MustCompile(`serving the sagaflow UI on (http://\S+/) \(read-only\)`)
 
@@ -41,7 +22,7 @@ func TestUICommand(t *testing.T) {
 	f := setup(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var stdout, stderr lockedBuffer
+	var stdout, stderr testkit.Buffer
 	done := make(chan int, 1)
 	go func() {
 		done <- run(ctx, []string{"--database-url", f.url, "--schema", f.Schema, "ui", "--listen", "127.0.0.1:0", "--prefix", "/ops"},
@@ -76,7 +57,7 @@ func TestUICommand(t *testing.T) {
 }
 
 func TestUICommandRefusesArguments(t *testing.T) {
-	var stdout, stderr lockedBuffer
+	var stdout, stderr testkit.Buffer
 	code := run(context.Background(), []string{"--database-url", "postgres://127.0.0.1:1/x", "ui", "extra"}, &stdout, &stderr,
 		func(string) string { return "" })
 	require.Equal(t, exitUsage, code, stderr.String())

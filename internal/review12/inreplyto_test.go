@@ -49,22 +49,22 @@ func staleRefusalAfterResumeOfAForwardStep(t *testing.T, allSteps bool) {
 	require.Equal(t, saga.StatusFailed, in.Status, "a refused Retriable step fails the saga")
 	require.Equal(t, "card_declined", in.LastError.Code)
 	key := stepKey(id, "charge", steps.Forward, 0)
-	require.Equal(t, 1, s.payments.count(t, "SELECT count(*) FROM "+s.payments.table("outbox")+" WHERE step_key = $1 AND type = 'sagaflow.reply'", key))
+	require.Equal(t, 1, s.payments.Count(t, "SELECT count(*) FROM "+s.payments.Table("outbox")+" WHERE step_key = $1 AND type = 'sagaflow.reply'", key))
 	var oldPayload []byte
-	require.NoError(t, s.payments.pool.QueryRow(ctx, "SELECT payload FROM "+s.payments.table("outbox")+" WHERE step_key = $1 AND type = 'sagaflow.reply'", key).Scan(&oldPayload))
+	require.NoError(t, s.payments.Pool.QueryRow(ctx, "SELECT payload FROM "+s.payments.Table("outbox")+" WHERE step_key = $1 AND type = 'sagaflow.reply'", key).Scan(&oldPayload))
 	oldCmd := inReplyTo(t, oldPayload)
 	require.NotEmpty(t, oldCmd, "the Go participant names the command in every reply")
 
-	g := newGate()
+	g := testkit.NewGate()
 	s.chargeGate.Store(g)
 	s.declineOver.Store(10_000)
 	require.NoError(t, s.engine.Resume(ctx, id, "limit raised"))
 	newCmd := waitAt(t, s.engine, s.orders, id, "charge", steps.Forward)
-	testkit.WaitFor(t, wait, "the resumed charge in the payments handler", func() bool { return g.entered.Load() >= 1 })
+	testkit.WaitFor(t, wait, "the resumed charge in the payments handler", func() bool { return g.Entered() >= 1 })
 	require.NotEqual(t, oldCmd, newCmd, "the resume sent a new command")
 
 	stale := s.engine.Stats().StaleDiscarded
-	copyReplies(t, s.payments, key)
+	testkit.CopyReplies(t, s.payments.DB, key)
 	testkit.WaitFor(t, wait, "the copy of the refusal at the engine", func() bool {
 		return s.engine.Stats().StaleDiscarded > stale || get(t, s.engine, id).Status.Terminal()
 	})
@@ -75,13 +75,13 @@ func staleRefusalAfterResumeOfAForwardStep(t *testing.T, allSteps bool) {
 		return get(t, s.engine, id).Status == saga.StatusRunning
 	})
 
-	g.open()
+	g.Open()
 	in = waitEnded(t, s.engine, id)
 	require.Equal(t, saga.StatusCompleted, in.Status, "%+v", in.LastError)
 	var st checkout
 	require.NoError(t, in.DecodeState(&st))
 	require.Equal(t, "ch_o-fwd", st.ChargeID)
-	require.Equal(t, 1, s.payments.count(t, "SELECT count(*) FROM "+s.payments.table("charges")))
+	require.Equal(t, 1, s.payments.Count(t, "SELECT count(*) FROM "+s.payments.Table("charges")))
 }
 
 // After Rerun (a new epoch), neither a copy of the old epoch's refusal nor a
@@ -96,22 +96,22 @@ func TestStaleRefusalAfterRerun(t *testing.T) {
 	require.Equal(t, saga.StatusCompensated, in.Status)
 	oldKey := stepKey(id, "charge", steps.Forward, 0)
 	var oldPayload []byte
-	require.NoError(t, s.payments.pool.QueryRow(ctx, "SELECT payload FROM "+s.payments.table("outbox")+" WHERE step_key = $1 AND type = 'sagaflow.reply'", oldKey).Scan(&oldPayload))
+	require.NoError(t, s.payments.Pool.QueryRow(ctx, "SELECT payload FROM "+s.payments.Table("outbox")+" WHERE step_key = $1 AND type = 'sagaflow.reply'", oldKey).Scan(&oldPayload))
 	oldCmd := inReplyTo(t, oldPayload)
 	require.NotEmpty(t, oldCmd)
 
-	g := newGate()
+	g := testkit.NewGate()
 	s.chargeGate.Store(g)
 	s.declineOver.Store(10_000)
 	require.NoError(t, s.engine.Rerun(ctx, id, "reserve", "limit raised")) // a compensated saga reruns from its first step
 	newCmd := waitAt(t, s.engine, s.orders, id, "charge", steps.Forward)
-	testkit.WaitFor(t, wait, "the rerun charge in the payments handler", func() bool { return g.entered.Load() >= 1 })
+	testkit.WaitFor(t, wait, "the rerun charge in the payments handler", func() bool { return g.Entered() >= 1 })
 	cur := get(t, s.engine, id)
 	require.Equal(t, 1, cur.Epoch, "Rerun runs under a new epoch")
 	newKey := stepKey(id, "charge", steps.Forward, cur.Epoch)
 
 	// The old refusal again, and a refusal of the new key naming the old command.
-	copyReplies(t, s.payments, oldKey)
+	testkit.CopyReplies(t, s.payments.DB, oldKey)
 	var forged wire.Reply
 	require.NoError(t, json.Unmarshal(oldPayload, &forged))
 	require.False(t, forged.OK)
@@ -121,7 +121,7 @@ func TestStaleRefusalAfterRerun(t *testing.T) {
 		return c.Status == saga.StatusRunning && c.Step == "charge" && commandID(t, s.orders, id) == newCmd
 	})
 
-	g.open()
+	g.Open()
 	in = waitEnded(t, s.engine, id)
 	require.Equal(t, saga.StatusCompleted, in.Status, "%+v", in.LastError)
 }
@@ -134,11 +134,11 @@ func TestLateRefusalOfAResentCompensationIsStale(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	s := newSystem(t, opts{releaseAttempts: 3})
-	g := newGate()
+	g := testkit.NewGate()
 	s.releaseGate.Store(g)
 	id := s.start(t, checkout{OrderID: "o-retry", Amount: 500}, nil) // declined: compensates
 	first := waitAt(t, s.engine, s.orders, id, "reserve", steps.Compensate)
-	testkit.WaitFor(t, wait, "the first release in its handler", func() bool { return g.entered.Load() >= 1 })
+	testkit.WaitFor(t, wait, "the first release in its handler", func() bool { return g.Entered() >= 1 })
 	var second string
 	testkit.WaitFor(t, wait, "the release sent again after the reply timeout", func() bool {
 		second = commandID(t, s.orders, id)
@@ -146,11 +146,11 @@ func TestLateRefusalOfAResentCompensationIsStale(t *testing.T) {
 	})
 	require.Equal(t, saga.StatusCompensating, get(t, s.engine, id).Status)
 	s.refuseNext.Store(1) // the first command, released from the gate, is refused
-	g.open()
+	g.Open()
 	in := waitEnded(t, s.engine, id)
 	require.Equal(t, saga.StatusCompensated, in.Status, "the late refusal of the first release decided the saga: %+v", in.LastError)
 	require.Equal(t, "card_declined", in.LastError.Code, "the saga keeps the cause of its compensation")
-	require.Equal(t, 1, s.inventory.count(t, "SELECT count(*) FROM "+s.inventory.table("stock_moves")+" WHERE move = 'release'"))
+	require.Equal(t, 1, s.inventory.Count(t, "SELECT count(*) FROM "+s.inventory.Table("stock_moves")+" WHERE move = 'release'"))
 	_ = ctx
 }
 
@@ -281,12 +281,12 @@ func TestAlteredInReplyToIsUnverified(t *testing.T) {
 	}
 	require.True(t, signed, "the participant signs its replies")
 
-	g := newGate()
+	g := testkit.NewGate()
 	s.releaseGate.Store(g)
 	s.inventoryDown.Store(false)
 	require.NoError(t, s.engine.Resume(ctx, id, "warehouse open again"))
 	cmd := waitAt(t, s.engine, s.orders, id, "reserve", steps.Compensate)
-	testkit.WaitFor(t, wait, "the resumed release in its handler", func() bool { return g.entered.Load() >= 1 })
+	testkit.WaitFor(t, wait, "the resumed release in its handler", func() bool { return g.Entered() >= 1 })
 
 	var r map[string]any
 	require.NoError(t, json.Unmarshal(old[0].Value, &r))
@@ -307,10 +307,10 @@ func TestAlteredInReplyToIsUnverified(t *testing.T) {
 		return deadFor(t, s.orders, id, "unverified%") >= 1
 	})
 	require.Equal(t, saga.StatusCompensating, get(t, s.engine, id).Status)
-	g.open()
+	g.Open()
 	in = waitEnded(t, s.engine, id)
 	require.Equal(t, saga.StatusCompensated, in.Status, "%+v", in.LastError)
-	require.Equal(t, 1, s.inventory.count(t, "SELECT count(*) FROM "+s.inventory.table("stock_moves")+" WHERE move = 'release'"))
+	require.Equal(t, 1, s.inventory.Count(t, "SELECT count(*) FROM "+s.inventory.Table("stock_moves")+" WHERE move = 'release'"))
 }
 
 // Two tenants (two engine schemas) on one cluster, sharing the default reply
@@ -352,11 +352,11 @@ func TestResumeWhileTheOldHandlerRuns(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	s := newSystem(t, opts{releaseAttempts: 1})
-	g := newGate()
+	g := testkit.NewGate()
 	s.releaseGate.Store(g)
 	id := s.start(t, checkout{OrderID: "o-op", Amount: 500}, nil)
 	old := waitAt(t, s.engine, s.orders, id, "reserve", steps.Compensate)
-	testkit.WaitFor(t, wait, "the release in its handler", func() bool { return g.entered.Load() >= 1 })
+	testkit.WaitFor(t, wait, "the release in its handler", func() bool { return g.Entered() >= 1 })
 	in := waitEnded(t, s.engine, id)
 	require.Equal(t, saga.StatusFailed, in.Status, "one release attempt, no reply in time: failed")
 	require.NoError(t, s.engine.Resume(ctx, id, "operator: try the release again"))
@@ -366,10 +366,10 @@ func TestResumeWhileTheOldHandlerRuns(t *testing.T) {
 		return cur != "" && cur != old
 	})
 	s.refuseNext.Store(1) // the old command's handler, released now, refuses
-	g.open()
+	g.Open()
 	in = waitEnded(t, s.engine, id)
 	require.Equal(t, saga.StatusCompensated, in.Status, "the old command's refusal decided the resumed saga: %+v", in.LastError)
-	require.Equal(t, 1, s.inventory.count(t, "SELECT count(*) FROM "+s.inventory.table("stock_moves")+" WHERE move = 'release'"))
+	require.Equal(t, 1, s.inventory.Count(t, "SELECT count(*) FROM "+s.inventory.Table("stock_moves")+" WHERE move = 'release'"))
 }
 
 // A saga paused (Engine.Pause) while its reserve command runs at the
@@ -386,19 +386,19 @@ func TestRefusalOfACommandHeldByAPause(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			s := newSystem(t, opts{allSteps: allSteps})
-			g := newGate()
+			g := testkit.NewGate()
 			s.reserveGate.Store(g)
 			id := s.start(t, checkout{OrderID: "o-paused", Amount: 500}, nil)
-			testkit.WaitFor(t, wait, "the reserve in its handler", func() bool { return g.entered.Load() >= 1 })
+			testkit.WaitFor(t, wait, "the reserve in its handler", func() bool { return g.Entered() >= 1 })
 			require.NoError(t, s.engine.Pause(ctx, id, "operator looks at it"))
-			g.open()
+			g.Open()
 			testkit.WaitFor(t, wait, "the paused saga past its reserve", func() bool {
 				in := get(t, s.engine, id)
 				require.False(t, in.Status.Terminal(), "%s %+v", in.Status, in.LastError)
 				return in.Paused != nil && in.Step == "charge"
 			})
 			testkit.Hold(t, 500*time.Millisecond, "no charge while paused", func() bool {
-				return s.payments.count(t, "SELECT count(*) FROM "+s.payments.table("inbox")) == 0
+				return s.payments.Count(t, "SELECT count(*) FROM "+s.payments.Table("inbox")) == 0
 			})
 			require.NoError(t, s.engine.Resume(ctx, id, "go on"))
 			in := waitEnded(t, s.engine, id)

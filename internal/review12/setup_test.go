@@ -11,14 +11,12 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
@@ -26,7 +24,6 @@ import (
 	"github.com/sagaflow/sagaflow/internal/kafkatest"
 	"github.com/sagaflow/sagaflow/internal/pgtest"
 	"github.com/sagaflow/sagaflow/internal/testkit"
-	"github.com/sagaflow/sagaflow/migrations"
 	"github.com/sagaflow/sagaflow/participant"
 	"github.com/sagaflow/sagaflow/relay"
 	"github.com/sagaflow/sagaflow/saga"
@@ -47,70 +44,22 @@ const stepTimeout = 2 * time.Second
 
 const replyTopic = "sagaflow.commands.checkout.replies"
 
-type service struct {
-	pool   *pgxpool.Pool
-	schema string
-}
-
-func (s *service) table(name string) string { return pgx.Identifier{s.schema, name}.Sanitize() }
-
-func (s *service) count(t *testing.T, q string, args ...any) int {
-	t.Helper()
-	var n int
-	require.NoError(t, s.pool.QueryRow(context.Background(), q, args...).Scan(&n))
-	return n
-}
+// service is a migrated schema with a relay publishing its outbox.
+type service struct{ *testkit.DB }
 
 func newService(t *testing.T, kc *kafkatest.Cluster) *service {
 	t.Helper()
 	ctx := context.Background()
-	pool, schema := pgtest.NewSchema(t)
-	_, err := migrations.Migrate(ctx, pool, schema)
-	require.NoError(t, err)
+	d := testkit.NewDB(t)
 	w := relay.NewKafkaWriter(kc.Addrs(), nil)
-	r, err := relay.New(pool, w, &relay.Config{Schema: schema, PollInterval: 50 * time.Millisecond, Logger: quiet})
+	r, err := relay.New(d.Pool, w, &relay.Config{Schema: d.Schema, PollInterval: 50 * time.Millisecond, Logger: quiet})
 	require.NoError(t, err)
 	require.NoError(t, r.Start(ctx))
 	t.Cleanup(func() {
 		require.NoError(t, r.Stop(context.Background()))
 		require.NoError(t, w.Close())
 	})
-	return &service{pool: pool, schema: schema}
-}
-
-func serve(t *testing.T, kc *kafkatest.Cluster, p *participant.Participant, topic, group string) {
-	t.Helper()
-	r := kafka.NewReader(kafka.ReaderConfig{Brokers: kc.Addrs(), GroupID: group, Topic: topic, MinBytes: 1, MaxBytes: 1 << 20,
-		MaxWait: 100 * time.Millisecond, StartOffset: kafka.FirstOffset, CommitInterval: 0})
-	c, err := p.Inbox().NewConsumer(r, &inbox.ConsumerConfig{Handlers: p.Handlers()})
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-		require.NoError(t, r.Close())
-	})
-}
-
-// gate holds a handler until opened; opening twice is harmless.
-type gate struct {
-	ch      chan struct{}
-	once    sync.Once
-	entered atomic.Int32 // handlers that reached the gate
-}
-
-func newGate() *gate  { return &gate{ch: make(chan struct{})} }
-func (g *gate) open() { g.once.Do(func() { close(g.ch) }) }
-func (g *gate) pass(ctx context.Context) error {
-	g.entered.Add(1)
-	select {
-	case <-g.ch:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return &service{d}
 }
 
 type checkout struct {
@@ -150,9 +99,9 @@ type system struct {
 	declineOver   atomic.Int64 // a charge of more than this is refused (card_declined)
 	inventoryDown atomic.Bool  // releases are refused (warehouse_closed)
 	refuseNext    atomic.Int32 // releases still to refuse after their gate (late_refusal)
-	chargeGate    atomic.Pointer[gate]
-	releaseGate   atomic.Pointer[gate]
-	reserveGate   atomic.Pointer[gate]
+	chargeGate    atomic.Pointer[testkit.Gate]
+	releaseGate   atomic.Pointer[testkit.Gate]
+	reserveGate   atomic.Pointer[testkit.Gate]
 }
 
 func checkoutDef(o opts, paymentsTopic string) *saga.Definition[checkout] {
@@ -194,17 +143,17 @@ func newSystem(t *testing.T, o opts) *system {
 	s := &system{kc: kc, orders: newService(t, kc), inventory: newService(t, kc), payments: newService(t, kc)}
 	s.declineOver.Store(100)
 
-	_, err := s.inventory.pool.Exec(ctx, "CREATE TABLE "+s.inventory.table("stock_moves")+" (order_id text, move text, step_key text)")
+	_, err := s.inventory.Pool.Exec(ctx, "CREATE TABLE "+s.inventory.Table("stock_moves")+" (order_id text, move text, step_key text)")
 	require.NoError(t, err)
-	inv, err := participant.New(s.inventory.pool, &participant.Config{Consumer: "inventory", Schema: s.inventory.schema, Logger: quiet, SigningKey: o.key})
+	inv, err := participant.New(s.inventory.Pool, &participant.Config{Consumer: "inventory", Schema: s.inventory.Schema, Logger: quiet, SigningKey: o.key})
 	require.NoError(t, err)
 	move := func(ctx context.Context, tx pgx.Tx, kind string, c participant.Call[orderCmd]) (struct{}, error) {
-		_, err := tx.Exec(ctx, "INSERT INTO "+s.inventory.table("stock_moves")+" VALUES ($1, $2, $3)", c.Command.OrderID, kind, c.Key.String())
+		_, err := tx.Exec(ctx, "INSERT INTO "+s.inventory.Table("stock_moves")+" VALUES ($1, $2, $3)", c.Command.OrderID, kind, c.Key.String())
 		return struct{}{}, err
 	}
 	require.NoError(t, participant.Handle(inv, "inventory.reserve", func(ctx context.Context, tx pgx.Tx, c participant.Call[orderCmd]) (struct{}, error) {
 		if g := s.reserveGate.Load(); g != nil {
-			if err := g.pass(ctx); err != nil {
+			if err := g.Pass(ctx); err != nil {
 				return struct{}{}, err
 			}
 		}
@@ -215,7 +164,7 @@ func newSystem(t *testing.T, o opts) *system {
 			return struct{}{}, steps.Permanent(steps.WithCode("warehouse_closed", errors.New("the warehouse is closed")))
 		}
 		if g := s.releaseGate.Load(); g != nil {
-			if err := g.pass(ctx); err != nil {
+			if err := g.Pass(ctx); err != nil {
 				return struct{}{}, err
 			}
 		}
@@ -224,19 +173,19 @@ func newSystem(t *testing.T, o opts) *system {
 		}
 		return move(ctx, tx, "release", c)
 	}))
-	serve(t, kc, inv, "inventory.commands", "inventory")
+	testkit.Serve(t, kc.Addrs(), inv, "inventory.commands", "inventory", inbox.ConsumerConfig{})
 
-	_, err = s.payments.pool.Exec(ctx, "CREATE TABLE "+s.payments.table("charges")+" (order_id text, amount int, step_key text)")
+	_, err = s.payments.Pool.Exec(ctx, "CREATE TABLE "+s.payments.Table("charges")+" (order_id text, amount int, step_key text)")
 	require.NoError(t, err)
-	pay, err := participant.New(s.payments.pool, &participant.Config{Consumer: "payments", Schema: s.payments.schema, Logger: quiet, SigningKey: o.key})
+	pay, err := participant.New(s.payments.Pool, &participant.Config{Consumer: "payments", Schema: s.payments.Schema, Logger: quiet, SigningKey: o.key})
 	require.NoError(t, err)
 	require.NoError(t, participant.Handle(pay, "payments.charge", func(ctx context.Context, tx pgx.Tx, c participant.Call[orderCmd]) (charged, error) {
 		if g := s.chargeGate.Load(); g != nil {
-			if err := g.pass(ctx); err != nil {
+			if err := g.Pass(ctx); err != nil {
 				return charged{}, err
 			}
 		}
-		if _, err := tx.Exec(ctx, "INSERT INTO "+s.payments.table("charges")+" VALUES ($1, $2, $3)", c.Command.OrderID, c.Command.Amount, c.Key.String()); err != nil {
+		if _, err := tx.Exec(ctx, "INSERT INTO "+s.payments.Table("charges")+" VALUES ($1, $2, $3)", c.Command.OrderID, c.Command.Amount, c.Key.String()); err != nil {
 			return charged{}, err
 		}
 		if int64(c.Command.Amount) > s.declineOver.Load() {
@@ -245,16 +194,16 @@ func newSystem(t *testing.T, o opts) *system {
 		return charged{ChargeID: "ch_" + c.Command.OrderID}, nil
 	}))
 	if !o.noPayments {
-		serve(t, kc, pay, "payments.commands", "payments")
+		testkit.Serve(t, kc.Addrs(), pay, "payments.commands", "payments", inbox.ConsumerConfig{})
 	}
 
 	s.def = checkoutDef(o, "payments.commands")
 	s.engine = newEngine(t, kc, s.orders, s.def, o.key, o.allSteps)
 	// Last registered, first run: no gated handler outlives a failed test.
 	t.Cleanup(func() {
-		for _, g := range []*gate{s.chargeGate.Load(), s.releaseGate.Load(), s.reserveGate.Load()} {
+		for _, g := range []*testkit.Gate{s.chargeGate.Load(), s.releaseGate.Load(), s.reserveGate.Load()} {
 			if g != nil {
-				g.open()
+				g.Open()
 			}
 		}
 	})
@@ -263,7 +212,7 @@ func newSystem(t *testing.T, o opts) *system {
 
 func newEngine(t *testing.T, kc *kafkatest.Cluster, svc *service, def *saga.Definition[checkout], key []byte, allSteps bool) *saga.Engine {
 	t.Helper()
-	e, err := saga.New(svc.pool, &saga.Config{Schema: svc.schema, Workers: 2, Logger: quiet, RescueInterval: time.Second,
+	e, err := saga.New(svc.Pool, &saga.Config{Schema: svc.Schema, Workers: 2, Logger: quiet, RescueInterval: time.Second,
 		Kafka: &saga.KafkaConfig{Brokers: kc.Addrs(), SigningKey: key, AllSteps: allSteps}})
 	require.NoError(t, err)
 	require.NoError(t, e.Register(def))
@@ -296,7 +245,7 @@ func get(t *testing.T, e *saga.Engine, id uuid.UUID) *saga.Instance {
 func commandID(t *testing.T, svc *service, id uuid.UUID) string {
 	t.Helper()
 	var c *string
-	require.NoError(t, svc.pool.QueryRow(context.Background(), "SELECT command_id::text FROM "+svc.table("saga_instances")+" WHERE id = $1", id).Scan(&c))
+	require.NoError(t, svc.Pool.QueryRow(context.Background(), "SELECT command_id::text FROM "+svc.Table("saga_instances")+" WHERE id = $1", id).Scan(&c))
 	if c == nil {
 		return ""
 	}
@@ -362,22 +311,9 @@ func replyOnTopic(t *testing.T, kc *kafkatest.Cluster, key string) []kafka.Messa
 	return out
 }
 
-// copyReplies copies, in svc's outbox, the reply rows of step key key: the
-// relay publishes them again, as a participant whose command was delivered
-// twice would have sent them twice.
-func copyReplies(t *testing.T, svc *service, key string) {
-	t.Helper()
-	tag, err := svc.pool.Exec(context.Background(), "INSERT INTO "+svc.table("outbox")+
-		` (id, topic, delivery, aggregatetype, aggregateid, type, payload, headers, saga_id, step_key)
-		SELECT gen_random_uuid(), topic, delivery, aggregatetype, aggregateid, type, payload, headers, saga_id, step_key
-		FROM `+svc.table("outbox")+` WHERE step_key = $1 AND type = 'sagaflow.reply'`, key)
-	require.NoError(t, err)
-	require.Positive(t, tag.RowsAffected(), "no reply row to copy for %s", key)
-}
-
 // deadFor counts the dead letters of svc whose Kafka key is saga id.
 func deadFor(t *testing.T, svc *service, id uuid.UUID, reasonLike string) int {
 	t.Helper()
-	return svc.count(t, "SELECT count(*) FROM "+svc.table("dead_letters")+" WHERE msg_key = convert_to($1, 'UTF8') AND reason LIKE $2",
+	return svc.Count(t, "SELECT count(*) FROM "+svc.Table("dead_letters")+" WHERE msg_key = convert_to($1, 'UTF8') AND reason LIKE $2",
 		id.String(), reasonLike)
 }

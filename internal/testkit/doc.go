@@ -38,6 +38,14 @@
 //		require.Equal(t, 1, fx.Count(t, st.ID, "reserve"))
 //	}
 //
+// # Participants and handlers
+//
+// [Serve] runs a participant's consumer on a topic of a test's Kafka
+// cluster until the test ends. [CopyReplies] copies a step's reply rows in
+// a participant's outbox, as a command delivered twice would have them sent
+// twice. A [Gate] holds handlers until the test opens it; a [Buffer] is a
+// log or output destination the test reads while others write.
+//
 // # Waiting
 //
 // Tests do not sleep to wait for something: [WaitFor] polls a condition

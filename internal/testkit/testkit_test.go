@@ -119,6 +119,42 @@ func TestRecv(t *testing.T) {
 	require.Equal(t, "timed out after 50ms waiting for an eight", msg)
 }
 
+func TestGate(t *testing.T) {
+	t.Parallel()
+	g := testkit.NewGate()
+	passed := make(chan error, 2)
+	go func() { passed <- g.Pass(context.Background()) }()
+	testkit.WaitFor(t, time.Second, "a handler at the gate", func() bool { return g.Entered() == 1 })
+	testkit.Hold(t, 50*time.Millisecond, "the gate holding", func() bool { return len(passed) == 0 })
+	g.Open()
+	g.Open() // harmless
+	require.NoError(t, testkit.Recv(t, passed, time.Second, "the handler through"))
+	require.NoError(t, g.Pass(context.Background()), "an open gate lets later ones through at once")
+
+	closed := testkit.NewGate()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	require.ErrorIs(t, closed.Pass(ctx), context.Canceled, "a handler's context ends the wait")
+}
+
+func TestBuffer(t *testing.T) {
+	t.Parallel()
+	var b testkit.Buffer
+	done := make(chan struct{})
+	for range 4 {
+		go func() {
+			for range 100 {
+				_, _ = b.Write([]byte("x"))
+			}
+			done <- struct{}{}
+		}()
+	}
+	for range 4 {
+		testkit.Recv(t, done, time.Second, "a writer")
+	}
+	require.Len(t, b.String(), 400)
+}
+
 func TestRandomLetters(t *testing.T) {
 	t.Parallel()
 	s := testkit.RandomLetters(10 << 10)

@@ -1,0 +1,59 @@
+package testkit
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"sync/atomic"
+)
+
+// Buffer is an io.Writer that goroutines may write to while a test reads
+// it (a logger's or a command's output).
+type Buffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *Buffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// String returns what was written so far.
+func (l *Buffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// Gate holds handlers until it is opened: a test makes a step wait in its
+// handler while it does something else, then lets it go. Opening twice is
+// harmless, so a test opens its gates in a cleanup too, and a failed
+// assertion never leaves a handler waiting.
+type Gate struct {
+	ch      chan struct{}
+	once    sync.Once
+	entered atomic.Int32
+}
+
+// NewGate returns a closed gate.
+func NewGate() *Gate { return &Gate{ch: make(chan struct{})} }
+
+// Open lets every handler through, now and later.
+func (g *Gate) Open() { g.once.Do(func() { close(g.ch) }) }
+
+// Entered is how many handlers have reached the gate.
+func (g *Gate) Entered() int { return int(g.entered.Load()) }
+
+// Pass waits until the gate is open or ctx ends, and returns ctx's error
+// then.
+func (g *Gate) Pass(ctx context.Context) error {
+	g.entered.Add(1)
+	select {
+	case <-g.ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
