@@ -215,6 +215,21 @@ func TestParticipantHandBuiltCommands(t *testing.T) {
 	send(t, prod, payTopic, sagaB, command("pay.charge", sagaB, keyB, wire.Forward, value), value)
 	waitReplies(keyB, 1)
 
+	// 5b. A command whose message id (not signed) is 10 kB long, with a NUL
+	// byte and invalid UTF-8: it is carried out, and its reply names it as
+	// JSON can carry it (wire.Reply.InReplyTo; a NUL stays, invalid UTF-8
+	// becomes U+FFFD). No engine sent such an id, so the engine would take a
+	// refusal naming it as stale.
+	sagaD := newID()
+	keyD := sagaD + "/charge/forward/0"
+	hostileID := strings.Repeat("i", 10<<10) + "\x00\xff"
+	send(t, prod, payTopic, sagaD, set(command("pay.charge", sagaD, keyD, wire.Forward, value), wire.HeaderMessageID, hostileID), value)
+	waitReplies(keyD, 1)
+	d, err := wire.DecodeReply(replies.with(wire.HeaderStepKey, keyD)[0].Value)
+	require.NoError(t, err)
+	require.True(t, d.OK)
+	require.Equal(t, strings.Repeat("i", 10<<10)+"\x00\ufffd", d.InReplyTo)
+
 	// 6. A compensation for a step whose forward never came: it succeeds,
 	// and the forward, arriving late, is refused with compensated_before_run.
 	sagaC := newID()
@@ -260,7 +275,7 @@ func TestParticipantHandBuiltCommands(t *testing.T) {
 		waitReplies(k, 1)
 		require.Len(t, replies.with(wire.HeaderStepKey, k), 1, "%s: one reply for a message delivered twice", name)
 	}
-	require.EqualValues(t, 2+len(oddIDs), effects.Load(), "commands A and B and each odd-id command ran once (duplicates ran no handler)")
+	require.EqualValues(t, 3+len(oddIDs), effects.Load(), "commands A, B and D and each odd-id command ran once (duplicates ran no handler)")
 	var dead int
 	require.NoError(t, pool.QueryRow(context.Background(), "SELECT count(*) FROM "+migrations.QuoteSchema(schema)+".dead_letters").Scan(&dead))
 	require.Equal(t, len(bad), dead, "each bad command dead-lettered once")
