@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sagaflow/sagaflow/internal/safetext"
 	"github.com/sagaflow/sagaflow/internal/store"
@@ -102,7 +104,7 @@ func (b *batch) await(ctx context.Context, sg *store.Saga, def *compiled, idx in
 	}
 	defer func() {
 		if cont != nil && err == nil {
-			err = b.continueAt(ctx, sg, def, cont, &moved, last, false)
+			err = b.continueAt(ctx, sg, def, cont, &moved, last)
 		}
 	}()
 
@@ -335,48 +337,92 @@ func (e *Engine) parentWake(sg *store.Saga) (store.Message, bool) {
 	return e.nudgeAt(*sg.ParentID, *sg.ParentName, deref(sg.ParentVersion), k.Step, k.Direction, k.Epoch, 1, wakeType), true
 }
 
-// continueAt runs, in this batch, the step that tr (a wait's end, a
-// reply, or a local step's success) moved sg to, when it runs forward now
-// and is a local action or a remote step's send: that step then costs no
-// second claim and commit of its own. With sendOnly, only a remote step's
-// send is run (after a local step, whose next local step keeps its own
-// transaction). tr is sent first, and the step runs only when its fence
-// held (moved): a step that tr failed instead (its writes refused) must not
-// run on top of that failure. The command tr wrote for the step is deleted
-// by the step's own transition; it stays, to be claimed later as stale,
-// when that transition is replaced by a failure. A command that a pause
+// continueAt runs, in this batch, the step that tr (a wait's end or a
+// reply) moved sg to, when it runs forward now and is a local action or a
+// remote step's send: that step then costs no second claim and commit of
+// its own. tr is sent first, and the step runs only when its fence held
+// (moved): a step that tr failed instead (its writes refused) must not run
+// on top of that failure. The command tr wrote for the step is deleted by
+// the step's own transition; it stays, to be claimed later as stale, when
+// that transition is replaced by a failure. A command that a pause
 // committed since the claim holds (see [Engine.Pause]) is left to wait, as
 // are a local step of a paused saga and one whose cancel was asked for.
-func (b *batch) continueAt(ctx context.Context, sg *store.Saga, def *compiled, tr *store.Transition, moved *bool, last, sendOnly bool) error {
+// After a local step, [batch.sendNext] chains the next step instead.
+func (b *batch) continueAt(ctx context.Context, sg *store.Saga, def *compiled, tr *store.Transition, moved *bool, last bool) error {
 	idx := tr.StepIndex
 	if Status(tr.Status) != StatusRunning || steps.Direction(tr.Direction) != steps.Forward || idx < 0 || idx >= len(def.steps) ||
 		len(tr.Messages) == 0 {
 		return nil
 	}
 	s := def.steps[idx]
-	if s.wait != nil || s.name != tr.StepName || (sendOnly && s.remoteTopic == "") {
-		return nil
-	}
-	if err := b.tx.flush(); err != nil {
-		return err
-	}
-	if !*moved || b.abandoned != nil || b.e.running.pending(sg.ID) != nil {
-		// Not written, or a cancel request was heard: the step's command
-		// takes the usual way, and the request goes ahead of it.
+	if s.wait != nil || s.name != tr.StepName {
 		return nil
 	}
 	id := tr.Messages[len(tr.Messages)-1].ID
+	// A local step must not start once a pause has committed: the command
+	// tr wrote tells, as the pause's trigger held it or not. The question
+	// goes in the round trip that writes tr.
+	var held bool
+	var ask func(*pgx.Batch)
 	if s.remoteTopic == "" {
-		// A local step must not start once a pause has committed: the
-		// command tr wrote tells, as the pause's trigger held it or not.
-		held, err := b.e.st.CommandHeld(ctx, b.tx.tx, id)
-		if err != nil {
-			return err
-		}
-		if held {
-			return nil
-		}
+		ask = func(q *pgx.Batch) { b.e.st.QueueCommandHeld(q, id, &held) }
 	}
+	if err := b.tx.flushWith(ask); err != nil {
+		return err
+	}
+	if !*moved || b.abandoned != nil || b.e.running.pending(sg.ID) != nil || held {
+		// Not written, a cancel request was heard, or a pause holds the
+		// command: the step's command takes the usual way, and the request
+		// goes ahead of it.
+		return nil
+	}
+	// The step's span links to the attempt that wrote its command, as a
+	// claimed command's does.
+	b.tx.supersede(sg.ID, id)
+	return b.runNext(ctx, sg, def, tr, &id, telemetry.FromMap(tr.Messages[len(tr.Messages)-1].Headers), last)
+}
+
+// sendsNext reports whether the step that d, a local step's success, moves
+// sg to is a remote step whose command this batch sends at once (see
+// [batch.sendNext]), so that d need not write the command a worker would
+// claim for it. Not when the saga's cancel was asked for (the request goes
+// ahead of the step), nor when d does more than move to the next step.
+func (b *batch) sendsNext(sg *store.Saga, def *compiled, d *decision) bool {
+	tr, c := d.tr, d.next
+	if c == nil || c.dir != steps.Forward || c.delay != 0 || c.step != tr.StepName ||
+		Status(tr.Status) != StatusRunning || steps.Direction(tr.Direction) != steps.Forward || tr.Pause != nil ||
+		tr.StepIndex < 0 || tr.StepIndex >= len(def.steps) || def.steps[tr.StepIndex].name != tr.StepName {
+		return false
+	}
+	if _, _, ok := def.remote(tr.StepIndex, steps.Forward); !ok {
+		return false
+	}
+	return b.abandoned == nil && b.e.running.pending(sg.ID) == nil
+}
+
+// sendNext sends, in this batch, the command of the remote step that tr (a
+// local step's success, which wrote no command for it: see
+// [batch.sendsNext]) moved sg to. tr is sent first, and the command goes
+// only when tr's fence held (moved): tr replaced by a failure, or refused
+// as stale, leaves nothing to send. A pause that committed since the claim
+// holds the command as the pause's trigger holds any (see [Engine.Pause]);
+// a cancel request heard meanwhile finds the saga waiting for the reply.
+func (b *batch) sendNext(ctx context.Context, sg *store.Saga, def *compiled, tr *store.Transition, moved *bool, last bool) error {
+	if err := b.tx.flush(); err != nil {
+		return err
+	}
+	if !*moved {
+		return nil
+	}
+	// The send's span links to the attempt that moved the saga to it, as
+	// a claimed command's links to the attempt that wrote it.
+	return b.runNext(ctx, sg, def, tr, nil, b.e.tel.lastStamped(b.tx), last)
+}
+
+// runNext runs the step that tr moved sg to, as a claimed command whose
+// id is cmd (nil when none was written) and whose trace context is prev.
+func (b *batch) runNext(ctx context.Context, sg *store.Saga, def *compiled, tr *store.Transition, cmd *uuid.UUID, prev trace.SpanContext, last bool) error {
+	idx := tr.StepIndex
 	next := *sg // its version and status moved with the write
 	next.StepIndex, next.StepName, next.Direction, next.Attempt = idx, tr.StepName, tr.Direction, tr.Attempt
 	next.WaitKind, next.WaitFor, next.WaitUntil, next.AwaitingReply = nil, nil, nil, false
@@ -384,11 +430,7 @@ func (b *batch) continueAt(ctx context.Context, sg *store.Saga, def *compiled, t
 	if tr.State != nil {
 		next.State = tr.State
 	}
-	next.CommandID = &id
-	// The step's span links to the attempt that wrote its command, as a
-	// claimed command's does.
-	prev := telemetry.FromMap(tr.Messages[len(tr.Messages)-1].Headers)
-	b.tx.supersede(sg.ID, id)
+	next.CommandID = cmd
 	b.tx.stats.chained.Add(1)
 	return b.execute(b.e.tel.beginStep(ctx, b.tx, &next, steps.Forward, prev, ""), &next, def, idx, steps.Forward, false, last)
 }

@@ -472,11 +472,15 @@ func (b *batch) outcome(ctx context.Context, sg *store.Saga, def *compiled, idx 
 		if amend != nil {
 			amend(&d)
 		}
-		tr := e.transition(sg, d)
 		// A remote step right after this local one sends its command in
-		// this transaction (see [batch.continueAt]); a wait's end chains on
-		// its own (amend).
-		chain := amend == nil && dir == steps.Forward
+		// this transaction (see [batch.sendNext]), and the command that a
+		// worker would have claimed for it is not written; a wait's end
+		// chains on its own (amend).
+		chain := amend == nil && dir == steps.Forward && b.sendsNext(sg, def, &d)
+		if chain {
+			d.next = nil
+		}
+		tr := e.transition(sg, d)
 		moved := false
 		// If the step's own writes or ours fail inside the transaction (the
 		// handler left it aborted, say), the step is undone and a failure
@@ -493,7 +497,7 @@ func (b *batch) outcome(ctx context.Context, sg *store.Saga, def *compiled, idx 
 		if !chain {
 			return nil
 		}
-		return b.continueAt(ctx, sg, def, tr, &moved, last, true)
+		return b.sendNext(ctx, sg, def, tr, &moved, last)
 	}
 	tr, done := fail(herr)
 	b.tx.write(sg, tr, sp, true, last, nil, done)
@@ -592,7 +596,7 @@ func (b *batch) reply(ctx context.Context, c *store.Claimed, ls *store.LockedSag
 			return nil // the next step's command waits, or the cancel goes first
 		}
 		// The next step runs at once, in the reply's transaction.
-		return b.continueAt(ctx, sg, def, tr, &moved, last, false)
+		return b.continueAt(ctx, sg, def, tr, &moved, last)
 	}
 	// OnReply failed: its writes are rolled back with the savepoint.
 	tr, done := fail(herr)

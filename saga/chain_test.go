@@ -2,14 +2,22 @@ package saga_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/sagaflow/sagaflow/internal/store"
+	"github.com/sagaflow/sagaflow/internal/testkit"
 	"github.com/sagaflow/sagaflow/saga"
 	"github.com/sagaflow/sagaflow/steps"
 )
@@ -27,15 +35,24 @@ type chainRig struct {
 
 func newChainRig(t *testing.T, name string) *chainRig {
 	t.Helper()
+	return newChainRigWith(t, name, &saga.Config{Workers: 1, Kafka: &saga.KafkaConfig{}}, nil)
+}
+
+// newChainRigWith is newChainRig with the engine's configuration cfg and,
+// when set, onReply as pay's OnReply.
+func newChainRigWith(t *testing.T, name string, cfg *saga.Config,
+	onReply func(context.Context, *saga.StepRun, *order, json.RawMessage) error) *chainRig {
+	t.Helper()
 	replies := saga.CommandTopicDefault + "." + name + ".replies"
 	remote := name + ".participant"
-	k := setupKafkaWith(t, 1, &saga.Config{Workers: 1, Kafka: &saga.KafkaConfig{}}, replies, remote)
+	k := setupKafkaWith(t, 1, cfg, replies, remote)
 	local := func(ctx context.Context, run *saga.StepRun, _ *order) error { return recordEffect(ctx, run, k.schema) }
 	def := saga.Define(name,
 		saga.Step[order]{Name: "pick", Action: local},
 		saga.Step[order]{Name: "pay", Timeout: 30 * time.Second, Remote: &saga.Remote[order]{
 			Topic: remote, Type: name + ".pay",
 			Command: func(_ context.Context, _ *saga.StepRun, o *order) (any, error) { return o, nil },
+			OnReply: onReply,
 		}},
 		saga.Step[order]{Name: "ship", Action: local},
 	)
@@ -139,6 +156,181 @@ func TestChainedStepWaitsForAPause(t *testing.T) {
 	require.Equal(t, 1, r.count(t, "SELECT count(*) FROM "+r.table("outbox")+
 		" WHERE saga_id = $1 AND delivery = 'direct' AND paused_from IS NOT NULL", st.ID), "ship's command is held")
 	require.Equal(t, int64(1), r.engine.Stats().Chained, "only pay's send was chained")
+
+	require.NoError(t, r.engine.Resume(ctx, st.ID, "looked at"))
+	in := r.waitTerminal(t, st.ID)
+	require.Equal(t, saga.StatusCompleted, in.Status, "history: %v", eventTypes(in))
+	require.Equal(t, []string{"pick/forward", "ship/forward"}, r.effects(t, st.ID))
+}
+
+// A local step followed by a remote one writes only the remote step's
+// command: the command a worker would have claimed for the remote step is
+// not written and deleted again in the same transaction. What the outbox
+// was given is logged by a trigger, so that a row inserted and deleted
+// before the commit is seen too.
+func TestARemoteStepAfterALocalOneWritesOnlyItsRemoteCommand(t *testing.T) {
+	t.Parallel()
+	r := newChainRig(t, "chainsend")
+	ctx := context.Background()
+	_, err := r.pool.Exec(ctx, `CREATE TABLE `+r.table("outbox_log")+` (n bigserial, saga_id uuid, step_key text, delivery text);
+		CREATE FUNCTION `+r.table("log_outbox")+`() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			INSERT INTO `+r.table("outbox_log")+` (saga_id, step_key, delivery) VALUES (NEW.saga_id, NEW.step_key, NEW.delivery);
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER log_outbox AFTER INSERT ON `+r.table("outbox")+` FOR EACH ROW EXECUTE FUNCTION `+r.table("log_outbox")+`()`)
+	require.NoError(t, err)
+
+	st, err := saga.Start(ctx, r.engine, r.def, order{OrderID: "o-1"}, nil)
+	require.NoError(t, err)
+	key := r.command(t, st.ID)
+	r.reply(t, st.ID, key)
+	in := r.waitTerminal(t, st.ID)
+	require.Equal(t, saga.StatusCompleted, in.Status, "history: %v", eventTypes(in))
+
+	rows, err := r.pool.Query(ctx, `SELECT split_part(step_key, '/', 2) || ' ' || delivery FROM `+r.table("outbox_log")+
+		` WHERE saga_id = $1 ORDER BY n`, st.ID)
+	require.NoError(t, err)
+	written, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"pick direct", "pay relay", "ship direct"}, written,
+		"the outbox rows written for the saga, in order")
+	require.Equal(t, int64(2), r.engine.Stats().Chained, "pay's send and ship ran chained")
+}
+
+// A remote step's command that cannot be built right after the local step
+// before it is that step's failure, as when a worker claimed it: retried
+// when the error is retryable (the command is then built again, and sent),
+// and otherwise failed for good, with the local step compensated. The
+// local step ran once either way.
+func TestARemoteCommandThatCannotBeBuiltAfterALocalStepFailsItsStep(t *testing.T) {
+	t.Parallel()
+	const name = "chainbuild"
+	replies := saga.CommandTopicDefault + "." + name + ".replies"
+	remote := name + ".participant"
+	k := setupKafkaWith(t, 1, &saga.Config{Workers: 1, Kafka: &saga.KafkaConfig{}}, replies, remote)
+	local := func(ctx context.Context, run *saga.StepRun, _ *order) error { return recordEffect(ctx, run, k.schema) }
+	var builds sync.Map // order id → *atomic.Int32
+	def := saga.Define(name,
+		saga.Step[order]{Name: "pick", Action: local, Compensate: local},
+		saga.Step[order]{Name: "pay", Timeout: 30 * time.Second,
+			Retry: &saga.RetryPolicy{MaxAttempts: 3, Backoff: func(int) time.Duration { return 10 * time.Millisecond }},
+			Remote: &saga.Remote[order]{
+				Topic: remote, Type: name + ".pay",
+				Command: func(_ context.Context, _ *saga.StepRun, o *order) (any, error) {
+					n, _ := builds.LoadOrStore(o.OrderID, new(atomic.Int32))
+					switch c := n.(*atomic.Int32).Add(1); {
+					case o.OrderID == "bad":
+						return nil, steps.Permanent(errors.New("no card on file"))
+					case o.OrderID == "flaky" && c == 1:
+						return nil, errors.New("card vault unavailable")
+					}
+					return o, nil
+				},
+			}},
+		saga.Step[order]{Name: "ship", Action: local},
+	)
+	require.NoError(t, k.engine.Register(def))
+	k.start(t)
+	r := &chainRig{kafkaBundle: k, def: def, replies: replies, remote: remote, cl: rawProducer(t, k.kc)}
+	ctx := context.Background()
+
+	bad, err := saga.Start(ctx, k.engine, def, order{OrderID: "bad"}, nil)
+	require.NoError(t, err)
+	in := r.waitTerminal(t, bad.ID)
+	require.Equal(t, saga.StatusCompensated, in.Status, "history: %v", eventTypes(in))
+	require.Equal(t, []string{"pick/forward", "pick/compensate"}, r.effects(t, bad.ID))
+	require.NotNil(t, in.LastError)
+	require.Contains(t, in.LastError.Message, "no card on file")
+
+	flaky, err := saga.Start(ctx, k.engine, def, order{OrderID: "flaky"}, nil)
+	require.NoError(t, err)
+	r.reply(t, flaky.ID, r.command(t, flaky.ID))
+	in = r.waitTerminal(t, flaky.ID)
+	require.Equal(t, saga.StatusCompleted, in.Status, "history: %v", eventTypes(in))
+	require.Equal(t, []string{"pick/forward", "ship/forward"}, r.effects(t, flaky.ID))
+	n, _ := builds.Load("flaky")
+	require.Equal(t, int32(2), n.(*atomic.Int32).Load(), "the command was built again for the retry")
+	require.Zero(t, r.directCommands(t, bad.ID)+r.directCommands(t, flaky.ID), "no command left behind")
+	// Both first builds ran right after pick, in its transaction, and ship
+	// ran in the reply's: a batch's counters are added just after its commit.
+	waitFor(t, 5*time.Second, func() bool { return k.engine.Stats().Chained >= 3 }, "three chained steps")
+	require.Equal(t, int64(3), k.engine.Stats().Chained)
+}
+
+// The span of a remote step's send, run right after the local step before
+// it, links to that step's attempt (as a claimed command's attempt links to
+// the attempt that wrote it), and the command it sends carries the send's
+// span, which the participant continues.
+func TestARemoteStepSentAfterALocalOneLinksToIt(t *testing.T) {
+	t.Parallel()
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	r := newChainRigWith(t, "chaintrace", &saga.Config{Workers: 1, Kafka: &saga.KafkaConfig{}, TracerProvider: tp}, nil)
+	ctx, caller := tp.Tracer("test").Start(context.Background(), "POST /orders")
+	st, err := saga.Start(ctx, r.engine, r.def, order{OrderID: "o-1"}, nil)
+	require.NoError(t, err)
+	caller.End()
+	r.command(t, st.ID)
+
+	span := func(name string) sdktrace.ReadOnlySpan {
+		var found sdktrace.ReadOnlySpan
+		waitFor(t, 10*time.Second, func() bool {
+			for _, sp := range rec.Ended() {
+				if sp.SpanContext().TraceID() == caller.SpanContext().TraceID() && sp.Name() == name {
+					found = sp
+				}
+			}
+			return found != nil
+		}, "span %q", name)
+		return found
+	}
+	pick, pay := span("step chaintrace/pick"), span("step chaintrace/pay")
+	require.Equal(t, saga.OutcomeSent, attr(pay, "sagaflow.step.outcome").AsString())
+	require.Len(t, pay.Links(), 1, "pay's send links to the attempt that moved the saga to it")
+	require.Equal(t, pick.SpanContext().SpanID(), pay.Links()[0].SpanContext.SpanID())
+
+	msgs, err := r.kc.ReadAll(context.Background(), r.remote)
+	require.NoError(t, err)
+	var parent string
+	for _, m := range msgs {
+		for _, h := range m.Headers {
+			if string(m.Key) == st.ID.String() && h.Key == "traceparent" {
+				parent = string(h.Value)
+			}
+		}
+	}
+	require.Contains(t, parent, pay.SpanContext().SpanID().String(), "the command carries the send's span")
+}
+
+// A pause that commits while a reply is being applied (after the claim, so
+// the claim did not see it) stops the step after the reply from running in
+// the reply's transaction: the pause's trigger holds the command the reply
+// wrote for it, and the engine asks, in the round trip that writes the
+// reply, whether it was held. It runs once after the resume.
+func TestChainedStepWaitsForAPauseTakenWhileTheReplyIsApplied(t *testing.T) {
+	t.Parallel()
+	gate := testkit.NewGate()
+	t.Cleanup(gate.Open)
+	r := newChainRigWith(t, "chainpausing", &saga.Config{Workers: 1, Kafka: &saga.KafkaConfig{}},
+		func(ctx context.Context, _ *saga.StepRun, _ *order, _ json.RawMessage) error { return gate.Pass(ctx) })
+	ctx := context.Background()
+	st, err := saga.Start(ctx, r.engine, r.def, order{OrderID: "o-3"}, nil)
+	require.NoError(t, err)
+	r.reply(t, st.ID, r.command(t, st.ID))
+	waitFor(t, 15*time.Second, func() bool { return gate.Entered() == 1 }, "the reply to be applied")
+	require.NoError(t, r.engine.Pause(ctx, st.ID, "operator looks at it"))
+	gate.Open()
+
+	waitFor(t, 15*time.Second, func() bool {
+		in, err := r.engine.Get(ctx, st.ID)
+		require.NoError(t, err)
+		return in.Step == "ship"
+	}, "the reply to be written")
+	time.Sleep(300 * time.Millisecond)
+	require.Equal(t, []string{"pick/forward"}, r.effects(t, st.ID), "ship did not run while paused")
+	require.Equal(t, 1, r.count(t, "SELECT count(*) FROM "+r.table("outbox")+
+		" WHERE saga_id = $1 AND delivery = 'direct' AND paused_from IS NOT NULL", st.ID), "ship's command is held")
 
 	require.NoError(t, r.engine.Resume(ctx, st.ID, "looked at"))
 	in := r.waitTerminal(t, st.ID)

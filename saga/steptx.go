@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sagaflow/sagaflow/internal/pgerr"
 	"github.com/sagaflow/sagaflow/internal/store"
@@ -66,6 +67,10 @@ type batchTx struct {
 	// stats are the counters of what the batch did, added to the engine's
 	// when it commits: a batch rolled back and run again is counted once.
 	stats statCounters
+	// stamped is the trace context that the last transition written
+	// carries in place of the saga's own, if any (see
+	// [engineTelemetry.lastStamped]).
+	stamped trace.SpanContext
 	// pauses is the engine's pausesHeard when the batch began: a pause
 	// heard of since may cover a saga the batch claimed before it.
 	pauses int64
@@ -273,7 +278,6 @@ func (t *batchTx) sendQueued(ctx context.Context, tail func(*pgx.Batch)) error {
 			}
 			w.n = q.Len() - start
 		}
-		tailFrom := q.Len()
 		if tail != nil {
 			tail(q)
 		}
@@ -303,14 +307,8 @@ func (t *batchTx) sendQueued(ctx context.Context, tail func(*pgx.Batch)) error {
 				break
 			}
 		}
-		if failed < 0 {
-			for range q.Len() - tailFrom {
-				if _, err := br.Exec(); err != nil {
-					ferr = err
-					break
-				}
-			}
-		}
+		// The tail's results are read by Close, which runs the callbacks
+		// of the tail's queries (an answer the caller waits for).
 		cerr := br.Close()
 		done := t.pending
 		if failed >= 0 {

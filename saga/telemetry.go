@@ -348,6 +348,7 @@ func (t *engineTelemetry) beginStep(ctx context.Context, bt *batchTx, sg *store.
 // running attempt's outcome, ends its span.
 func (t *engineTelemetry) stampStep(bt *batchTx, sg *store.Saga, tr *store.Transition) {
 	st := &bt.attempt
+	bt.stamped = trace.SpanContext{}
 	if !st.active || st.sagaID != sg.ID {
 		stampAll(tr, sg.TraceContext)
 		return
@@ -363,6 +364,7 @@ func (t *engineTelemetry) stampStep(bt *batchTx, sg *store.Saga, tr *store.Trans
 	// The attempt's context replaces the saga's, which the transition
 	// carries already.
 	sc := st.span.SpanContext()
+	bt.stamped = sc
 	for i := range tr.Messages {
 		m := &tr.Messages[i]
 		if m.Headers == nil {
@@ -371,6 +373,14 @@ func (t *engineTelemetry) stampStep(bt *batchTx, sg *store.Saga, tr *store.Trans
 		telemetry.InjectSpanContext(sc, m.Headers)
 	}
 	t.endStep(bt, sg, tr)
+}
+
+// lastStamped is the context of the step attempt whose transition bt
+// wrote last, when that attempt was traced here: what the transition's
+// messages carry instead of the saga's own context (see
+// [engineTelemetry.stampStep]).
+func (t *engineTelemetry) lastStamped(bt *batchTx) trace.SpanContext {
+	return bt.stamped
 }
 
 // endStep ends the running step attempt's span with the outcome tr

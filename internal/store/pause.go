@@ -233,11 +233,26 @@ func (s *Store) RestartDeadline(ctx context.Context, db DBTX, id uuid.UUID, d ti
 // it is not, or is gone.
 func (s *Store) CommandHeld(ctx context.Context, db DBTX, id uuid.UUID) (bool, error) {
 	var held bool
-	err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+quoteSchema(s.schema)+`.outbox WHERE id = $1 AND paused_from IS NOT NULL)`, id).Scan(&held)
+	err := db.QueryRow(ctx, s.commandHeldSQL(), id).Scan(&held)
 	if err != nil {
 		return false, fmt.Errorf("store: read whether command %s is held: %w", id, err)
 	}
 	return held, nil
+}
+
+// QueueCommandHeld queues on b what [Store.CommandHeld] reads, into held,
+// so that the question rides in a round trip that is made anyway.
+func (s *Store) QueueCommandHeld(b *pgx.Batch, id uuid.UUID, held *bool) {
+	b.Queue(s.commandHeldSQL(), id).QueryRow(func(row pgx.Row) error {
+		if err := row.Scan(held); err != nil {
+			return fmt.Errorf("store: read whether command %s is held: %w", id, err)
+		}
+		return nil
+	})
+}
+
+func (s *Store) commandHeldSQL() string {
+	return `SELECT EXISTS (SELECT 1 FROM ` + quoteSchema(s.schema) + `.outbox WHERE id = $1 AND paused_from IS NOT NULL)`
 }
 
 // LockSagaRow takes saga id's row lock (FOR NO KEY UPDATE) in tx, waiting
