@@ -347,7 +347,7 @@ func (e *Engine) parentWake(sg *store.Saga) (store.Message, bool) {
 // that transition is replaced by a failure. A command that a pause
 // committed since the claim holds (see [Engine.Pause]) is left to wait, as
 // are a local step of a paused saga and one whose cancel was asked for.
-// After a local step, [batch.sendNext] chains the next step instead.
+// After a local step, [batch.successThenSend] sends a remote step instead.
 func (b *batch) continueAt(ctx context.Context, sg *store.Saga, def *compiled, tr *store.Transition, moved *bool, last bool) error {
 	idx := tr.StepIndex
 	if Status(tr.Status) != StatusRunning || steps.Direction(tr.Direction) != steps.Forward || idx < 0 || idx >= len(def.steps) ||
@@ -379,17 +379,17 @@ func (b *batch) continueAt(ctx context.Context, sg *store.Saga, def *compiled, t
 	// The step's span links to the attempt that wrote its command, as a
 	// claimed command's does.
 	b.tx.supersede(sg.ID, id)
-	return b.runNext(ctx, sg, def, tr, &id, telemetry.FromMap(tr.Messages[len(tr.Messages)-1].Headers), last)
+	return b.runNext(ctx, sg, def, tr, id, telemetry.FromMap(tr.Messages[len(tr.Messages)-1].Headers), last)
 }
 
 // sendsNext reports whether the step that d, a local step's success, moves
-// sg to is a remote step whose command this batch sends at once (see
-// [batch.sendNext]), so that d need not write the command a worker would
-// claim for it. Not when the saga's cancel was asked for (the request goes
-// ahead of the step), nor when d does more than move to the next step.
+// sg to is a remote step whose command is sent at once, in the same update
+// (see [batch.successThenSend]). Not when the saga's cancel was asked for
+// (the request goes ahead of the step), nor when d does more than move to
+// the next step.
 func (b *batch) sendsNext(sg *store.Saga, def *compiled, d *decision) bool {
 	tr, c := d.tr, d.next
-	if c == nil || c.dir != steps.Forward || c.delay != 0 || c.step != tr.StepName ||
+	if c == nil || c.dir != steps.Forward || c.delay != 0 || c.step != tr.StepName || len(tr.Messages) > 0 ||
 		Status(tr.Status) != StatusRunning || steps.Direction(tr.Direction) != steps.Forward || tr.Pause != nil ||
 		tr.StepIndex < 0 || tr.StepIndex >= len(def.steps) || def.steps[tr.StepIndex].name != tr.StepName {
 		return false
@@ -400,37 +400,109 @@ func (b *batch) sendsNext(sg *store.Saga, def *compiled, d *decision) bool {
 	return b.abandoned == nil && b.e.running.pending(sg.ID) == nil
 }
 
-// sendNext sends, in this batch, the command of the remote step that tr (a
-// local step's success, which wrote no command for it: see
-// [batch.sendsNext]) moved sg to. tr is sent first, and the command goes
-// only when tr's fence held (moved): tr replaced by a failure, or refused
-// as stale, leaves nothing to send. A pause that committed since the claim
-// holds the command as the pause's trigger holds any (see [Engine.Pause]);
-// a cancel request heard meanwhile finds the saga waiting for the reply.
-func (b *batch) sendNext(ctx context.Context, sg *store.Saga, def *compiled, tr *store.Transition, moved *bool, last bool) error {
-	if err := b.tx.flush(); err != nil {
-		return err
-	}
-	if !*moved {
+// successThenSend writes d, a local step's success under savepoint sp, and
+// the send of the remote step it moves sg to (see [batch.sendsNext]), as
+// one fenced update: the local step's history and inbox key, the send's
+// history, the command for the participant, and the saga waiting for the
+// reply (or, when the command cannot be built, the remote step's failure).
+// No command is written for a worker to claim, and the saga's row is
+// updated once. onFailure and done are the local step's.
+//
+// When the remote step's Command uses the transaction, the local step is
+// written on its own first, as a step's queued writes go before a step's
+// statements; the send then follows under a savepoint of its own, as a
+// claimed remote step's would, and only if the local step's fence held.
+// A pause that committed since the claim holds the command as the pause's
+// trigger holds any (see [Engine.Pause]); a cancel request heard meanwhile
+// finds the saga waiting for the reply.
+func (b *batch) successThenSend(ctx context.Context, sg *store.Saga, def *compiled, sp string, last bool, d decision,
+	onFailure func(error) (*store.Transition, func()), done func()) error {
+	e := b.e
+	idx := d.tr.StepIndex
+	topic, typ, _ := def.remote(idx, steps.Forward)
+	d.next = nil // the send's command replaces it
+	next := movedTo(sg, d.tr)
+	next.Version, next.Status = sg.Version+1, d.tr.Status
+	key := steps.Key{SagaID: sg.ID, Step: next.StepName, Direction: steps.Forward, Epoch: next.Epoch}
+
+	// apart is set when the Command used the transaction: the local step
+	// was then written alone, before its statements, and moved says
+	// whether its fence held; sendSP is the send's savepoint.
+	apart, moved := false, false
+	var sendSP string
+	b.tx.before = func() error {
+		apart = true
+		b.tx.write(sg, e.transition(sg, d), sp, false, last, onFailure, func() { done(); moved = true })
+		sendSP = b.tx.savepoint()
+		if err := b.tx.flush(); err != nil {
+			return err
+		}
+		if !moved {
+			return errors.New("saga: the step before this remote step was not written (the saga moved on, or the step failed)")
+		}
+		b.tx.stats.chained.Add(1)
+		e.tel.beginStep(ctx, b.tx, &next, steps.Forward, e.tel.lastStamped(b.tx), "")
 		return nil
 	}
-	// The send's span links to the attempt that moved the saga to it, as
-	// a claimed command's links to the attempt that wrote it.
-	return b.runNext(ctx, sg, def, tr, nil, b.e.tel.lastStamped(b.tx), last)
+	msg, err := b.command(ctx, &next, def, idx, steps.Forward, key, topic, typ)
+	b.tx.before = nil
+	if apart {
+		switch {
+		case !moved:
+			return b.tx.broken // nothing to send on top of what was written instead
+		case err != nil:
+			tr := e.transition(&next, e.machine.failure(&next, def, idx, steps.Forward, next.Attempt+1, err, 0))
+			b.tx.write(&next, tr, sendSP, true, last, nil, func() { b.tx.stats.failed.Add(1) })
+		default:
+			tr := e.transition(&next, e.machine.sent(&next, def, idx, steps.Forward, msg))
+			b.tx.write(&next, tr, sendSP, false, last, nil, nil)
+		}
+		return nil
+	}
+
+	// One update. The local step's attempt ends with its own outcome, and
+	// the send's begins, linked to it, as a claimed command's attempt links
+	// to the attempt that wrote it.
+	local := *d.tr
+	prev := e.tel.endStepWith(b.tx, sg, &local)
+	e.tel.beginStep(ctx, b.tx, &next, steps.Forward, prev, "")
+	var then decision
+	failed := err != nil
+	if failed {
+		then = e.machine.failure(&next, def, idx, steps.Forward, next.Attempt+1, err, 0)
+	} else {
+		then = e.machine.sent(&next, def, idx, steps.Forward, msg)
+	}
+	b.tx.write(sg, e.transition(sg, successThen(d, then)), sp, false, last, onFailure, func() {
+		done()
+		b.tx.stats.chained.Add(1)
+		if failed {
+			b.tx.stats.failed.Add(1)
+		}
+	})
+	return nil
 }
 
-// runNext runs the step that tr moved sg to, as a claimed command whose
-// id is cmd (nil when none was written) and whose trace context is prev.
-func (b *batch) runNext(ctx context.Context, sg *store.Saga, def *compiled, tr *store.Transition, cmd *uuid.UUID, prev trace.SpanContext, last bool) error {
-	idx := tr.StepIndex
-	next := *sg // its version and status moved with the write
-	next.StepIndex, next.StepName, next.Direction, next.Attempt = idx, tr.StepName, tr.Direction, tr.Attempt
+// movedTo is sg as tr leaves it at its step, but for its version and
+// status, which move with the write.
+func movedTo(sg *store.Saga, tr *store.Transition) store.Saga {
+	next := *sg
+	next.StepIndex, next.StepName, next.Direction, next.Attempt = tr.StepIndex, tr.StepName, tr.Direction, tr.Attempt
 	next.WaitKind, next.WaitFor, next.WaitUntil, next.AwaitingReply = nil, nil, nil, false
 	next.LastError, next.LastErrorCode, next.FailedStep = tr.LastError, tr.LastErrorCode, tr.FailedStep
 	if tr.State != nil {
 		next.State = tr.State
 	}
-	next.CommandID = cmd
+	next.CommandID = nil
+	return next
+}
+
+// runNext runs the step that tr moved sg to, as a claimed command whose
+// id is cmd and whose trace context is prev.
+func (b *batch) runNext(ctx context.Context, sg *store.Saga, def *compiled, tr *store.Transition, cmd uuid.UUID, prev trace.SpanContext, last bool) error {
+	idx := tr.StepIndex
+	next := movedTo(sg, tr) // its version and status moved with the write
+	next.CommandID = &cmd
 	b.tx.stats.chained.Add(1)
 	return b.execute(b.e.tel.beginStep(ctx, b.tx, &next, steps.Forward, prev, ""), &next, def, idx, steps.Forward, false, last)
 }

@@ -472,32 +472,26 @@ func (b *batch) outcome(ctx context.Context, sg *store.Saga, def *compiled, idx 
 		if amend != nil {
 			amend(&d)
 		}
-		// A remote step right after this local one sends its command in
-		// this transaction (see [batch.sendNext]), and the command that a
-		// worker would have claimed for it is not written; a wait's end
-		// chains on its own (amend).
-		chain := amend == nil && dir == steps.Forward && b.sendsNext(sg, def, &d)
-		if chain {
-			d.next = nil
-		}
-		tr := e.transition(sg, d)
-		moved := false
 		// If the step's own writes or ours fail inside the transaction (the
 		// handler left it aborted, say), the step is undone and a failure
 		// recorded instead.
-		b.tx.write(sg, tr, sp, false, last, func(err error) (*store.Transition, func()) {
+		onFailure := func(err error) (*store.Transition, func()) {
 			return fail(steps.WithCode(CodeTxAborted, fmt.Errorf("commit step: %w", err)))
-		}, func() {
+		}
+		done := func() {
 			b.tx.stats.succeeded.Add(1)
-			moved = true
 			if d.applied != nil {
 				d.applied()
 			}
-		})
-		if !chain {
-			return nil
 		}
-		return b.sendNext(ctx, sg, def, tr, &moved, last)
+		// A remote step right after this local one sends its command in
+		// the same update (see [batch.successThenSend]); a wait's end
+		// chains on its own (amend).
+		if amend == nil && dir == steps.Forward && b.sendsNext(sg, def, &d) {
+			return b.successThenSend(ctx, sg, def, sp, last, d, onFailure, done)
+		}
+		b.tx.write(sg, e.transition(sg, d), sp, false, last, onFailure, done)
+		return nil
 	}
 	tr, done := fail(herr)
 	b.tx.write(sg, tr, sp, true, last, nil, done)
@@ -509,12 +503,26 @@ func (b *batch) outcome(ctx context.Context, sg *store.Saga, def *compiled, idx 
 // deadline is the step's Timeout.
 func (b *batch) send(ctx context.Context, sg *store.Saga, def *compiled, idx int, dir steps.Direction, key steps.Key, sp, topic, typ string, last bool) error {
 	e := b.e
-	run := b.stepRun(sg, key, dir, sg.Attempt+1)
-	payload, err := recovered(func() ([]byte, error) { return def.send(ctx, run, idx, dir, sg.State) })
+	msg, err := b.command(ctx, sg, def, idx, dir, key, topic, typ)
 	if err != nil {
 		tr := e.transition(sg, e.machine.failure(sg, def, idx, dir, sg.Attempt+1, err, 0))
 		b.tx.write(sg, tr, sp, true, last, nil, func() { b.tx.stats.failed.Add(1) })
 		return nil
+	}
+	tr := e.transition(sg, e.machine.sent(sg, def, idx, dir, msg))
+	b.tx.write(sg, tr, sp, false, last, nil, func() { sg.AwaitingReply = true })
+	return nil
+}
+
+// command builds the command of remote step idx of sg in direction dir,
+// for topic as type typ, with the step's Command (run as attempt
+// sg.Attempt+1), and signs it.
+func (b *batch) command(ctx context.Context, sg *store.Saga, def *compiled, idx int, dir steps.Direction, key steps.Key, topic, typ string) (store.Message, error) {
+	e := b.e
+	run := b.stepRun(sg, key, dir, sg.Attempt+1)
+	payload, err := recovered(func() ([]byte, error) { return def.send(ctx, run, idx, dir, sg.State) })
+	if err != nil {
+		return store.Message{}, err
 	}
 	id := uuid.Must(uuid.NewV7())
 	keyText := key.String()
@@ -527,9 +535,7 @@ func (b *batch) send(ctx context.Context, sg *store.Saga, def *compiled, idx int
 		},
 	}
 	e.sign(&msg)
-	tr := e.transition(sg, e.machine.sent(sg, def, idx, dir, msg))
-	b.tx.write(sg, tr, sp, false, last, nil, func() { sg.AwaitingReply = true })
-	return nil
+	return msg, nil
 }
 
 // reply applies a participant's reply to the saga waiting for it: the step

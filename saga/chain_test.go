@@ -164,22 +164,16 @@ func TestChainedStepWaitsForAPause(t *testing.T) {
 }
 
 // A local step followed by a remote one writes only the remote step's
-// command: the command a worker would have claimed for the remote step is
-// not written and deleted again in the same transaction. What the outbox
-// was given is logged by a trigger, so that a row inserted and deleted
-// before the commit is seen too.
-func TestARemoteStepAfterALocalOneWritesOnlyItsRemoteCommand(t *testing.T) {
+// command, in one update of the saga's row: the command a worker would have
+// claimed for the remote step is not written (and deleted again in the same
+// transaction), and the saga goes from the local step to waiting for the
+// reply at once. What the outbox was given and how the row moved are logged
+// by triggers, so that what is undone before the commit is seen too.
+func TestARemoteStepAfterALocalOneIsSentInTheSameUpdate(t *testing.T) {
 	t.Parallel()
 	r := newChainRig(t, "chainsend")
 	ctx := context.Background()
-	_, err := r.pool.Exec(ctx, `CREATE TABLE `+r.table("outbox_log")+` (n bigserial, saga_id uuid, step_key text, delivery text);
-		CREATE FUNCTION `+r.table("log_outbox")+`() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-			INSERT INTO `+r.table("outbox_log")+` (saga_id, step_key, delivery) VALUES (NEW.saga_id, NEW.step_key, NEW.delivery);
-			RETURN NEW;
-		END $$;
-		CREATE TRIGGER log_outbox AFTER INSERT ON `+r.table("outbox")+` FOR EACH ROW EXECUTE FUNCTION `+r.table("log_outbox")+`()`)
-	require.NoError(t, err)
+	r.logWrites(t)
 
 	st, err := saga.Start(ctx, r.engine, r.def, order{OrderID: "o-1"}, nil)
 	require.NoError(t, err)
@@ -188,14 +182,49 @@ func TestARemoteStepAfterALocalOneWritesOnlyItsRemoteCommand(t *testing.T) {
 	in := r.waitTerminal(t, st.ID)
 	require.Equal(t, saga.StatusCompleted, in.Status, "history: %v", eventTypes(in))
 
-	rows, err := r.pool.Query(ctx, `SELECT split_part(step_key, '/', 2) || ' ' || delivery FROM `+r.table("outbox_log")+
-		` WHERE saga_id = $1 ORDER BY n`, st.ID)
-	require.NoError(t, err)
-	written, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
-	require.Equal(t, []string{"pick direct", "pay relay", "ship direct"}, written,
+	require.Equal(t, []string{"pick direct", "pay relay", "ship direct"}, r.logged(t, "outbox_log", st.ID),
 		"the outbox rows written for the saga, in order")
+	require.Equal(t, []string{
+		"pick -> pay awaiting", // pick's success and pay's send
+		"pay -> ship",          // the reply
+		"ship -> ship",         // ship, run in the reply's transaction, completes the saga
+	}, r.logged(t, "update_log", st.ID), "the updates of the saga's row, in order")
+	require.Equal(t, []string{"saga_started", "step_completed:pick", "command_sent:pay", "reply_received:pay",
+		"step_completed:pay", "step_completed:ship", "saga_completed"}, eventTypes(in), "the history, in order")
 	require.Equal(t, int64(2), r.engine.Stats().Chained, "pay's send and ship ran chained")
+}
+
+// logWrites makes triggers log every row written to the rig's outbox and
+// every update of a saga's row, in order (see [chainRig.logged]).
+func (r *chainRig) logWrites(t *testing.T) {
+	t.Helper()
+	_, err := r.pool.Exec(context.Background(), `
+		CREATE TABLE `+r.table("outbox_log")+` (n bigserial, saga_id uuid, what text);
+		CREATE TABLE `+r.table("update_log")+` (n bigserial, saga_id uuid, what text);
+		CREATE FUNCTION `+r.table("log_outbox")+`() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			INSERT INTO `+r.table("outbox_log")+` (saga_id, what) VALUES (NEW.saga_id, split_part(NEW.step_key, '/', 2) || ' ' || NEW.delivery);
+			RETURN NEW;
+		END $$;
+		CREATE FUNCTION `+r.table("log_update")+`() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			INSERT INTO `+r.table("update_log")+` (saga_id, what) VALUES (NEW.id,
+				OLD.step_name || ' -> ' || NEW.step_name || CASE WHEN NEW.awaiting_reply THEN ' awaiting' ELSE '' END);
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER log_outbox AFTER INSERT ON `+r.table("outbox")+` FOR EACH ROW EXECUTE FUNCTION `+r.table("log_outbox")+`();
+		CREATE TRIGGER log_update AFTER UPDATE ON `+r.table("saga_instances")+` FOR EACH ROW EXECUTE FUNCTION `+r.table("log_update")+`()`)
+	require.NoError(t, err)
+}
+
+// logged returns what the trigger of table logged for saga id, in order.
+func (r *chainRig) logged(t *testing.T, table string, id uuid.UUID) []string {
+	t.Helper()
+	rows, err := r.pool.Query(context.Background(), `SELECT what FROM `+r.table(table)+` WHERE saga_id = $1 ORDER BY n`, id)
+	require.NoError(t, err)
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return out
 }
 
 // A remote step's command that cannot be built right after the local step
@@ -210,9 +239,16 @@ func TestARemoteCommandThatCannotBeBuiltAfterALocalStepFailsItsStep(t *testing.T
 	remote := name + ".participant"
 	k := setupKafkaWith(t, 1, &saga.Config{Workers: 1, Kafka: &saga.KafkaConfig{}}, replies, remote)
 	local := func(ctx context.Context, run *saga.StepRun, _ *order) error { return recordEffect(ctx, run, k.schema) }
+	pick := func(ctx context.Context, run *saga.StepRun, o *order) error {
+		if o.OrderID == "aborted" {
+			_, _ = run.Tx.Exec(ctx, "SELECT 1/0") // leaves the transaction aborted
+			return nil
+		}
+		return recordEffect(ctx, run, k.schema)
+	}
 	var builds sync.Map // order id → *atomic.Int32
 	def := saga.Define(name,
-		saga.Step[order]{Name: "pick", Action: local, Compensate: local},
+		saga.Step[order]{Name: "pick", Action: pick, Compensate: local, Retry: &saga.RetryPolicy{MaxAttempts: 1}},
 		saga.Step[order]{Name: "pay", Timeout: 30 * time.Second,
 			Retry: &saga.RetryPolicy{MaxAttempts: 3, Backoff: func(int) time.Duration { return 10 * time.Millisecond }},
 			Remote: &saga.Remote[order]{
@@ -256,6 +292,19 @@ func TestARemoteCommandThatCannotBeBuiltAfterALocalStepFailsItsStep(t *testing.T
 	// ran in the reply's: a batch's counters are added just after its commit.
 	waitFor(t, 5*time.Second, func() bool { return k.engine.Stats().Chained >= 3 }, "three chained steps")
 	require.Equal(t, int64(3), k.engine.Stats().Chained)
+
+	// The local step left the transaction aborted: the update that carries
+	// its success and the send fails, and the local step's failure is
+	// written instead, with nothing sent.
+	aborted, err := saga.Start(ctx, k.engine, def, order{OrderID: "aborted"}, nil)
+	require.NoError(t, err)
+	in = r.waitTerminal(t, aborted.ID)
+	require.NotEqual(t, saga.StatusCompleted, in.Status, "history: %v", eventTypes(in))
+	require.Equal(t, saga.CodeTxAborted, in.LastError.Code, "history: %v", eventTypes(in))
+	require.Equal(t, "pick", in.LastError.Step)
+	require.NotContains(t, eventTypes(in), "command_sent:pay")
+	require.Zero(t, r.count(t, "SELECT count(*) FROM "+r.table("outbox")+" WHERE saga_id = $1 AND delivery = 'relay'", aborted.ID),
+		"pay's command was not written")
 }
 
 // The span of a remote step's send, run right after the local step before
@@ -336,4 +385,91 @@ func TestChainedStepWaitsForAPauseTakenWhileTheReplyIsApplied(t *testing.T) {
 	in := r.waitTerminal(t, st.ID)
 	require.Equal(t, saga.StatusCompleted, in.Status, "history: %v", eventTypes(in))
 	require.Equal(t, []string{"pick/forward", "ship/forward"}, r.effects(t, st.ID))
+}
+
+// A remote step's Command that uses the step's transaction, right after a
+// local step: the local step is then written on its own before the
+// Command's first statement (which sees the local step's writes), and the
+// send follows in an update of its own. What the Command wrote commits with
+// the send, and is rolled back with a failure.
+func TestARemoteCommandThatUsesTheTransactionAfterALocalStep(t *testing.T) {
+	t.Parallel()
+	const name = "chaintx"
+	replies := saga.CommandTopicDefault + "." + name + ".replies"
+	remote := name + ".participant"
+	k := setupKafkaWith(t, 1, &saga.Config{Workers: 1, Kafka: &saga.KafkaConfig{}}, replies, remote)
+	ctx := context.Background()
+	_, err := k.pool.Exec(ctx, `CREATE TABLE `+k.table("marks")+` (order_id text, picked int)`)
+	require.NoError(t, err)
+	local := func(ctx context.Context, run *saga.StepRun, _ *order) error { return recordEffect(ctx, run, k.schema) }
+	pick := func(ctx context.Context, run *saga.StepRun, o *order) error {
+		if o.OrderID == "aborted" {
+			// A statement that fails, its error dropped: the transaction is
+			// left aborted, which the step's write finds.
+			_, _ = run.Tx.Exec(ctx, "SELECT 1/0")
+			return nil
+		}
+		return recordEffect(ctx, run, k.schema)
+	}
+	def := saga.Define(name,
+		saga.Step[order]{Name: "pick", Action: pick, Compensate: local, Retry: &saga.RetryPolicy{MaxAttempts: 1}},
+		saga.Step[order]{Name: "pay", Timeout: 30 * time.Second, Retry: &saga.RetryPolicy{MaxAttempts: 1},
+			Remote: &saga.Remote[order]{
+				Topic: remote, Type: name + ".pay",
+				Command: func(ctx context.Context, run *saga.StepRun, o *order) (any, error) {
+					// The local step's effect is there to read, in the same transaction.
+					_, err := run.Tx.Exec(ctx, `INSERT INTO `+k.table("marks")+` SELECT $1, count(*) FROM `+k.table("effects")+
+						` WHERE saga_id = $2 AND step = 'pick'`, o.OrderID, run.SagaID)
+					if err != nil {
+						return nil, err
+					}
+					if o.OrderID == "bad" {
+						return nil, steps.Permanent(errors.New("no card on file"))
+					}
+					return o, nil
+				},
+			}},
+		saga.Step[order]{Name: "ship", Action: local},
+	)
+	require.NoError(t, k.engine.Register(def))
+	k.start(t)
+	r := &chainRig{kafkaBundle: k, def: def, replies: replies, remote: remote, cl: rawProducer(t, k.kc)}
+	r.logWrites(t)
+	marks := func(id string) []int {
+		rows, err := k.pool.Query(ctx, `SELECT picked FROM `+k.table("marks")+` WHERE order_id = $1`, id)
+		require.NoError(t, err)
+		out, err := pgx.CollectRows(rows, pgx.RowTo[int])
+		require.NoError(t, err)
+		return out
+	}
+
+	good, err := saga.Start(ctx, k.engine, def, order{OrderID: "good"}, nil)
+	require.NoError(t, err)
+	r.reply(t, good.ID, r.command(t, good.ID))
+	in := r.waitTerminal(t, good.ID)
+	require.Equal(t, saga.StatusCompleted, in.Status, "history: %v", eventTypes(in))
+	require.Equal(t, []int{1}, marks("good"), "the Command saw pick's effect, and its write committed with the send")
+	require.Equal(t, []string{"pick -> pay", "pay -> pay awaiting", "pay -> ship", "ship -> ship"}, r.logged(t, "update_log", good.ID))
+	require.Equal(t, []string{"pick direct", "pay relay", "ship direct"}, r.logged(t, "outbox_log", good.ID))
+
+	bad, err := saga.Start(ctx, k.engine, def, order{OrderID: "bad"}, nil)
+	require.NoError(t, err)
+	in = r.waitTerminal(t, bad.ID)
+	require.Equal(t, saga.StatusCompensated, in.Status, "history: %v", eventTypes(in))
+	require.Empty(t, marks("bad"), "the failed Command's write was rolled back")
+	require.Equal(t, []string{"pick/forward", "pick/compensate"}, r.effects(t, bad.ID), "pick's effect was kept, then compensated")
+	require.Contains(t, in.LastError.Message, "no card on file")
+
+	// The local step left the transaction aborted: its write fails when the
+	// Command's first statement sends it, and the step's failure is recorded
+	// instead. Nothing is sent, and the Command's statement never ran.
+	aborted, err := saga.Start(ctx, k.engine, def, order{OrderID: "aborted"}, nil)
+	require.NoError(t, err)
+	in = r.waitTerminal(t, aborted.ID)
+	require.NotEqual(t, saga.StatusCompleted, in.Status, "history: %v", eventTypes(in))
+	require.NotNil(t, in.LastError)
+	require.Equal(t, saga.CodeTxAborted, in.LastError.Code, "history: %v", eventTypes(in))
+	require.Equal(t, "pick", in.LastError.Step)
+	require.Empty(t, marks("aborted"))
+	require.Equal(t, []string{"pick direct"}, r.logged(t, "outbox_log", aborted.ID), "pay's command was not written")
 }

@@ -395,8 +395,11 @@
 // dropped as stale. Remote steps need [Config.Kafka] (either mode).
 //
 // A remote step costs no claim of its own: when a local step succeeds and
-// the next step is remote, its command is written in the local step's
-// transaction; when a reply completes a step and the next one runs forward
+// the next step is remote, its command is built at once and written with
+// the local step's success, in the same update of the saga's row (when the
+// remote step's Command uses [StepRun].Tx, the local step is written first,
+// and the send follows under a savepoint of its own); when a reply
+// completes a step and the next one runs forward
 // (a local action, or another remote step's send), that step runs at once
 // in the reply's transaction, with its own savepoint, key and history, as
 // after a wait (see "Sagas that wait"). A saga that is paused, or asked to

@@ -335,6 +335,38 @@ func (m machine) sent(sg *store.Saga, def *compiled, idx int, dir steps.Directio
 	return decision{tr: tr}
 }
 
+// successThen is first, a step's success that moves the saga to the next
+// step, followed in the same fenced update by then, the decision on that
+// step made on the saga as first leaves it (its send, or its failure): one
+// update at first's version that ends where then does, with the history of
+// both, first's inbox key, and first's state unless then sets one. first
+// writes no command of its own.
+func successThen(first, then decision) decision {
+	tr := *then.tr
+	tr.Version = first.tr.Version
+	tr.History = append(append(make([]store.HistoryEntry, 0, len(first.tr.History)+len(then.tr.History)),
+		first.tr.History...), then.tr.History...)
+	if tr.State == nil {
+		tr.State = first.tr.State
+	}
+	if tr.InboxKey == "" {
+		tr.InboxConsumer, tr.InboxKey = first.tr.InboxConsumer, first.tr.InboxKey
+	}
+	out := then
+	out.tr = &tr
+	if a, b := first.applied, then.applied; a != nil || b != nil {
+		out.applied = func() {
+			if a != nil {
+				a()
+			}
+			if b != nil {
+				b()
+			}
+		}
+	}
+	return out
+}
+
 // replied is the decision after a participant's successful reply to step idx
 // of sg was applied, leaving newState: the step succeeded.
 func (m machine) replied(sg *store.Saga, def *compiled, idx int, dir steps.Direction, newState []byte, key string) decision {

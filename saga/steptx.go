@@ -67,6 +67,10 @@ type batchTx struct {
 	// stats are the counters of what the batch did, added to the engine's
 	// when it commits: a batch rolled back and run again is counted once.
 	stats statCounters
+	// before, when set, runs ahead of a step's first statement, before the
+	// queued writes are sent: it may queue a write that must come first
+	// (see [batch.successThenSend]). It runs once.
+	before func() error
 	// stamped is the trace context that the last transition written
 	// carries in place of the saga's own, if any (see
 	// [engineTelemetry.lastStamped]).
@@ -499,6 +503,12 @@ func (t stepTx) Conn() *pgx.Conn {
 // flush sends the batch's queued writes before the step's own statement,
 // with the step's clock stopped: the step is not charged for them.
 func (t stepTx) flush() error {
+	if f := t.bt.before; f != nil {
+		t.bt.before = nil
+		if err := f(); err != nil {
+			return err
+		}
+	}
 	if len(t.bt.pending) == 0 {
 		return t.bt.broken
 	}

@@ -383,6 +383,24 @@ func (t *engineTelemetry) lastStamped(bt *batchTx) trace.SpanContext {
 	return bt.stamped
 }
 
+// endStepWith ends the running step attempt's span with the outcome tr
+// records, as [engineTelemetry.stampStep] would, for an attempt whose
+// transition is written together with the next attempt's. It returns the
+// attempt's context when it was traced here (for the next attempt to link
+// to), else an invalid one.
+func (t *engineTelemetry) endStepWith(bt *batchTx, sg *store.Saga, tr *store.Transition) trace.SpanContext {
+	st := &bt.attempt
+	if !st.active || st.sagaID != sg.ID {
+		return trace.SpanContext{}
+	}
+	var sc trace.SpanContext
+	if st.span.IsRecording() {
+		sc = st.span.SpanContext()
+	}
+	t.endStep(bt, sg, tr)
+	return sc
+}
+
 // endStep ends the running step attempt's span with the outcome tr
 // records and records its metrics. A nil tr means the attempt wrote no
 // transition: its handler was abandoned (the batch's connection was given
