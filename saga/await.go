@@ -483,6 +483,65 @@ func (b *batch) successThenSend(ctx context.Context, sg *store.Saga, def *compil
 	return nil
 }
 
+// runsNextLocal reports whether the step that d, a reply's success, moves
+// sg to is a local action that runs at once in the same update (see
+// [batch.replyThenRun]): not when the saga's cancel was asked for, nor when
+// d does more than move to the next step, nor when the transaction is
+// already unusable (OnReply left it aborted: the reply's failure is written
+// instead).
+func (b *batch) runsNextLocal(sg *store.Saga, def *compiled, d *decision) bool {
+	tr, c := d.tr, d.next
+	if c == nil || c.dir != steps.Forward || c.delay != 0 || c.step != tr.StepName || len(tr.Messages) > 0 ||
+		Status(tr.Status) != StatusRunning || steps.Direction(tr.Direction) != steps.Forward || tr.Pause != nil ||
+		tr.StepIndex < 0 || tr.StepIndex >= len(def.steps) {
+		return false
+	}
+	s := def.steps[tr.StepIndex]
+	if s.name != tr.StepName || s.remoteTopic != "" || s.wait != nil || s.parallel != nil {
+		return false
+	}
+	return b.abandoned == nil && b.e.running.pending(sg.ID) == nil && b.tx.conn.Conn().PgConn().TxStatus() != 'E'
+}
+
+// replyThenRun runs the local step that d, a reply's success under
+// savepoint sp, moves sg to (see [batch.runsNextLocal]), and writes both in
+// one fenced update: the reply's history, state and inbox key go with the
+// step's outcome, whatever it is (see [batchTx.head]), and no command is
+// written for the step. A pause that committed since the claim keeps the
+// step from starting: it reports false, having written nothing, and the
+// reply is then written with the step's command, which the pause holds.
+// The step's savepoint is its own, so that its failure undoes only its
+// writes; a fence that fails undoes the reply's too.
+func (b *batch) replyThenRun(ctx context.Context, sg *store.Saga, def *compiled, sp string, last bool, d decision, done func()) (bool, error) {
+	e := b.e
+	var paused bool
+	if err := b.tx.flushWith(func(q *pgx.Batch) { e.st.QueueSagaPaused(q, sg.ID, sg.Name, &paused) }); err != nil {
+		return true, err
+	}
+	if paused {
+		return false, nil
+	}
+	d.next = nil // the step's outcome writes its next command
+	next := movedTo(sg, d.tr)
+	// The version stays: the update that carries the reply is fenced on it.
+	next.Status = d.tr.Status
+	b.tx.head = &chainHead{sagaID: sg.ID, tr: d.tr, sp: sp, done: func() {
+		done()
+		b.tx.stats.chained.Add(1)
+	}}
+	// The reply's span ends with its own outcome; the step's links to it, as
+	// a claimed command's links to the attempt that wrote it.
+	reply := *d.tr
+	prev := e.tel.endStepWith(b.tx, sg, &reply)
+	err := b.execute(e.tel.beginStep(ctx, b.tx, &next, steps.Forward, prev, ""), &next, def, d.tr.StepIndex, steps.Forward, false, last)
+	if h := b.tx.takeHead(sg.ID); h != nil && err == nil {
+		// Every outcome of a local step writes; a batch that lost one is
+		// lost, and the reply comes again.
+		err = fmt.Errorf("saga: the step after the reply to saga %s wrote no outcome", sg.ID)
+	}
+	return true, err
+}
+
 // movedTo is sg as tr leaves it at its step, but for its version and
 // status, which move with the write.
 func movedTo(sg *store.Saga, tr *store.Transition) store.Saga {

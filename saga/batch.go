@@ -439,7 +439,15 @@ func (b *batch) outcome(ctx context.Context, sg *store.Saga, def *compiled, idx 
 	fault.At(ctx, fault.EngineAfterHandler)
 	var ab *abandonedError
 	if errors.As(herr, &ab) {
-		b.abandoned = &abandonedStep{saga: *sg, def: def, idx: idx, dir: dir, attempt: attempt, elapsed: elapsed,
+		at := *sg
+		if b.tx.takeHead(sg.ID) != nil {
+			// The reply this step ran with is lost with the transaction, as
+			// when it was written before the step: the attempt is recorded
+			// against the saga as the reply would have left it, which it is
+			// not, so only its history entry is written.
+			at.Version++
+		}
+		b.abandoned = &abandonedStep{saga: at, def: def, idx: idx, dir: dir, attempt: attempt, elapsed: elapsed,
 			err: steps.WithCode(CodeAbandonedRunOn, fmt.Errorf("step %q ignored its context, cancelled by %s, for %s; its worker abandoned it",
 				sg.StepName, ab.why, e.cfg.HandlerGrace))}
 		return errAbandoned
@@ -591,17 +599,28 @@ func (b *batch) reply(ctx context.Context, c *store.Claimed, ls *store.LockedSag
 		return tr, func() { b.tx.stats.failed.Add(1) }
 	}
 	if herr == nil {
-		tr := e.transition(sg, e.machine.replied(sg, def, idx, dir, newState, key.String()))
+		d := e.machine.replied(sg, def, idx, dir, newState, key.String())
 		// If OnReply left the transaction unusable, it is undone and a
 		// failure recorded instead.
-		moved := false
-		b.tx.write(sg, tr, sp, false, last, func(err error) (*store.Transition, func()) {
+		onFailure := func(err error) (*store.Transition, func()) {
 			return fail(steps.WithCode(CodeTxAborted, fmt.Errorf("apply reply: %w", err)))
-		}, func() { b.tx.stats.succeeded.Add(1); moved = true })
-		if ls.Paused || ls.CancelRequest != nil {
-			return nil // the next step's command waits, or the cancel goes first
 		}
-		// The next step runs at once, in the reply's transaction.
+		done := func() { b.tx.stats.succeeded.Add(1) }
+		if ls.Paused || ls.CancelRequest != nil {
+			// The next step's command waits, or the cancel goes first.
+			b.tx.write(sg, e.transition(sg, d), sp, false, last, onFailure, done)
+			return nil
+		}
+		// The next step runs at once, in the reply's transaction: a local
+		// step in the same update as the reply, when it can.
+		if b.runsNextLocal(sg, def, &d) {
+			if ran, err := b.replyThenRun(ctx, sg, def, sp, last, d, done); ran || err != nil {
+				return err
+			}
+		}
+		tr := e.transition(sg, d)
+		moved := false
+		b.tx.write(sg, tr, sp, false, last, onFailure, func() { done(); moved = true })
 		return b.continueAt(ctx, sg, def, tr, &moved, last)
 	}
 	// OnReply failed: its writes are rolled back with the savepoint.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -167,8 +168,10 @@ func TestChainedStepWaitsForAPause(t *testing.T) {
 // command, in one update of the saga's row: the command a worker would have
 // claimed for the remote step is not written (and deleted again in the same
 // transaction), and the saga goes from the local step to waiting for the
-// reply at once. What the outbox was given and how the row moved are logged
-// by triggers, so that what is undone before the commit is seen too.
+// reply at once. The reply and the local step after it are one update too,
+// with no command written for that step. What the outbox was given and how
+// the row moved are logged by triggers, so that what is undone before the
+// commit is seen too.
 func TestARemoteStepAfterALocalOneIsSentInTheSameUpdate(t *testing.T) {
 	t.Parallel()
 	r := newChainRig(t, "chainsend")
@@ -182,12 +185,11 @@ func TestARemoteStepAfterALocalOneIsSentInTheSameUpdate(t *testing.T) {
 	in := r.waitTerminal(t, st.ID)
 	require.Equal(t, saga.StatusCompleted, in.Status, "history: %v", eventTypes(in))
 
-	require.Equal(t, []string{"pick direct", "pay relay", "ship direct"}, r.logged(t, "outbox_log", st.ID),
-		"the outbox rows written for the saga, in order")
+	require.Equal(t, []string{"pick direct", "pay relay"}, r.logged(t, "outbox_log", st.ID),
+		"the outbox rows written for the saga, in order: none for pay's send or for ship")
 	require.Equal(t, []string{
 		"pick -> pay awaiting", // pick's success and pay's send
-		"pay -> ship",          // the reply
-		"ship -> ship",         // ship, run in the reply's transaction, completes the saga
+		"pay -> ship",          // the reply, and ship, which ran with it and completed the saga
 	}, r.logged(t, "update_log", st.ID), "the updates of the saga's row, in order")
 	require.Equal(t, []string{"saga_started", "step_completed:pick", "command_sent:pay", "reply_received:pay",
 		"step_completed:pay", "step_completed:ship", "saga_completed"}, eventTypes(in), "the history, in order")
@@ -310,7 +312,8 @@ func TestARemoteCommandThatCannotBeBuiltAfterALocalStepFailsItsStep(t *testing.T
 // The span of a remote step's send, run right after the local step before
 // it, links to that step's attempt (as a claimed command's attempt links to
 // the attempt that wrote it), and the command it sends carries the send's
-// span, which the participant continues.
+// span, which the participant continues. The local step run with the reply
+// links to the reply's span.
 func TestARemoteStepSentAfterALocalOneLinksToIt(t *testing.T) {
 	t.Parallel()
 	rec := tracetest.NewSpanRecorder()
@@ -350,6 +353,15 @@ func TestARemoteStepSentAfterALocalOneLinksToIt(t *testing.T) {
 		}
 	}
 	require.Contains(t, parent, pay.SpanContext().SpanID().String(), "the command carries the send's span")
+
+	// ship, run in the reply's update, links to the reply's span.
+	r.reply(t, st.ID, r.command(t, st.ID))
+	require.Equal(t, saga.StatusCompleted, r.waitTerminal(t, st.ID).Status)
+	reply, ship := span("reply chaintrace/pay"), span("step chaintrace/ship")
+	require.Equal(t, saga.OutcomeCompleted, attr(reply, "sagaflow.step.outcome").AsString())
+	require.Equal(t, saga.OutcomeCompleted, attr(ship, "sagaflow.step.outcome").AsString())
+	require.Len(t, ship.Links(), 1, "ship links to the reply it ran with")
+	require.Equal(t, reply.SpanContext().SpanID(), ship.Links()[0].SpanContext.SpanID())
 }
 
 // A pause that commits while a reply is being applied (after the claim, so
@@ -449,8 +461,8 @@ func TestARemoteCommandThatUsesTheTransactionAfterALocalStep(t *testing.T) {
 	in := r.waitTerminal(t, good.ID)
 	require.Equal(t, saga.StatusCompleted, in.Status, "history: %v", eventTypes(in))
 	require.Equal(t, []int{1}, marks("good"), "the Command saw pick's effect, and its write committed with the send")
-	require.Equal(t, []string{"pick -> pay", "pay -> pay awaiting", "pay -> ship", "ship -> ship"}, r.logged(t, "update_log", good.ID))
-	require.Equal(t, []string{"pick direct", "pay relay", "ship direct"}, r.logged(t, "outbox_log", good.ID))
+	require.Equal(t, []string{"pick -> pay", "pay -> pay awaiting", "pay -> ship"}, r.logged(t, "update_log", good.ID))
+	require.Equal(t, []string{"pick direct", "pay relay"}, r.logged(t, "outbox_log", good.ID))
 
 	bad, err := saga.Start(ctx, k.engine, def, order{OrderID: "bad"}, nil)
 	require.NoError(t, err)
@@ -472,4 +484,144 @@ func TestARemoteCommandThatUsesTheTransactionAfterALocalStep(t *testing.T) {
 	require.Equal(t, "pick", in.LastError.Step)
 	require.Empty(t, marks("aborted"))
 	require.Equal(t, []string{"pick direct"}, r.logged(t, "outbox_log", aborted.ID), "pay's command was not written")
+}
+
+// The local step run in a reply's update, when it does not succeed: its
+// failure (retried), a transaction it left aborted, and a cancel that
+// interrupts it. Each time the reply stays applied (its history, and what
+// OnReply wrote in the transaction), only the step's own writes are undone,
+// and the saga goes on from there.
+func TestTheStepRunWithAReplyFailsAlone(t *testing.T) {
+	t.Parallel()
+	const name = "chainfail"
+	replies := saga.CommandTopicDefault + "." + name + ".replies"
+	remote := name + ".participant"
+	k := setupKafkaWith(t, 1, &saga.Config{Workers: 1, Kafka: &saga.KafkaConfig{}}, replies, remote)
+	ctx := context.Background()
+	_, err := k.pool.Exec(ctx, `CREATE TABLE `+k.table("marks")+` (order_id text)`)
+	require.NoError(t, err)
+	gate := testkit.NewGate()
+	t.Cleanup(gate.Open)
+	var ships sync.Map // order id → *atomic.Int32
+	def := saga.Define(name,
+		saga.Step[order]{Name: "pick", Action: func(ctx context.Context, run *saga.StepRun, _ *order) error { return recordEffect(ctx, run, k.schema) }},
+		saga.Step[order]{Name: "pay", Timeout: 30 * time.Second, Remote: &saga.Remote[order]{
+			Topic: remote, Type: name + ".pay",
+			Command: func(_ context.Context, _ *saga.StepRun, o *order) (any, error) { return o, nil },
+			OnReply: func(ctx context.Context, run *saga.StepRun, o *order, _ json.RawMessage) error {
+				_, err := run.Tx.Exec(ctx, `INSERT INTO `+k.table("marks")+` VALUES ($1)`, o.OrderID)
+				return err
+			},
+		}},
+		saga.Step[order]{Name: "ship", Retry: &saga.RetryPolicy{MaxAttempts: 3, Backoff: func(int) time.Duration { return 10 * time.Millisecond }},
+			Action: func(ctx context.Context, run *saga.StepRun, o *order) error {
+				if err := recordEffect(ctx, run, k.schema); err != nil {
+					return err
+				}
+				n, _ := ships.LoadOrStore(o.OrderID, new(atomic.Int32))
+				if n.(*atomic.Int32).Add(1) > 1 {
+					return nil
+				}
+				switch o.OrderID {
+				case "flaky":
+					return errors.New("the carrier is busy")
+				case "aborted":
+					_, _ = run.Tx.Exec(ctx, "SELECT 1/0") // leaves the transaction aborted
+					return nil
+				case "cancelled":
+					_ = gate.Pass(ctx) // until the cancel interrupts it
+					return ctx.Err()
+				}
+				return nil
+			}},
+	)
+	require.NoError(t, k.engine.Register(def))
+	k.start(t)
+	r := &chainRig{kafkaBundle: k, def: def, replies: replies, remote: remote, cl: rawProducer(t, k.kc)}
+	marks := func(id string) int {
+		return r.count(t, `SELECT count(*) FROM `+k.table("marks")+` WHERE order_id = $1`, id)
+	}
+	run := func(id string) uuid.UUID {
+		st, err := saga.Start(ctx, k.engine, def, order{OrderID: id}, nil)
+		require.NoError(t, err)
+		r.reply(t, st.ID, r.command(t, st.ID))
+		return st.ID
+	}
+
+	for _, id := range []string{"flaky", "aborted"} {
+		sid := run(id)
+		in := r.waitTerminal(t, sid)
+		require.Equal(t, saga.StatusCompleted, in.Status, "%s: history: %v", id, eventTypes(in))
+		require.Equal(t, 1, marks(id), "%s: OnReply's write was kept", id)
+		require.Equal(t, []string{"pick/forward", "ship/forward"}, r.effects(t, sid), "%s: the failed attempt's write was undone", id)
+		h := eventTypes(in)
+		require.Equal(t, []string{"saga_started", "step_completed:pick", "command_sent:pay", "reply_received:pay", "step_completed:pay",
+			"step_failed:ship", "step_completed:ship", "saga_completed"}, h, id)
+	}
+	sid := run("cancelled")
+	waitFor(t, 15*time.Second, func() bool { return gate.Entered() == 1 }, "ship to run")
+	require.NoError(t, k.engine.Cancel(ctx, sid, "the customer called"))
+	in := r.waitTerminal(t, sid)
+	require.Equal(t, saga.StatusCompensated, in.Status, "history: %v", eventTypes(in))
+	require.Equal(t, 1, marks("cancelled"), "OnReply's write was kept")
+	require.Contains(t, eventTypes(in), "reply_received:pay")
+	require.NotContains(t, r.effects(t, sid), "ship/forward", "ship's write was undone")
+}
+
+// The local step run in a reply's update ignores its timeout past the
+// engine's HandlerGrace: its worker abandons it, and the transaction goes
+// with the reply in it. The saga is left as before the reply (waiting for
+// it, with the abandoned attempt in its history), not moved on without the
+// reply's effects; the reply sent again completes it.
+func TestTheStepRunWithAReplyAbandonedLeavesTheReplyUnapplied(t *testing.T) {
+	t.Parallel()
+	allowErrorLogs(t) // the abandonment is logged as an error
+	const name = "chainabandon"
+	replies := saga.CommandTopicDefault + "." + name + ".replies"
+	remote := name + ".participant"
+	k := setupKafkaWith(t, 1, &saga.Config{Workers: 1, HandlerGrace: 100 * time.Millisecond, Kafka: &saga.KafkaConfig{}}, replies, remote)
+	ctx := context.Background()
+	var ships atomic.Int32
+	returned := make(chan struct{}) // the abandoned handler returned
+	def := saga.Define(name,
+		saga.Step[order]{Name: "pick", Action: func(ctx context.Context, run *saga.StepRun, _ *order) error { return recordEffect(ctx, run, k.schema) }},
+		saga.Step[order]{Name: "pay", Timeout: 30 * time.Second, Remote: &saga.Remote[order]{
+			Topic: remote, Type: name + ".pay",
+			Command: func(_ context.Context, _ *saga.StepRun, o *order) (any, error) { return o, nil },
+		}},
+		saga.Step[order]{Name: "ship", Timeout: 200 * time.Millisecond,
+			Action: func(ctx context.Context, run *saga.StepRun, _ *order) error {
+				if ships.Add(1) == 1 {
+					time.Sleep(time.Second) // ignores its context
+					close(returned)
+					return nil
+				}
+				return recordEffect(ctx, run, k.schema)
+			}},
+	)
+	require.NoError(t, k.engine.Register(def))
+	k.start(t)
+	r := &chainRig{kafkaBundle: k, def: def, replies: replies, remote: remote, cl: rawProducer(t, k.kc)}
+
+	st, err := saga.Start(ctx, k.engine, def, order{OrderID: "o-1"}, nil)
+	require.NoError(t, err)
+	key := r.command(t, st.ID)
+	r.reply(t, st.ID, key)
+	waitFor(t, 15*time.Second, func() bool {
+		in, err := k.engine.Get(ctx, st.ID)
+		require.NoError(t, err)
+		return slices.Contains(eventTypes(in), "step_failed:ship")
+	}, "the abandoned attempt to be recorded")
+	in, err := k.engine.Get(ctx, st.ID)
+	require.NoError(t, err)
+	require.Equal(t, saga.StatusRunning, in.Status)
+	require.Equal(t, "pay", in.Step, "the saga still waits for pay's reply: history %v", eventTypes(in))
+	require.NotContains(t, eventTypes(in), "reply_received:pay", "the reply was lost with the transaction, not recorded without its effects")
+
+	r.reply(t, st.ID, key)
+	in = r.waitTerminal(t, st.ID)
+	require.Equal(t, saga.StatusCompleted, in.Status, "history: %v", eventTypes(in))
+	require.Equal(t, []string{"pick/forward", "ship/forward"}, r.effects(t, st.ID))
+	require.Equal(t, int32(2), ships.Load())
+	<-returned
 }

@@ -402,9 +402,12 @@
 // completes a step and the next one runs forward
 // (a local action, or another remote step's send), that step runs at once
 // in the reply's transaction, with its own savepoint, key and history, as
-// after a wait (see "Sagas that wait"). A saga that is paused, or asked to
-// cancel, takes the usual way instead: the next step's command waits.
-// [Stats].Chained counts the steps run so.
+// after a wait (see "Sagas that wait"); a local action's outcome is then
+// written in the same update as the reply, and no command is written for
+// it (its failure undoes only its own writes, not OnReply's). A saga that
+// is paused (also by a pause that committed while the reply was applied),
+// or asked to cancel, takes the usual way instead: the next step's command
+// waits. [Stats].Chained counts the steps run so.
 //
 // # Sagas that wait
 //

@@ -67,6 +67,9 @@ type batchTx struct {
 	// stats are the counters of what the batch did, added to the engine's
 	// when it commits: a batch rolled back and run again is counted once.
 	stats statCounters
+	// head, when set, is a saga's transition that the saga's next write in
+	// this batch carries, in the same update (see [batch.replyThenRun]).
+	head *chainHead
 	// before, when set, runs ahead of a step's first statement, before the
 	// queued writes are sent: it may queue a write that must come first
 	// (see [batch.successThenSend]). It runs once.
@@ -162,6 +165,22 @@ func (t *batchTx) nextSavepoint() string {
 // sp is rolled back when the queue is sent, and done does not run.
 func (t *batchTx) write(sg *store.Saga, tr *store.Transition, sp string, rollback, last bool,
 	onFailure func(error) (*store.Transition, func()), done func()) {
+	undo := ""
+	if h := t.head; h != nil && h.sagaID == sg.ID {
+		// The saga's transition before this one was queued for no write of
+		// its own: this update carries it, from its savepoint.
+		t.head = nil
+		h.carry(tr)
+		undo, sp = sp, h.sp
+		done = both(h.done, done)
+		if of := onFailure; of != nil {
+			onFailure = func(err error) (*store.Transition, func()) {
+				f, fd := of(err)
+				h.carry(f)
+				return f, both(h.done, fd)
+			}
+		}
+	}
 	if cmd, ok := t.superseded[sg.ID]; ok {
 		delete(t.superseded, sg.ID)
 		delete(t.due, cmd) // nothing to wake a worker for
@@ -171,7 +190,7 @@ func (t *batchTx) write(sg *store.Saga, tr *store.Transition, sp string, rollbac
 		h(tr)
 	}
 	t.e.tel.stampStep(t, sg, tr)
-	w := &pendingWrite{sg: sg, tr: tr, sp: sp, rollback: rollback, onFailure: onFailure, done: done,
+	w := &pendingWrite{sg: sg, tr: tr, sp: sp, undo: undo, rollback: rollback, onFailure: onFailure, done: done,
 		version: sg.Version, status: sg.Status}
 	if !last {
 		w.next = t.nextSavepoint()
@@ -259,7 +278,7 @@ func (t *batchTx) sendQueued(ctx context.Context, tail func(*pgx.Batch)) error {
 		// of a round trip can have its handler's statements behind it.
 		if len(t.pending) > 0 && t.pending[0].w != nil && t.pending[0].w.rollback {
 			w := t.pending[0].w
-			if _, err := t.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+w.sp); err != nil {
+			if _, err := t.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+w.undoTo()); err != nil {
 				return fmt.Errorf("saga: roll back step of saga %s: %w", w.sg.ID, err)
 			}
 			w.rollback = false
@@ -273,7 +292,7 @@ func (t *batchTx) sendQueued(ctx context.Context, tail func(*pgx.Batch)) error {
 			w := op.w
 			start := q.Len()
 			if w.rollback {
-				q.Queue("ROLLBACK TO SAVEPOINT " + w.sp)
+				q.Queue("ROLLBACK TO SAVEPOINT " + w.undoTo())
 			}
 			w.update = q.Len() - start
 			e.st.QueueTransition(q, w.tr)
@@ -341,7 +360,13 @@ func (t *batchTx) sendQueued(ctx context.Context, tail func(*pgx.Batch)) error {
 			return fmt.Errorf("saga: open savepoint %s: %w", op.open, ferr)
 		}
 		w := op.w
-		if _, err := t.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+w.sp); err != nil {
+		// A step that succeeded but failed inside the transaction is undone
+		// from its own savepoint; anything else from the write's.
+		back := w.sp
+		if ferr != nil && w.onFailure != nil {
+			back = w.undoTo()
+		}
+		if _, err := t.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+back); err != nil {
 			return fmt.Errorf("saga: roll back outcome of saga %s: %w", w.sg.ID, errors.Join(ferr, err))
 		}
 		w.sg.Version, w.sg.Status = w.version, w.status
@@ -358,7 +383,7 @@ func (t *batchTx) sendQueued(ctx context.Context, tail func(*pgx.Batch)) error {
 			}
 		case w.onFailure != nil:
 			tr, done := w.onFailure(fmt.Errorf("saga: write outcome of saga %s: %w", w.sg.ID, ferr))
-			f := &pendingWrite{sg: w.sg, tr: tr, sp: w.sp, next: w.next, done: done, version: w.version, status: w.status}
+			f := &pendingWrite{sg: w.sg, tr: tr, sp: w.sp, undo: w.undo, next: w.next, done: done, version: w.version, status: w.status}
 			t.applied(f)
 			again = append(again, pendingOp{w: f})
 		case pgerr.Content(ferr) && !w.last:
@@ -394,8 +419,12 @@ type pendingWrite struct {
 	tr *store.Transition
 	// sp is the savepoint taken before the command's writes, its handler's
 	// included; rollback says to roll back to it before writing (the
-	// handler failed).
+	// handler failed). undo, when set, is the savepoint that rollback (and
+	// a failure inside the transaction) rolls back to instead: the step's
+	// own, when the write carries a transition before the step's (see
+	// [batchTx.head]); sp then undoes both.
 	sp       string
+	undo     string
 	rollback bool
 	// next is the savepoint opened after the writes for the next command,
 	// or "" after the batch's last command.
@@ -417,6 +446,50 @@ type pendingWrite struct {
 	// and whether it matched the saga.
 	n, update int
 	fenced    bool
+}
+
+// takeHead returns the transition queued for saga id's next write (see
+// [batchTx.head]), if any, and unqueues it.
+func (t *batchTx) takeHead(id uuid.UUID) *chainHead {
+	h := t.head
+	if h == nil || h.sagaID != id {
+		return nil
+	}
+	t.head = nil
+	return h
+}
+
+// undoTo is the savepoint that undoes w's step when it failed.
+func (w *pendingWrite) undoTo() string {
+	if w.undo != "" {
+		return w.undo
+	}
+	return w.sp
+}
+
+// chainHead is a transition of a saga queued for no write of its own: the
+// next write of the saga in the batch carries it (see [batchTx.head]).
+type chainHead struct {
+	sagaID uuid.UUID
+	tr     *store.Transition // its history, state and inbox key
+	sp     string            // its savepoint, before everything both wrote
+	done   func()            // what runs once the write that carries it is in
+}
+
+// carry folds h's transition into tr, which follows it in the same update:
+// h's history goes first, its state stays unless tr sets one, and its inbox
+// key is recorded with tr's.
+func (h *chainHead) carry(tr *store.Transition) {
+	tr.History = append(append(make([]store.HistoryEntry, 0, len(h.tr.History)+len(tr.History)), h.tr.History...), tr.History...)
+	if tr.State == nil {
+		tr.State = h.tr.State
+	}
+	keys := append([]string(nil), h.tr.EarlierInboxKeys...)
+	if h.tr.InboxKey != "" {
+		keys = append(keys, h.tr.InboxKey)
+	}
+	tr.EarlierInboxKeys = append(keys, tr.EarlierInboxKeys...)
+	tr.Supersede = append(append([]uuid.UUID(nil), h.tr.Supersede...), tr.Supersede...)
 }
 
 // step returns the transaction handed to a step.
@@ -522,3 +595,14 @@ func (t stepTx) flush() error {
 type errRow struct{ err error }
 
 func (r errRow) Scan(...any) error { return r.err }
+
+// both returns a function that runs a then b, either of which may be nil.
+func both(a, b func()) func() {
+	switch {
+	case a == nil:
+		return b
+	case b == nil:
+		return a
+	}
+	return func() { a(); b() }
+}

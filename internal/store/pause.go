@@ -251,6 +251,19 @@ func (s *Store) QueueCommandHeld(b *pgx.Batch, id uuid.UUID, held *bool) {
 	})
 }
 
+// QueueSagaPaused queues on b whether saga id, of type name, is paused
+// now (by a pause of its own or of its type), into paused: what the pause
+// trigger would tell of a command written for it now.
+func (s *Store) QueueSagaPaused(b *pgx.Batch, id uuid.UUID, name string, paused *bool) {
+	b.Queue(`SELECT EXISTS (SELECT 1 FROM `+quoteSchema(s.schema)+`.saga_pauses p
+		WHERE (p.kind = 'saga' AND p.saga_id = $1) OR (p.kind = 'type' AND p.saga_name = $2))`, pgID(id), name).QueryRow(func(row pgx.Row) error {
+		if err := row.Scan(paused); err != nil {
+			return fmt.Errorf("store: read whether saga %s is paused: %w", id, err)
+		}
+		return nil
+	})
+}
+
 func (s *Store) commandHeldSQL() string {
 	return `SELECT EXISTS (SELECT 1 FROM ` + quoteSchema(s.schema) + `.outbox WHERE id = $1 AND paused_from IS NOT NULL)`
 }

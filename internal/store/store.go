@@ -232,6 +232,9 @@ type Transition struct {
 	// InboxConsumer and InboxKey, when InboxKey is set, record a processed
 	// key with the transition.
 	InboxConsumer, InboxKey string
+	// EarlierInboxKeys are the engine's (InboxConsumerEngine) keys of steps
+	// whose transitions this one carries too, written with it.
+	EarlierInboxKeys []string
 	// ClearCancel deletes the saga's cancel request with the transition:
 	// the transition applies it, or refuses it.
 	ClearCancel bool
@@ -1012,6 +1015,9 @@ func (s *Store) QueueTransition(b *pgx.Batch, t *Transition) *pgx.QueuedQuery {
 		}
 		b.Queue(s.q.historyRows[n], args...)
 		rest = rest[n:]
+	}
+	for _, k := range t.EarlierInboxKeys {
+		b.Queue(s.q.insertInbox, InboxConsumerEngine, k)
 	}
 	if t.InboxKey != "" {
 		b.Queue(s.q.insertInbox, t.InboxConsumer, t.InboxKey)
