@@ -397,7 +397,9 @@ func (b *batch) sendsNext(sg *store.Saga, def *compiled, d *decision) bool {
 	if _, _, ok := def.remote(tr.StepIndex, steps.Forward); !ok {
 		return false
 	}
-	return b.abandoned == nil && b.e.running.pending(sg.ID) == nil
+	// Not when the step left the transaction aborted: its failure is
+	// written instead.
+	return b.abandoned == nil && b.e.running.pending(sg.ID) == nil && !b.tx.aborted()
 }
 
 // successThenSend writes d, a local step's success under savepoint sp, and
@@ -413,13 +415,16 @@ func (b *batch) sendsNext(sg *store.Saga, def *compiled, d *decision) bool {
 // statements; the send then follows under a savepoint of its own, as a
 // claimed remote step's would, and only if the local step's fence held.
 // A pause that committed since the claim holds the command as the pause's
-// trigger holds any (see [Engine.Pause]); a cancel request heard meanwhile
-// finds the saga waiting for the reply.
+// trigger holds any (see [Engine.Pause]). A cancel request recorded before
+// the Command returned keeps the command from being sent: it is asked for in
+// one round trip after the Command, and the local step is then written with
+// the remote step's command for a worker, which the request goes ahead of.
 func (b *batch) successThenSend(ctx context.Context, sg *store.Saga, def *compiled, sp string, last bool, d decision,
 	onFailure func(error) (*store.Transition, func()), done func()) error {
 	e := b.e
 	idx := d.tr.StepIndex
 	topic, typ, _ := def.remote(idx, steps.Forward)
+	nextCmd := d.next
 	d.next = nil // the send's command replaces it
 	next := movedTo(sg, d.tr)
 	next.Version, next.Status = sg.Version+1, d.tr.Status
@@ -446,10 +451,28 @@ func (b *batch) successThenSend(ctx context.Context, sg *store.Saga, def *compil
 	}
 	msg, err := b.command(ctx, &next, def, idx, steps.Forward, key, topic, typ)
 	b.tx.before = nil
+	if apart && !moved {
+		return b.tx.broken // nothing to send on top of what was written instead
+	}
+	// A cancel asked for while the local step or the Command ran, which
+	// this engine may not have heard of yet: the request goes first.
+	// (Not when the Command left the transaction aborted: its failure is
+	// written with its rollback.)
+	var paused, cancel bool
+	if !b.tx.aborted() {
+		if ferr := b.tx.flushWith(func(q *pgx.Batch) { e.st.QueueSagaStopped(q, sg.ID, sg.Name, &paused, &cancel) }); ferr != nil {
+			return ferr
+		}
+	}
+	cancel = cancel || e.running.pending(sg.ID) != nil
 	if apart {
 		switch {
-		case !moved:
-			return b.tx.broken // nothing to send on top of what was written instead
+		case cancel:
+			// The local step is written without a command for the remote
+			// one: write it now, for the worker that meets the request.
+			c := decision{tr: transitionFrom(&next), next: nextCmd}
+			c.tr.CheckAfter = d.tr.CheckAfter
+			b.tx.write(&next, e.transition(&next, c), sendSP, true, last, nil, nil)
 		case err != nil:
 			tr := e.transition(&next, e.machine.failure(&next, def, idx, steps.Forward, next.Attempt+1, err, 0))
 			b.tx.write(&next, tr, sendSP, true, last, nil, func() { b.tx.stats.failed.Add(1) })
@@ -460,6 +483,11 @@ func (b *batch) successThenSend(ctx context.Context, sg *store.Saga, def *compil
 		return nil
 	}
 
+	if cancel {
+		d.next = nextCmd
+		b.tx.write(sg, e.transition(sg, d), sp, false, last, onFailure, done)
+		return nil
+	}
 	// One update. The local step's attempt ends with its own outcome, and
 	// the send's begins, linked to it, as a claimed command's attempt links
 	// to the attempt that wrote it.
@@ -500,26 +528,31 @@ func (b *batch) runsNextLocal(sg *store.Saga, def *compiled, d *decision) bool {
 	if s.name != tr.StepName || s.remoteTopic != "" || s.wait != nil || s.parallel != nil {
 		return false
 	}
-	return b.abandoned == nil && b.e.running.pending(sg.ID) == nil && b.tx.conn.Conn().PgConn().TxStatus() != 'E'
+	return b.abandoned == nil && b.e.running.pending(sg.ID) == nil && !b.tx.aborted()
 }
 
 // replyThenRun runs the local step that d, a reply's success under
 // savepoint sp, moves sg to (see [batch.runsNextLocal]), and writes both in
 // one fenced update: the reply's history, state and inbox key go with the
 // step's outcome, whatever it is (see [batchTx.head]), and no command is
-// written for the step. A pause that committed since the claim keeps the
-// step from starting: it reports false, having written nothing, and the
-// reply is then written with the step's command, which the pause holds.
-// The step's savepoint is its own, so that its failure undoes only its
-// writes; a fence that fails undoes the reply's too.
-func (b *batch) replyThenRun(ctx context.Context, sg *store.Saga, def *compiled, sp string, last bool, d decision, done func()) (bool, error) {
+// written for the step. The step's savepoint is its own, so that its
+// failure undoes only its writes; a fence that fails undoes the reply's too.
+//
+// Before the step starts, it asks in one round trip whether a pause
+// committed, or a cancel was asked for, since the claim (this engine may not
+// have heard of either yet). If so the step does not run: the reply is
+// written with the step's command, which the pause holds or the request
+// goes ahead of, and it reports stopped.
+func (b *batch) replyThenRun(ctx context.Context, sg *store.Saga, def *compiled, sp string, last bool, d decision,
+	onFailure func(error) (*store.Transition, func()), done func()) (stopped bool, err error) {
 	e := b.e
-	var paused bool
-	if err := b.tx.flushWith(func(q *pgx.Batch) { e.st.QueueSagaPaused(q, sg.ID, sg.Name, &paused) }); err != nil {
-		return true, err
+	var paused, cancel bool
+	if err := b.tx.flushWith(func(q *pgx.Batch) { e.st.QueueSagaStopped(q, sg.ID, sg.Name, &paused, &cancel) }); err != nil {
+		return false, err
 	}
-	if paused {
-		return false, nil
+	if paused || cancel || e.running.pending(sg.ID) != nil {
+		b.tx.write(sg, e.transition(sg, d), sp, false, last, onFailure, done)
+		return true, nil
 	}
 	d.next = nil // the step's outcome writes its next command
 	next := movedTo(sg, d.tr)
@@ -533,13 +566,13 @@ func (b *batch) replyThenRun(ctx context.Context, sg *store.Saga, def *compiled,
 	// a claimed command's links to the attempt that wrote it.
 	reply := *d.tr
 	prev := e.tel.endStepWith(b.tx, sg, &reply)
-	err := b.execute(e.tel.beginStep(ctx, b.tx, &next, steps.Forward, prev, ""), &next, def, d.tr.StepIndex, steps.Forward, false, last)
+	err = b.execute(e.tel.beginStep(ctx, b.tx, &next, steps.Forward, prev, ""), &next, def, d.tr.StepIndex, steps.Forward, false, last)
 	if h := b.tx.takeHead(sg.ID); h != nil && err == nil {
 		// Every outcome of a local step writes; a batch that lost one is
 		// lost, and the reply comes again.
 		err = fmt.Errorf("saga: the step after the reply to saga %s wrote no outcome", sg.ID)
 	}
-	return true, err
+	return false, err
 }
 
 // movedTo is sg as tr leaves it at its step, but for its version and

@@ -614,9 +614,8 @@ func (b *batch) reply(ctx context.Context, c *store.Claimed, ls *store.LockedSag
 		// The next step runs at once, in the reply's transaction: a local
 		// step in the same update as the reply, when it can.
 		if b.runsNextLocal(sg, def, &d) {
-			if ran, err := b.replyThenRun(ctx, sg, def, sp, last, d, done); ran || err != nil {
-				return err
-			}
+			_, err := b.replyThenRun(ctx, sg, def, sp, last, d, onFailure, done)
+			return err
 		}
 		tr := e.transition(sg, d)
 		moved := false

@@ -129,11 +129,14 @@ type Remote[S any] struct {
 	// Type of the command message, which the participant routes on. Required.
 	Type string
 	// Command builds the command's payload, encoded as JSON. Required. After
-	// a local step it runs at once, in that step's transaction (ctx is that
-	// step's), and its command is written with the local step's success;
-	// its statements on run.Tx see the local step's writes, commit with the
-	// send, and are rolled back when it fails. An error fails the step as
-	// an Action's would: retried, or for good.
+	// a local step it runs at once, in that step's transaction, and its
+	// command is written with the local step's success; its statements on
+	// run.Tx see the local step's writes, commit with the send, and are
+	// rolled back when it fails. An error fails the step as an Action's
+	// would: retried, or for good. ctx has no deadline of its own (the
+	// step's Timeout bounds the wait for the reply, not the Command), and a
+	// Command that blocks holds its worker's batch: build the payload from
+	// the state, and call nothing slow.
 	Command func(ctx context.Context, run *StepRun, state *S) (any, error)
 	// OnReply, when set, applies a successful reply's result (JSON) to the
 	// state.

@@ -448,6 +448,13 @@ type pendingWrite struct {
 	fenced    bool
 }
 
+// aborted reports whether the transaction is in a failed state (a
+// statement of a step failed and nothing rolled it back yet), as of the
+// last message from the server.
+func (t *batchTx) aborted() bool {
+	return t.conn.Conn().PgConn().TxStatus() == 'E'
+}
+
 // takeHead returns the transition queued for saga id's next write (see
 // [batchTx.head]), if any, and unqueues it.
 func (t *batchTx) takeHead(id uuid.UUID) *chainHead {

@@ -143,7 +143,7 @@ func TestCancelWhileTheLocalStepRunsSendsNoRemoteCommand(t *testing.T) {
 	}
 }
 
-// FINDING F1. The Command now runs inside pick's attempt (pick's
+// F1 (fixed). The Command now runs inside pick's attempt (pick's
 // transaction and context). A cancel that commits while it runs is
 // recorded (cancel_requested) and cancels its context, but when the Command
 // returns its payload anyway, the merged update writes pick's success AND
@@ -155,7 +155,6 @@ func TestCancelWhileTheLocalStepRunsSendsNoRemoteCommand(t *testing.T) {
 // refunded (a needless charge + refund); without one (a remote step with no
 // CompensateType), the charge stays although the saga ends "compensated".
 func TestCancelWhileTheRemoteCommandIsBuiltSendsNothing(t *testing.T) {
-	t.Skip("FINDING F1 (open): a cancel requested while a chained remote step's Command runs neither cancels its ctx nor stops the send; see FINDINGS.md")
 	t.Parallel()
 	for _, c := range []struct {
 		name       string
@@ -230,7 +229,7 @@ func awaitCancel(ctx context.Context) {
 	}
 }
 
-// FINDING F2. Engine.Cancel: "The request is durable once Cancel returns
+// F2 (fixed). Engine.Cancel: "The request is durable once Cancel returns
 // nil: ... when a step runs, the engine running it cancels the step's
 // context, and the request is applied in that step's transaction instead of
 // its outcome ... No later step runs." A pick that returns success right
@@ -240,7 +239,6 @@ func awaitCancel(ctx context.Context) {
 // of a single saga), so the test runs eight sagas one after the other and
 // fails when any of them sent pay.
 func TestCancelJustBeforeTheLocalStepReturnsSendsNothing(t *testing.T) {
-	t.Skip("FINDING F2 (open): a cancel committed just before the local step returns is not applied in its transaction; the next remote step's command is sent; see FINDINGS.md")
 	t.Parallel()
 	const name = "cxlrace"
 	r := newRig(t, name, nil)

@@ -251,14 +251,17 @@ func (s *Store) QueueCommandHeld(b *pgx.Batch, id uuid.UUID, held *bool) {
 	})
 }
 
-// QueueSagaPaused queues on b whether saga id, of type name, is paused
-// now (by a pause of its own or of its type), into paused: what the pause
-// trigger would tell of a command written for it now.
-func (s *Store) QueueSagaPaused(b *pgx.Batch, id uuid.UUID, name string, paused *bool) {
-	b.Queue(`SELECT EXISTS (SELECT 1 FROM `+quoteSchema(s.schema)+`.saga_pauses p
-		WHERE (p.kind = 'saga' AND p.saga_id = $1) OR (p.kind = 'type' AND p.saga_name = $2))`, pgID(id), name).QueryRow(func(row pgx.Row) error {
-		if err := row.Scan(paused); err != nil {
-			return fmt.Errorf("store: read whether saga %s is paused: %w", id, err)
+// QueueSagaStopped queues on b whether saga id, of type name, is paused
+// now (by a pause of its own or of its type: what the pause trigger would
+// tell of a command written for it now), into paused, and whether a cancel
+// request of it is pending, into cancel.
+func (s *Store) QueueSagaStopped(b *pgx.Batch, id uuid.UUID, name string, paused, cancel *bool) {
+	q := quoteSchema(s.schema)
+	b.Queue(`SELECT EXISTS (SELECT 1 FROM `+q+`.saga_pauses p
+			WHERE (p.kind = 'saga' AND p.saga_id = $1) OR (p.kind = 'type' AND p.saga_name = $2)),
+		EXISTS (SELECT 1 FROM `+q+`.saga_cancel_requests r WHERE r.saga_id = $1)`, pgID(id), name).QueryRow(func(row pgx.Row) error {
+		if err := row.Scan(paused, cancel); err != nil {
+			return fmt.Errorf("store: read whether saga %s is paused or asked to cancel: %w", id, err)
 		}
 		return nil
 	})
