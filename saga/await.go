@@ -414,14 +414,19 @@ func (b *batch) sendsNext(sg *store.Saga, def *compiled, d *decision) bool {
 // written on its own first, as a step's queued writes go before a step's
 // statements; the send then follows under a savepoint of its own, as a
 // claimed remote step's would, and only if the local step's fence held.
+// The Command runs as a handler (see [batch.command]); one that ignores its
+// context past HandlerGrace loses the local step's success with the
+// transaction, and is recorded as the local step's attempt (local).
+//
 // A pause that committed since the claim holds the command as the pause's
 // trigger holds any (see [Engine.Pause]). A cancel request recorded before
 // the Command returned keeps the command from being sent: it is asked for in
 // one round trip after the Command, and the local step is then written with
 // the remote step's command for a worker, which the request goes ahead of.
 func (b *batch) successThenSend(ctx context.Context, sg *store.Saga, def *compiled, sp string, last bool, d decision,
-	onFailure func(error) (*store.Transition, func()), done func()) error {
+	onFailure func(error) (*store.Transition, func()), done func(), local localAttempt) error {
 	e := b.e
+	before := *sg // as the claim found it: what a lost transaction leaves
 	idx := d.tr.StepIndex
 	topic, typ, _ := def.remote(idx, steps.Forward)
 	nextCmd := d.next
@@ -449,8 +454,22 @@ func (b *batch) successThenSend(ctx context.Context, sg *store.Saga, def *compil
 		e.tel.beginStep(ctx, b.tx, &next, steps.Forward, e.tel.lastStamped(b.tx), "")
 		return nil
 	}
+	started := time.Now()
 	msg, err := b.command(ctx, &next, def, idx, steps.Forward, key, topic, typ)
 	b.tx.before = nil
+	var ab *abandonedError
+	if errors.As(err, &ab) {
+		// The Command ignored its context: its worker gives the connection
+		// up, and the local step's success goes with the transaction. The
+		// attempt is recorded as the local step's, which runs again (or
+		// fails for good once its attempts are spent).
+		b.abandoned = &abandonedStep{saga: before, def: def, idx: local.idx, dir: steps.Forward, attempt: local.attempt,
+			elapsed: local.elapsed + time.Since(started),
+			err: steps.WithCode(CodeAbandonedRunOn, fmt.Errorf("the Command of remote step %q, run after step %q in its transaction, "+
+				"ignored its context, cancelled by %s, for %s; its worker abandoned it, and the step's transaction with it",
+				next.StepName, before.StepName, ab.why, e.cfg.HandlerGrace))}
+		return errAbandoned
+	}
 	if apart && !moved {
 		return b.tx.broken // nothing to send on top of what was written instead
 	}
@@ -491,8 +510,8 @@ func (b *batch) successThenSend(ctx context.Context, sg *store.Saga, def *compil
 	// One update. The local step's attempt ends with its own outcome, and
 	// the send's begins, linked to it, as a claimed command's attempt links
 	// to the attempt that wrote it.
-	local := *d.tr
-	prev := e.tel.endStepWith(b.tx, sg, &local)
+	view := *d.tr
+	prev := e.tel.endStepWith(b.tx, sg, &view)
 	e.tel.beginStep(ctx, b.tx, &next, steps.Forward, prev, "")
 	var then decision
 	failed := err != nil
@@ -573,6 +592,13 @@ func (b *batch) replyThenRun(ctx context.Context, sg *store.Saga, def *compiled,
 		err = fmt.Errorf("saga: the step after the reply to saga %s wrote no outcome", sg.ID)
 	}
 	return false, err
+}
+
+// localAttempt is the local step's attempt that a remote step's send is
+// chained to (see [batch.successThenSend]).
+type localAttempt struct {
+	idx, attempt int
+	elapsed      time.Duration
 }
 
 // movedTo is sg as tr leaves it at its step, but for its version and

@@ -496,7 +496,7 @@ func (b *batch) outcome(ctx context.Context, sg *store.Saga, def *compiled, idx 
 		// the same update (see [batch.successThenSend]); a wait's end
 		// chains on its own (amend).
 		if amend == nil && dir == steps.Forward && b.sendsNext(sg, def, &d) {
-			return b.successThenSend(ctx, sg, def, sp, last, d, onFailure, done)
+			return b.successThenSend(ctx, sg, def, sp, last, d, onFailure, done, localAttempt{idx: idx, attempt: attempt, elapsed: elapsed})
 		}
 		b.tx.write(sg, e.transition(sg, d), sp, false, last, onFailure, done)
 		return nil
@@ -511,7 +511,23 @@ func (b *batch) outcome(ctx context.Context, sg *store.Saga, def *compiled, idx 
 // deadline is the step's Timeout.
 func (b *batch) send(ctx context.Context, sg *store.Saga, def *compiled, idx int, dir steps.Direction, key steps.Key, sp, topic, typ string, last bool) error {
 	e := b.e
+	started := time.Now()
 	msg, err := b.command(ctx, sg, def, idx, dir, key, topic, typ)
+	var ab *abandonedError
+	if errors.As(err, &ab) {
+		b.abandoned = &abandonedStep{saga: *sg, def: def, idx: idx, dir: dir, attempt: sg.Attempt + 1, elapsed: time.Since(started),
+			err: steps.WithCode(CodeAbandonedRunOn, fmt.Errorf("the Command of step %q ignored its context, cancelled by %s, for %s; its worker abandoned it",
+				sg.StepName, ab.why, e.cfg.HandlerGrace))}
+		return errAbandoned
+	}
+	if reason, code, ok := interruptedBy(err, sg, dir); ok && !def.pastPivot(idx) {
+		// A cancel request interrupted the Command: the request is applied
+		// in the step's place.
+		e.running.forget(sg.ID)
+		tr := e.transition(sg, e.machine.cancel(sg, def, idx, reason, code))
+		b.tx.write(sg, tr, sp, true, last, nil, func() { b.tx.stats.cancelled.Add(1) })
+		return nil
+	}
 	if err != nil {
 		tr := e.transition(sg, e.machine.failure(sg, def, idx, dir, sg.Attempt+1, err, 0))
 		b.tx.write(sg, tr, sp, true, last, nil, func() { b.tx.stats.failed.Add(1) })
@@ -524,11 +540,15 @@ func (b *batch) send(ctx context.Context, sg *store.Saga, def *compiled, idx int
 
 // command builds the command of remote step idx of sg in direction dir,
 // for topic as type typ, with the step's Command (run as attempt
-// sg.Attempt+1), and signs it.
+// sg.Attempt+1, as a handler is: see [Engine.callHandler]), and signs it.
 func (b *batch) command(ctx context.Context, sg *store.Saga, def *compiled, idx int, dir steps.Direction, key steps.Key, topic, typ string) (store.Message, error) {
 	e := b.e
 	run := b.stepRun(sg, key, dir, sg.Attempt+1)
-	payload, err := recovered(func() ([]byte, error) { return def.send(ctx, run, idx, dir, sg.State) })
+	// As a handler: bounded by the step's Timeout, interrupted by a cancel
+	// request (forward, before the pivot), abandoned when it ignores its
+	// context past HandlerGrace (an *abandonedError).
+	payload, err := e.callHandler(ctx, b.tx, run, dir == steps.Forward && !def.pastPivot(idx), def.steps[idx].timeout,
+		func(ctx context.Context) ([]byte, error) { return def.send(ctx, run, idx, dir, sg.State) })
 	if err != nil {
 		return store.Message{}, err
 	}

@@ -625,3 +625,72 @@ func TestTheStepRunWithAReplyAbandonedLeavesTheReplyUnapplied(t *testing.T) {
 	require.Equal(t, int32(2), ships.Load())
 	<-returned
 }
+
+// A remote step's Command runs as a handler also when its command is
+// claimed (here the saga's first step, with no local step before it): one
+// that ignores its context past its Timeout and HandlerGrace is abandoned,
+// the attempt recorded as the step's and retried; one that a cancel
+// interrupts has the cancel applied in its place, with nothing sent.
+func TestAClaimedRemoteCommandRunsAsAHandler(t *testing.T) {
+	t.Parallel()
+	allowErrorLogs(t) // the abandonment is logged as an error
+	const name = "claimedcmd"
+	replies := saga.CommandTopicDefault + "." + name + ".replies"
+	remote := name + ".participant"
+	k := setupKafkaWith(t, 1, &saga.Config{Workers: 1, HandlerGrace: 100 * time.Millisecond, Kafka: &saga.KafkaConfig{}}, replies, remote)
+	ctx := context.Background()
+	gate := testkit.NewGate()
+	t.Cleanup(gate.Open)
+	returned := make(chan struct{})
+	var builds sync.Map // order id → *atomic.Int32
+	def := saga.Define(name,
+		saga.Step[order]{Name: "pay", Timeout: 2 * time.Second, Retry: &saga.RetryPolicy{MaxAttempts: 3, Backoff: func(int) time.Duration { return 10 * time.Millisecond }},
+			Remote: &saga.Remote[order]{
+				Topic: remote, Type: name + ".pay",
+				Command: func(ctx context.Context, _ *saga.StepRun, o *order) (any, error) {
+					n, _ := builds.LoadOrStore(o.OrderID, new(atomic.Int32))
+					if n.(*atomic.Int32).Add(1) == 1 {
+						switch o.OrderID {
+						case "deaf":
+							time.Sleep(3 * time.Second) // ignores its context
+							close(returned)
+						case "cancelled":
+							_ = gate.Pass(ctx) // until the cancel interrupts it
+							return nil, ctx.Err()
+						}
+					}
+					return o, nil
+				},
+			}},
+		saga.Step[order]{Name: "ship", Action: func(ctx context.Context, run *saga.StepRun, _ *order) error { return recordEffect(ctx, run, k.schema) }},
+	)
+	require.NoError(t, k.engine.Register(def))
+	k.start(t)
+	r := &chainRig{kafkaBundle: k, def: def, replies: replies, remote: remote, cl: rawProducer(t, k.kc)}
+
+	deaf, err := saga.Start(ctx, k.engine, def, order{OrderID: "deaf"}, nil)
+	require.NoError(t, err)
+	r.reply(t, deaf.ID, r.command(t, deaf.ID))
+	in := r.waitTerminal(t, deaf.ID)
+	require.Equal(t, saga.StatusCompleted, in.Status, "history: %v", eventTypes(in))
+	require.Equal(t, int64(1), k.engine.Stats().HandlersAbandoned)
+	var overran []string
+	for _, h := range in.History {
+		if h.ErrorCode == saga.CodeAbandonedRunOn {
+			overran = append(overran, h.Step)
+		}
+	}
+	require.Equal(t, []string{"pay"}, overran, "history: %v", eventTypes(in))
+	require.Equal(t, []string{"ship/forward"}, r.effects(t, deaf.ID))
+
+	cancelled, err := saga.Start(ctx, k.engine, def, order{OrderID: "cancelled"}, nil)
+	require.NoError(t, err)
+	waitFor(t, 15*time.Second, func() bool { return gate.Entered() == 1 }, "the Command to run")
+	require.NoError(t, k.engine.Cancel(ctx, cancelled.ID, "the customer called"))
+	in = r.waitTerminal(t, cancelled.ID)
+	require.Equal(t, saga.StatusCompensated, in.Status, "history: %v", eventTypes(in))
+	require.NotContains(t, eventTypes(in), "command_sent:pay")
+	require.Zero(t, r.count(t, "SELECT count(*) FROM "+r.table("outbox")+" WHERE saga_id = $1 AND delivery = 'relay'", cancelled.ID),
+		"nothing was written for the participant")
+	<-returned
+}

@@ -133,10 +133,14 @@ type Remote[S any] struct {
 	// command is written with the local step's success; its statements on
 	// run.Tx see the local step's writes, commit with the send, and are
 	// rolled back when it fails. An error fails the step as an Action's
-	// would: retried, or for good. ctx has no deadline of its own (the
-	// step's Timeout bounds the wait for the reply, not the Command), and a
-	// Command that blocks holds its worker's batch: build the payload from
-	// the state, and call nothing slow.
+	// would: retried, or for good. It runs as an Action does: ctx ends at
+	// the step's Timeout (which also bounds the wait for the reply) and
+	// with a cancel request, which is then applied in the step's place; a
+	// Command that ignores its ctx past Config.HandlerGrace is abandoned
+	// with its worker's connection, and the attempt recorded (as the local
+	// step's when it ran in that step's transaction, whose success is then
+	// lost and runs again). Build the payload from the state: a slow
+	// Command holds its worker's batch for as long as it runs.
 	Command func(ctx context.Context, run *StepRun, state *S) (any, error)
 	// OnReply, when set, applies a successful reply's result (JSON) to the
 	// state.
