@@ -463,12 +463,10 @@ func (b *batch) successThenSend(ctx context.Context, sg *store.Saga, def *compil
 		// up, and the local step's success goes with the transaction. The
 		// attempt is recorded as the local step's, which runs again (or
 		// fails for good once its attempts are spent).
-		b.abandoned = &abandonedStep{saga: before, def: def, idx: local.idx, dir: steps.Forward, attempt: local.attempt,
-			elapsed: local.elapsed + time.Since(started),
-			err: steps.WithCode(CodeAbandonedRunOn, fmt.Errorf("the Command of remote step %q, run after step %q in its transaction, "+
-				"ignored its context, cancelled by %s, for %s; its worker abandoned it, and the step's transaction with it",
-				next.StepName, before.StepName, ab.why, e.cfg.HandlerGrace))}
-		return errAbandoned
+		return b.abandon(abandonedStep{saga: before, def: def, idx: local.idx, dir: steps.Forward, attempt: local.attempt,
+			elapsed: local.elapsed + time.Since(started)},
+			fmt.Sprintf("the Command of remote step %q, run after step %q in its transaction,", next.StepName, before.StepName),
+			", and the step's transaction with it", ab)
 	}
 	if apart && !moved {
 		return b.tx.broken // nothing to send on top of what was written instead

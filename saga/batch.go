@@ -447,17 +447,13 @@ func (b *batch) outcome(ctx context.Context, sg *store.Saga, def *compiled, idx 
 			// not, so only its history entry is written.
 			at.Version++
 		}
-		b.abandoned = &abandonedStep{saga: at, def: def, idx: idx, dir: dir, attempt: attempt, elapsed: elapsed,
-			err: steps.WithCode(CodeAbandonedRunOn, fmt.Errorf("step %q ignored its context, cancelled by %s, for %s; its worker abandoned it",
-				sg.StepName, ab.why, e.cfg.HandlerGrace))}
-		return errAbandoned
+		return b.abandon(abandonedStep{saga: at, def: def, idx: idx, dir: dir, attempt: attempt, elapsed: elapsed},
+			fmt.Sprintf("step %q", sg.StepName), "", ab)
 	}
 	if reason, code, ok := interruptedBy(herr, sg, dir); ok && !def.pastPivot(idx) {
 		// A cancel request interrupted the step: its writes are rolled back
 		// and the request applied in its place.
-		e.running.forget(sg.ID)
-		tr := e.transition(sg, e.machine.cancel(sg, def, idx, reason, code))
-		b.tx.write(sg, tr, sp, true, last, nil, func() { b.tx.stats.cancelled.Add(1) })
+		b.interrupted(sg, def, idx, sp, last, reason, code)
 		return nil
 	}
 	if herr == nil {
@@ -515,17 +511,13 @@ func (b *batch) send(ctx context.Context, sg *store.Saga, def *compiled, idx int
 	msg, err := b.command(ctx, sg, def, idx, dir, key, topic, typ)
 	var ab *abandonedError
 	if errors.As(err, &ab) {
-		b.abandoned = &abandonedStep{saga: *sg, def: def, idx: idx, dir: dir, attempt: sg.Attempt + 1, elapsed: time.Since(started),
-			err: steps.WithCode(CodeAbandonedRunOn, fmt.Errorf("the Command of step %q ignored its context, cancelled by %s, for %s; its worker abandoned it",
-				sg.StepName, ab.why, e.cfg.HandlerGrace))}
-		return errAbandoned
+		return b.abandon(abandonedStep{saga: *sg, def: def, idx: idx, dir: dir, attempt: sg.Attempt + 1, elapsed: time.Since(started)},
+			fmt.Sprintf("the Command of step %q", sg.StepName), "", ab)
 	}
 	if reason, code, ok := interruptedBy(err, sg, dir); ok && !def.pastPivot(idx) {
 		// A cancel request interrupted the Command: the request is applied
 		// in the step's place.
-		e.running.forget(sg.ID)
-		tr := e.transition(sg, e.machine.cancel(sg, def, idx, reason, code))
-		b.tx.write(sg, tr, sp, true, last, nil, func() { b.tx.stats.cancelled.Add(1) })
+		b.interrupted(sg, def, idx, sp, last, reason, code)
 		return nil
 	}
 	if err != nil {
@@ -536,6 +528,26 @@ func (b *batch) send(ctx context.Context, sg *store.Saga, def *compiled, idx int
 	tr := e.transition(sg, e.machine.sent(sg, def, idx, dir, msg))
 	b.tx.write(sg, tr, sp, false, last, nil, func() { sg.AwaitingReply = true })
 	return nil
+}
+
+// abandon records that a's handler (what, for the error) ignored its
+// context past HandlerGrace, as ab says: the batch gives its connection
+// up, and a is recorded on its own (see [Engine.abandon]). tail ends the
+// error's text.
+func (b *batch) abandon(a abandonedStep, what, tail string, ab *abandonedError) error {
+	a.err = steps.WithCode(CodeAbandonedRunOn, fmt.Errorf("%s ignored its context, cancelled by %s, for %s; its worker abandoned it%s",
+		what, ab.why, b.e.cfg.HandlerGrace, tail))
+	b.abandoned = &a
+	return errAbandoned
+}
+
+// interrupted writes, under savepoint sp and in place of step idx's
+// outcome, the cancel request (reason, code) that interrupted the step: the
+// step's writes are rolled back.
+func (b *batch) interrupted(sg *store.Saga, def *compiled, idx int, sp string, last bool, reason, code string) {
+	b.e.running.forget(sg.ID)
+	tr := b.e.transition(sg, b.e.machine.cancel(sg, def, idx, reason, code))
+	b.tx.write(sg, tr, sp, true, last, nil, func() { b.tx.stats.cancelled.Add(1) })
 }
 
 // command builds the command of remote step idx of sg in direction dir,

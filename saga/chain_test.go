@@ -152,16 +152,23 @@ func TestChainedStepWaitsForAPause(t *testing.T) {
 		require.NoError(t, err)
 		return in.Step == "ship"
 	}, "the reply to be applied")
-	time.Sleep(300 * time.Millisecond)
-	require.Equal(t, []string{"pick/forward"}, r.effects(t, st.ID), "ship did not run while paused")
-	require.Equal(t, 1, r.count(t, "SELECT count(*) FROM "+r.table("outbox")+
-		" WHERE saga_id = $1 AND delivery = 'direct' AND paused_from IS NOT NULL", st.ID), "ship's command is held")
 	require.Equal(t, int64(1), r.engine.Stats().Chained, "only pay's send was chained")
+	r.shipHeldUntilResumed(t, st.ID)
+}
 
-	require.NoError(t, r.engine.Resume(ctx, st.ID, "looked at"))
-	in := r.waitTerminal(t, st.ID)
+// shipHeldUntilResumed checks that ship did not run for saga id, paused,
+// and that its command is held; then resumes the saga and checks that it
+// completes, ship run once.
+func (r *chainRig) shipHeldUntilResumed(t *testing.T, id uuid.UUID) {
+	t.Helper()
+	time.Sleep(300 * time.Millisecond)
+	require.Equal(t, []string{"pick/forward"}, r.effects(t, id), "ship did not run while paused")
+	require.Equal(t, 1, r.count(t, "SELECT count(*) FROM "+r.table("outbox")+
+		" WHERE saga_id = $1 AND delivery = 'direct' AND paused_from IS NOT NULL", id), "ship's command is held")
+	require.NoError(t, r.engine.Resume(context.Background(), id, "looked at"))
+	in := r.waitTerminal(t, id)
 	require.Equal(t, saga.StatusCompleted, in.Status, "history: %v", eventTypes(in))
-	require.Equal(t, []string{"pick/forward", "ship/forward"}, r.effects(t, st.ID))
+	require.Equal(t, []string{"pick/forward", "ship/forward"}, r.effects(t, id))
 }
 
 // A local step followed by a remote one writes only the remote step's
@@ -388,15 +395,7 @@ func TestChainedStepWaitsForAPauseTakenWhileTheReplyIsApplied(t *testing.T) {
 		require.NoError(t, err)
 		return in.Step == "ship"
 	}, "the reply to be written")
-	time.Sleep(300 * time.Millisecond)
-	require.Equal(t, []string{"pick/forward"}, r.effects(t, st.ID), "ship did not run while paused")
-	require.Equal(t, 1, r.count(t, "SELECT count(*) FROM "+r.table("outbox")+
-		" WHERE saga_id = $1 AND delivery = 'direct' AND paused_from IS NOT NULL", st.ID), "ship's command is held")
-
-	require.NoError(t, r.engine.Resume(ctx, st.ID, "looked at"))
-	in := r.waitTerminal(t, st.ID)
-	require.Equal(t, saga.StatusCompleted, in.Status, "history: %v", eventTypes(in))
-	require.Equal(t, []string{"pick/forward", "ship/forward"}, r.effects(t, st.ID))
+	r.shipHeldUntilResumed(t, st.ID)
 }
 
 // A remote step's Command that uses the step's transaction, right after a
