@@ -95,10 +95,15 @@ func (b *batch) await(ctx context.Context, sg *store.Saga, def *compiled, idx in
 
 	// cont is the transition of a wait that ended and moved the saga on;
 	// moved is set once it is written. The step it moved to then runs at
-	// once, in this batch (see [batch.continueAt]).
+	// once, in this batch (see [batch.continueAt]); a local step, in the
+	// same update as the wait's end (see [batch.thenRun]).
 	var cont *store.Transition
 	var moved bool
 	keep := func(d *decision) {
+		if b.runsNextLocal(sg, def, d) {
+			d.thenRun = true
+			return
+		}
 		cont = d.tr
 		d.applied = func() { moved = true }
 	}
@@ -147,7 +152,12 @@ func (b *batch) await(ctx context.Context, sg *store.Saga, def *compiled, idx in
 		d := e.machine.success(sg, def, idx, fwd, nil, 0, key.String())
 		ended(EventTimerFired, map[string]any{"late_ms": now.Sub(*sg.WaitUntil).Milliseconds()})(&d)
 		keep(&d)
-		return write(d, func() { b.tx.stats.succeeded.Add(1); moved = true })
+		succeeded := func() { b.tx.stats.succeeded.Add(1) }
+		if d.thenRun {
+			_, err := b.thenRun(ctx, sg, def, sp, last, d, nil, succeeded)
+			return err
+		}
+		return write(d, func() { succeeded(); moved = true })
 
 	case waiting && w.kind != store.WaitTimer && sg.WaitUntil != nil && !now.Before(*sg.WaitUntil):
 		// Nothing came in time.
@@ -347,7 +357,9 @@ func (e *Engine) parentWake(sg *store.Saga) (store.Message, bool) {
 // that transition is replaced by a failure. A command that a pause
 // committed since the claim holds (see [Engine.Pause]) is left to wait, as
 // are a local step of a paused saga and one whose cancel was asked for.
-// After a local step, [batch.successThenSend] sends a remote step instead.
+// After a local step, [batch.successThenSend] sends a remote step instead;
+// after a reply or a wait's end, [batch.thenRun] runs a local step in the
+// same update.
 func (b *batch) continueAt(ctx context.Context, sg *store.Saga, def *compiled, tr *store.Transition, moved *bool, last bool) error {
 	idx := tr.StepIndex
 	if Status(tr.Status) != StatusRunning || steps.Direction(tr.Direction) != steps.Forward || idx < 0 || idx >= len(def.steps) ||
@@ -528,12 +540,12 @@ func (b *batch) successThenSend(ctx context.Context, sg *store.Saga, def *compil
 	return nil
 }
 
-// runsNextLocal reports whether the step that d, a reply's success, moves
-// sg to is a local action that runs at once in the same update (see
-// [batch.replyThenRun]): not when the saga's cancel was asked for, nor when
-// d does more than move to the next step, nor when the transaction is
-// already unusable (OnReply left it aborted: the reply's failure is written
-// instead).
+// runsNextLocal reports whether the step that d, a reply's success or a
+// wait's end, moves sg to is a local action that runs at once in the same
+// update (see [batch.thenRun]): not when the saga's cancel was asked for,
+// nor when d does more than move to the next step, nor when the
+// transaction is already unusable (OnReply or the wait's handler left it
+// aborted: its failure is written instead).
 func (b *batch) runsNextLocal(sg *store.Saga, def *compiled, d *decision) bool {
 	tr, c := d.tr, d.next
 	if c == nil || c.dir != steps.Forward || c.delay != 0 || c.step != tr.StepName || len(tr.Messages) > 0 ||
@@ -548,19 +560,20 @@ func (b *batch) runsNextLocal(sg *store.Saga, def *compiled, d *decision) bool {
 	return b.abandoned == nil && b.e.running.pending(sg.ID) == nil && !b.tx.aborted()
 }
 
-// replyThenRun runs the local step that d, a reply's success under
-// savepoint sp, moves sg to (see [batch.runsNextLocal]), and writes both in
-// one fenced update: the reply's history, state and inbox key go with the
-// step's outcome, whatever it is (see [batchTx.head]), and no command is
-// written for the step. The step's savepoint is its own, so that its
-// failure undoes only its writes; a fence that fails undoes the reply's too.
+// thenRun runs the local step that d, a reply's success or a wait's end
+// under savepoint sp, moves sg to (see [batch.runsNextLocal]), and writes
+// both in one fenced update: d's history, state, inbox key and signal
+// delivery go with the step's outcome, whatever it is (see
+// [batchTx.head]), and no command is written for the step. The step's
+// savepoint is its own, so that its failure undoes only its writes; a fence
+// that fails undoes d's too.
 //
 // Before the step starts, it asks in one round trip whether a pause
 // committed, or a cancel was asked for, since the claim (this engine may not
-// have heard of either yet). If so the step does not run: the reply is
-// written with the step's command, which the pause holds or the request
-// goes ahead of, and it reports stopped.
-func (b *batch) replyThenRun(ctx context.Context, sg *store.Saga, def *compiled, sp string, last bool, d decision,
+// have heard of either yet). If so the step does not run: d is written with
+// the step's command, which the pause holds or the request goes ahead of,
+// and it reports stopped.
+func (b *batch) thenRun(ctx context.Context, sg *store.Saga, def *compiled, sp string, last bool, d decision,
 	onFailure func(error) (*store.Transition, func()), done func()) (stopped bool, err error) {
 	e := b.e
 	var paused, cancel bool
@@ -579,15 +592,15 @@ func (b *batch) replyThenRun(ctx context.Context, sg *store.Saga, def *compiled,
 		done()
 		b.tx.stats.chained.Add(1)
 	}}
-	// The reply's span ends with its own outcome; the step's links to it, as
-	// a claimed command's links to the attempt that wrote it.
-	reply := *d.tr
-	prev := e.tel.endStepWith(b.tx, sg, &reply)
+	// d's span ends with its own outcome; the step's links to it, as a
+	// claimed command's links to the attempt that wrote it.
+	ended := *d.tr
+	prev := e.tel.endStepWith(b.tx, sg, &ended)
 	err = b.execute(e.tel.beginStep(ctx, b.tx, &next, steps.Forward, prev, ""), &next, def, d.tr.StepIndex, steps.Forward, false, last)
 	if h := b.tx.takeHead(sg.ID); h != nil && err == nil {
 		// Every outcome of a local step writes; a batch that lost one is
 		// lost, and the reply comes again.
-		err = fmt.Errorf("saga: the step after the reply to saga %s wrote no outcome", sg.ID)
+		err = fmt.Errorf("saga: the step run at once after step %q of saga %s wrote no outcome", d.tr.StepName, sg.ID)
 	}
 	return false, err
 }

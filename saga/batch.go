@@ -490,7 +490,12 @@ func (b *batch) outcome(ctx context.Context, sg *store.Saga, def *compiled, idx 
 		}
 		// A remote step right after this local one sends its command in
 		// the same update (see [batch.successThenSend]); a wait's end
-		// chains on its own (amend).
+		// chains on its own (amend): a local step after it runs in the
+		// same update.
+		if d.thenRun {
+			_, err := b.thenRun(ctx, sg, def, sp, last, d, onFailure, done)
+			return err
+		}
 		if amend == nil && dir == steps.Forward && b.sendsNext(sg, def, &d) {
 			return b.successThenSend(ctx, sg, def, sp, last, d, onFailure, done, localAttempt{idx: idx, attempt: attempt, elapsed: elapsed})
 		}
@@ -646,7 +651,7 @@ func (b *batch) reply(ctx context.Context, c *store.Claimed, ls *store.LockedSag
 		// The next step runs at once, in the reply's transaction: a local
 		// step in the same update as the reply, when it can.
 		if b.runsNextLocal(sg, def, &d) {
-			_, err := b.replyThenRun(ctx, sg, def, sp, last, d, onFailure, done)
+			_, err := b.thenRun(ctx, sg, def, sp, last, d, onFailure, done)
 			return err
 		}
 		tr := e.transition(sg, d)

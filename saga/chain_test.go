@@ -203,16 +203,17 @@ func TestARemoteStepAfterALocalOneIsSentInTheSameUpdate(t *testing.T) {
 	require.Equal(t, int64(2), r.engine.Stats().Chained, "pay's send and ship ran chained")
 }
 
-// logWrites makes triggers log every row written to the rig's outbox and
-// every update of a saga's row, in order (see [chainRig.logged]).
-func (r *chainRig) logWrites(t *testing.T) {
+// logWrites makes triggers log every row written to the schema's outbox
+// (its step, or its type when it names no step) and every update of a
+// saga's row, in order (see [bundle.logged]).
+func (r *bundle) logWrites(t *testing.T) {
 	t.Helper()
 	_, err := r.pool.Exec(context.Background(), `
 		CREATE TABLE `+r.table("outbox_log")+` (n bigserial, saga_id uuid, what text);
 		CREATE TABLE `+r.table("update_log")+` (n bigserial, saga_id uuid, what text);
 		CREATE FUNCTION `+r.table("log_outbox")+`() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
-			INSERT INTO `+r.table("outbox_log")+` (saga_id, what) VALUES (NEW.saga_id, split_part(NEW.step_key, '/', 2) || ' ' || NEW.delivery);
+			INSERT INTO `+r.table("outbox_log")+` (saga_id, what) VALUES (NEW.saga_id, coalesce(split_part(NEW.step_key, '/', 2), NEW.type) || ' ' || NEW.delivery);
 			RETURN NEW;
 		END $$;
 		CREATE FUNCTION `+r.table("log_update")+`() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -227,7 +228,7 @@ func (r *chainRig) logWrites(t *testing.T) {
 }
 
 // logged returns what the trigger of table logged for saga id, in order.
-func (r *chainRig) logged(t *testing.T, table string, id uuid.UUID) []string {
+func (r *bundle) logged(t *testing.T, table string, id uuid.UUID) []string {
 	t.Helper()
 	rows, err := r.pool.Query(context.Background(), `SELECT what FROM `+r.table(table)+` WHERE saga_id = $1 ORDER BY n`, id)
 	require.NoError(t, err)

@@ -420,8 +420,12 @@
 // the same mechanism: a retry's backoff is its command's due time, so a
 // long backoff holds nothing either. When a wait ends and the next step is
 // a local action, that step runs at once in the same transaction (a
-// second step of the same saga, with its own savepoint, key and history):
-// a signal's effect does not wait for another claim. [Instance.Wait] says what a saga waits
+// second step of the same saga, with its own savepoint, key and history),
+// and its outcome is written in the same update as the wait's end, with no
+// command written for it (its failure undoes only its own writes, not the
+// wait handler's): a signal's effect does not wait for another claim. A
+// saga paused meanwhile, or asked to cancel, takes the usual way: the
+// step's command waits. [Instance.Wait] says what a saga waits
 // for, and [ListOpts.Waiting] lists the sagas that wait.
 //
 // # The scheduler

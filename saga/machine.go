@@ -49,6 +49,10 @@ type decision struct {
 	// applied, when set, runs once the transition is written and its fence
 	// held (the executor's, not the machine's: see [batch.await]).
 	applied func()
+	// thenRun says that the local step next names runs at once, and
+	// that its outcome's update carries this transition (the executor's:
+	// see [batch.thenRun]).
+	thenRun bool
 }
 
 // nextCommand is a command a decision writes: for step in direction dir of

@@ -68,7 +68,7 @@ type batchTx struct {
 	// when it commits: a batch rolled back and run again is counted once.
 	stats statCounters
 	// head, when set, is a saga's transition that the saga's next write in
-	// this batch carries, in the same update (see [batch.replyThenRun]).
+	// this batch carries, in the same update (see [batch.thenRun]).
 	head *chainHead
 	// before, when set, runs ahead of a step's first statement, before the
 	// queued writes are sent: it may queue a write that must come first
@@ -484,8 +484,9 @@ type chainHead struct {
 }
 
 // carry folds h's transition into tr, which follows it in the same update:
-// h's history goes first, its state stays unless tr sets one, and its inbox
-// key is recorded with tr's.
+// h's history goes first, its state stays unless tr sets one, its inbox
+// key is recorded with tr's, and the signal it took (a wait's end) is
+// delivered.
 func (h *chainHead) carry(tr *store.Transition) {
 	tr.History = append(append(make([]store.HistoryEntry, 0, len(h.tr.History)+len(tr.History)), h.tr.History...), tr.History...)
 	if tr.State == nil {
@@ -497,6 +498,9 @@ func (h *chainHead) carry(tr *store.Transition) {
 	}
 	tr.EarlierInboxKeys = append(keys, tr.EarlierInboxKeys...)
 	tr.Supersede = append(append([]uuid.UUID(nil), h.tr.Supersede...), tr.Supersede...)
+	if h.tr.DeliverSignal != 0 {
+		tr.DeliverSignal, tr.DeliverStep, tr.RejectSignal = h.tr.DeliverSignal, h.tr.DeliverStep, h.tr.RejectSignal
+	}
 }
 
 // step returns the transaction handed to a step.

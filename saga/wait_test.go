@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagaflow/sagaflow/internal/testkit"
 	"github.com/sagaflow/sagaflow/saga"
 	"github.com/sagaflow/sagaflow/sagatest"
 	"github.com/sagaflow/sagaflow/steps"
@@ -650,10 +653,11 @@ func TestATimersCommandThatComesEarlyDoesNotEndTheWait(t *testing.T) {
 // TestTheStepAfterAWaitRunsInTheSameTransaction: when a signal ends a wait
 // and the next step is a local action, that step runs at once, in the
 // transaction that delivered the signal (one claim and commit fewer),
-// exactly once; its own command, written by the wait's end, is stale when
-// it comes.
+// exactly once, and in the same update of the saga's row: no command is
+// written for it.
 func TestTheStepAfterAWaitRunsInTheSameTransaction(t *testing.T) {
 	b := setup(t, nil)
+	b.logWrites(t)
 	xid := func(ctx context.Context, run *saga.StepRun, s *fulfil) error {
 		var x string
 		if err := run.Tx.QueryRow(ctx, "SELECT txid_current()::text").Scan(&x); err != nil {
@@ -680,9 +684,137 @@ func TestTheStepAfterAWaitRunsInTheSameTransaction(t *testing.T) {
 	require.Len(t, s.Got, 3)
 	picked, ship := strings.TrimPrefix(s.Got[0], "picked:"), strings.TrimPrefix(s.Got[1], "ship:")
 	require.Equal(t, picked, ship, "the signal's delivery and the next step ran in one transaction")
-	waitFor(t, 10*time.Second, func() bool {
-		return b.count(t, `SELECT count(*) FROM `+b.table("outbox")+` WHERE saga_id = $1 AND status = 'pending'`, st.ID) == 0
-	}, "the next step's own command to be consumed as stale")
+	require.Equal(t, []string{
+		"picked -> picked", // the wait starts
+		"picked -> bill",   // the signal, and ship, which ran with it
+		"bill -> bill",     // bill completes the saga
+	}, b.logged(t, "update_log", st.ID), "the updates of the saga's row, in order")
+	require.Equal(t, []string{"picked direct", "sagaflow.wake direct", "bill direct"}, b.logged(t, "outbox_log", st.ID),
+		"the outbox rows written for the saga, in order (the start's command, the signal's wake-up, bill's): none for ship")
+	require.Equal(t, []string{"saga_started", "wait_started:picked", "signal_received:picked", "step_completed:picked",
+		"step_completed:ship", "step_completed:bill", "saga_completed"}, eventTypes(in), "the history, in order")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM `+b.table("saga_signals")+` WHERE saga_id = $1 AND status = 'delivered'`, st.ID),
+		"the signal is recorded as delivered")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM `+b.table("outbox")+` WHERE saga_id = $1 AND status = 'pending'`, st.ID))
+}
+
+// TestTheStepAfterATimerRunsInTheSameUpdate: a timer's end and the local
+// step after it are one update of the saga's row, in the batch that claimed
+// the timer's command, with no command written for the step; the step runs
+// once.
+func TestTheStepAfterATimerRunsInTheSameUpdate(t *testing.T) {
+	b := setup(t, nil)
+	b.logWrites(t)
+	def := saga.Define("nap",
+		saga.Step[fulfil]{Name: "nap", Wait: saga.Sleep[fulfil](300 * time.Millisecond)},
+		saga.Step[fulfil]{Name: "ship", Action: act(b.schema, "ship")},
+	)
+	require.NoError(t, b.engine.Register(def))
+	b.start(t)
+	st, err := saga.Start(context.Background(), b.engine, def, fulfil{OrderID: "o1"}, nil)
+	require.NoError(t, err)
+	in := b.waitTerminal(t, st.ID)
+	require.Equal(t, saga.StatusCompleted, in.Status, sagatest.Describe(in))
+	require.Equal(t, []string{"ship/forward"}, b.effects(t, st.ID))
+	require.Equal(t, []string{"nap -> nap", "nap -> ship"}, b.logged(t, "update_log", st.ID),
+		"the wait's start, then its end with ship, which completed the saga")
+	require.Equal(t, []string{"nap direct", "nap direct"}, b.logged(t, "outbox_log", st.ID),
+		"the start's command and the timer's: none for ship")
+	require.Equal(t, []string{"saga_started", "wait_started:nap", "timer_fired:nap", "step_completed:nap",
+		"step_completed:ship", "saga_completed"}, eventTypes(in), "the history, in order")
+	require.Equal(t, int64(1), b.engine.Stats().Chained)
+}
+
+// TestTheStepAfterAWaitFailsOrStopsAlone: the local step run in the update
+// that ends a wait has a savepoint of its own. Its failure is written with
+// the wait's end (the signal taken once, the handler's write kept) and the
+// step retried; a cancel that interrupts it undoes only its writes; and a
+// pause committed while the signal's handler runs keeps it from running:
+// the wait's end is written with its command, held until the resume.
+func TestTheStepAfterAWaitFailsOrStopsAlone(t *testing.T) {
+	b := setup(t, nil)
+	signalGate, shipGate := testkit.NewGate(), testkit.NewGate()
+	t.Cleanup(signalGate.Open)
+	t.Cleanup(shipGate.Open)
+	var ships sync.Map // order id → *atomic.Int32
+	def := saga.Define("alone",
+		saga.Step[fulfil]{Name: "picked", Wait: saga.OnSignal("picked", func(ctx context.Context, run *saga.StepRun, s *fulfil, _ picked) error {
+			if s.OrderID == "paused" {
+				if err := signalGate.Pass(ctx); err != nil {
+					return err
+				}
+			}
+			return recordEffect(ctx, run, b.schema)
+		})},
+		saga.Step[fulfil]{Name: "ship", Retry: &saga.RetryPolicy{MaxAttempts: 3, Backoff: func(int) time.Duration { return 10 * time.Millisecond }},
+			Action: func(ctx context.Context, run *saga.StepRun, s *fulfil) error {
+				if err := recordEffect(ctx, run, b.schema); err != nil {
+					return err
+				}
+				n, _ := ships.LoadOrStore(s.OrderID, new(atomic.Int32))
+				if n.(*atomic.Int32).Add(1) > 1 {
+					return nil
+				}
+				switch s.OrderID {
+				case "flaky":
+					return errors.New("the carrier is busy")
+				case "cancelled":
+					_ = shipGate.Pass(ctx) // until the cancel interrupts it
+					return ctx.Err()
+				}
+				return nil
+			}},
+	)
+	require.NoError(t, b.engine.Register(def))
+	b.start(t)
+	ctx := context.Background()
+	signalled := func(id string) uuid.UUID {
+		st, err := saga.Start(ctx, b.engine, def, fulfil{OrderID: id}, nil)
+		require.NoError(t, err)
+		sagatest.Wait(t, b.engine, st.ID, waiting("signal"), waitOpts())
+		_, err = b.engine.Signal(ctx, saga.Signal{SagaID: st.ID, Name: "picked"})
+		require.NoError(t, err)
+		return st.ID
+	}
+	delivered := func(id uuid.UUID) int {
+		return b.count(t, `SELECT count(*) FROM `+b.table("saga_signals")+` WHERE saga_id = $1 AND status = 'delivered'`, id)
+	}
+
+	flaky := signalled("flaky")
+	in := b.waitTerminal(t, flaky)
+	require.Equal(t, saga.StatusCompleted, in.Status, sagatest.Describe(in))
+	require.Equal(t, []string{"saga_started", "wait_started:picked", "signal_received:picked", "step_completed:picked",
+		"step_failed:ship", "step_completed:ship", "saga_completed"}, eventTypes(in))
+	require.Equal(t, []string{"picked/forward", "ship/forward"}, b.effects(t, flaky), "the failed attempt's write was undone, the handler's kept")
+	require.Equal(t, 1, delivered(flaky))
+
+	cancelled := signalled("cancelled")
+	waitFor(t, 15*time.Second, func() bool { return shipGate.Entered() == 1 }, "ship to run")
+	require.NoError(t, b.engine.Cancel(ctx, cancelled, "the customer called"))
+	in = b.waitTerminal(t, cancelled)
+	require.Equal(t, saga.StatusCompensated, in.Status, sagatest.Describe(in))
+	require.Contains(t, eventTypes(in), "signal_received:picked")
+	require.Equal(t, []string{"picked/forward"}, b.effects(t, cancelled), "ship's write was undone, the handler's kept")
+	require.Equal(t, 1, delivered(cancelled))
+
+	paused := signalled("paused")
+	waitFor(t, 15*time.Second, func() bool { return signalGate.Entered() == 1 }, "the signal to be taken")
+	require.NoError(t, b.engine.Pause(ctx, paused, "operator looks at it"))
+	signalGate.Open()
+	waitFor(t, 15*time.Second, func() bool {
+		in, err := b.engine.Get(ctx, paused)
+		require.NoError(t, err)
+		return in.Step == "ship"
+	}, "the wait's end to be written")
+	time.Sleep(300 * time.Millisecond)
+	require.Equal(t, []string{"picked/forward"}, b.effects(t, paused), "ship did not run while paused")
+	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM "+b.table("outbox")+
+		" WHERE saga_id = $1 AND delivery = 'direct' AND paused_from IS NOT NULL", paused), "ship's command is held")
+	require.Equal(t, 1, delivered(paused))
+	require.NoError(t, b.engine.Resume(ctx, paused, "looked at"))
+	in = b.waitTerminal(t, paused)
+	require.Equal(t, saga.StatusCompleted, in.Status, sagatest.Describe(in))
+	require.Equal(t, []string{"picked/forward", "ship/forward"}, b.effects(t, paused))
 }
 
 // TestAForgedWakeUpDoesNothing: a sagaflow.wake carries no authority. One
