@@ -382,10 +382,10 @@ func (b *batch) continueAt(ctx context.Context, sg *store.Saga, def *compiled, t
 	if err := b.tx.flushWith(ask); err != nil {
 		return err
 	}
-	if !*moved || b.abandoned != nil || b.e.running.pending(sg.ID) != nil || held {
-		// Not written, a cancel request was heard, or a pause holds the
-		// command: the step's command takes the usual way, and the request
-		// goes ahead of it.
+	if !*moved || b.abandoned != nil || b.e.running.pending(sg.ID) != nil || held || !b.mayChain(sg.ID) {
+		// Not written, a cancel request was heard, a pause holds the
+		// command, or such a step of the saga was abandoned: the step's
+		// command takes the usual way, and the request goes ahead of it.
 		return nil
 	}
 	// The step's span links to the attempt that wrote its command, as a
@@ -557,7 +557,7 @@ func (b *batch) runsNextLocal(sg *store.Saga, def *compiled, d *decision) bool {
 	if s.name != tr.StepName || s.remoteTopic != "" || s.wait != nil || s.parallel != nil {
 		return false
 	}
-	return b.abandoned == nil && b.e.running.pending(sg.ID) == nil && !b.tx.aborted()
+	return b.abandoned == nil && b.e.running.pending(sg.ID) == nil && !b.tx.aborted() && b.mayChain(sg.ID)
 }
 
 // thenRun runs the local step that d, a reply's success or a wait's end
@@ -596,6 +596,7 @@ func (b *batch) thenRun(ctx context.Context, sg *store.Saga, def *compiled, sp s
 	// claimed command's links to the attempt that wrote it.
 	ended := *d.tr
 	prev := e.tel.endStepWith(b.tx, sg, &ended)
+	b.runsAtOnce(sg.ID)
 	err = b.execute(e.tel.beginStep(ctx, b.tx, &next, steps.Forward, prev, ""), &next, def, d.tr.StepIndex, steps.Forward, false, last)
 	if h := b.tx.takeHead(sg.ID); h != nil && err == nil {
 		// Every outcome of a local step writes; a batch that lost one is
@@ -633,6 +634,7 @@ func (b *batch) runNext(ctx context.Context, sg *store.Saga, def *compiled, tr *
 	next := movedTo(sg, tr) // its version and status moved with the write
 	next.CommandID = &cmd
 	b.tx.stats.chained.Add(1)
+	b.runsAtOnce(sg.ID)
 	return b.execute(b.e.tel.beginStep(ctx, b.tx, &next, steps.Forward, prev, ""), &next, def, idx, steps.Forward, false, last)
 }
 

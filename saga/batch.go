@@ -46,6 +46,42 @@ type batch struct {
 	// announce is how many more workers to wake after the commit (a
 	// parallel step's branches, one each).
 	announce int
+	// ranAtOnce holds the sagas whose step this batch ran at once after a
+	// reply or a wait's end; unchained, those whose step it must not (see
+	// [batch.mayChain]).
+	ranAtOnce, unchained map[uuid.UUID]bool
+}
+
+// mayChain reports whether the step of saga id that a reply or a wait's
+// end moved it to may run at once, in the same batch. Not when such a step
+// of the saga was abandoned since (see [Engine.unchain]): its attempt was
+// then lost with the transaction, the reply or the wait's end with it, and
+// only its history entry was recorded; run at once again, a step that never
+// returns would be abandoned again and again, its attempts never counted and
+// its saga never moving. Written with its command instead, the step is
+// claimed on its own, and an abandoned attempt counts. The answer holds for
+// the rest of the batch.
+func (b *batch) mayChain(id uuid.UUID) bool {
+	if b.unchained[id] {
+		return false
+	}
+	if _, ok := b.e.unchain.LoadAndDelete(id); ok {
+		if b.unchained == nil {
+			b.unchained = map[uuid.UUID]bool{}
+		}
+		b.unchained[id] = true
+		return false
+	}
+	return true
+}
+
+// runsAtOnce notes that the step of saga id runs at once after a reply or
+// a wait's end (see [batch.mayChain]).
+func (b *batch) runsAtOnce(id uuid.UUID) {
+	if b.ranAtOnce == nil {
+		b.ranAtOnce = map[uuid.UUID]bool{}
+	}
+	b.ranAtOnce[id] = true
 }
 
 // newBatch returns a batch in tx; msg is the Kafka message it runs, or nil
@@ -543,6 +579,9 @@ func (b *batch) abandon(a abandonedStep, what, tail string, ab *abandonedError) 
 	a.err = steps.WithCode(CodeAbandonedRunOn, fmt.Errorf("%s ignored its context, cancelled by %s, for %s; its worker abandoned it%s",
 		what, ab.why, b.e.cfg.HandlerGrace, tail))
 	b.abandoned = &a
+	if b.ranAtOnce[a.saga.ID] {
+		b.e.unchain.Store(a.saga.ID, struct{}{})
+	}
 	return errAbandoned
 }
 

@@ -286,6 +286,11 @@ type Engine struct {
 	// unaddressed holds the remote steps ("<saga>/<step>") whose refusals
 	// named no command, each warned about once (see batch.reply).
 	unaddressed sync.Map
+	// unchain holds the sagas whose step, run at once after a reply or a
+	// wait's end, was abandoned: their next such step is not run at once,
+	// so that its attempts count (see [batch.mayChain]). Only an
+	// abandonment, which also costs a connection, adds one.
+	unchain sync.Map
 
 	// machine makes the sagas' decisions (see machine.go).
 	machine machine

@@ -817,6 +817,57 @@ func TestTheStepAfterAWaitFailsOrStopsAlone(t *testing.T) {
 	require.Equal(t, []string{"picked/forward", "ship/forward"}, b.effects(t, paused))
 }
 
+// TestADeafStepAfterAWaitCountsItsAttempts: a step run at once after a
+// wait's end that ignores its context past its Timeout and HandlerGrace is
+// abandoned, and the wait's end is lost with the transaction (only the
+// attempt's history entry is recorded). The wait's end comes again (the
+// timer's command, the signal's wake-up) and is then written on its own,
+// with the step's command: the step is claimed on its own, its abandoned
+// attempts count, and the saga fails the step for good and compensates
+// once they are spent. Before, the step ran at once every time, was
+// abandoned every time, and its saga never moved.
+func TestADeafStepAfterAWaitCountsItsAttempts(t *testing.T) {
+	allowErrorLogs(t) // each abandonment is logged as an error
+	b := setup(t, &saga.Config{Workers: 1, HandlerGrace: 100 * time.Millisecond})
+	var deaf sync.WaitGroup
+	t.Cleanup(deaf.Wait)
+	ship := saga.Step[fulfil]{Name: "ship", Timeout: 100 * time.Millisecond,
+		Retry: &saga.RetryPolicy{MaxAttempts: 2, Backoff: func(int) time.Duration { return 10 * time.Millisecond }},
+		Action: func(context.Context, *saga.StepRun, *fulfil) error {
+			deaf.Add(1)
+			defer deaf.Done()
+			time.Sleep(400 * time.Millisecond) // ignores its context
+			return nil
+		}}
+	nap := saga.Define("deafnap", saga.Step[fulfil]{Name: "nap", Wait: saga.Sleep[fulfil](50 * time.Millisecond)}, ship)
+	signalled := saga.Define("deafsignal", saga.Step[fulfil]{Name: "picked", Wait: saga.OnSignal("picked",
+		func(ctx context.Context, run *saga.StepRun, _ *fulfil, _ picked) error { return recordEffect(ctx, run, b.schema) })}, ship)
+	require.NoError(t, b.engine.Register(nap, signalled))
+	b.start(t)
+	ctx := context.Background()
+
+	st, err := saga.Start(ctx, b.engine, nap, fulfil{OrderID: "o1"}, nil)
+	require.NoError(t, err)
+	in := b.waitTerminal(t, st.ID)
+	require.Equal(t, saga.StatusCompensated, in.Status, sagatest.Describe(in))
+	require.Equal(t, []string{"saga_started", "wait_started:nap",
+		"step_failed:ship", // run at once after the timer, abandoned: the timer's end went with it
+		"timer_fired:nap", "step_completed:nap",
+		"step_failed:ship", "step_failed:ship", // claimed on its own: both attempts count
+		"saga_compensated"}, eventTypes(in))
+
+	st, err = saga.Start(ctx, b.engine, signalled, fulfil{OrderID: "o2"}, nil)
+	require.NoError(t, err)
+	sagatest.Wait(t, b.engine, st.ID, waiting("signal"), waitOpts())
+	_, err = b.engine.Signal(ctx, saga.Signal{SagaID: st.ID, Name: "picked"})
+	require.NoError(t, err)
+	in = b.waitTerminal(t, st.ID)
+	require.Equal(t, saga.StatusCompensated, in.Status, sagatest.Describe(in))
+	require.Equal(t, []string{"saga_started", "wait_started:picked", "step_failed:ship",
+		"signal_received:picked", "step_completed:picked", "step_failed:ship", "step_failed:ship", "saga_compensated"}, eventTypes(in))
+	require.Equal(t, []string{"picked/forward"}, b.effects(t, st.ID), "the signal took effect once")
+}
+
 // TestAForgedWakeUpDoesNothing: a sagaflow.wake carries no authority. One
 // that names a step the saga is not at, or a saga with no signal pending,
 // leaves the saga waiting and runs nothing; one for a saga that does not
