@@ -841,7 +841,9 @@ func TestADeafStepAfterAWaitCountsItsAttempts(t *testing.T) {
 		}}
 	nap := saga.Define("deafnap", saga.Step[fulfil]{Name: "nap", Wait: saga.Sleep[fulfil](50 * time.Millisecond)}, ship)
 	signalled := saga.Define("deafsignal", saga.Step[fulfil]{Name: "picked", Wait: saga.OnSignal("picked",
-		func(ctx context.Context, run *saga.StepRun, _ *fulfil, _ picked) error { return recordEffect(ctx, run, b.schema) })}, ship)
+		func(ctx context.Context, run *saga.StepRun, _ *fulfil, _ picked) error {
+			return recordEffect(ctx, run, b.schema)
+		})}, ship)
 	require.NoError(t, b.engine.Register(nap, signalled))
 	b.start(t)
 	ctx := context.Background()
