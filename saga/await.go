@@ -414,13 +414,13 @@ func (b *batch) sendsNext(sg *store.Saga, def *compiled, d *decision) bool {
 	return b.abandoned == nil && b.e.running.pending(sg.ID) == nil && !b.tx.aborted()
 }
 
-// successThenSend writes d, a local step's success under savepoint sp, and
-// the send of the remote step it moves sg to (see [batch.sendsNext]), as
-// one fenced update: the local step's history and inbox key, the send's
-// history, the command for the participant, and the saga waiting for the
-// reply (or, when the command cannot be built, the remote step's failure).
-// No command is written for a worker to claim, and the saga's row is
-// updated once. onFailure and done are the local step's.
+// successThenSend writes d, a local step's success (or a reply's, local
+// nil) under savepoint sp, and the send of the remote step it moves sg to
+// (see [batch.sendsNext]), as one fenced update: d's history and inbox
+// key, the send's history, the command for the participant, and the saga
+// waiting for the reply (or, when the command cannot be built, the remote
+// step's failure). No command is written for a worker to claim, and the
+// saga's row is updated once. onFailure and done are d's.
 //
 // When the remote step's Command uses the transaction, the local step is
 // written on its own first, as a step's queued writes go before a step's
@@ -436,7 +436,7 @@ func (b *batch) sendsNext(sg *store.Saga, def *compiled, d *decision) bool {
 // one round trip after the Command, and the local step is then written with
 // the remote step's command for a worker, which the request goes ahead of.
 func (b *batch) successThenSend(ctx context.Context, sg *store.Saga, def *compiled, sp string, last bool, d decision,
-	onFailure func(error) (*store.Transition, func()), done func(), local localAttempt) error {
+	onFailure func(error) (*store.Transition, func()), done func(), local *localAttempt) error {
 	e := b.e
 	before := *sg // as the claim found it: what a lost transaction leaves
 	idx := d.tr.StepIndex
@@ -471,14 +471,24 @@ func (b *batch) successThenSend(ctx context.Context, sg *store.Saga, def *compil
 	b.tx.before = nil
 	var ab *abandonedError
 	if errors.As(err, &ab) {
+		what := fmt.Sprintf("the Command of remote step %q, run after step %q in its transaction,", next.StepName, before.StepName)
+		if local == nil {
+			// After a reply: the reply goes with the transaction, and the
+			// saga still waits for it. The attempt is the remote step's,
+			// recorded against the saga as the reply would have left it,
+			// which it is not: only its history entry is written, and the
+			// saga's next reply is written on its own (see
+			// [batch.mayChain]).
+			b.runsAtOnce(sg.ID)
+			return b.abandon(abandonedStep{saga: next, def: def, idx: idx, dir: steps.Forward, attempt: next.Attempt + 1,
+				elapsed: time.Since(started)}, what, ", and the reply's transaction with it", ab)
+		}
 		// The Command ignored its context: its worker gives the connection
 		// up, and the local step's success goes with the transaction. The
 		// attempt is recorded as the local step's, which runs again (or
 		// fails for good once its attempts are spent).
 		return b.abandon(abandonedStep{saga: before, def: def, idx: local.idx, dir: steps.Forward, attempt: local.attempt,
-			elapsed: local.elapsed + time.Since(started)},
-			fmt.Sprintf("the Command of remote step %q, run after step %q in its transaction,", next.StepName, before.StepName),
-			", and the step's transaction with it", ab)
+			elapsed: local.elapsed + time.Since(started)}, what, ", and the step's transaction with it", ab)
 	}
 	if apart && !moved {
 		return b.tx.broken // nothing to send on top of what was written instead
@@ -607,7 +617,8 @@ func (b *batch) thenRun(ctx context.Context, sg *store.Saga, def *compiled, sp s
 }
 
 // localAttempt is the local step's attempt that a remote step's send is
-// chained to (see [batch.successThenSend]).
+// chained to (see [batch.successThenSend]); nil when the send follows a
+// reply.
 type localAttempt struct {
 	idx, attempt int
 	elapsed      time.Duration

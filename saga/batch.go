@@ -533,7 +533,7 @@ func (b *batch) outcome(ctx context.Context, sg *store.Saga, def *compiled, idx 
 			return err
 		}
 		if amend == nil && dir == steps.Forward && b.sendsNext(sg, def, &d) {
-			return b.successThenSend(ctx, sg, def, sp, last, d, onFailure, done, localAttempt{idx: idx, attempt: attempt, elapsed: elapsed})
+			return b.successThenSend(ctx, sg, def, sp, last, d, onFailure, done, &localAttempt{idx: idx, attempt: attempt, elapsed: elapsed})
 		}
 		b.tx.write(sg, e.transition(sg, d), sp, false, last, onFailure, done)
 		return nil
@@ -692,6 +692,10 @@ func (b *batch) reply(ctx context.Context, c *store.Claimed, ls *store.LockedSag
 		if b.runsNextLocal(sg, def, &d) {
 			_, err := b.thenRun(ctx, sg, def, sp, last, d, onFailure, done)
 			return err
+		}
+		// A remote step next: its command is sent in the same update.
+		if b.sendsNext(sg, def, &d) && b.mayChain(sg.ID) {
+			return b.successThenSend(ctx, sg, def, sp, last, d, onFailure, done, nil)
 		}
 		tr := e.transition(sg, d)
 		moved := false

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -693,4 +694,131 @@ func TestAClaimedRemoteCommandRunsAsAHandler(t *testing.T) {
 	require.Zero(t, r.count(t, "SELECT count(*) FROM "+r.table("outbox")+" WHERE saga_id = $1 AND delivery = 'relay'", cancelled.ID),
 		"nothing was written for the participant")
 	<-returned
+}
+
+// commandFor waits for saga id's remote command of step on the
+// participant's topic and returns its step key.
+func (r *chainRig) commandFor(t *testing.T, id uuid.UUID, step string) string {
+	t.Helper()
+	var key string
+	waitFor(t, 15*time.Second, func() bool {
+		msgs, err := r.kc.ReadAll(context.Background(), r.remote)
+		require.NoError(t, err)
+		for _, m := range msgs {
+			for _, h := range m.Headers {
+				if h.Key == store.HeaderStepKey && string(m.Key) == id.String() && strings.HasPrefix(string(h.Value), id.String()+"/"+step+"/") {
+					key = string(h.Value)
+				}
+			}
+		}
+		return key != ""
+	}, "the %s command of saga %s", step, id)
+	return key
+}
+
+// newTwoRemoteRig is a hybrid-mode saga pick (local), pay and bill (remote,
+// one after the other, on one participant topic), ship (local), with the
+// test as the participant; billCommand is bill's Command, and billTimeout
+// its Timeout.
+func newTwoRemoteRig(t *testing.T, name string, cfg *saga.Config, billTimeout time.Duration,
+	billCommand func(context.Context, *saga.StepRun, *order) (any, error)) *chainRig {
+	t.Helper()
+	replies := saga.CommandTopicDefault + "." + name + ".replies"
+	remote := name + ".participant"
+	k := setupKafkaWith(t, 1, cfg, replies, remote)
+	local := func(ctx context.Context, run *saga.StepRun, _ *order) error { return recordEffect(ctx, run, k.schema) }
+	def := saga.Define(name,
+		saga.Step[order]{Name: "pick", Action: local},
+		saga.Step[order]{Name: "pay", Timeout: 30 * time.Second, Remote: &saga.Remote[order]{
+			Topic: remote, Type: name + ".pay",
+			Command: func(_ context.Context, _ *saga.StepRun, o *order) (any, error) { return o, nil },
+		}},
+		saga.Step[order]{Name: "bill", Timeout: billTimeout, Remote: &saga.Remote[order]{
+			Topic: remote, Type: name + ".bill", Command: billCommand,
+		}},
+		saga.Step[order]{Name: "ship", Action: local},
+	)
+	require.NoError(t, k.engine.Register(def))
+	k.start(t)
+	return &chainRig{kafkaBundle: k, def: def, replies: replies, remote: remote, cl: rawProducer(t, k.kc)}
+}
+
+// A reply followed by a remote step is one update: the reply's history,
+// state and inbox key, the next step's command for the participant and the
+// saga waiting for its reply. No command is written for a worker to claim
+// the next step. A copy of the first reply that comes after is stale.
+func TestARemoteStepAfterAReplyIsSentInTheSameUpdate(t *testing.T) {
+	t.Parallel()
+	var bills atomic.Int32
+	r := newTwoRemoteRig(t, "chainremote", &saga.Config{Workers: 1, Kafka: &saga.KafkaConfig{}}, 30*time.Second,
+		func(_ context.Context, _ *saga.StepRun, o *order) (any, error) { bills.Add(1); return o, nil })
+	r.logWrites(t)
+	ctx := context.Background()
+	st, err := saga.Start(ctx, r.engine, r.def, order{OrderID: "o-1"}, nil)
+	require.NoError(t, err)
+	pay := r.commandFor(t, st.ID, "pay")
+	r.reply(t, st.ID, pay)
+	bill := r.commandFor(t, st.ID, "bill")
+	r.reply(t, st.ID, pay) // a copy of pay's reply, after bill was sent
+	r.reply(t, st.ID, bill)
+	in := r.waitTerminal(t, st.ID)
+	require.Equal(t, saga.StatusCompleted, in.Status, "history: %v", eventTypes(in))
+	require.Equal(t, []string{"pick direct", "pay relay", "bill relay"}, r.logged(t, "outbox_log", st.ID),
+		"the outbox rows written for the saga, in order: none for a worker to claim bill or ship")
+	require.Equal(t, []string{
+		"pick -> pay awaiting", // pick's success and pay's send
+		"pay -> bill awaiting", // pay's reply and bill's send
+		"bill -> ship",         // bill's reply, and ship, which completed the saga
+	}, r.logged(t, "update_log", st.ID), "the updates of the saga's row, in order")
+	require.Equal(t, []string{"saga_started", "step_completed:pick", "command_sent:pay", "reply_received:pay", "step_completed:pay",
+		"command_sent:bill", "reply_received:bill", "step_completed:bill", "step_completed:ship", "saga_completed"}, eventTypes(in))
+	require.Equal(t, []string{"pick/forward", "ship/forward"}, r.effects(t, st.ID))
+	require.Equal(t, int32(1), bills.Load(), "bill's command was built once")
+	require.Equal(t, int64(3), r.engine.Stats().Chained, "pay's send, bill's send and ship ran at once")
+}
+
+// The remote step's Command run at once after a reply, ignoring its context
+// past its Timeout and HandlerGrace, is abandoned: the reply goes with the
+// transaction (the saga still waits for it, the attempt in its history).
+// The reply sent again is then written on its own, with the next step's
+// command, which a worker claims: the Command runs there.
+func TestARemoteCommandAbandonedAfterAReplyLeavesTheReplyUnapplied(t *testing.T) {
+	t.Parallel()
+	allowErrorLogs(t) // the abandonment is logged as an error
+	var bills atomic.Int32
+	returned := make(chan struct{}) // the abandoned Command returned
+	t.Cleanup(func() { <-returned })
+	r := newTwoRemoteRig(t, "chainremotedeaf", &saga.Config{Workers: 1, HandlerGrace: 100 * time.Millisecond, Kafka: &saga.KafkaConfig{}},
+		time.Second, func(_ context.Context, _ *saga.StepRun, o *order) (any, error) {
+			if bills.Add(1) == 1 {
+				time.Sleep(3 * time.Second) // ignores its context
+				close(returned)
+			}
+			return o, nil
+		})
+	r.logWrites(t)
+	ctx := context.Background()
+	st, err := saga.Start(ctx, r.engine, r.def, order{OrderID: "o-1"}, nil)
+	require.NoError(t, err)
+	pay := r.commandFor(t, st.ID, "pay")
+	r.reply(t, st.ID, pay)
+	history := func() []string {
+		in, err := r.engine.Get(ctx, st.ID)
+		require.NoError(t, err)
+		return eventTypes(in)
+	}
+	waitFor(t, 15*time.Second, func() bool { return slices.Contains(history(), "step_failed:bill") }, "the abandoned attempt to be recorded")
+	in, err := r.engine.Get(ctx, st.ID)
+	require.NoError(t, err)
+	require.Equal(t, "pay", in.Step, "the saga still waits for pay's reply: history %v", eventTypes(in))
+	require.NotContains(t, eventTypes(in), "reply_received:pay", "the reply was lost with the transaction, not recorded without its effects")
+
+	r.reply(t, st.ID, pay)
+	waitFor(t, 15*time.Second, func() bool { return slices.Contains(history(), "command_sent:bill") }, "bill's command to be sent")
+	require.Equal(t, []string{"saga_started", "step_completed:pick", "command_sent:pay", "step_failed:bill", "reply_received:pay",
+		"step_completed:pay", "command_sent:bill"}, history())
+	require.Equal(t, int32(2), bills.Load(), "bill's Command ran again, once")
+	require.Equal(t, []string{"pick direct", "pay relay", "bill direct", "bill relay"}, r.logged(t, "outbox_log", st.ID),
+		"the reply was written with bill's command for a worker, which sent it")
+	require.Equal(t, []string{"pick -> pay awaiting", "pay -> bill", "bill -> bill awaiting"}, r.logged(t, "update_log", st.ID))
 }

@@ -407,9 +407,10 @@
 // completes a step and the next one runs forward
 // (a local action, or another remote step's send), that step runs at once
 // in the reply's transaction, with its own savepoint, key and history, as
-// after a wait (see "Sagas that wait"); a local action's outcome is then
-// written in the same update as the reply, and no command is written for
-// it (its failure undoes only its own writes, not OnReply's). A saga that
+// after a wait (see "Sagas that wait"); a local action's outcome, or the
+// next remote step's command, is then written in the same update as the
+// reply, and no command is written for a worker to claim (a local action's
+// failure undoes only its own writes, not OnReply's). A saga that
 // is paused (also by a pause that committed while the reply was applied),
 // or asked to cancel, takes the usual way instead: the next step's command
 // waits. [Stats].Chained counts the steps run so.

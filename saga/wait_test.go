@@ -829,13 +829,17 @@ func TestTheStepAfterAWaitFailsOrStopsAlone(t *testing.T) {
 func TestADeafStepAfterAWaitCountsItsAttempts(t *testing.T) {
 	allowErrorLogs(t) // each abandonment is logged as an error
 	b := setup(t, &saga.Config{Workers: 1, HandlerGrace: 100 * time.Millisecond})
-	var deaf sync.WaitGroup
-	t.Cleanup(deaf.Wait)
+	var deaf atomic.Int32 // abandoned handlers still running
+	t.Cleanup(func() {
+		for deadline := time.Now().Add(5 * time.Second); deaf.Load() > 0 && time.Now().Before(deadline); {
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
 	ship := saga.Step[fulfil]{Name: "ship", Timeout: 100 * time.Millisecond,
 		Retry: &saga.RetryPolicy{MaxAttempts: 2, Backoff: func(int) time.Duration { return 10 * time.Millisecond }},
 		Action: func(context.Context, *saga.StepRun, *fulfil) error {
 			deaf.Add(1)
-			defer deaf.Done()
+			defer deaf.Add(-1)
 			time.Sleep(400 * time.Millisecond) // ignores its context
 			return nil
 		}}
