@@ -154,8 +154,7 @@ func (b *batch) await(ctx context.Context, sg *store.Saga, def *compiled, idx in
 		keep(&d)
 		succeeded := func() { b.tx.stats.succeeded.Add(1) }
 		if d.thenRun {
-			_, err := b.thenRun(ctx, sg, def, sp, last, d, nil, succeeded)
-			return err
+			return b.thenRun(ctx, sg, def, sp, last, d, nil, succeeded)
 		}
 		return write(d, func() { succeeded(); moved = true })
 
@@ -581,18 +580,17 @@ func (b *batch) runsNextLocal(sg *store.Saga, def *compiled, d *decision) bool {
 // Before the step starts, it asks in one round trip whether a pause
 // committed, or a cancel was asked for, since the claim (this engine may not
 // have heard of either yet). If so the step does not run: d is written with
-// the step's command, which the pause holds or the request goes ahead of,
-// and it reports stopped.
+// the step's command, which the pause holds or the request goes ahead of.
 func (b *batch) thenRun(ctx context.Context, sg *store.Saga, def *compiled, sp string, last bool, d decision,
-	onFailure func(error) (*store.Transition, func()), done func()) (stopped bool, err error) {
+	onFailure func(error) (*store.Transition, func()), done func()) error {
 	e := b.e
 	var paused, cancel bool
 	if err := b.tx.flushWith(func(q *pgx.Batch) { e.st.QueueSagaStopped(q, sg.ID, sg.Name, &paused, &cancel) }); err != nil {
-		return false, err
+		return err
 	}
 	if paused || cancel || e.running.pending(sg.ID) != nil {
 		b.tx.write(sg, e.transition(sg, d), sp, false, last, onFailure, done)
-		return true, nil
+		return nil
 	}
 	d.next = nil // the step's outcome writes its next command
 	next := movedTo(sg, d.tr)
@@ -607,13 +605,13 @@ func (b *batch) thenRun(ctx context.Context, sg *store.Saga, def *compiled, sp s
 	ended := *d.tr
 	prev := e.tel.endStepWith(b.tx, sg, &ended)
 	b.runsAtOnce(sg.ID)
-	err = b.execute(e.tel.beginStep(ctx, b.tx, &next, steps.Forward, prev, ""), &next, def, d.tr.StepIndex, steps.Forward, false, last)
+	err := b.execute(e.tel.beginStep(ctx, b.tx, &next, steps.Forward, prev, ""), &next, def, d.tr.StepIndex, steps.Forward, false, last)
 	if h := b.tx.takeHead(sg.ID); h != nil && err == nil {
 		// Every outcome of a local step writes; a batch that lost one is
 		// lost, and the reply comes again.
 		err = fmt.Errorf("saga: the step run at once after step %q of saga %s wrote no outcome", d.tr.StepName, sg.ID)
 	}
-	return false, err
+	return err
 }
 
 // localAttempt is the local step's attempt that a remote step's send is

@@ -529,8 +529,7 @@ func (b *batch) outcome(ctx context.Context, sg *store.Saga, def *compiled, idx 
 		// chains on its own (amend): a local step after it runs in the
 		// same update.
 		if d.thenRun {
-			_, err := b.thenRun(ctx, sg, def, sp, last, d, onFailure, done)
-			return err
+			return b.thenRun(ctx, sg, def, sp, last, d, onFailure, done)
 		}
 		if amend == nil && dir == steps.Forward && b.sendsNext(sg, def, &d) {
 			return b.successThenSend(ctx, sg, def, sp, last, d, onFailure, done, &localAttempt{idx: idx, attempt: attempt, elapsed: elapsed})
@@ -690,8 +689,7 @@ func (b *batch) reply(ctx context.Context, c *store.Claimed, ls *store.LockedSag
 		// The next step runs at once, in the reply's transaction: a local
 		// step in the same update as the reply, when it can.
 		if b.runsNextLocal(sg, def, &d) {
-			_, err := b.thenRun(ctx, sg, def, sp, last, d, onFailure, done)
-			return err
+			return b.thenRun(ctx, sg, def, sp, last, d, onFailure, done)
 		}
 		// A remote step next: its command is sent in the same update.
 		if b.sendsNext(sg, def, &d) && b.mayChain(sg.ID) {
