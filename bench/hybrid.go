@@ -27,6 +27,9 @@ import (
 const (
 	hybridTopic   = "bench.remote.commands"
 	hybridCommand = "bench.remote.b"
+	// hybridCommandC is step c's command when it is remote too
+	// (sagaflow-hybrid-2remote).
+	hybridCommandC = "bench.remote.c"
 	// hybridParts partitions the participant's command topic and the
 	// engine's reply topic.
 	hybridParts = 8
@@ -47,9 +50,12 @@ type hybridSystem struct {
 	readers   []*kafka.Reader
 	stopInbox context.CancelFunc
 	inboxDone chan error
+	remoteC   bool
 }
 
-func newHybrid(ctx context.Context, o *runOpts) (*hybridSystem, error) {
+// newHybrid starts the hybrid workload; with remoteC, step c is remote too,
+// sent right after b's reply.
+func newHybrid(ctx context.Context, o *runOpts, remoteC bool) (*hybridSystem, error) {
 	app := "bench-" + o.System + "-" + randomSuffix()
 	workers := sagaflowWorkers(o.Conc)
 	pool, err := connect(ctx, app, 2*workers+min(max(o.Conc, 1), 16)+8)
@@ -57,7 +63,7 @@ func newHybrid(ctx context.Context, o *runOpts) (*hybridSystem, error) {
 		return nil, err
 	}
 	h := &hybridSystem{pool: pool, orders: "bench_" + randomSuffix(), service: "bench_svc_" + randomSuffix(),
-		m: &meter{pool: pool, app: app}, workers: workers}
+		m: &meter{pool: pool, app: app}, workers: workers, remoteC: remoteC}
 	fail := func(err error) (*hybridSystem, error) {
 		h.close()
 		return nil, err
@@ -88,12 +94,14 @@ func newHybrid(ctx context.Context, o *runOpts) (*hybridSystem, error) {
 	if err != nil {
 		return fail(err)
 	}
-	if err := participant.Handle(p, hybridCommand, func(_ context.Context, _ pgx.Tx, c participant.Call[order]) (order, error) {
-		st := c.Command
-		st.Done = append(st.Done, "b")
-		return st, nil
-	}); err != nil {
-		return fail(err)
+	for _, typ := range []string{hybridCommand, hybridCommandC} {
+		if err := participant.Handle(p, typ, func(_ context.Context, _ pgx.Tx, c participant.Call[order]) (order, error) {
+			st := c.Command
+			st.Done = append(st.Done, c.Key.Step)
+			return st, nil
+		}); err != nil {
+			return fail(err)
+		}
 	}
 	var consumers []*inbox.Consumer
 	for range workers {
@@ -124,19 +132,27 @@ func newHybrid(ctx context.Context, o *runOpts) (*hybridSystem, error) {
 			return nil
 		}
 	}
-	h.def = saga.Define(benchSagaName,
-		saga.Step[order]{Name: "a", Action: local(false)},
-		saga.Step[order]{Name: "b", Remote: &saga.Remote[order]{Topic: hybridTopic, Type: hybridCommand,
+	remote := func(name, typ string, last bool) saga.Step[order] {
+		return saga.Step[order]{Name: name, Remote: &saga.Remote[order]{Topic: hybridTopic, Type: typ,
 			Command: func(_ context.Context, _ *saga.StepRun, st *order) (any, error) { return st, nil },
-			OnReply: func(_ context.Context, _ *saga.StepRun, st *order, result json.RawMessage) error {
+			OnReply: func(_ context.Context, run *saga.StepRun, st *order, result json.RawMessage) error {
 				if len(result) == 0 {
 					return errors.New("empty reply")
 				}
-				st.Done = append(st.Done, "b")
+				st.Done = append(st.Done, name)
+				if last {
+					if ch, ok := h.done.LoadAndDelete(run.SagaID); ok {
+						close(ch.(chan struct{}))
+					}
+				}
 				return nil
-			}}},
-		saga.Step[order]{Name: "c", Action: local(true)},
-	)
+			}}}
+	}
+	c := saga.Step[order]{Name: "c", Action: local(true)}
+	if remoteC {
+		c = remote("c", hybridCommandC, true)
+	}
+	h.def = saga.Define(benchSagaName, saga.Step[order]{Name: "a", Action: local(false)}, remote("b", hybridCommand, false), c)
 	if err := h.engine.Register(h.def); err != nil {
 		return fail(err)
 	}
@@ -177,8 +193,12 @@ func (h *hybridSystem) run(ctx context.Context) error {
 func (h *hybridSystem) meter() *meter { return h.m }
 
 func (h *hybridSystem) note() string {
-	return fmt.Sprintf("hybrid mode: steps a and c local, b remote (a participant in another schema, %d inbox consumers); workers=%d; two relays; broker %s in this process",
-		len(h.readers), h.workers, h.broker.kind())
+	steps := "steps a and c local, b remote"
+	if h.remoteC {
+		steps = "step a local, b and c remote"
+	}
+	return fmt.Sprintf("hybrid mode: %s (a participant in another schema, %d inbox consumers); workers=%d; two relays; broker %s in this process",
+		steps, len(h.readers), h.workers, h.broker.kind())
 }
 
 func (h *hybridSystem) close() {

@@ -19,15 +19,18 @@ const (
 	sysSagaflowPG     = "sagaflow-pg"     // the engine, Postgres-only mode
 	sysSagaflowKafka  = "sagaflow-kafka"  // the engine, Kafka mode (relay + consumer group, in-process broker)
 	sysSagaflowHybrid = "sagaflow-hybrid" // the engine, hybrid mode: step b remote (a participant over Kafka), a and c local
-	sysRiver          = "river"           // River: a chain of 3 jobs
-	sysTemporal       = "temporal"        // Temporal dev server: a workflow of 3 activities
-	sysDBOS           = "dbos"            // DBOS Transact Go: a workflow of 3 checkpointed steps
-	sysGoWorkflows    = "go-workflows"    // go-workflows on MySQL (MariaDB): a workflow of 3 activities
-	sysRaw            = "raw"             // the SQL of a step, one transaction per step, pgx, no engine
-	sysRawPipelined   = "raw-pipelined"   // the same, each step's transaction sent as one pipelined batch
-	sysRelay          = "sagaflow-relay"  // sagaflow's relay draining the outbox
-	sysWatermill      = "watermill"       // Watermill's SQL subscriber + forwarder to Kafka
-	sysKafkaGo        = "kafka-go"        // a raw kafka-go writer, no database
+	// sysSagaflowHybrid2 is the hybrid mode with steps b and c remote, one
+	// after the other (`bench run` only: not in bench compare's systems).
+	sysSagaflowHybrid2 = "sagaflow-hybrid-2remote"
+	sysRiver           = "river"          // River: a chain of 3 jobs
+	sysTemporal        = "temporal"       // Temporal dev server: a workflow of 3 activities
+	sysDBOS            = "dbos"           // DBOS Transact Go: a workflow of 3 checkpointed steps
+	sysGoWorkflows     = "go-workflows"   // go-workflows on MySQL (MariaDB): a workflow of 3 activities
+	sysRaw             = "raw"            // the SQL of a step, one transaction per step, pgx, no engine
+	sysRawPipelined    = "raw-pipelined"  // the same, each step's transaction sent as one pipelined batch
+	sysRelay           = "sagaflow-relay" // sagaflow's relay draining the outbox
+	sysWatermill       = "watermill"      // Watermill's SQL subscriber + forwarder to Kafka
+	sysKafkaGo         = "kafka-go"       // a raw kafka-go writer, no database
 )
 
 // Scenarios.
@@ -179,7 +182,9 @@ func newSagaSystem(ctx context.Context, o *runOpts) (sagaSystem, error) {
 	case sysSagaflowKafka:
 		return newSagaflow(ctx, o, true)
 	case sysSagaflowHybrid:
-		return newHybrid(ctx, o)
+		return newHybrid(ctx, o, false)
+	case sysSagaflowHybrid2:
+		return newHybrid(ctx, o, true)
 	case sysRaw:
 		return newRaw(ctx, o, false)
 	case sysRawPipelined:
