@@ -45,19 +45,26 @@ func newChainRig(t *testing.T, name string) *chainRig {
 func newChainRigWith(t *testing.T, name string, cfg *saga.Config,
 	onReply func(context.Context, *saga.StepRun, *order, json.RawMessage) error) *chainRig {
 	t.Helper()
+	return newChainRigOf(t, name, cfg, func(remote string) []saga.Step[order] {
+		return []saga.Step[order]{{Name: "pay", Timeout: 30 * time.Second, Remote: &saga.Remote[order]{
+			Topic: remote, Type: name + ".pay",
+			Command: func(_ context.Context, _ *saga.StepRun, o *order) (any, error) { return o, nil },
+			OnReply: onReply,
+		}}}
+	})
+}
+
+// newChainRigOf is a hybrid-mode saga of pick (local), the remote steps
+// that middle gives for the participant's topic, and ship (local), with the
+// test as the participant.
+func newChainRigOf(t *testing.T, name string, cfg *saga.Config, middle func(remote string) []saga.Step[order]) *chainRig {
+	t.Helper()
 	replies := saga.CommandTopicDefault + "." + name + ".replies"
 	remote := name + ".participant"
 	k := setupKafkaWith(t, 1, cfg, replies, remote)
 	local := func(ctx context.Context, run *saga.StepRun, _ *order) error { return recordEffect(ctx, run, k.schema) }
-	def := saga.Define(name,
-		saga.Step[order]{Name: "pick", Action: local},
-		saga.Step[order]{Name: "pay", Timeout: 30 * time.Second, Remote: &saga.Remote[order]{
-			Topic: remote, Type: name + ".pay",
-			Command: func(_ context.Context, _ *saga.StepRun, o *order) (any, error) { return o, nil },
-			OnReply: onReply,
-		}},
-		saga.Step[order]{Name: "ship", Action: local},
-	)
+	all := append([]saga.Step[order]{{Name: "pick", Action: local}}, middle(remote)...)
+	def := saga.Define(name, append(all, saga.Step[order]{Name: "ship", Action: local})...)
 	require.NoError(t, k.engine.Register(def))
 	k.start(t)
 	return &chainRig{kafkaBundle: k, def: def, replies: replies, remote: remote, cl: rawProducer(t, k.kc)}
@@ -67,23 +74,7 @@ func newChainRigWith(t *testing.T, name string, cfg *saga.Config,
 // and returns its step key.
 func (r *chainRig) command(t *testing.T, id uuid.UUID) string {
 	t.Helper()
-	var key string
-	waitFor(t, 15*time.Second, func() bool {
-		msgs, err := r.kc.ReadAll(context.Background(), r.remote)
-		require.NoError(t, err)
-		for _, m := range msgs {
-			if string(m.Key) != id.String() {
-				continue
-			}
-			for _, h := range m.Headers {
-				if h.Key == store.HeaderStepKey {
-					key = string(h.Value)
-				}
-			}
-		}
-		return key != ""
-	}, "the remote command of saga %s", id)
-	return key
+	return r.commandFor(t, id, "")
 }
 
 // reply answers the command of step key for saga id with success.
@@ -696,8 +687,8 @@ func TestAClaimedRemoteCommandRunsAsAHandler(t *testing.T) {
 	<-returned
 }
 
-// commandFor waits for saga id's remote command of step on the
-// participant's topic and returns its step key.
+// commandFor waits for saga id's remote command of step (any step when
+// "") on the participant's topic and returns its step key: the last one.
 func (r *chainRig) commandFor(t *testing.T, id uuid.UUID, step string) string {
 	t.Helper()
 	var key string
@@ -705,14 +696,17 @@ func (r *chainRig) commandFor(t *testing.T, id uuid.UUID, step string) string {
 		msgs, err := r.kc.ReadAll(context.Background(), r.remote)
 		require.NoError(t, err)
 		for _, m := range msgs {
+			if string(m.Key) != id.String() {
+				continue
+			}
 			for _, h := range m.Headers {
-				if h.Key == store.HeaderStepKey && string(m.Key) == id.String() && strings.HasPrefix(string(h.Value), id.String()+"/"+step+"/") {
+				if h.Key == store.HeaderStepKey && (step == "" || strings.HasPrefix(string(h.Value), id.String()+"/"+step+"/")) {
 					key = string(h.Value)
 				}
 			}
 		}
 		return key != ""
-	}, "the %s command of saga %s", step, id)
+	}, "the %q command of saga %s", step, id)
 	return key
 }
 
@@ -723,24 +717,15 @@ func (r *chainRig) commandFor(t *testing.T, id uuid.UUID, step string) string {
 func newTwoRemoteRig(t *testing.T, name string, cfg *saga.Config, billTimeout time.Duration,
 	billCommand func(context.Context, *saga.StepRun, *order) (any, error)) *chainRig {
 	t.Helper()
-	replies := saga.CommandTopicDefault + "." + name + ".replies"
-	remote := name + ".participant"
-	k := setupKafkaWith(t, 1, cfg, replies, remote)
-	local := func(ctx context.Context, run *saga.StepRun, _ *order) error { return recordEffect(ctx, run, k.schema) }
-	def := saga.Define(name,
-		saga.Step[order]{Name: "pick", Action: local},
-		saga.Step[order]{Name: "pay", Timeout: 30 * time.Second, Remote: &saga.Remote[order]{
-			Topic: remote, Type: name + ".pay",
-			Command: func(_ context.Context, _ *saga.StepRun, o *order) (any, error) { return o, nil },
-		}},
-		saga.Step[order]{Name: "bill", Timeout: billTimeout, Remote: &saga.Remote[order]{
-			Topic: remote, Type: name + ".bill", Command: billCommand,
-		}},
-		saga.Step[order]{Name: "ship", Action: local},
-	)
-	require.NoError(t, k.engine.Register(def))
-	k.start(t)
-	return &chainRig{kafkaBundle: k, def: def, replies: replies, remote: remote, cl: rawProducer(t, k.kc)}
+	return newChainRigOf(t, name, cfg, func(remote string) []saga.Step[order] {
+		return []saga.Step[order]{
+			{Name: "pay", Timeout: 30 * time.Second, Remote: &saga.Remote[order]{
+				Topic: remote, Type: name + ".pay",
+				Command: func(_ context.Context, _ *saga.StepRun, o *order) (any, error) { return o, nil },
+			}},
+			{Name: "bill", Timeout: billTimeout, Remote: &saga.Remote[order]{Topic: remote, Type: name + ".bill", Command: billCommand}},
+		}
+	})
 }
 
 // A reply followed by a remote step is one update: the reply's history,
