@@ -295,3 +295,60 @@ func TestCancelWhileTheWaitHandlerReturnsSuccessAnyway(t *testing.T) {
 	require.Equal(t, []string{"prep", "onsig", "unawait", "unprep"}, r.fx.List(t, id), describe(in))
 	requireDelivered(t, r, id, "await")
 }
+
+// Operators who hold no definition: a pause of the whole type committed
+// while the OnSignal handler runs holds the step chained after it until
+// ResumeType; a cancel requested by a tool engine (RequestCancel, no
+// definitions registered) while the chained step runs interrupts it, and
+// nothing after it runs.
+func TestToolOperatorsWhileTheWaitEnds(t *testing.T) {
+	t.Parallel()
+	t.Run("pausetype", func(t *testing.T) {
+		t.Parallel()
+		r := newRig(t)
+		gs := newGates(t)
+		var calls tally
+		def := operatorDef(r, "ptype", inHandler, returnAtOnce, gs.of, &calls)
+		r.start(t, nil, def)
+		tool := testkit.NewEngine(t, r.db.Pool, r.db.Config())
+		ctx := context.Background()
+		id := r.startAt(t, def, "o-1", "await")
+		r.signal(t, id, "go", "sig-1", "p")
+		testkit.WaitFor(t, wait, "the handler to run", func() bool { return gs.of("o-1").Entered() == 1 })
+		fresh, err := tool.PauseType(ctx, "ptype", "incident")
+		require.NoError(t, err)
+		require.True(t, fresh)
+		gs.of("o-1").Open()
+		sagatest.Wait(t, r.engine, id, sagatest.Event("step_completed:await"), &sagatest.WaitOpts{Timeout: wait})
+		testkit.Hold(t, time.Second, "act waits for ResumeType", func() bool { return calls.get("act") == 0 })
+		in := r.get(t, id)
+		require.NotNil(t, in.Paused, describe(in))
+		require.True(t, in.Paused.Type)
+		_, err = tool.ResumeType(ctx, "ptype")
+		require.NoError(t, err)
+		in = r.ended(t, id)
+		require.Equal(t, saga.StatusCompleted, in.Status, describe(in))
+		require.Equal(t, []string{"prep", "onsig", "act", "final"}, r.fx.List(t, id))
+		require.Equal(t, 1, calls.get("act"))
+	})
+	t.Run("requestcancel", func(t *testing.T) {
+		t.Parallel()
+		r := newRig(t)
+		gs := newGates(t)
+		var calls tally
+		def := operatorDef(r, "reqcxl", inAct, successAnyway, gs.of, &calls)
+		r.start(t, nil, def)
+		tool := testkit.NewEngine(t, r.db.Pool, r.db.Config())
+		ctx := context.Background()
+		id := r.startAt(t, def, "o-1", "await")
+		r.signal(t, id, "go", "sig-1", "p")
+		testkit.WaitFor(t, wait, "act to run", func() bool { return gs.of("o-1").Entered() == 1 })
+		require.NoError(t, tool.RequestCancel(ctx, id, "from the CLI"))
+		gs.of("o-1").Open()
+		in := r.ended(t, id)
+		require.Equal(t, saga.StatusCompensated, in.Status, describe(in))
+		require.Equal(t, []string{"prep", "onsig", "act", "unact", "unawait", "unprep"}, r.fx.List(t, id), describe(in))
+		require.Zero(t, count(in, "step_completed:final"))
+		requireDelivered(t, r, id, "await")
+	})
+}

@@ -18,8 +18,19 @@ import (
 // -> act (held by actGate when set) -> await2 (OnSignal "go", records
 // "onsig2:<payload>") -> act2.
 func twoAwaitsDef(r *rig, name string, actGate *testkit.Gate) *saga.Definition[ord] {
+	return twoAwaitsDefGated(r, name, nil, actGate)
+}
+
+// twoAwaitsDefGated is twoAwaitsDef with await1's handler held by
+// handlerGate too, when set.
+func twoAwaitsDefGated(r *rig, name string, handlerGate, actGate *testkit.Gate) *saga.Definition[ord] {
 	on := func(tag string) *saga.Wait[ord] {
 		return saga.OnSignal("go", func(ctx context.Context, run *saga.StepRun, _ *ord, p string) error {
+			if tag == "onsig1" && handlerGate != nil {
+				if err := handlerGate.Pass(ctx); err != nil {
+					return err
+				}
+			}
 			return r.fx.Record(ctx, run, tag+":"+p)
 		})
 	}
@@ -69,16 +80,29 @@ func TestDuplicateSignalEndsOneWait(t *testing.T) {
 }
 
 // Eight senders race with one ID while the saga waits: one signal is
-// recorded. Then, while the step chained after the first wait runs, two
+// recorded. Then, while the first wait's handler or the step chained
+// after it runs (held at a gate), two
 // signals of the same name arrive at once: when the saga reaches the
 // second wait it takes one of them at once, the other stays pending, and
 // every step ran once.
 func TestSignalBurstsAroundAChainedStep(t *testing.T) {
 	t.Parallel()
+	for _, where := range []string{inAct, inHandler} {
+		t.Run(where, func(t *testing.T) {
+			t.Parallel()
+			signalBursts(t, where)
+		})
+	}
+}
+
+func signalBursts(t *testing.T, where string) {
 	r := newRig(t)
 	gate := testkit.NewGate()
 	t.Cleanup(gate.Open)
-	def := twoAwaitsDef(r, "burst", gate)
+	def := twoAwaitsDefGated(r, "burst", nil, gate)
+	if where == inHandler {
+		def = twoAwaitsDefGated(r, "burst", gate, nil)
+	}
 	r.start(t, nil, def)
 	ctx := context.Background()
 	id := r.startAt(t, def, "o-1", "await1")
@@ -105,7 +129,7 @@ func TestSignalBurstsAroundAChainedStep(t *testing.T) {
 	wg.Wait()
 	require.Equal(t, 1, fresh, "one of eight identical signals is recorded")
 
-	testkit.WaitFor(t, wait, "act to run", func() bool { return gate.Entered() == 1 })
+	testkit.WaitFor(t, wait, where+" to run", func() bool { return gate.Entered() == 1 })
 	for _, sid := range []string{"X", "Y"} {
 		wg.Add(1)
 		go func() {
