@@ -193,3 +193,47 @@ func TestKafkaModeDeafChainedStepKeepsTheWaitsEnd(t *testing.T) {
 		})
 	}
 }
+
+// Control for F2: in Kafka mode, a step that is not chained after a wait
+// (it follows a local step, so it has a command of its own) and ignores
+// its context past Timeout + HandlerGrace once is abandoned, recorded and
+// retried at once, as the docs say.
+func TestKafkaModeDeafPlainStepIsRetried(t *testing.T) {
+	t.Parallel()
+	const name = "kplain"
+	r, kc := newKafkaRig(t, name)
+	sleepers := newSleepers(t, 1)
+	var acts tally
+	def := saga.Define(name,
+		saga.Step[ord]{Name: "first", Action: rec(r, "first")},
+		saga.Step[ord]{Name: "plain", Timeout: 300 * time.Millisecond, Retry: noBackoff(3),
+			Action: func(ctx context.Context, run *saga.StepRun, o *ord) error {
+				if acts.add(o.ID) == 1 && o.ID == "deaf" {
+					defer sleepers.done()
+					time.Sleep(1500 * time.Millisecond) // deaf to ctx
+				}
+				return r.fx.Record(context.WithoutCancel(ctx), run, "plain")
+			}},
+	)
+	r.start(t, kafkaConfig(kc), def)
+	ids := map[string]uuid.UUID{}
+	for _, n := range []string{"deaf", "h-0", "h-1", "h-2"} {
+		st, err := saga.Start(context.Background(), r.engine, def, ord{ID: n}, nil)
+		require.NoError(t, err)
+		ids[n] = st.ID
+	}
+	for n, id := range ids {
+		in := sagatest.WaitEnded(t, r.engine, id, &sagatest.WaitOpts{Timeout: 15 * time.Second})
+		require.Equal(t, saga.StatusCompleted, in.Status, "%s\n%s", n, describe(in))
+		require.Equal(t, []string{"first", "plain"}, r.fx.List(t, id), n)
+		if n == "deaf" {
+			require.Equal(t, 1, count(in, "step_failed:plain"), describe(in))
+			for _, e := range in.History {
+				if e.Type == saga.EventStepFailed {
+					require.Equal(t, saga.CodeAbandonedRunOn, e.ErrorCode, describe(in))
+				}
+			}
+		}
+	}
+	require.Equal(t, int64(1), r.engine.Stats().HandlersAbandoned)
+}

@@ -197,6 +197,7 @@ func TestSignalWaitTimeoutThenLocalStep(t *testing.T) {
 		if i == 0 {
 			require.Equal(t, []string{"prep", "timedout", "act:timeout"}, fx)
 		}
+		t.Logf("saga %d: %v", i, fx[1])
 	}
 }
 
