@@ -193,9 +193,10 @@
 // transaction back) and the attempt is recorded as failed. A step run at
 // once after a reply or a wait's end (see below) takes the reply or the
 // wait's end with it when it is abandoned, and only its history entry is
-// recorded; the next time that saga's wait ends or reply comes, the step is
-// not run at once but left to be claimed on its own, so that its attempts
-// count and a step that never returns fails for good.
+// recorded; the command or message that brought the reply or the wait's end
+// runs again at once, and the step is then not run at once but left to be
+// claimed on its own, so that its attempts count and a step that never
+// returns fails for good.
 //
 // Several steps of different sagas may share one transaction
 // ([Config.BatchSize]), each under its own savepoint, to save commits. A

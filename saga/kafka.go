@@ -517,8 +517,18 @@ func (e *Engine) runKafkaMessage(ctx context.Context, m kafka.Message, expired b
 	wait, b, held, err := e.runKafkaIn(ctx, bt, m, expired, true)
 	defer e.running.release(held...)
 	if errors.Is(err, errAbandoned) {
-		// The attempt is recorded with its retry; this message is spent.
-		return runDone, e.abandon(ctx, bt, b)
+		// The attempt is recorded with its retry; this message is spent,
+		// unless the step ran at once after what the message brought (a
+		// wait's end, a reply), which went with the transaction: only the
+		// attempt's history entry is recorded, and the message runs again.
+		// The step is then not run at once (see [batch.mayChain]).
+		if err := e.abandon(ctx, bt, b); err != nil {
+			return runDone, err
+		}
+		if a := b.abandoned; a != nil && b.ranAtOnce[a.saga.ID] {
+			return waitBusy, nil
+		}
+		return runDone, nil
 	}
 	if err != nil || wait != runDone {
 		return wait, err

@@ -131,7 +131,8 @@ func TestKafkaModeWaitsThenLocalSteps(t *testing.T) {
 	require.Positive(t, r.engine.Stats().Chained)
 }
 
-// FINDING F2. Kafka mode: the step chained after a signal (or a timer)
+// F2 (fixed in the engine after this review; this test asserts the fix).
+// Kafka mode: the step chained after a signal (or a timer)
 // ignores its context past Timeout + HandlerGrace once. KafkaConfig's doc:
 // "if any of them cannot run now (its saga is busy, it is poison, a
 // handler overran), nothing of the batch is committed and they run one at
@@ -143,7 +144,6 @@ func TestKafkaModeWaitsThenLocalSteps(t *testing.T) {
 // Postgres-only mode runs it again at once
 // (TestDeafChainedStepIsAbandonedWithoutLosingTheWaitsEnd).
 func TestKafkaModeDeafChainedStepKeepsTheWaitsEnd(t *testing.T) {
-	skipFinding(t, "FINDING F2: in Kafka mode the wait's end is lost with an abandoned chained step until the rescuer (RescueSlack) wakes the saga; remove this Skip to reproduce")
 	t.Parallel()
 	for _, kind := range []string{"wake", "early", "timer"} {
 		t.Run(kind, func(t *testing.T) {
