@@ -49,7 +49,7 @@ func chainDef(r *rig, name string, o chainOpts) *saga.Definition[ord] {
 				if o.gotOf != nil {
 					s.Got = o.gotOf(s, p)
 				}
-				return r.fx.Record(ctx, run, "onsig")
+				return r.fx.Record(context.WithoutCancel(ctx), run, "onsig")
 			})},
 		{Name: "act", Action: o.act, Retry: o.actRetry, Timeout: o.actTimeout, Compensate: rec(r, "unact")},
 	}

@@ -269,14 +269,12 @@ func TestCancelWhileAPlainStepReturnsSuccessAnyway(t *testing.T) {
 	require.Equal(t, []string{"prep", "mid", "unmid", "unprep"}, r.fx.List(t, st.ID), describe(in))
 }
 
-// FINDING F1. The same with the OnSignal handler: it is running when the
-// cancel lands, its ctx is cancelled, and it returns success anyway. The
-// docs (Engine.Cancel, guarantee 10) say the step is then kept and
-// compensated; instead the await step is rolled back (no step_completed,
-// no compensation), its signal left pending. A handler that called an
-// external service and returned success is never compensated.
+// The same with the OnSignal handler: it is running when the cancel lands,
+// its ctx is cancelled, and it returns success anyway. As the docs say
+// (Engine.Cancel, guarantee 10), the step is kept and compensated. (Reported
+// as F1 first: the handler's own effect row was written with the cancelled
+// ctx, which failed, so the handler returned that error; see FINDINGS.md.)
 func TestCancelWhileTheWaitHandlerReturnsSuccessAnyway(t *testing.T) {
-	skipFinding(t, "FINDING F1: a wait handler that returns success after a cancel is rolled back, not kept and compensated; set REVIEW14_FINDINGS=1 (or remove this call) to reproduce")
 	t.Parallel()
 	r := newRig(t)
 	gs := newGates(t)

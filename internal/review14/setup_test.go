@@ -8,7 +8,6 @@ package review14
 
 import (
 	"context"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -210,15 +209,6 @@ func awaitCancel(ctx context.Context) {
 }
 
 func describe(in *saga.Instance) string { return sagatest.Describe(in) }
-
-// skipFinding skips a test that reproduces a finding, unless
-// REVIEW14_FINDINGS=1 is set (or the call is removed).
-func skipFinding(t *testing.T, why string) {
-	t.Helper()
-	if os.Getenv("REVIEW14_FINDINGS") != "1" {
-		t.Skip(why)
-	}
-}
 
 // sleepers tracks handlers that sleep past their abandonment, so that a
 // test ends only after they returned (goleak): each calls done once; the
