@@ -76,8 +76,8 @@ func validSignalName(name string) bool {
 // (ended, or compensating), is recorded as rejected and committed, and
 // the error wraps [ErrSignalRejected]. Input that cannot be stored (a NUL
 // byte, invalid UTF-8, an over-long name, ID or key, a payload that is not
-// JSON) is refused with an error wrapping [ErrInvalidInput] and writes
-// nothing.
+// JSON or is larger than [Config.MaxStateBytes]) is refused with an error
+// wrapping [ErrInvalidInput] and writes nothing.
 func (e *Engine) Signal(ctx context.Context, sig Signal) (SignalResult, error) {
 	if err := e.ready("Engine.Signal"); err != nil {
 		return SignalResult{}, err
