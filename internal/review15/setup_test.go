@@ -9,6 +9,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"strings"
@@ -70,6 +71,7 @@ type rig struct {
 	onPayReply func(ctx context.Context, run *saga.StepRun, o *ord) error
 	billCmd    func(ctx context.Context, run *saga.StepRun, o *ord) (any, error)
 	billGate   atomic.Pointer[testkit.Gate] // holds the participant's bill
+	billTime   time.Duration                // bill's Timeout (wait when 0)
 }
 
 func withRelay(t *testing.T, kc *kafkatest.Cluster, d *testkit.DB) {
@@ -170,12 +172,16 @@ func (r *rig) def(retry int) *saga.Definition[ord] {
 			}
 			return cmd{ID: o.ID, Note: o.Paid}, nil
 		}}
+	billTime := r.billTime
+	if billTime == 0 {
+		billTime = wait
+	}
 	return saga.Define(r.name,
 		saga.Step[ord]{Name: "pick", Retry: noBackoff(1),
 			Action:     func(ctx context.Context, run *saga.StepRun, _ *ord) error { return r.fx.Record(ctx, run, "pick") },
 			Compensate: func(ctx context.Context, run *saga.StepRun, _ *ord) error { return r.fx.Record(ctx, run, "unpick") }},
 		saga.Step[ord]{Name: "pay", Timeout: wait, Remote: pay},
-		saga.Step[ord]{Name: "bill", Timeout: wait, Retry: noBackoff(retry), Remote: bill},
+		saga.Step[ord]{Name: "bill", Timeout: billTime, Retry: noBackoff(retry), Remote: bill},
 		saga.Step[ord]{Name: "ship", Action: func(ctx context.Context, run *saga.StepRun, _ *ord) error { return r.fx.Record(ctx, run, "ship") }},
 	)
 }
@@ -288,4 +294,17 @@ func awaitCancel(ctx context.Context) {
 	case <-ctx.Done():
 	case <-time.After(time.Second):
 	}
+}
+
+// timeline is types with each failure's attempt and code.
+func timeline(in *saga.Instance) []string {
+	out := make([]string, 0, len(in.History))
+	for _, e := range in.History {
+		s := e.Type + ":" + e.Step
+		if e.ErrorCode != "" {
+			s += fmt.Sprintf("#%d(%s)", e.Attempt, e.ErrorCode)
+		}
+		out = append(out, s)
+	}
+	return out
 }
