@@ -71,6 +71,7 @@ type rig struct {
 	onPayReply func(ctx context.Context, run *saga.StepRun, o *ord) error
 	billCmd    func(ctx context.Context, run *saga.StepRun, o *ord) (any, error)
 	billGate   atomic.Pointer[testkit.Gate] // holds the participant's bill
+	payGate    atomic.Pointer[testkit.Gate] // holds the participant's pay
 	billTime   time.Duration                // bill's Timeout (wait when 0)
 }
 
@@ -122,6 +123,11 @@ func newTenantRig(t *testing.T, name, tenant string, kc *kafkatest.Cluster) *rig
 	require.NoError(t, err)
 	for _, kind := range []string{"pay", "refund", "bill", "unbill"} {
 		require.NoError(t, participant.Handle(p, name+"."+kind, func(ctx context.Context, tx pgx.Tx, c participant.Call[cmd]) (map[string]string, error) {
+			if g := r.payGate.Load(); g != nil && kind == "pay" {
+				if err := g.Pass(ctx); err != nil {
+					return nil, err
+				}
+			}
 			if kind == "bill" {
 				if g := r.billGate.Load(); g != nil {
 					if err := g.Pass(ctx); err != nil {
@@ -140,6 +146,9 @@ func newTenantRig(t *testing.T, name, tenant string, kc *kafkatest.Cluster) *rig
 	testkit.Serve(t, kc.Addrs(), p, r.topic, prefix+"-svc", inbox.ConsumerConfig{})
 	t.Cleanup(func() {
 		if g := r.billGate.Load(); g != nil {
+			g.Open()
+		}
+		if g := r.payGate.Load(); g != nil {
 			g.Open()
 		}
 	})
