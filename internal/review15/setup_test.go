@@ -317,3 +317,11 @@ func timeline(in *saga.Instance) []string {
 	}
 	return out
 }
+
+// waitNoPending waits for d's outbox to hold no pending row.
+func waitNoPending(t *testing.T, d *testkit.DB) {
+	t.Helper()
+	testkit.WaitFor(t, wait, d.Schema+": no pending outbox row", func() bool {
+		return d.Count(t, "SELECT count(*) FROM "+d.Table("outbox")+" WHERE status = 'pending'") == 0
+	})
+}
