@@ -1,0 +1,88 @@
+package review15
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sagaflow/sagaflow/internal/testkit"
+	"github.com/sagaflow/sagaflow/saga"
+	"github.com/sagaflow/sagaflow/steps"
+)
+
+// Kafka mode (KafkaConfig.AllSteps, BatchSize 8): twelve sagas, of which
+// "deaf" has a bill Command that ignores its ctx past Timeout +
+// HandlerGrace on its first build (in pay's reply's transaction, in a
+// batch of messages), and "perm" a bill Command that fails for good.
+// 90579db: the reply's message "runs again" after the abandonment, and
+// the step is then claimed on its own. Every healthy saga completes with
+// each effect once; deaf completes (bill built twice, abandoned once,
+// pay and bill charged once, "paid" once); perm compensates (pay refunded).
+func TestKafkaModeRemoteAfterRemote(t *testing.T) {
+	t.Parallel()
+	const name = "kmode"
+	r := newRig(t, name, nil)
+	require.NoError(t, r.kc.CreateTopic(saga.CommandTopicDefault+"."+name, 2))
+	var builds counter
+	var sleepers sync.WaitGroup
+	t.Cleanup(sleepers.Wait)
+	r.billTime = time.Second
+	r.billCmd = func(_ context.Context, _ *saga.StepRun, o *ord) (any, error) {
+		n := builds.add(o.ID)
+		switch {
+		case o.ID == "deaf" && n == 1:
+			sleepers.Add(1)
+			defer sleepers.Done()
+			time.Sleep(2 * time.Second)
+		case o.ID == "perm":
+			return nil, steps.Permanent(errors.New("no"))
+		}
+		return cmd{ID: o.ID}, nil
+	}
+	def := r.def(3)
+	r.start(t, func(c *saga.Config) {
+		c.BatchSize = 8
+		c.HandlerGrace = 200 * time.Millisecond
+		c.Kafka = &saga.KafkaConfig{Brokers: r.kc.Addrs(), AllSteps: true, SessionTimeout: 6 * time.Second}
+	}, def)
+	ctx := context.Background()
+	names := []string{"deaf", "perm"}
+	for i := range 10 {
+		names = append(names, fmt.Sprint("h-", i))
+	}
+	ids := map[string]uuid.UUID{}
+	for _, n := range names {
+		st, err := saga.Start(ctx, r.engine, def, ord{ID: n}, nil)
+		require.NoError(t, err)
+		ids[n] = st.ID
+	}
+	for _, n := range names {
+		id := ids[n]
+		in := r.ended(t, id)
+		require.Equal(t, 1, r.fx.Count(t, id, "paid"), "%s: %v", n, timeline(in))
+		require.Equal(t, 1, r.fx.Count(t, id, "pick"), "%s: %v", n, timeline(in))
+		if n == "perm" {
+			require.Equal(t, saga.StatusCompensated, in.Status, "%v %+v", timeline(in), in.LastError)
+			testkit.WaitFor(t, wait, "pay refunded", func() bool { return len(r.calls(t, id)) == 2 })
+			require.Equal(t, []string{"pay", "refund"}, r.calls(t, id))
+			require.Zero(t, r.sent(t, id, "bill"))
+			continue
+		}
+		require.Equal(t, saga.StatusCompleted, in.Status, "%s: %v %+v", n, timeline(in), in.LastError)
+		require.Equal(t, []string{"pay", "bill"}, r.calls(t, id), n)
+		require.Equal(t, []string{"pick", "paid", "ship"}, r.fx.List(t, id), n)
+		require.Equal(t, 1, r.sent(t, id, "bill"), n)
+		if n == "deaf" {
+			require.Equal(t, int32(2), builds.get(n), "%v", timeline(in))
+			require.Equal(t, []string{"bill"}, overran(in), "%v", timeline(in))
+		}
+	}
+	require.Equal(t, int64(1), r.engine.Stats().HandlersAbandoned)
+	require.Zero(t, r.orders.Count(t, "SELECT count(*) FROM "+r.orders.Table("dead_letters")))
+}
