@@ -68,13 +68,14 @@ func TestDeafBillCommandOnceIsAbandonedAndTheReplyKept(t *testing.T) {
 
 // bill's Command is always deaf, with two attempts: "a step that never
 // returns fails for good": the saga ends (no loop), each abandoned build
-// counted, pay refunded, pick undone, OnReply's effect once.
+// recorded, pay refunded, pick undone, OnReply's effect once. (How many
+// builds it takes is F1.)
 func TestAlwaysDeafBillCommandFailsForGood(t *testing.T) {
 	t.Parallel()
 	r, in, builds := deafBill(t, "deafever", 100, 2)
 	require.Equal(t, saga.StatusCompensated, in.Status, "%v %+v", types(in), in.LastError)
 	require.Equal(t, "bill", in.LastError.Step, "%+v", in.LastError)
-	require.LessOrEqual(t, builds.get("o"), int32(3), "bounded (F1: one more than MaxAttempts): %v", timeline(in))
+	require.GreaterOrEqual(t, builds.get("o"), int32(2), "%v", timeline(in)) // F1: 3, or 4 under load, for MaxAttempts 2
 	require.Equal(t, int64(builds.get("o")), r.engine.Stats().HandlersAbandoned)
 	require.Len(t, overran(in), int(builds.get("o")), "each abandoned build recorded: %v", timeline(in))
 	testkit.WaitFor(t, wait, "pay refunded", func() bool { return len(r.calls(t, in.ID)) == 2 })
@@ -107,7 +108,7 @@ func TestF1AbandonedChainedBillCommandCountsAsAnAttempt(t *testing.T) {
 // mixRun: one deaf bill Command (its first build ignores its ctx for 2 s;
 // bill's Timeout 1 s, HandlerGrace 200 ms) among fifteen healthy sagas,
 // BatchSize 16, two workers.
-func mixRun(t *testing.T, name string) (*rig, map[string]*saga.Instance, *counter) {
+func mixRun(t *testing.T, name string, batch int, deafOne bool) (*rig, map[string]*saga.Instance, *counter) {
 	t.Helper()
 	r := newRig(t, name, nil)
 	var builds counter
@@ -126,13 +127,13 @@ func mixRun(t *testing.T, name string) (*rig, map[string]*saga.Instance, *counte
 	r.start(t, func(cfg *saga.Config) {
 		cfg.HandlerGrace = 200 * time.Millisecond
 		cfg.Workers = 2
-		cfg.BatchSize = 16
+		cfg.BatchSize = batch
 	}, def)
 	ctx := context.Background()
 	ids := map[string]uuid.UUID{}
 	for i := range 16 {
 		n := fmt.Sprint("h-", i)
-		if i == 3 {
+		if i == 3 && deafOne {
 			n = "deaf"
 		}
 		st, err := saga.Start(ctx, r.engine, def, ord{ID: n}, nil)
@@ -154,7 +155,7 @@ func mixRun(t *testing.T, name string) (*rig, map[string]*saga.Instance, *counte
 // (pay and bill both undone at the participant).
 func TestDeafBillCommandAmongHealthySagas(t *testing.T) {
 	t.Parallel()
-	r, ins, builds := mixRun(t, "deafmix")
+	r, ins, builds := mixRun(t, "deafmix", 16, true)
 	for n, in := range ins {
 		id := in.ID
 		if n == "deaf" || in.Status == saga.StatusCompleted {
@@ -179,14 +180,33 @@ func TestDeafBillCommandAmongHealthySagas(t *testing.T) {
 // deaf one holds them for bill's Timeout + HandlerGrace, longer than the
 // Timeout that "also bounds the wait for the reply": healthy sagas whose
 // bill was sent just before fail with reply_timeout and compensate (bill
-// and pay undone), because of another saga's Command.
+// and pay undone), because of another saga's Command. BatchSize 1 (the
+// doc's advice for slow steps) does not help: the replies behind it wait
+// on the same partition's consumer.
 func TestF2DeafBillCommandDoesNotFailOtherSagas(t *testing.T) {
 	t.Skip("FINDING F2: a deaf Command in a reply's transaction makes other sagas' remote steps time out (reply_timeout, compensated)")
 	t.Parallel()
-	for round := range 3 {
-		_, ins, _ := mixRun(t, fmt.Sprint("deaff2", round))
+	for round, batch := range []int{16, 1, 16, 1} {
+		_, ins, _ := mixRun(t, fmt.Sprint("deaff2", round), batch, true)
 		for n, in := range ins {
-			require.Equal(t, saga.StatusCompleted, in.Status, "%s: %v %+v", n, timeline(in), in.LastError)
+			require.Equal(t, saga.StatusCompleted, in.Status, "BatchSize %d, %s: %v %+v", batch, n, timeline(in), in.LastError)
 		}
+	}
+}
+
+// Control for F2: the same sixteen sagas with bill's 1 s Timeout and no
+// deaf Command all complete, on BatchSize 16 and 1.
+func TestSixteenSagasWithAOneSecondBillComplete(t *testing.T) {
+	t.Parallel()
+	for _, batch := range []int{16, 1} {
+		t.Run(fmt.Sprint(batch), func(t *testing.T) {
+			t.Parallel()
+			r, ins, _ := mixRun(t, fmt.Sprint("deafctl", batch), batch, false)
+			for n, in := range ins {
+				require.Equal(t, saga.StatusCompleted, in.Status, "BatchSize %d, %s: %v %+v", batch, n, timeline(in), in.LastError)
+				require.Equal(t, []string{"pay", "bill"}, r.calls(t, in.ID), n)
+			}
+			require.Zero(t, r.engine.Stats().HandlersAbandoned)
+		})
 	}
 }
