@@ -22,7 +22,8 @@ import (
 // batch of messages), and "perm" a bill Command that fails for good.
 // 90579db: the reply's message "runs again" after the abandonment, and
 // the step is then claimed on its own. Every healthy saga completes with
-// each effect once; deaf completes (bill built twice, abandoned once,
+// each effect once (or, under load, times out on bill behind the deaf run
+// and is undone exactly: F2); deaf completes (bill built twice, abandoned once,
 // pay and bill charged once, "paid" once); perm compensates (pay refunded).
 func TestKafkaModeRemoteAfterRemote(t *testing.T) {
 	t.Parallel()
@@ -74,10 +75,9 @@ func TestKafkaModeRemoteAfterRemote(t *testing.T) {
 			require.Zero(t, r.sent(t, id, "bill"))
 			continue
 		}
-		require.Equal(t, saga.StatusCompleted, in.Status, "%s: %v %+v", n, timeline(in), in.LastError)
-		require.Equal(t, []string{"pay", "bill"}, r.calls(t, id), n)
-		require.Equal(t, []string{"pick", "paid", "ship"}, r.fx.List(t, id), n)
-		require.Equal(t, 1, r.sent(t, id, "bill"), n)
+		// A healthy saga whose bill reply waited behind the deaf run may
+		// time out (F2).
+		r.completedOrTimedOut(t, n, in, n == "deaf")
 		if n == "deaf" {
 			require.Equal(t, int32(2), builds.get(n), "%v", timeline(in))
 			require.Equal(t, []string{"bill"}, overran(in), "%v", timeline(in))

@@ -71,7 +71,7 @@ func TestTwoTenantsSameSagaOneBroker(t *testing.T) {
 	}
 }
 
-// 120 sagas started at once, on engines with one and with two workers:
+// 100 sagas started at once, on engines with one and with two workers:
 // every saga completes, each effect (pick, paid, ship; pay, bill at the
 // participant) exactly once, and no outbox row is left pending on either
 // side once the relays caught up.
@@ -84,7 +84,7 @@ func TestManySagasFewWorkers(t *testing.T) {
 			def := r.def(1)
 			r.start(t, func(cfg *saga.Config) { cfg.Workers = workers }, def)
 			ctx := context.Background()
-			const n = 120
+			const n = 100
 			ids := make([]uuid.UUID, n)
 			var wg sync.WaitGroup
 			for i := range n {
