@@ -12,6 +12,7 @@ import (
 
 	"github.com/sagaflow/sagaflow/internal/testkit"
 	"github.com/sagaflow/sagaflow/saga"
+	"github.com/sagaflow/sagaflow/sagatest"
 )
 
 func overran(in *saga.Instance) []string {
@@ -219,4 +220,63 @@ func (r *rig) completedOrTimedOut(t *testing.T, n string, in *saga.Instance, mus
 	testkit.WaitFor(t, wait, n+": bill and pay undone", func() bool { return len(r.calls(t, id)) == 4 })
 	require.ElementsMatch(t, []string{"pay", "bill", "unbill", "refund"}, r.calls(t, id), n)
 	require.Equal(t, []string{"pick", "paid", "unpick"}, r.fx.List(t, id), "%s: %v", n, timeline(in))
+}
+
+// A cancel (or a pause) committed while bill's Command runs deaf in pay's
+// reply's transaction: the Command ignores the cancelled ctx for 2 s (past
+// Timeout 1 s + HandlerGrace) and is abandoned, taking the reply with it;
+// the reply's message runs again. Cancel: bill is never sent, pay refunded,
+// pick undone, "paid" at most once. Pause: bill is not sent until Resume,
+// then once, and the saga completes with "paid" once.
+func TestOperatorWhileBillCommandIsDeaf(t *testing.T) {
+	t.Parallel()
+	for _, op := range []string{"cancel", "pause"} {
+		t.Run(op, func(t *testing.T) {
+			t.Parallel()
+			r := newRig(t, "deafop"+op, nil)
+			var builds counter
+			var sleepers sync.WaitGroup
+			t.Cleanup(sleepers.Wait)
+			entered := make(chan struct{}, 1)
+			r.billTime = time.Second
+			r.billCmd = func(_ context.Context, _ *saga.StepRun, o *ord) (any, error) {
+				if builds.add(o.ID) == 1 {
+					sleepers.Add(1)
+					defer sleepers.Done()
+					entered <- struct{}{}
+					time.Sleep(2 * time.Second)
+				}
+				return cmd{ID: o.ID}, nil
+			}
+			def := r.def(3)
+			r.start(t, func(cfg *saga.Config) { cfg.HandlerGrace = 200 * time.Millisecond }, def)
+			ctx := context.Background()
+			st, err := saga.Start(ctx, r.engine, def, ord{ID: "o"}, nil)
+			require.NoError(t, err)
+			testkit.Recv(t, entered, wait, "bill's deaf Command")
+			if op == "cancel" {
+				require.NoError(t, r.engine.Cancel(ctx, st.ID, "stop"))
+				in := r.ended(t, st.ID)
+				require.Equal(t, saga.StatusCompensated, in.Status, "%v %+v", timeline(in), in.LastError)
+				require.Equal(t, saga.CodeCancelled, in.LastError.Code, "%v %+v", timeline(in), in.LastError)
+				testkit.WaitFor(t, wait, "pay refunded", func() bool { return len(r.calls(t, st.ID)) >= 2 })
+				testkit.Hold(t, time.Second, "bill never sent", func() bool { return r.sent(t, st.ID, "bill") == 0 })
+				require.Equal(t, []string{"pay", "refund"}, r.calls(t, st.ID), "%v", timeline(in))
+				require.Equal(t, 1, r.fx.Count(t, st.ID, "pick"))
+				require.Equal(t, 1, r.fx.Count(t, st.ID, "unpick"))
+				require.LessOrEqual(t, r.fx.Count(t, st.ID, "paid"), 1, "%v", r.fx.List(t, st.ID))
+				return
+			}
+			require.NoError(t, r.engine.Pause(ctx, st.ID, "look"))
+			sagatest.Wait(t, r.engine, st.ID, sagatest.Event("step_completed:pay"), &sagatest.WaitOpts{Timeout: wait})
+			testkit.Hold(t, 1500*time.Millisecond, "bill held while paused", func() bool { return r.sent(t, st.ID, "bill") == 0 })
+			require.NotNil(t, r.get(t, st.ID).Paused)
+			require.NoError(t, r.engine.Resume(ctx, st.ID, "ok"))
+			in := r.ended(t, st.ID)
+			require.Equal(t, saga.StatusCompleted, in.Status, "%v %+v", timeline(in), in.LastError)
+			require.Equal(t, 1, r.sent(t, st.ID, "bill"))
+			require.Equal(t, []string{"pay", "bill"}, r.calls(t, st.ID))
+			require.Equal(t, []string{"pick", "paid", "ship"}, r.fx.List(t, st.ID), "%v", timeline(in))
+		})
+	}
 }
