@@ -192,11 +192,13 @@
 // [Config.HandlerGrace] is abandoned: its connection is closed (rolling the
 // transaction back) and the attempt is recorded as failed. A step run at
 // once after a reply or a wait's end (see below) takes the reply or the
-// wait's end with it when it is abandoned, and only its history entry is
-// recorded; the command or message that brought the reply or the wait's end
-// runs again at once, and the step is then not run at once but left to be
-// claimed on its own, so that its attempts count and a step that never
-// returns fails for good.
+// wait's end with it when it is abandoned: that attempt is recorded by its
+// history entry only and does not count against the step's MaxAttempts. The
+// command or message that brought the reply or the wait's end runs again at
+// once, and the step is then not run at once but left to be claimed on its
+// own, where its attempts count: a step that never returns fails for good,
+// after one attempt more than MaxAttempts (more when several engines share
+// the work, as each engine remembers only its own abandonments).
 //
 // Several steps of different sagas may share one transaction
 // ([Config.BatchSize]), each under its own savepoint, to save commits. A
@@ -415,6 +417,15 @@
 // is paused (also by a pause that committed while the reply was applied),
 // or asked to cancel, takes the usual way instead: the next step's command
 // waits. [Stats].Chained counts the steps run so.
+//
+// The step run after a reply runs on the Kafka worker that applied the
+// reply, and the replies behind it in its partition wait for it: a step
+// that runs long (up to its Timeout, plus HandlerGrace when it ignores its
+// ctx) delays them, and a remote step whose Timeout is shorter than that
+// can time out with its reply already waiting in the partition (it is then
+// compensated, and the late reply is dropped as stale). Give remote steps a
+// Timeout well above the longest step that follows a reply, HandlerGrace
+// included.
 //
 // # Sagas that wait
 //
