@@ -23,7 +23,6 @@ import (
 	"github.com/sagaflow/sagaflow/internal/pgtest"
 	"github.com/sagaflow/sagaflow/internal/testkit"
 	"github.com/sagaflow/sagaflow/participant"
-	"github.com/sagaflow/sagaflow/relay"
 	"github.com/sagaflow/sagaflow/saga"
 	"github.com/sagaflow/sagaflow/sagatest"
 	"github.com/sagaflow/sagaflow/steps"
@@ -65,20 +64,6 @@ type rig struct {
 	refuse  atomic.Bool // pay is refused for good
 }
 
-func withRelay(t *testing.T, kc *kafkatest.Cluster, d *testkit.DB) {
-	t.Helper()
-	w := relay.NewKafkaWriter(kc.Addrs(), nil)
-	r, err := relay.New(d.Pool, w, &relay.Config{Schema: d.Schema, PollInterval: 20 * time.Millisecond, Logger: quiet})
-	require.NoError(t, err)
-	require.NoError(t, r.Start(context.Background()))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		require.NoError(t, r.Stop(ctx))
-		require.NoError(t, w.Close())
-	})
-}
-
 // newRig builds the rig on a cluster of its own (kc nil) or a shared one.
 func newRig(t *testing.T, name string, kc *kafkatest.Cluster) *rig {
 	return newTenantRig(t, name, "", kc)
@@ -105,10 +90,10 @@ func newTenantRig(t *testing.T, name, tenant string, kc *kafkatest.Cluster) *rig
 	r.kc = kc
 	r.orders = testkit.NewDB(t)
 	r.fx = testkit.NewEffects(t, r.orders)
-	withRelay(t, kc, r.orders)
+	testkit.Relay(t, kc.Addrs(), r.orders)
 
 	r.part = testkit.NewDB(t)
-	withRelay(t, kc, r.part)
+	testkit.Relay(t, kc.Addrs(), r.part)
 	_, err := r.part.Pool.Exec(ctx, "CREATE TABLE "+r.part.Table("calls")+" (saga_id uuid, kind text, id text, note_len int, step_key text)")
 	require.NoError(t, err)
 	p, err := participant.New(r.part.Pool, &participant.Config{Consumer: prefix + "-svc", Schema: r.part.Schema, Logger: quiet,

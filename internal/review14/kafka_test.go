@@ -13,7 +13,6 @@ import (
 
 	"github.com/sagaflow/sagaflow/internal/kafkatest"
 	"github.com/sagaflow/sagaflow/internal/testkit"
-	"github.com/sagaflow/sagaflow/relay"
 	"github.com/sagaflow/sagaflow/saga"
 	"github.com/sagaflow/sagaflow/sagatest"
 	"github.com/sagaflow/sagaflow/steps"
@@ -25,16 +24,7 @@ func newKafkaRig(t *testing.T, name string) (*rig, *kafkatest.Cluster) {
 	t.Helper()
 	kc := kafkatest.New(t, kafkatest.SeedTopics(2, saga.CommandTopicDefault+"."+name))
 	r := newRig(t)
-	w := relay.NewKafkaWriter(kc.Addrs(), nil)
-	rl, err := relay.New(r.db.Pool, w, &relay.Config{Schema: r.db.Schema, PollInterval: 20 * time.Millisecond, Logger: testkit.Discard})
-	require.NoError(t, err)
-	require.NoError(t, rl.Start(context.Background()))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		require.NoError(t, rl.Stop(ctx))
-		require.NoError(t, w.Close())
-	})
+	testkit.Relay(t, kc.Addrs(), r.db)
 	return r, kc
 }
 

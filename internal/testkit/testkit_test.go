@@ -11,8 +11,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagaflow/sagaflow/internal/kafkatest"
 	"github.com/sagaflow/sagaflow/internal/pgtest"
 	"github.com/sagaflow/sagaflow/internal/testkit"
+	"github.com/sagaflow/sagaflow/outbox"
 	"github.com/sagaflow/sagaflow/saga"
 )
 
@@ -187,4 +189,38 @@ func (tb *fatalTB) Helper() {}
 func (tb *fatalTB) Fatalf(format string, args ...any) {
 	tb.msg = fmt.Sprintf(format, args...)
 	runtime.Goexit()
+}
+
+// Relay publishes what is written to the schema's outbox, in order, and
+// marks it published.
+func TestRelay(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := testkit.NewDB(t)
+	kc := kafkatest.New(t, kafkatest.SeedTopics(1, "testkit.relay"))
+	testkit.Relay(t, kc.Addrs(), d)
+	ob, err := outbox.New(d.Pool, d.Schema)
+	require.NoError(t, err)
+	require.NoError(t, pgx.BeginFunc(ctx, d.Pool, func(tx pgx.Tx) error {
+		for i := range 3 {
+			if err := ob.InsertTx(ctx, tx, outbox.Message{Topic: "testkit.relay", Key: "k", Type: "t", Payload: []byte(fmt.Sprint(i))}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	var got []string
+	testkit.WaitFor(t, 15*time.Second, "the relay to publish three messages", func() bool {
+		msgs, err := kc.ReadAll(ctx, "testkit.relay")
+		require.NoError(t, err)
+		got = got[:0]
+		for _, m := range msgs {
+			got = append(got, string(m.Value))
+		}
+		return len(got) == 3
+	})
+	require.Equal(t, []string{"0", "1", "2"}, got)
+	testkit.WaitFor(t, 15*time.Second, "the rows to be marked published", func() bool {
+		return d.Count(t, `SELECT count(*) FROM `+d.Table("outbox")+` WHERE status = 'pending'`) == 0
+	})
 }
