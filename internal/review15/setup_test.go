@@ -10,8 +10,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,7 +20,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sagaflow/sagaflow/inbox"
 	"github.com/sagaflow/sagaflow/internal/kafkatest"
 	"github.com/sagaflow/sagaflow/internal/pgtest"
 	"github.com/sagaflow/sagaflow/internal/testkit"
@@ -34,8 +31,6 @@ import (
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
-
-var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 const wait = 25 * time.Second
 
@@ -65,6 +60,7 @@ type rig struct {
 	engine  *saga.Engine
 	topic   string // the participant's command topic
 	replies string
+	h       *testkit.Hybrid
 
 	// per-test hooks (nil: default behaviour)
 	onPayReply func(ctx context.Context, run *saga.StepRun, o *ord) error
@@ -82,30 +78,10 @@ func newRig(t *testing.T, name string, kc *kafkatest.Cluster) *rig {
 // topic and consumer group), so that tenants can share one cluster.
 func newTenantRig(t *testing.T, name, tenant string, kc *kafkatest.Cluster) *rig {
 	t.Helper()
-	ctx := context.Background()
-	prefix, commands := name, saga.CommandTopicDefault
-	if tenant != "" {
-		prefix, commands = tenant, tenant+".commands"
-	}
-	r := &rig{name: name, tenant: tenant, topic: prefix + ".participant", replies: commands + "." + name + ".replies"}
-	if kc == nil {
-		kc = kafkatest.New(t, kafkatest.SeedTopics(1, r.topic, r.replies))
-	} else {
-		require.NoError(t, kc.CreateTopic(r.topic, 1))
-		require.NoError(t, kc.CreateTopic(r.replies, 1))
-	}
-	r.kc = kc
-	r.orders = testkit.NewDB(t)
+	h := testkit.NewHybrid(t, name, tenant, kc)
+	r := &rig{name: name, tenant: tenant, topic: h.Topic, replies: h.Replies, kc: h.Cluster, orders: h.Orders, part: h.Part, h: h}
 	r.fx = testkit.NewEffects(t, r.orders)
-	testkit.Relay(t, kc.Addrs(), r.orders)
-
-	r.part = testkit.NewDB(t)
-	testkit.Relay(t, kc.Addrs(), r.part)
-	_, err := r.part.Pool.Exec(ctx, "CREATE TABLE "+r.part.Table("calls")+" (saga_id uuid, kind text, id text, note_len int, step_key text)")
-	require.NoError(t, err)
-	p, err := participant.New(r.part.Pool, &participant.Config{Consumer: prefix + "-svc", Schema: r.part.Schema, Logger: quiet,
-		ReplyTopics: []string{r.replies}})
-	require.NoError(t, err)
+	p := h.Participant
 	for _, kind := range []string{"pay", "refund", "bill", "unbill"} {
 		require.NoError(t, participant.Handle(p, name+"."+kind, func(ctx context.Context, tx pgx.Tx, c participant.Call[cmd]) (map[string]string, error) {
 			if g := r.payGate.Load(); g != nil && kind == "pay" {
@@ -123,12 +99,11 @@ func newTenantRig(t *testing.T, name, tenant string, kc *kafkatest.Cluster) *rig
 					return nil, steps.Permanent(errors.New("bill refused"))
 				}
 			}
-			_, err := tx.Exec(ctx, "INSERT INTO "+r.part.Table("calls")+" VALUES ($1, $2, $3, $4, $5)",
-				c.SagaID, kind, c.Command.ID, len(c.Command.Note), c.Key.String())
+			err := h.Record(ctx, tx, c.SagaID, kind, c.Command.ID, len(c.Command.Note), c.Key.String())
 			return map[string]string{"ref": kind + "-" + c.Command.ID}, err
 		}))
 	}
-	testkit.Serve(t, kc.Addrs(), p, r.topic, prefix+"-svc", inbox.ConsumerConfig{})
+	h.Serve(t)
 	t.Cleanup(func() {
 		if g := r.billGate.Load(); g != nil {
 			g.Open()
@@ -183,28 +158,15 @@ func (r *rig) def(retry int) *saga.Definition[ord] {
 // start registers defs on a new hybrid engine and starts it.
 func (r *rig) start(t *testing.T, mod func(*saga.Config), defs ...saga.AnyDefinition) {
 	t.Helper()
-	cfg := r.orders.Config()
-	cfg.Workers = 2
-	cfg.RescueInterval = time.Second
-	cfg.Kafka = &saga.KafkaConfig{Brokers: r.kc.Addrs()}
-	if r.tenant != "" {
-		cfg.CommandTopic = r.tenant + ".commands"
-	}
+	cfg := r.h.Config()
 	if mod != nil {
 		mod(cfg)
 	}
 	r.engine, _ = testkit.StartEngine(t, r.orders.Pool, cfg, defs...)
 }
 
-// calls lists "kind:id" the participant ran for saga id, in order.
-func (r *rig) calls(t *testing.T, id uuid.UUID) []string {
-	t.Helper()
-	rows, err := r.part.Pool.Query(context.Background(), "SELECT kind FROM "+r.part.Table("calls")+" WHERE saga_id = $1 ORDER BY ctid", id)
-	require.NoError(t, err)
-	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
-	return out
-}
+// calls lists the kinds the participant ran for saga id, in order.
+func (r *rig) calls(t *testing.T, id uuid.UUID) []string { return r.h.Calls(t, id) }
 
 // sent counts the records of the given type on the participant's topic
 // keyed by saga id ("" for any type).
