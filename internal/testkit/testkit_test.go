@@ -15,6 +15,7 @@ import (
 	"github.com/sagaflow/sagaflow/internal/pgtest"
 	"github.com/sagaflow/sagaflow/internal/testkit"
 	"github.com/sagaflow/sagaflow/outbox"
+	"github.com/sagaflow/sagaflow/participant"
 	"github.com/sagaflow/sagaflow/saga"
 )
 
@@ -223,4 +224,24 @@ func TestRelay(t *testing.T) {
 	testkit.WaitFor(t, 15*time.Second, "the rows to be marked published", func() bool {
 		return d.Count(t, `SELECT count(*) FROM `+d.Table("outbox")+` WHERE status = 'pending'`) == 0
 	})
+}
+
+// Hybrid carries a remote step's command to its participant and the reply
+// back: the saga completes, and the participant's call is recorded once.
+func TestHybrid(t *testing.T) {
+	t.Parallel()
+	h := testkit.NewHybrid(t, "kithybrid", "", nil)
+	require.NoError(t, participant.Handle(h.Participant, "kithybrid.pay",
+		func(ctx context.Context, tx pgx.Tx, c participant.Call[order]) (struct{}, error) {
+			return struct{}{}, h.Record(ctx, tx, c.SagaID, "pay", c.Command.ID, 0, c.Key.String())
+		}))
+	h.Serve(t)
+	def := saga.Define("kithybrid", saga.Step[order]{Name: "pay", Remote: &saga.Remote[order]{Topic: h.Topic, Type: "kithybrid.pay",
+		Command: func(_ context.Context, _ *saga.StepRun, o *order) (any, error) { return o, nil }}})
+	e, _ := testkit.StartEngine(t, h.Orders.Pool, h.Config(), def)
+	st, err := saga.Start(context.Background(), e, def, order{ID: "o-1"}, nil)
+	require.NoError(t, err)
+	in := testkit.WaitEnded(t, e, st.ID)
+	require.Equal(t, saga.StatusCompleted, in.Status)
+	require.Equal(t, []string{"pay"}, h.Calls(t, st.ID))
 }
