@@ -342,20 +342,12 @@ func (m machine) sent(sg *store.Saga, def *compiled, idx int, dir steps.Directio
 // successThen is first, a step's success that moves the saga to the next
 // step, followed in the same fenced update by then, the decision on that
 // step made on the saga as first leaves it (its send, or its failure): one
-// update at first's version that ends where then does, with the history of
-// both, first's inbox key, and first's state unless then sets one. first
-// writes no command of its own.
+// update at first's version that ends where then does, carrying first (see
+// [carryInto]). first writes no command of its own.
 func successThen(first, then decision) decision {
 	tr := *then.tr
 	tr.Version = first.tr.Version
-	tr.History = append(append(make([]store.HistoryEntry, 0, len(first.tr.History)+len(then.tr.History)),
-		first.tr.History...), then.tr.History...)
-	if tr.State == nil {
-		tr.State = first.tr.State
-	}
-	if tr.InboxKey == "" {
-		tr.InboxConsumer, tr.InboxKey = first.tr.InboxConsumer, first.tr.InboxKey
-	}
+	carryInto(&tr, first.tr)
 	out := then
 	out.tr = &tr
 	if a, b := first.applied, then.applied; a != nil || b != nil {
@@ -369,6 +361,27 @@ func successThen(first, then decision) decision {
 		}
 	}
 	return out
+}
+
+// carryInto folds first, a transition written with no update of its own,
+// into tr, which follows it in the same update: first's history goes
+// first, its state stays unless tr sets one, its inbox key is recorded with
+// tr's, the pending commands it deletes are deleted, and the signal it took
+// (a wait's end) is delivered.
+func carryInto(tr, first *store.Transition) {
+	tr.History = append(append(make([]store.HistoryEntry, 0, len(first.History)+len(tr.History)), first.History...), tr.History...)
+	if tr.State == nil {
+		tr.State = first.State
+	}
+	keys := append([]string(nil), first.EarlierInboxKeys...)
+	if first.InboxKey != "" {
+		keys = append(keys, first.InboxKey)
+	}
+	tr.EarlierInboxKeys = append(keys, tr.EarlierInboxKeys...)
+	tr.Supersede = append(append([]uuid.UUID(nil), first.Supersede...), tr.Supersede...)
+	if first.DeliverSignal != 0 {
+		tr.DeliverSignal, tr.DeliverStep, tr.RejectSignal = first.DeliverSignal, first.DeliverStep, first.RejectSignal
+	}
 }
 
 // replied is the decision after a participant's successful reply to step idx

@@ -483,25 +483,9 @@ type chainHead struct {
 	done   func()            // what runs once the write that carries it is in
 }
 
-// carry folds h's transition into tr, which follows it in the same update:
-// h's history goes first, its state stays unless tr sets one, its inbox
-// key is recorded with tr's, and the signal it took (a wait's end) is
-// delivered.
-func (h *chainHead) carry(tr *store.Transition) {
-	tr.History = append(append(make([]store.HistoryEntry, 0, len(h.tr.History)+len(tr.History)), h.tr.History...), tr.History...)
-	if tr.State == nil {
-		tr.State = h.tr.State
-	}
-	keys := append([]string(nil), h.tr.EarlierInboxKeys...)
-	if h.tr.InboxKey != "" {
-		keys = append(keys, h.tr.InboxKey)
-	}
-	tr.EarlierInboxKeys = append(keys, tr.EarlierInboxKeys...)
-	tr.Supersede = append(append([]uuid.UUID(nil), h.tr.Supersede...), tr.Supersede...)
-	if h.tr.DeliverSignal != 0 {
-		tr.DeliverSignal, tr.DeliverStep, tr.RejectSignal = h.tr.DeliverSignal, h.tr.DeliverStep, h.tr.RejectSignal
-	}
-}
+// carry folds h's transition into tr, which follows it in the same update
+// (see [carryInto]).
+func (h *chainHead) carry(tr *store.Transition) { carryInto(tr, h.tr) }
 
 // step returns the transaction handed to a step.
 func (t *batchTx) step() stepTx { return stepTx{Tx: t.tx, bt: t} }
