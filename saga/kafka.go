@@ -611,7 +611,8 @@ func (e *Engine) runKafkaBatch(ctx context.Context, ms []kafka.Message) (bool, e
 		if errors.Is(err, errAbandoned) {
 			// The connection goes with the handler: the attempt is
 			// recorded, and the messages are run again one at a time (this
-			// one is stale by then).
+			// one is stale by then, unless the step ran at once after what
+			// it brought: see runKafkaMessage).
 			return false, e.abandon(ctx, bt, b)
 		}
 		if err != nil || wait != runDone {
