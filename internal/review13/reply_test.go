@@ -64,13 +64,7 @@ func TestOperatorWhileAReplyIsAppliedBeforeARemoteStep(t *testing.T) {
 			ctx := context.Background()
 			st, err := saga.Start(ctx, r.engine, def, ord{ID: "o"}, nil)
 			require.NoError(t, err)
-			testkit.WaitFor(t, wait, "reserve's reply to be applied", func() bool { return gate.Entered() == 1 })
-			if op == "pause" {
-				require.NoError(t, r.engine.Pause(ctx, st.ID, "look"))
-			} else {
-				require.NoError(t, r.engine.Cancel(ctx, st.ID, "stop"))
-			}
-			gate.Open()
+			testkit.ActWhileHeld(t, r.engine, st.ID, op, gate, wait)
 
 			if op == "pause" {
 				sagatest.Wait(t, r.engine, st.ID, sagatest.Step("pay"), &sagatest.WaitOpts{Timeout: wait})

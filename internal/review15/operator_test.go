@@ -77,13 +77,7 @@ func TestOperatorWhilePayReplyOrBillCommandRuns(t *testing.T) {
 				ctx := context.Background()
 				st, err := saga.Start(ctx, r.engine, def, ord{ID: "o"}, nil)
 				require.NoError(t, err)
-				testkit.WaitFor(t, wait, "the held function to run", func() bool { return gate.Entered() == 1 })
-				if op == "pause" {
-					require.NoError(t, r.engine.Pause(ctx, st.ID, "look"))
-				} else {
-					require.NoError(t, r.engine.Cancel(ctx, st.ID, "stop"))
-				}
-				gate.Open()
+				testkit.ActWhileHeld(t, r.engine, st.ID, op, gate, wait)
 
 				if op == "pause" {
 					sagatest.Wait(t, r.engine, st.ID, sagatest.Event("step_completed:pay"), &sagatest.WaitOpts{Timeout: wait})

@@ -45,13 +45,7 @@ func TestOperatorWhileATxBillCommandRuns(t *testing.T) {
 			ctx := context.Background()
 			st, err := saga.Start(ctx, r.engine, def, ord{ID: "o"}, nil)
 			require.NoError(t, err)
-			testkit.WaitFor(t, wait, "bill's Command", func() bool { return gate.Entered() == 1 })
-			if op == "pause" {
-				require.NoError(t, r.engine.Pause(ctx, st.ID, "look"))
-			} else {
-				require.NoError(t, r.engine.Cancel(ctx, st.ID, "stop"))
-			}
-			gate.Open()
+			testkit.ActWhileHeld(t, r.engine, st.ID, op, gate, wait)
 			if op == "pause" {
 				sagatest.Wait(t, r.engine, st.ID, sagatest.Event("step_completed:pay"), &sagatest.WaitOpts{Timeout: wait})
 				testkit.Hold(t, time.Second, "bill held while paused", func() bool { return r.sent(t, st.ID, "bill") == 0 })

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -244,4 +245,35 @@ func TestHybrid(t *testing.T) {
 	in := testkit.WaitEnded(t, e, st.ID)
 	require.Equal(t, saga.StatusCompleted, in.Status)
 	require.Equal(t, []string{"pay"}, h.Calls(t, st.ID))
+}
+
+// ActWhileHeld pauses or cancels a saga while its step is held at a gate,
+// then lets the step go on: the step after it does not run.
+func TestActWhileHeld(t *testing.T) {
+	t.Parallel()
+	d := testkit.NewDB(t)
+	for _, op := range []string{"pause", "cancel"} {
+		gate := testkit.NewGate()
+		t.Cleanup(gate.Open)
+		var after atomic.Int32
+		def := saga.Define("kitheld"+op,
+			saga.Step[order]{Name: "hold", Action: func(ctx context.Context, _ *saga.StepRun, _ *order) error {
+				_ = gate.Pass(context.WithoutCancel(ctx))
+				return nil
+			}},
+			saga.Step[order]{Name: "after", Action: func(context.Context, *saga.StepRun, *order) error { after.Add(1); return nil }})
+		e, _ := testkit.StartEngine(t, d.Pool, d.Config(), def)
+		st, err := saga.Start(context.Background(), e, def, order{ID: op}, nil)
+		require.NoError(t, err)
+		testkit.ActWhileHeld(t, e, st.ID, op, gate, 15*time.Second)
+		if op == "cancel" {
+			require.Equal(t, saga.StatusCompensated, testkit.WaitEnded(t, e, st.ID).Status)
+		} else {
+			in, err := e.Get(context.Background(), st.ID)
+			require.NoError(t, err)
+			require.NotNil(t, in.Paused, "paused while its step was held")
+			testkit.Hold(t, 500*time.Millisecond, "the step after it waits while paused", func() bool { return after.Load() == 0 })
+		}
+		require.Zero(t, after.Load(), op)
+	}
 }

@@ -1,6 +1,7 @@
 package testkit
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -77,4 +78,26 @@ func WaitStatus(tb testing.TB, d *DB, id uuid.UUID, want saga.Status) *saga.Inst
 	tb.Helper()
 	client := NewEngine(tb, d.Pool, &saga.Config{Schema: d.Schema, Logger: Discard})
 	return sagatest.Wait(tb, client, id, sagatest.Status(want), &sagatest.WaitOpts{Timeout: WaitTimeout})
+}
+
+// ActWhileHeld waits up to d until a function has entered gate, then has e
+// pause ("pause") or cancel ("cancel") saga id while the function is held
+// there, and opens gate: an operator acting while a step runs.
+func ActWhileHeld(tb testing.TB, e *saga.Engine, id uuid.UUID, op string, gate *Gate, d time.Duration) {
+	tb.Helper()
+	WaitFor(tb, d, "a function to be held at the gate", func() bool { return gate.Entered() >= 1 })
+	ctx := context.Background()
+	var err error
+	switch op {
+	case "pause":
+		err = e.Pause(ctx, id, "an operator looks at it")
+	case "cancel":
+		err = e.Cancel(ctx, id, "an operator stops it")
+	default:
+		tb.Fatalf("testkit: ActWhileHeld: unknown operation %q", op)
+	}
+	if err != nil {
+		tb.Fatalf("testkit: %s saga %s: %v", op, id, err)
+	}
+	gate.Open()
 }
