@@ -311,10 +311,11 @@ func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, derr 
 				max(ls.DefVersion, 1), e.registeredNames()))
 		return err
 	}
-	if !ls.Locked {
-		// Another transaction runs a step of this saga right now. A cancel
-		// command waits too: the engine running the step was told of the
-		// request, and applies it in the step's place.
+	if _, recording := e.recording.Load(ls.ID); !ls.Locked || recording {
+		// Another transaction runs a step of this saga right now, or an
+		// abandoned attempt of it is being recorded (see [Engine.abandon]).
+		// A cancel command waits too: the engine running the step was told
+		// of the request, and applies it in the step's place.
 		b.tx.stats.deferred.Add(1)
 		b.deferred = append(b.deferred, deferral{id: c.ID})
 		return nil

@@ -291,6 +291,9 @@ type Engine struct {
 	// so that its attempts count (see [batch.mayChain]). Only an
 	// abandonment, which also costs a connection, adds one.
 	unchain sync.Map
+	// recording holds the sagas whose abandoned attempt is being recorded
+	// (see [Engine.abandon]); their commands wait.
+	recording sync.Map
 
 	// machine makes the sagas' decisions (see machine.go).
 	machine machine
@@ -339,6 +342,9 @@ type testHooks struct {
 	// outcome may change a step's transition before it is queued, to make
 	// PostgreSQL refuse it.
 	outcome func(tr *store.Transition)
+	// beforeRecordAbandoned runs after an abandoned attempt's connection
+	// was closed and before the attempt is recorded.
+	beforeRecordAbandoned func(sagaID uuid.UUID)
 }
 
 // New returns an engine on pool. A nil cfg means the defaults. The schema must

@@ -27,6 +27,12 @@ func (e *Engine) SetOutcomeHook(h func(sagaID uuid.UUID, lastError *string) *str
 	e.hooks.outcome = func(tr *store.Transition) { tr.LastError = h(tr.ID, tr.LastError) }
 }
 
+// SetBeforeRecordAbandoned installs a hook that runs after an abandoned
+// attempt's connection was closed and before the attempt is recorded.
+func (e *Engine) SetBeforeRecordAbandoned(h func(sagaID uuid.UUID)) {
+	e.hooks.beforeRecordAbandoned = h
+}
+
 // WaitUnlocked waits until no transaction holds saga id's execution lock:
 // a worker's commit is visible a moment before its locks are released.
 func (e *Engine) WaitUnlocked(ctx context.Context, id uuid.UUID) error {

@@ -32,13 +32,26 @@ type abandonedStep struct {
 // context: it is closed, which ends the transaction on the server, and never
 // touched again (the handler may still be using it). The abandoned attempt
 // is then recorded, with its retry, in a transaction of its own.
+//
+// Until the attempt is recorded, this engine's workers leave the saga's
+// commands alone (see [Engine.recording]): the command of the abandoned
+// attempt is claimable again as soon as the server ends the transaction,
+// and a worker that took it first would run the attempt again uncounted,
+// and could end the saga before the abandoned attempt was in its history.
 func (e *Engine) abandon(ctx context.Context, t *batchTx, b *batch) error {
 	t.abandoned = true
+	if a := b.abandoned; a != nil {
+		e.recording.Store(a.saga.ID, struct{}{})
+		defer e.recording.Delete(a.saga.ID)
+	}
 	_ = t.conn.Hijack().PgConn().Conn().Close()
 	if b.abandoned == nil {
 		// A parallel step's branch: its command is still pending and runs
 		// again once the server notices the closed connection.
 		return nil
+	}
+	if h := e.hooks.beforeRecordAbandoned; h != nil {
+		h(b.abandoned.saga.ID)
 	}
 	if err := e.recordAbandoned(context.WithoutCancel(ctx), b.abandoned); !errors.Is(err, errAbandoned) {
 		return err
