@@ -578,11 +578,53 @@ func (b *batch) send(ctx context.Context, sg *store.Saga, def *compiled, idx int
 func (b *batch) abandon(a abandonedStep, what, tail string, ab *abandonedError) error {
 	a.err = steps.WithCode(CodeAbandonedRunOn, fmt.Errorf("%s ignored its context, cancelled by %s, for %s; its worker abandoned it%s",
 		what, ab.why, b.e.cfg.HandlerGrace, tail))
+	if ab.cut {
+		// Run at once on a reply worker past its limit: nothing of the
+		// attempt is recorded; the reply comes again, and is written with
+		// the step's command for a worker. That step is not run at once
+		// after a reply for a while (see [batch.handsOff]).
+		a.cut, a.err = true, nil
+		b.e.handOff.Store(stepRef{def: a.def, idx: a.idx}, time.Now().Add(handOffFor))
+		b.e.log.Warn("sagaflow: a step run at once after a reply ran past KafkaConfig.ReplyStepLimit; "+
+			"it runs on an engine worker, and after replies does so for a while",
+			slog.String("saga", safetext.Text(a.saga.Name, 200)), slog.String("step", safetext.Text(a.def.steps[a.idx].name, 200)),
+			slog.Duration("limit", b.tx.cut), slog.Duration("for", handOffFor))
+	}
 	b.abandoned = &a
 	if b.ranAtOnce[a.saga.ID] {
 		b.e.unchain.Store(a.saga.ID, struct{}{})
 	}
 	return errAbandoned
+}
+
+// handOffFor is how long a step that ran past KafkaConfig.ReplyStepLimit
+// after a reply is not run at once after a reply again, on this engine.
+const handOffFor = time.Minute
+
+// stepRef names step idx of a registered definition.
+type stepRef struct {
+	def *compiled
+	idx int
+}
+
+// handsOff reports whether the step that d, a reply's success, moves its
+// saga to is handed to an engine worker rather than run at once on this
+// reply worker: it ran past KafkaConfig.ReplyStepLimit after a reply
+// lately (see [batch.abandon]).
+func (b *batch) handsOff(def *compiled, d *decision) bool {
+	if b.tx.cut <= 0 || d.next == nil {
+		return false
+	}
+	ref := stepRef{def: def, idx: d.tr.StepIndex}
+	until, ok := b.e.handOff.Load(ref)
+	if !ok {
+		return false
+	}
+	if time.Now().Before(until.(time.Time)) {
+		return true
+	}
+	b.e.handOff.CompareAndDelete(ref, until)
+	return false
 }
 
 // interrupted writes, under savepoint sp and in place of step idx's
@@ -682,8 +724,18 @@ func (b *batch) reply(ctx context.Context, c *store.Claimed, ls *store.LockedSag
 			return fail(steps.WithCode(CodeTxAborted, fmt.Errorf("apply reply: %w", err)))
 		}
 		done := func() { b.tx.stats.succeeded.Add(1) }
-		if ls.Paused || ls.CancelRequest != nil {
-			// The next step's command waits, or the cancel goes first.
+		if !e.allKafka() && b.msg != nil && e.cfg.Kafka.ReplyStepLimit > 0 {
+			// On a Kafka reply worker in the hybrid mode, the step run at
+			// once after the reply holds up the replies behind it: it may
+			// run so for a while only.
+			b.tx.cut = e.cfg.Kafka.ReplyStepLimit
+			defer func() { b.tx.cut = 0 }()
+		}
+		if ls.Paused || ls.CancelRequest != nil || b.handsOff(def, &d) {
+			// The next step's command waits, or the cancel goes first, or
+			// the step runs on an engine worker. (mayChain is asked so
+			// that an abandonment it remembers is spent.)
+			b.mayChain(sg.ID)
 			b.tx.write(sg, e.transition(sg, d), sp, false, last, onFailure, done)
 			return nil
 		}

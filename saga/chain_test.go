@@ -573,7 +573,9 @@ func TestTheStepRunWithAReplyAbandonedRunsAgainOnItsOwn(t *testing.T) {
 	const name = "chainabandon"
 	replies := saga.CommandTopicDefault + "." + name + ".replies"
 	remote := name + ".participant"
-	k := setupKafkaWith(t, 1, &saga.Config{Workers: 1, HandlerGrace: 100 * time.Millisecond, Kafka: &saga.KafkaConfig{}}, replies, remote)
+	// No ReplyStepLimit: the step is waited for up to its Timeout and
+	// HandlerGrace (the limit is TestAStepPastReplyStepLimitIsHandedToAWorker's).
+	k := setupKafkaWith(t, 1, &saga.Config{Workers: 1, HandlerGrace: 100 * time.Millisecond, Kafka: &saga.KafkaConfig{ReplyStepLimit: -1}}, replies, remote)
 	ctx := context.Background()
 	var ships atomic.Int32
 	returned := make(chan struct{}) // the abandoned handler returned
@@ -769,7 +771,9 @@ func TestARemoteCommandAbandonedAfterAReplyIsSentOnItsOwn(t *testing.T) {
 	var bills atomic.Int32
 	returned := make(chan struct{}) // the abandoned Command returned
 	t.Cleanup(func() { <-returned })
-	r := newTwoRemoteRig(t, "chainremotedeaf", &saga.Config{Workers: 1, HandlerGrace: 100 * time.Millisecond, Kafka: &saga.KafkaConfig{}},
+	// No ReplyStepLimit: the Command is waited for up to its Timeout and
+	// HandlerGrace (the limit is TestAStepPastReplyStepLimitIsHandedToAWorker's).
+	r := newTwoRemoteRig(t, "chainremotedeaf", &saga.Config{Workers: 1, HandlerGrace: 100 * time.Millisecond, Kafka: &saga.KafkaConfig{ReplyStepLimit: -1}},
 		time.Second, func(_ context.Context, _ *saga.StepRun, o *order) (any, error) {
 			if bills.Add(1) == 1 {
 				time.Sleep(3 * time.Second) // ignores its context

@@ -190,7 +190,11 @@
 // waits for the batch to send earlier steps' writes: a step is charged only
 // for its own time); a handler that ignores the cancellation for
 // [Config.HandlerGrace] is abandoned: its connection is closed (rolling the
-// transaction back) and the attempt is recorded as failed. A step run at
+// transaction back) and the attempt is recorded as failed; until it is, the
+// engine's workers leave the saga's commands alone, so that the attempt is
+// in the history before the retry and counts (another engine sharing the
+// work may still take the step first: the attempt is then recorded after
+// it, and does not count). A step run at
 // once after a reply or a wait's end (see below) takes the reply or the
 // wait's end with it when it is abandoned: that attempt is recorded by its
 // history entry only and does not count against the step's MaxAttempts. The
@@ -419,13 +423,23 @@
 // waits. [Stats].Chained counts the steps run so.
 //
 // The step run after a reply runs on the Kafka worker that applied the
-// reply, and the replies behind it in its partition wait for it: a step
-// that runs long (up to its Timeout, plus HandlerGrace when it ignores its
-// ctx) delays them, and a remote step whose Timeout is shorter than that
-// can time out with its reply already waiting in the partition (it is then
-// compensated, and the late reply is dropped as stale). Give remote steps a
-// Timeout well above the longest step that follows a reply, HandlerGrace
-// included.
+// reply, and the replies behind it in its partition wait for it; so it may
+// run there for [KafkaConfig.ReplyStepLimit] only (200 ms by default). A
+// step still running then is given up: its context is cancelled, its
+// transaction's connection closed (its writes undone), and nothing of it
+// recorded, not even as an attempt; the reply is applied again on its own,
+// with the step's command, and an engine worker runs the step, with its
+// Timeout and its attempts counted as usual. For a minute after, that step
+// of that saga type goes to a worker straight from its reply, on that
+// engine. [Stats].StepsHandedOff counts the steps given up so. A step that
+// is usually slower than the limit thus costs one more claim and commit,
+// as it did before steps ran after replies; a replies' partition is held
+// up by one slow step for the limit at most, and by none while the step is
+// handed off. With a negative limit the step runs to its Timeout (plus
+// HandlerGrace when it ignores its ctx) on the reply worker: give remote
+// steps a Timeout well above the longest step that follows a reply, or a
+// reply waiting behind it can time out (the step is then compensated, and
+// the late reply dropped as stale).
 //
 // # Sagas that wait
 //

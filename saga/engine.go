@@ -51,6 +51,9 @@ const (
 	// HandlerGraceDefault is how long a handler may run past its timeout
 	// before its worker gives up on it and closes its connection.
 	HandlerGraceDefault = 10 * time.Second
+	// ReplyStepLimitDefault is how long the step run at once after a reply
+	// may hold its Kafka reply worker (see KafkaConfig.ReplyStepLimit).
+	ReplyStepLimitDefault = 200 * time.Millisecond
 	// UnknownSagaGraceDefault is how long a command for a saga or step this
 	// engine does not know waits for an engine that knows it.
 	UnknownSagaGraceDefault = 10 * time.Minute
@@ -254,6 +257,9 @@ func (c *Config) withDefaults() (Config, error) {
 		if k.SessionTimeout < 0 || (k.SessionTimeout > 0 && k.SessionTimeout < time.Second) {
 			return out, fmt.Errorf("%w: Kafka.SessionTimeout %s: want 0 (the default) or at least 1s", ErrInvalidConfig, k.SessionTimeout)
 		}
+		if k.ReplyStepLimit == 0 {
+			k.ReplyStepLimit = ReplyStepLimitDefault
+		}
 		if len(k.VerifyKeys) > 0 && len(k.SigningKey) == 0 {
 			return out, fmt.Errorf("%w: Kafka.VerifyKeys is set but Kafka.SigningKey is not: set the current key too", ErrInvalidConfig)
 		}
@@ -294,6 +300,10 @@ type Engine struct {
 	// recording holds the sagas whose abandoned attempt is being recorded
 	// (see [Engine.abandon]); their commands wait.
 	recording sync.Map
+	// handOff holds the steps ([stepRef]) that ran past
+	// KafkaConfig.ReplyStepLimit after a reply, each until the time it is
+	// run at once after a reply again (see [batch.handsOff]).
+	handOff sync.Map
 
 	// machine makes the sagas' decisions (see machine.go).
 	machine machine
@@ -737,12 +747,15 @@ type Stats struct {
 	BusBatched        int64 // messages from the bus run several to a transaction
 	Released          int64 // held commands released by the rescuer because no pause covered them any more
 	StartsGrouped     int64 // starts (Start, on the engine's pool) committed in one transaction with others
+	// steps run at once on a Kafka reply worker that ran past
+	// KafkaConfig.ReplyStepLimit and were handed to an engine worker
+	StepsHandedOff int64
 }
 
 type statCounters struct {
 	succeeded, failed, retries, dedup, stale, deferred, parked, abandoned              atomic.Int64
 	rescued, failedOver, cronStarted, cronDuplicates, cancelled, chained, kafkaBatched atomic.Int64
-	released                                                                           atomic.Int64
+	released, cut                                                                      atomic.Int64
 }
 
 // add adds o's counters to c's, times sign (1, or -1 to take them back).
@@ -752,7 +765,7 @@ func (c *statCounters) add(o *statCounters, sign int64) {
 		{&c.stale, &o.stale}, {&c.deferred, &o.deferred}, {&c.parked, &o.parked}, {&c.abandoned, &o.abandoned},
 		{&c.rescued, &o.rescued}, {&c.failedOver, &o.failedOver}, {&c.cronStarted, &o.cronStarted},
 		{&c.cronDuplicates, &o.cronDuplicates}, {&c.cancelled, &o.cancelled}, {&c.chained, &o.chained},
-		{&c.kafkaBatched, &o.kafkaBatched}, {&c.released, &o.released},
+		{&c.kafkaBatched, &o.kafkaBatched}, {&c.released, &o.released}, {&c.cut, &o.cut},
 	} {
 		if n := p[1].Load(); n != 0 {
 			p[0].Add(sign * n)
@@ -775,5 +788,6 @@ func (e *Engine) Stats() Stats {
 		Rescued: s.rescued.Load(), FailedOver: s.failedOver.Load(),
 		CronStarted: s.cronStarted.Load(), CronDuplicates: s.cronDuplicates.Load(), Chained: s.chained.Load(),
 		BusBatched: s.kafkaBatched.Load(), Released: s.released.Load(), StartsGrouped: e.starts.count(),
+		StepsHandedOff: s.cut.Load(),
 	}
 }

@@ -26,6 +26,10 @@ type abandonedStep struct {
 	attempt int
 	err     error
 	elapsed time.Duration
+	// cut is set when the step ran at once on a Kafka reply worker and
+	// was cut at KafkaConfig.ReplyStepLimit (see [batch.abandon]): its
+	// attempt is not recorded, and the step is handed to a worker.
+	cut bool
 }
 
 // abandon gives the connection up to a handler that ignored its cancelled
@@ -40,14 +44,16 @@ type abandonedStep struct {
 // and could end the saga before the abandoned attempt was in its history.
 func (e *Engine) abandon(ctx context.Context, t *batchTx, b *batch) error {
 	t.abandoned = true
-	if a := b.abandoned; a != nil {
+	if a := b.abandoned; a != nil && !a.cut {
 		e.recording.Store(a.saga.ID, struct{}{})
 		defer e.recording.Delete(a.saga.ID)
 	}
 	_ = t.conn.Hijack().PgConn().Conn().Close()
-	if b.abandoned == nil {
+	if b.abandoned == nil || b.abandoned.cut {
 		// A parallel step's branch: its command is still pending and runs
-		// again once the server notices the closed connection.
+		// again once the server notices the closed connection. Or a step
+		// cut on a reply worker: the reply comes again, and is written
+		// with the step's command for a worker.
 		return nil
 	}
 	if h := e.hooks.beforeRecordAbandoned; h != nil {
@@ -109,8 +115,12 @@ func recovered(f func() ([]byte, error)) (out []byte, err error) {
 var errAbandoned = errors.New("saga: handler ignored its cancelled context past the grace period; its connection was closed")
 
 // abandonedError is callHandler's errAbandoned, saying what cancelled the
-// context the handler ignored.
-type abandonedError struct{ why string }
+// context the handler ignored; cut says that the handler was not waited
+// for: it ran past the reply worker's limit (see [batchTx.cut]).
+type abandonedError struct {
+	why string
+	cut bool
+}
 
 func (e *abandonedError) Error() string {
 	return errAbandoned.Error() + " (cancelled by " + e.why + ")"
@@ -162,14 +172,44 @@ func (e *Engine) callHandler(ctx context.Context, t *batchTx, run *StepRun, canc
 		}()
 		r.state, r.err = call(stepCtx)
 	}()
+	var limit <-chan time.Time
+	if t.cut > 0 {
+		timer := time.NewTimer(t.cut)
+		defer timer.Stop()
+		limit = timer.C
+	}
+	// cut gives the handler up at the reply worker's limit, unless it
+	// returned just now: run at once on a Kafka reply worker, it holds up
+	// the replies behind it, so it is not waited for, and its transaction
+	// is given up (see [batchTx.cut]).
+	cut := func() (result, bool) {
+		select {
+		case r := <-done:
+			return r, false
+		default:
+			cancel(errCutOnReplyWorker)
+			e.stats.cut.Add(1)
+			return result{err: &abandonedError{why: "the reply worker's limit (KafkaConfig.ReplyStepLimit)", cut: true}}, true
+		}
+	}
 	var r result
 	select {
 	case r = <-done:
+	case <-limit:
+		var gaveUp bool
+		if r, gaveUp = cut(); gaveUp {
+			return nil, r.err
+		}
 	case <-base.Done():
 		grace := time.NewTimer(e.cfg.HandlerGrace)
 		defer grace.Stop()
 		select {
 		case r = <-done:
+		case <-limit:
+			var gaveUp bool
+			if r, gaveUp = cut(); gaveUp {
+				return nil, r.err
+			}
 		case <-grace.C:
 			e.stats.abandoned.Add(1)
 			why := "its timeout"
@@ -209,6 +249,11 @@ func (e *Engine) callHandler(ctx context.Context, t *batchTx, run *StepRun, canc
 
 // errStepTimedOut is the cause of a step context whose time ran out.
 var errStepTimedOut = errors.New("saga: step timed out")
+
+// errCutOnReplyWorker is the cause of the context of a step run at once on
+// a Kafka reply worker past KafkaConfig.ReplyStepLimit: the step runs again
+// on an engine worker.
+var errCutOnReplyWorker = errors.New("saga: the step ran past the reply worker's limit (KafkaConfig.ReplyStepLimit); it runs again on an engine worker")
 
 // stepContext is a step's context: its Err reports a timeout as
 // context.DeadlineExceeded, and its Deadline is the step clock's, which

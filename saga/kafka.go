@@ -97,6 +97,19 @@ type KafkaConfig struct {
 	// VerifyKeys are earlier keys still accepted while SigningKey is being
 	// rotated.
 	VerifyKeys [][]byte
+	// ReplyStepLimit bounds how long the step run at once after a reply
+	// (see "Remote steps" in the package doc) may hold the Kafka worker
+	// that applied the reply, in the hybrid mode: the replies behind it in
+	// its partition wait for it. Past the limit the step is given up (its
+	// context cancelled, its transaction's connection closed, nothing of it
+	// recorded), the reply is applied again on its own with the step's
+	// command, and an engine worker runs the step, its attempt counted as
+	// usual; for a minute after, that step of that saga type is not run at
+	// once after a reply on this engine. Defaults to
+	// ReplyStepLimitDefault; negative runs such steps to their Timeout on the
+	// reply worker. Kafka mode has no such limit: there every step runs on
+	// a partition.
+	ReplyStepLimit time.Duration
 	// NewReader, when set, makes the reader each Kafka worker consumes:
 	// a seam for another Kafka client, a wrapper that adds metrics, or a
 	// test. It gets the group and the topics (Engine.CommandTopics) and

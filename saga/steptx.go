@@ -78,6 +78,11 @@ type batchTx struct {
 	// carries in place of the saga's own, if any (see
 	// [engineTelemetry.lastStamped]).
 	stamped trace.SpanContext
+	// cut, when positive, is how long the handler run now may run before
+	// it is given up, its transaction with it (see [Engine.callHandler]):
+	// KafkaConfig.ReplyStepLimit, while a step runs at once on a Kafka
+	// reply worker in the hybrid mode (see [batch.reply]); else 0.
+	cut time.Duration
 	// pauses is the engine's pausesHeard when the batch began: a pause
 	// heard of since may cover a saga the batch claimed before it.
 	pauses int64
