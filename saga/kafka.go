@@ -309,15 +309,30 @@ const (
 	runDone     waitKind = iota // ran, parked or dropped: done with it
 	waitBusy                    // another transaction holds its saga
 	waitUnknown                 // this engine does not know its saga or step
+	// waitAgain: the step run at once after what the message brought (a
+	// reply, a wait's end) was given up with its transaction; the message
+	// runs again at once, and is then written without the step.
+	waitAgain
 )
 
 // consumeKafka deals with m until it is done with (run, parked, dropped,
 // dead-lettered or moved back to the outbox); false when work ended first.
 func (e *Engine) consumeKafka(fetch, work context.Context, m kafka.Message) bool {
 	e.tel.noteLag(m)
-	expired := false
+	expired, again := false, 0
 	for attempt := 1; ; attempt++ {
 		wait, err := e.runKafkaMessage(work, m, expired)
+		if wait == waitAgain && err == nil {
+			again++
+			if again <= kafkaHoldAfter {
+				// Not a try toward holding it: its run again does not run
+				// the step at once, and its saga is free again as soon as
+				// the server ends the transaction given up.
+				attempt--
+				continue
+			}
+			wait = waitBusy
+		}
 		switch {
 		case err == nil && wait == runDone:
 			return true
@@ -539,7 +554,7 @@ func (e *Engine) runKafkaMessage(ctx context.Context, m kafka.Message, expired b
 			return runDone, err
 		}
 		if a := b.abandoned; a != nil && b.ranAtOnce[a.saga.ID] {
-			return waitBusy, nil
+			return waitAgain, nil
 		}
 		return runDone, nil
 	}
