@@ -480,7 +480,7 @@ func (b *batch) successThenSend(ctx context.Context, sg *store.Saga, def *compil
 			// [batch.mayChain]).
 			b.runsAtOnce(sg.ID)
 			return b.abandon(abandonedStep{saga: next, def: def, idx: idx, dir: steps.Forward, attempt: next.Attempt + 1,
-				elapsed: time.Since(started)}, what, ", and the reply's transaction with it", ab)
+				elapsed: time.Since(started), historyOnly: true}, what, ", and the reply's transaction with it", ab)
 		}
 		// The Command ignored its context: its worker gives the connection
 		// up, and the local step's success goes with the transaction. The

@@ -476,15 +476,12 @@ func (b *batch) outcome(ctx context.Context, sg *store.Saga, def *compiled, idx 
 	fault.At(ctx, fault.EngineAfterHandler)
 	var ab *abandonedError
 	if errors.As(herr, &ab) {
-		at := *sg
-		if b.tx.takeHead(sg.ID) != nil {
-			// The reply this step ran with is lost with the transaction, as
-			// when it was written before the step: the attempt is recorded
-			// against the saga as the reply would have left it, which it is
-			// not, so only its history entry is written.
-			at.Version++
-		}
-		return b.abandon(abandonedStep{saga: at, def: def, idx: idx, dir: dir, attempt: attempt, elapsed: elapsed},
+		// Run at once after a reply or a wait's end (written with the step,
+		// or before it in this batch), the attempt lost what brought it with
+		// the transaction: only its history entry is written.
+		_, chained := b.tx.superseded[sg.ID]
+		atOnce := b.tx.takeHead(sg.ID) != nil || chained
+		return b.abandon(abandonedStep{saga: *sg, def: def, idx: idx, dir: dir, attempt: attempt, elapsed: elapsed, historyOnly: atOnce},
 			fmt.Sprintf("step %q", sg.StepName), "", ab)
 	}
 	if reason, code, ok := interruptedBy(herr, sg, dir); ok && !def.pastPivot(idx) {

@@ -2,14 +2,19 @@ package saga_test
 
 import (
 	"context"
+	"encoding/json"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagaflow/sagaflow/internal/store"
 	"github.com/sagaflow/sagaflow/saga"
+	"github.com/sagaflow/sagaflow/steps"
 )
 
 // slowShipRig is a chain rig (pick, remote pay, ship) whose ship ignores
@@ -133,4 +138,177 @@ func TestKafkaModeHasNoReplyStepLimit(t *testing.T) {
 	require.Equal(t, int32(1), r.shipped("o-1"))
 	require.Equal(t, []string{"pick/forward", "ship/forward"}, r.effects(t, st.ID))
 	require.Zero(t, r.engine.Stats().StepsHandedOff)
+}
+
+// idleReader is a Kafka reader that never has a message: an engine with it
+// runs its workers on the outbox and consumes no reply.
+type idleReader struct{}
+
+func (idleReader) FetchMessage(ctx context.Context) (kafka.Message, error) {
+	<-ctx.Done()
+	return kafka.Message{}, ctx.Err()
+}
+func (idleReader) CommitMessages(context.Context, ...kafka.Message) error { return nil }
+func (idleReader) Close() error                                           { return nil }
+
+// A step run at once after a reply that ignores its context is abandoned
+// with the reply; a cancel asked for meanwhile is applied by another engine
+// while the abandoned attempt is being recorded (held up here by a test
+// hook): the record does not move the saga, only the attempt's history is
+// written, and the saga compensates as its cancel asked, each effect once.
+// (See the next test for the record's fence.)
+func TestAnAbandonedAtOnceStepIsNotRecordedOverAnotherEnginesCancel(t *testing.T) {
+	t.Parallel()
+	allowErrorLogs(t) // the abandonment is logged as an error
+	const name = "abandoncancel"
+	replies := saga.CommandTopicDefault + "." + name + ".replies"
+	remote := name + ".participant"
+	k := setupKafkaWith(t, 1, &saga.Config{Workers: 1, HandlerGrace: 100 * time.Millisecond, Kafka: &saga.KafkaConfig{ReplyStepLimit: -1}}, replies, remote)
+	ctx := context.Background()
+	deaf := make(chan struct{}) // the deaf run started
+	var ships atomic.Int32
+	var sleepers sync.WaitGroup
+	t.Cleanup(sleepers.Wait)
+	def := saga.Define(name,
+		saga.Step[order]{Name: "pick", Action: func(ctx context.Context, run *saga.StepRun, _ *order) error { return recordEffect(ctx, run, k.schema) },
+			Compensate: func(ctx context.Context, run *saga.StepRun, _ *order) error { return recordEffect(ctx, run, k.schema) }},
+		saga.Step[order]{Name: "pay", Timeout: 30 * time.Second, Remote: &saga.Remote[order]{
+			Topic: remote, Type: name + ".pay", CompensateType: name + ".refund",
+			Command: func(_ context.Context, _ *saga.StepRun, o *order) (any, error) { return o, nil },
+		}},
+		saga.Step[order]{Name: "ship", Timeout: 100 * time.Millisecond,
+			Action: func(ctx context.Context, run *saga.StepRun, _ *order) error {
+				if ships.Add(1) == 1 {
+					sleepers.Add(1)
+					defer sleepers.Done()
+					close(deaf)
+					time.Sleep(time.Second) // ignores its context
+					return nil
+				}
+				return recordEffect(ctx, run, k.schema)
+			}},
+	)
+	require.NoError(t, k.engine.Register(def))
+	recorded := make(chan struct{}, 1)
+	k.engine.SetBeforeRecordAbandoned(func(uuid.UUID) {
+		time.Sleep(1500 * time.Millisecond) // the other engine applies the cancel meanwhile
+		recorded <- struct{}{}
+	})
+	k.start(t)
+	other, err := saga.New(k.pool, &saga.Config{Schema: k.schema, Workers: 2, PollInterval: 50 * time.Millisecond, Logger: testLogger(t),
+		Kafka: &saga.KafkaConfig{Brokers: k.kc.Addrs(), NewReader: func(string, []string) saga.KafkaReader { return idleReader{} }}})
+	require.NoError(t, err)
+	require.NoError(t, other.Register(def))
+	require.NoError(t, other.Start(ctx))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		require.NoError(t, other.Stop(ctx))
+	})
+	r := &chainRig{kafkaBundle: k, def: def, replies: replies, remote: remote, cl: rawProducer(t, k.kc)}
+
+	st, err := saga.Start(ctx, k.engine, def, order{OrderID: "o-1"}, nil)
+	require.NoError(t, err)
+	r.reply(t, st.ID, r.command(t, st.ID))
+	<-deaf
+	require.NoError(t, other.Cancel(ctx, st.ID, "customer changed their mind"))
+	// The cancel compensates pay, remote: the saga waits for the refund's
+	// reply, at the version the lost reply would have given it, while the
+	// abandoned attempt is recorded.
+	refund := ""
+	waitFor(t, 15*time.Second, func() bool {
+		msgs, err := r.kc.ReadAll(ctx, remote)
+		require.NoError(t, err)
+		for _, m := range msgs {
+			for _, h := range m.Headers {
+				if h.Key == store.HeaderStepKey {
+					if key, err := steps.ParseKey(string(h.Value)); err == nil && key.SagaID == st.ID && key.Direction == steps.Compensate {
+						refund = string(h.Value)
+					}
+				}
+			}
+		}
+		return refund != ""
+	}, "pay's refund command")
+	<-recorded
+	r.reply(t, st.ID, refund)
+	in := r.waitTerminalWithin(t, st.ID, 30*time.Second)
+	require.Equal(t, saga.StatusCompensated, in.Status, "history: %v", eventTypes(in))
+	require.Equal(t, []string{"pick/forward", "pick/compensate"}, r.effects(t, st.ID), "ship never ran; pick undone")
+	require.Equal(t, int32(1), ships.Load())
+	// The abandoned attempt is in the timeline, by its history entry only.
+	waitFor(t, 10*time.Second, func() bool {
+		var err error
+		in, err = k.engine.Get(ctx, st.ID)
+		require.NoError(t, err)
+		for _, e := range in.History {
+			if e.Type == saga.EventStepFailed && e.Step == "ship" {
+				require.Equal(t, saga.CodeAbandonedRunOn, e.ErrorCode)
+				return true
+			}
+		}
+		return false
+	}, "the abandoned attempt in the timeline")
+	require.Equal(t, saga.StatusCompensated, in.Status, "history: %v", eventTypes(in))
+}
+
+// The record of an abandoned at-once step is its history entry only, with
+// no fence to pass: here a test hook moves the saga's version by one while
+// the attempt is being recorded, standing in for any other write that took
+// the version the lost reply would have given the saga (another engine's
+// cancel, as CI once saw). The saga is not moved by the record: the
+// reply's message runs again and applies the reply (OnReply's effect once),
+// and ship runs on a worker. (Fenced on that version, the record once
+// moved the saga to ship's retry, and the reply, run again, was dropped as
+// stale with its effect.)
+func TestAnAbandonedAtOnceStepRecordsOnlyItsHistory(t *testing.T) {
+	t.Parallel()
+	allowErrorLogs(t) // the abandonment is logged as an error
+	const name = "abandonhistory"
+	replies := saga.CommandTopicDefault + "." + name + ".replies"
+	remote := name + ".participant"
+	k := setupKafkaWith(t, 1, &saga.Config{Workers: 1, HandlerGrace: 100 * time.Millisecond, Kafka: &saga.KafkaConfig{ReplyStepLimit: -1}}, replies, remote)
+	ctx := context.Background()
+	var ships atomic.Int32
+	var sleepers sync.WaitGroup
+	t.Cleanup(sleepers.Wait)
+	def := saga.Define(name,
+		saga.Step[order]{Name: "pick", Action: func(ctx context.Context, run *saga.StepRun, _ *order) error { return recordEffect(ctx, run, k.schema) }},
+		saga.Step[order]{Name: "pay", Timeout: 30 * time.Second, Remote: &saga.Remote[order]{
+			Topic: remote, Type: name + ".pay",
+			Command: func(_ context.Context, _ *saga.StepRun, o *order) (any, error) { return o, nil },
+			OnReply: func(ctx context.Context, run *saga.StepRun, _ *order, _ json.RawMessage) error {
+				return recordEffect(ctx, run, k.schema)
+			},
+		}},
+		saga.Step[order]{Name: "ship", Timeout: 100 * time.Millisecond,
+			Action: func(ctx context.Context, run *saga.StepRun, _ *order) error {
+				if ships.Add(1) == 1 {
+					sleepers.Add(1)
+					defer sleepers.Done()
+					time.Sleep(time.Second) // ignores its context
+					return nil
+				}
+				return recordEffect(ctx, run, k.schema)
+			}},
+	)
+	require.NoError(t, k.engine.Register(def))
+	k.engine.SetBeforeRecordAbandoned(func(id uuid.UUID) {
+		require.NoError(t, k.engine.WaitUnlocked(ctx, id))
+		_, err := k.pool.Exec(ctx, "UPDATE "+k.table("saga_instances")+" SET version = version + 1 WHERE id = $1", id)
+		require.NoError(t, err)
+	})
+	k.start(t)
+	r := &chainRig{kafkaBundle: k, def: def, replies: replies, remote: remote, cl: rawProducer(t, k.kc)}
+
+	st, err := saga.Start(ctx, k.engine, def, order{OrderID: "o-1"}, nil)
+	require.NoError(t, err)
+	r.reply(t, st.ID, r.command(t, st.ID))
+	in := r.waitTerminalWithin(t, st.ID, 30*time.Second)
+	require.Equal(t, saga.StatusCompleted, in.Status, "history: %v", eventTypes(in))
+	require.Equal(t, []string{"saga_started", "step_completed:pick", "command_sent:pay",
+		"step_failed:ship", // the abandoned attempt, by its history entry
+		"reply_received:pay", "step_completed:pay", "step_completed:ship", "saga_completed"}, eventTypes(in))
+	require.Equal(t, []string{"pick/forward", "pay/forward", "ship/forward"}, r.effects(t, st.ID), "OnReply's effect once")
+	require.Equal(t, int32(2), ships.Load())
 }

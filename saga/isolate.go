@@ -26,6 +26,11 @@ type abandonedStep struct {
 	attempt int
 	err     error
 	elapsed time.Duration
+	// historyOnly is set when the step ran at once after a reply or a
+	// wait's end, which went with its transaction: the saga never was where
+	// the attempt started, so only the attempt's history entry is written
+	// (see [Engine.recordAbandoned]).
+	historyOnly bool
 	// cut is set when the step ran at once on a Kafka reply worker and
 	// was cut at KafkaConfig.ReplyStepLimit (see [batch.abandon]): its
 	// attempt is not recorded, and the step is handed to a worker.
@@ -81,10 +86,17 @@ func (e *Engine) recordAbandoned(ctx context.Context, a *abandonedStep) error {
 		if err := e.st.LockSaga(ctx, tx, a.saga.ID); err != nil {
 			return err
 		}
-		fenced, err := e.st.ApplyTransition(ctx, tx, tr, "sagaflow_abandoned")
+		// A step run at once after a reply or a wait's end: no fence could
+		// tell its saga's position (the version it would have had may be
+		// another write's, a cancel's say), so nothing but the history.
+		fenced := false
+		if !a.historyOnly {
+			var err error
+			if fenced, err = e.st.ApplyTransition(ctx, tx, tr, "sagaflow_abandoned"); err != nil {
+				return err
+			}
+		}
 		switch {
-		case err != nil:
-			return err
 		case !fenced:
 			// Another worker ran the step meanwhile; the timeline still
 			// shows the abandoned attempt.
