@@ -409,8 +409,9 @@ func (b *batch) sendsNext(sg *store.Saga, def *compiled, d *decision) bool {
 		return false
 	}
 	// Not when the step left the transaction aborted: its failure is
-	// written instead.
-	return b.abandoned == nil && b.e.running.pending(sg.ID) == nil && !b.tx.aborted()
+	// written instead. Nor, on a reply worker, when its Command ran past
+	// the worker's limit lately.
+	return b.abandoned == nil && b.e.running.pending(sg.ID) == nil && !b.tx.aborted() && !b.handsOff(def, tr.StepIndex)
 }
 
 // successThenSend writes d, a local step's success (or a reply's, local
@@ -481,6 +482,12 @@ func (b *batch) successThenSend(ctx context.Context, sg *store.Saga, def *compil
 			b.runsAtOnce(sg.ID)
 			return b.abandon(abandonedStep{saga: next, def: def, idx: idx, dir: steps.Forward, attempt: next.Attempt + 1,
 				elapsed: time.Since(started), historyOnly: true}, what, ", and the reply's transaction with it", ab)
+		}
+		if ab.cut {
+			// Given up on a reply worker (after a reply and the local
+			// step): nothing is recorded, and it is the Command that is
+			// handed to a worker from now on.
+			return b.abandon(abandonedStep{saga: before, def: def, idx: idx, dir: steps.Forward}, what, "", ab)
 		}
 		// The Command ignored its context: its worker gives the connection
 		// up, and the local step's success goes with the transaction. The

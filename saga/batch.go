@@ -604,15 +604,15 @@ type stepRef struct {
 	idx int
 }
 
-// handsOff reports whether the step that d, a reply's success, moves its
-// saga to is handed to an engine worker rather than run at once on this
-// reply worker: it ran past KafkaConfig.ReplyStepLimit after a reply
-// lately (see [batch.abandon]).
-func (b *batch) handsOff(def *compiled, d *decision) bool {
-	if b.tx.cut <= 0 || d.next == nil {
+// handsOff reports whether step idx of def, about to run at once on this
+// reply worker (after a reply, or after the local step run so), is handed
+// to an engine worker instead: it ran past KafkaConfig.ReplyStepLimit on a
+// reply worker lately (see [batch.abandon]).
+func (b *batch) handsOff(def *compiled, idx int) bool {
+	if b.tx.cut <= 0 {
 		return false
 	}
-	ref := stepRef{def: def, idx: d.tr.StepIndex}
+	ref := stepRef{def: def, idx: idx}
 	until, ok := b.e.handOff.Load(ref)
 	if !ok {
 		return false
@@ -728,7 +728,7 @@ func (b *batch) reply(ctx context.Context, c *store.Claimed, ls *store.LockedSag
 			b.tx.cut = e.cfg.Kafka.ReplyStepLimit
 			defer func() { b.tx.cut = 0 }()
 		}
-		if ls.Paused || ls.CancelRequest != nil || b.handsOff(def, &d) {
+		if ls.Paused || ls.CancelRequest != nil || (d.next != nil && b.handsOff(def, d.tr.StepIndex)) {
 			// The next step's command waits, or the cancel goes first, or
 			// the step runs on an engine worker. (mayChain is asked so
 			// that an abandonment it remembers is spent.)

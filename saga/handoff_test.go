@@ -312,3 +312,71 @@ func TestAnAbandonedAtOnceStepRecordsOnlyItsHistory(t *testing.T) {
 	require.Equal(t, []string{"pick/forward", "pay/forward", "ship/forward"}, r.effects(t, st.ID), "OnReply's effect once")
 	require.Equal(t, int32(2), ships.Load())
 }
+
+// After a reply, the local step run at once and the remote step's Command
+// run after it in the same update share the reply worker's limit: a
+// Command that runs past it is given up, the reply applied again on its
+// own, and a worker runs the local step and then sends. For a while after,
+// the local step still runs at once after the reply, and the remote step's
+// command is written with it for a worker.
+func TestACommandAfterAReplyAndALocalStepPastTheLimitIsHandedOff(t *testing.T) {
+	t.Parallel()
+	var bills sync.Map // order id → *atomic.Int32
+	var cancelled atomic.Bool
+	var sleepers sync.WaitGroup
+	t.Cleanup(sleepers.Wait)
+	r := newChainRigOf(t, "handoffcmd", &saga.Config{Workers: 1, Kafka: &saga.KafkaConfig{ReplyStepLimit: 100 * time.Millisecond}},
+		func(remote string) []saga.Step[order] {
+			return []saga.Step[order]{
+				{Name: "pay", Timeout: 30 * time.Second, Remote: &saga.Remote[order]{Topic: remote, Type: "handoffcmd.pay",
+					Command: func(_ context.Context, _ *saga.StepRun, o *order) (any, error) { return o, nil }}},
+				{Name: "pack", Action: func(context.Context, *saga.StepRun, *order) error { return nil }},
+				{Name: "bill", Timeout: 30 * time.Second, Remote: &saga.Remote[order]{Topic: remote, Type: "handoffcmd.bill",
+					Command: func(ctx context.Context, _ *saga.StepRun, o *order) (any, error) {
+						n, _ := bills.LoadOrStore(o.OrderID, new(atomic.Int32))
+						if n.(*atomic.Int32).Add(1) == 1 && o.OrderID == "o-1" {
+							sleepers.Add(1)
+							defer sleepers.Done()
+							select {
+							case <-ctx.Done():
+								cancelled.Store(true)
+								return nil, ctx.Err()
+							case <-time.After(5 * time.Second):
+							}
+						}
+						return o, nil
+					}}},
+			}
+		})
+	r.logWrites(t)
+	ctx := context.Background()
+	built := func(id string) int32 {
+		n, ok := bills.Load(id)
+		if !ok {
+			return 0
+		}
+		return n.(*atomic.Int32).Load()
+	}
+	// What the outbox got: o-1's pay reply was written again on its own
+	// with pack's command (after the cut), and a worker ran pack and sent
+	// bill; o-2's pack ran with the reply, written with bill's command for
+	// a worker, which sent it. Both ran ship with bill's reply.
+	writes := map[string][]string{
+		"o-1": {"pick direct", "pay relay", "pack direct", "bill relay"},
+		"o-2": {"pick direct", "pay relay", "bill direct", "bill relay"},
+	}
+	for _, o := range []string{"o-1", "o-2"} {
+		st, err := saga.Start(ctx, r.engine, r.def, order{OrderID: o}, nil)
+		require.NoError(t, err)
+		r.reply(t, st.ID, r.commandFor(t, st.ID, "pay"))
+		r.reply(t, st.ID, r.commandFor(t, st.ID, "bill"))
+		in := r.waitTerminal(t, st.ID)
+		require.Equal(t, saga.StatusCompleted, in.Status, "%s: %v", o, eventTypes(in))
+		require.Equal(t, []string{"pick/forward", "ship/forward"}, r.effects(t, st.ID))
+		require.Equal(t, writes[o], r.logged(t, "outbox_log", st.ID), o)
+	}
+	require.True(t, cancelled.Load(), "the first build was cut at the limit")
+	require.Equal(t, int32(2), built("o-1"))
+	require.Equal(t, int32(1), built("o-2"), "not tried on the reply worker again")
+	require.Equal(t, int64(1), r.engine.Stats().StepsHandedOff)
+}
