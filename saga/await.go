@@ -468,9 +468,10 @@ func (b *batch) successThenSend(ctx context.Context, sg *store.Saga, def *compil
 	}
 	started := time.Now()
 	msg, err := b.command(ctx, &next, def, idx, steps.Forward, key, topic, typ)
-	b.tx.before = nil
 	var ab *abandonedError
 	if errors.As(err, &ab) {
+		// (before is left alone: the Command given up may still be
+		// running, and its transaction is gone.)
 		what := fmt.Sprintf("the Command of remote step %q, run after step %q in its transaction,", next.StepName, before.StepName)
 		if local == nil {
 			// After a reply: the reply goes with the transaction, and the
@@ -496,6 +497,7 @@ func (b *batch) successThenSend(ctx context.Context, sg *store.Saga, def *compil
 		return b.abandon(abandonedStep{saga: before, def: def, idx: local.idx, dir: steps.Forward, attempt: local.attempt,
 			elapsed: local.elapsed + time.Since(started)}, what, ", and the step's transaction with it", ab)
 	}
+	b.tx.before = nil
 	if apart && !moved {
 		return b.tx.broken // nothing to send on top of what was written instead
 	}

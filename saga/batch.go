@@ -311,7 +311,11 @@ func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, derr 
 				max(ls.DefVersion, 1), e.registeredNames()))
 		return err
 	}
-	if _, recording := e.recording.Load(ls.ID); !ls.Locked || recording {
+	recording, err := b.recorded(ctx, ls)
+	if err != nil {
+		return err
+	}
+	if !ls.Locked || recording {
 		// Another transaction runs a step of this saga right now, or an
 		// abandoned attempt of it is being recorded (see [Engine.abandon]).
 		// A cancel command waits too: the engine running the step was told
@@ -592,6 +596,32 @@ func (b *batch) abandon(a abandonedStep, what, tail string, ab *abandonedError) 
 		b.e.unchain.Store(a.saga.ID, struct{}{})
 	}
 	return errAbandoned
+}
+
+// recorded reports whether an abandoned attempt of ls's saga is being
+// recorded by this engine (its commands then wait: see [Engine.abandon]).
+// When one was recorded lately and ls is locked, it reads the saga again:
+// the claim may have read it as it was before the record committed (its
+// statement began before the commit, and took the lock after it), and the
+// command of the abandoned attempt would then look current, and run the
+// attempt once more.
+func (b *batch) recorded(ctx context.Context, ls *store.LockedSaga) (bool, error) {
+	v, ok := b.e.recording.Load(ls.ID)
+	if !ok {
+		return false, nil
+	}
+	at, done := v.(time.Time)
+	switch {
+	case !done:
+		return true, nil
+	case time.Since(at) > recordedFresh:
+		b.e.recording.CompareAndDelete(ls.ID, v)
+		return false, nil
+	case !ls.Locked:
+		return false, nil
+	}
+	_, err := b.refresh(ctx, ls)
+	return false, err
 }
 
 // handOffFor is how long a step that ran past KafkaConfig.ReplyStepLimit

@@ -191,10 +191,12 @@
 // for its own time); a handler that ignores the cancellation for
 // [Config.HandlerGrace] is abandoned: its connection is closed (rolling the
 // transaction back) and the attempt is recorded as failed; until it is, the
-// engine's workers leave the saga's commands alone, so that the attempt is
-// in the history before the retry and counts (another engine sharing the
+// engine's workers leave the saga's commands alone, and for a few seconds
+// after they read the saga again before they run one, so that the attempt
+// is in the history before the retry and counts (another engine sharing the
 // work may still take the step first: the attempt is then recorded after
-// it, and does not count). A step run at
+// it, and does not count). The handler's statements on run.Tx fail from the
+// moment it is given up. A step run at
 // once after a reply or a wait's end (see below) takes the reply or the
 // wait's end with it when it is abandoned: that attempt is recorded by its
 // history entry only and does not count against the step's MaxAttempts. The

@@ -50,8 +50,8 @@ type abandonedStep struct {
 func (e *Engine) abandon(ctx context.Context, t *batchTx, b *batch) error {
 	t.abandoned = true
 	if a := b.abandoned; a != nil && !a.cut {
-		e.recording.Store(a.saga.ID, struct{}{})
-		defer e.recording.Delete(a.saga.ID)
+		e.recording.Store(a.saga.ID, recordingNow{})
+		defer func() { e.recording.Store(a.saga.ID, time.Now()) }()
 	}
 	_ = t.conn.Hijack().PgConn().Conn().Close()
 	if b.abandoned == nil || b.abandoned.cut {
@@ -69,6 +69,16 @@ func (e *Engine) abandon(ctx context.Context, t *batchTx, b *batch) error {
 	}
 	return nil
 }
+
+// recordingNow marks a saga in [Engine.recording] whose abandoned attempt
+// is being recorded; once it is, the time it was recorded at.
+type recordingNow struct{}
+
+// recordedFresh is how long after an abandoned attempt was recorded a
+// worker of the engine reads its saga again before running a command of it:
+// a claim whose statement began before the record committed found the saga
+// as it was before the record (see [batch.recorded]).
+const recordedFresh = 10 * time.Second
 
 // recordAbandoned writes the failure of an abandoned attempt in a
 // transaction of its own, fenced on the version the attempt started from,
@@ -199,6 +209,7 @@ func (e *Engine) callHandler(ctx context.Context, t *batchTx, run *StepRun, canc
 		case r := <-done:
 			return r, false
 		default:
+			t.givenUp.Store(true) // before the cancel, which the handler may be waiting for
 			cancel(errCutOnReplyWorker)
 			e.stats.cut.Add(1)
 			return result{err: &abandonedError{why: "the reply worker's limit (KafkaConfig.ReplyStepLimit)", cut: true}}, true
@@ -223,6 +234,7 @@ func (e *Engine) callHandler(ctx context.Context, t *batchTx, run *StepRun, canc
 				return nil, r.err
 			}
 		case <-grace.C:
+			t.givenUp.Store(true)
 			e.stats.abandoned.Add(1)
 			why := "its timeout"
 			var cr *cancelRequested

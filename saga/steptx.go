@@ -78,6 +78,11 @@ type batchTx struct {
 	// carries in place of the saga's own, if any (see
 	// [engineTelemetry.lastStamped]).
 	stamped trace.SpanContext
+	// givenUp is set when the handler running now was given up (abandoned
+	// past HandlerGrace, or cut on a reply worker), before its context is
+	// cancelled for that and before its worker goes on: the handler's
+	// later statements then fail at once, touching nothing of the batch.
+	givenUp atomic.Bool
 	// cut, when positive, is how long the handler run now may run before
 	// it is given up, its transaction with it (see [Engine.callHandler]):
 	// KafkaConfig.ReplyStepLimit, while a step runs at once on a Kafka
@@ -503,6 +508,10 @@ type stepTx struct {
 	bt *batchTx
 }
 
+// errGivenUp is what a step's statement gets once its handler was given
+// up: its transaction is gone.
+var errGivenUp = errors.New("saga: this step's handler was given up (abandoned, or cut on a reply worker); its transaction is gone")
+
 var errStepTxEnd = errors.New("saga: a step must not commit or roll back its transaction; return an error to fail the step")
 
 func (stepTx) Commit(context.Context) error   { return errStepTxEnd }
@@ -576,6 +585,9 @@ func (t stepTx) Conn() *pgx.Conn {
 // flush sends the batch's queued writes before the step's own statement,
 // with the step's clock stopped: the step is not charged for them.
 func (t stepTx) flush() error {
+	if t.bt.givenUp.Load() {
+		return errGivenUp
+	}
 	if f := t.bt.before; f != nil {
 		t.bt.before = nil
 		if err := f(); err != nil {
