@@ -562,6 +562,26 @@ func (b *batch) send(ctx context.Context, sg *store.Saga, def *compiled, idx int
 		b.interrupted(sg, def, idx, sp, last, reason, code)
 		return nil
 	}
+	if err == nil && dir == steps.Forward && !def.pastPivot(idx) && Status(sg.Status) == StatusRunning {
+		// A cancel asked for while the Command ran, which returned anyway
+		// (or which this engine has not heard of yet): nothing is sent, and
+		// the request is applied in the step's place, as when it
+		// interrupts the Command. One read, after the Command.
+		req := e.running.pending(sg.ID)
+		if req == nil && !b.tx.aborted() {
+			reqs, rerr := e.st.CancelRequests(ctx, b.tx.step(), []uuid.UUID{sg.ID})
+			if rerr != nil {
+				return rerr
+			}
+			if r, ok := reqs[sg.ID]; ok {
+				req = &r
+			}
+		}
+		if req != nil && req.Epoch == sg.Epoch {
+			b.interrupted(sg, def, idx, sp, last, safetext.Text(req.Reason, maxReasonBytes), req.Code)
+			return nil
+		}
+	}
 	if err != nil {
 		tr := e.transition(sg, e.machine.failure(sg, def, idx, dir, sg.Attempt+1, err, 0))
 		b.tx.write(sg, tr, sp, true, last, nil, func() { b.tx.stats.failed.Add(1) })

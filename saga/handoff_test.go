@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagaflow/sagaflow/internal/store"
+	"github.com/sagaflow/sagaflow/internal/testkit"
 	"github.com/sagaflow/sagaflow/saga"
 	"github.com/sagaflow/sagaflow/steps"
 )
@@ -379,4 +380,46 @@ func TestACommandAfterAReplyAndALocalStepPastTheLimitIsHandedOff(t *testing.T) {
 	require.Equal(t, int32(2), built("o-1"))
 	require.Equal(t, int32(1), built("o-2"), "not tried on the reply worker again")
 	require.Equal(t, int64(1), r.engine.Stats().StepsHandedOff)
+}
+
+// A claimed remote step's Command that returns success although a cancel
+// was asked for while it ran (it ignored its context, or the request was
+// recorded just before it returned) sends nothing: the request is applied
+// in the step's place, as when it interrupts the Command. (Seen in CI once
+// the step after a reply could be handed to a worker: bill sent after
+// Cancel returned, review15's TestOperatorJustBeforeTheReplyOrCommandReturns.)
+func TestACancelWhileAClaimedCommandRunsStopsTheSend(t *testing.T) {
+	t.Parallel()
+	const name = "claimedcancel"
+	replies := saga.CommandTopicDefault + "." + name + ".replies"
+	remote := name + ".participant"
+	k := setupKafkaWith(t, 1, &saga.Config{Workers: 1, Kafka: &saga.KafkaConfig{}}, replies, remote)
+	ctx := context.Background()
+	gate := testkit.NewGate()
+	t.Cleanup(gate.Open)
+	def := saga.Define(name,
+		saga.Step[order]{Name: "pay", Timeout: 30 * time.Second, Remote: &saga.Remote[order]{
+			Topic: remote, Type: name + ".pay",
+			Command: func(_ context.Context, _ *saga.StepRun, o *order) (any, error) {
+				return o, gate.Pass(context.Background()) // returns when the test says, whatever its ctx
+			},
+		}},
+		saga.Step[order]{Name: "ship", Action: func(ctx context.Context, run *saga.StepRun, _ *order) error { return recordEffect(ctx, run, k.schema) }},
+	)
+	require.NoError(t, k.engine.Register(def))
+	k.start(t)
+	st, err := saga.Start(ctx, k.engine, def, order{OrderID: "o-1"}, nil)
+	require.NoError(t, err)
+	testkit.WaitFor(t, 15*time.Second, "pay's Command", func() bool { return gate.Entered() == 1 })
+	require.NoError(t, k.engine.Cancel(ctx, st.ID, "customer changed their mind"))
+	gate.Open()
+	in := k.waitTerminalWithin(t, st.ID, 30*time.Second)
+	require.Equal(t, saga.StatusCompensated, in.Status, "history: %v", eventTypes(in))
+	require.NotContains(t, eventTypes(in), "command_sent:pay")
+	testkit.Hold(t, time.Second, "nothing sent to the participant", func() bool {
+		msgs, err := k.kc.ReadAll(ctx, remote)
+		require.NoError(t, err)
+		return len(msgs) == 0
+	})
+	require.Empty(t, k.effects(t, st.ID))
 }
