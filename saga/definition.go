@@ -135,8 +135,10 @@ type Remote[S any] struct {
 	// rolled back when it fails. An error fails the step as an Action's
 	// would: retried, or for good. It runs as an Action does: ctx ends at
 	// the step's Timeout (which also bounds the wait for the reply) and
-	// with a cancel request, which is then applied in the step's place; a
-	// Command that ignores its ctx past Config.HandlerGrace is abandoned
+	// with a cancel request, which is then applied in the step's place
+	// (also when the Command returns a payload anyway: a cancel asked for
+	// before it returned sends nothing); a Command that ignores its ctx
+	// past Config.HandlerGrace is abandoned
 	// with its worker's connection, and the attempt recorded (as the local
 	// step's when it ran in that step's transaction, whose success is then
 	// lost and runs again). Build the payload from the state: a slow
