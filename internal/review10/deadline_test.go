@@ -34,6 +34,14 @@ func (e *env) local(name string, timeout time.Duration) saga.Step[order] {
 		}}
 }
 
+// sentSkew is how much less than the Timeout a reply deadline minus the
+// command_sent event's time may measure: the two times are taken at
+// different moments of the write (the deadline by the saga's update, the
+// event's time by its history row), which can be tens of milliseconds
+// apart on a loaded machine (a CI run measured 1.943 s for a 2 s Timeout).
+// The upper bound is what tells a deadline of Timeout plus room.
+const sentSkew = 250 * time.Millisecond
+
 func within(t *testing.T, what string, got, lo, hi time.Duration) {
 	t.Helper()
 	require.Truef(t, got >= lo && got <= hi, "%s: %s, want between %s and %s", what, got, lo, hi)
@@ -217,7 +225,7 @@ func TestRemoteReplyTimeout(t *testing.T) {
 			sent := e.eventAt(t, st.ID, saga.EventCommandSent)
 			r := e.read(t, st.ID)
 			require.NotNil(t, r.deadline)
-			within(t, "reply deadline - command sent (\"set exactly to the step's timeout\")", r.deadline.Sub(sent), tc.remote-50*time.Millisecond, tc.remote+margin)
+			within(t, "reply deadline - command sent (\"set exactly to the step's timeout\")", r.deadline.Sub(sent), tc.remote-sentSkew, tc.remote+margin)
 			require.NotNil(t, r.check)
 			require.LessOrEqual(t, r.check.Sub(*r.deadline), time.Duration(0), "next_check_at must be a lower bound of the deadline: %s", r)
 
@@ -1017,7 +1025,7 @@ func TestFirstStepRemote(t *testing.T) {
 	require.Equal(t, 1, e.publishRelayRows(t, st.ID))
 	sent := e.eventAt(t, st.ID, saga.EventCommandSent)
 	r := e.read(t, st.ID)
-	within(t, "reply deadline - command sent", r.deadline.Sub(sent), remoteT-50*time.Millisecond, remoteT+margin)
+	within(t, "reply deadline - command sent", r.deadline.Sub(sent), remoteT-sentSkew, remoteT+margin)
 	e.stepToRescue(t, eng, st.ID, 250*time.Millisecond, 20*time.Second)
 	in := testkit.WaitEnded(t, eng, st.ID)
 	require.Equal(t, saga.StatusCompensated, in.Status)
@@ -1048,7 +1056,7 @@ func TestRemoteCompensationResentAtEachDeadline(t *testing.T) {
 		require.Equal(t, 1, e.publishRelayRows(t, st.ID))
 		sent := e.eventAt(t, st.ID, saga.EventCommandSent)
 		r := e.read(t, st.ID)
-		within(t, fmt.Sprintf("cycle %d: reply deadline - command sent", cycles), r.deadline.Sub(sent), remoteT-50*time.Millisecond, remoteT+margin)
+		within(t, fmt.Sprintf("cycle %d: reply deadline - command sent", cycles), r.deadline.Sub(sent), remoteT-sentSkew, remoteT+margin)
 		e.stepToRescue(t, eng, st.ID, 250*time.Millisecond, 20*time.Second)
 		cycles++
 	}
