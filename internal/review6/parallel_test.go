@@ -475,7 +475,11 @@ func TestParallelPauseDuringBranches(t *testing.T) {
 				}
 				return nil, g.wait(ctx)
 			}},
-			{Name: "flaky", Retry: &saga.RetryPolicy{MaxAttempts: 5, Backoff: func(int) time.Duration { return 200 * time.Millisecond }},
+			// The retry's backoff must outlast the test's reaction (seeing
+			// the failure, then Pause): with 200 ms a loaded CI paused 215 ms
+			// after the failure, when the retry was already due and running.
+			// It is due within the hold below.
+			{Name: "flaky", Retry: &saga.RetryPolicy{MaxAttempts: 5, Backoff: func(int) time.Duration { return 700 * time.Millisecond }},
 				Action: func(ctx context.Context, run *saga.StepRun, _ st) (any, error) {
 					if flakyCalls.Add(1) == 1 {
 						<-g.entered // the held branch runs first; then fail once
@@ -492,6 +496,7 @@ func TestParallelPauseDuringBranches(t *testing.T) {
 	s, err := saga.Start(ctx, e, d, st{}, nil)
 	require.NoError(t, err)
 	sagatest.Wait(t, e, s.ID, sagatest.Event("step_failed:grp.flaky"), nil)
+	failedBy := time.Now() // the failure, and its retry's 700 ms, began before this
 	require.NoError(t, e.Pause(ctx, s.ID, "hold the group"))
 	g.waitEntered(t)
 	close(g.release)
@@ -499,7 +504,7 @@ func TestParallelPauseDuringBranches(t *testing.T) {
 		return branchStatus(t, e, s.ID)["held"].Status == "completed"
 	})
 	pausedAt := time.Now()
-	testkit.Hold(t, time.Second, "the flaky branch's retry waits for the resume", func() bool {
+	testkit.Hold(t, 1500*time.Millisecond, "the flaky branch's retry waits for the resume", func() bool {
 		if flakyCalls.Load() != 1 || v.fx.Count(t, s.ID, "after") != 0 {
 			in := get(t, e, s.ID)
 			t.Logf("%s after the pause: calls=%d effects=%v paused=%+v\n%s", time.Since(pausedAt), flakyCalls.Load(),
@@ -508,6 +513,7 @@ func TestParallelPauseDuringBranches(t *testing.T) {
 		}
 		return true
 	})
+	require.Greater(t, time.Since(failedBy), 700*time.Millisecond, "the retry was due while the hold watched")
 	require.NoError(t, e.Resume(ctx, s.ID, "go"))
 	in := testkit.WaitEnded(t, e, s.ID)
 	require.Equal(t, saga.StatusCompleted, in.Status, sagatest.Describe(in))
