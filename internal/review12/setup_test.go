@@ -252,8 +252,10 @@ func commandID(t *testing.T, svc *service, id uuid.UUID) string {
 	return *c
 }
 
-// waitAt waits until saga id runs step in direction dir and has a command
-// on the way (command_id set), and returns that command's id.
+// waitAt waits until saga id runs step in direction dir and has sent its
+// command (command_id set, and a command_sent event with that message id:
+// before the send, command_id names the command a worker claims to send
+// it), and returns that command's id.
 func waitAt(t *testing.T, e *saga.Engine, svc *service, id uuid.UUID, step string, dir steps.Direction) string {
 	t.Helper()
 	var cmd string
@@ -264,7 +266,19 @@ func waitAt(t *testing.T, e *saga.Engine, svc *service, id uuid.UUID, step strin
 			return false
 		}
 		cmd = commandID(t, svc, id)
-		return cmd != ""
+		if cmd == "" {
+			return false
+		}
+		for _, ev := range in.History {
+			var d struct {
+				MessageID string `json:"message_id"`
+			}
+			if ev.Type == saga.EventCommandSent && ev.Step == step && ev.Direction == dir &&
+				json.Unmarshal(ev.Detail, &d) == nil && d.MessageID == cmd {
+				return true
+			}
+		}
+		return false
 	})
 	return cmd
 }
