@@ -168,7 +168,7 @@ func TestAnAbandonedAtOnceStepIsNotRecordedOverAnotherEnginesCancel(t *testing.T
 	ctx := context.Background()
 	deaf := make(chan struct{}) // the deaf run started
 	var ships atomic.Int32
-	var sleepers sync.WaitGroup
+	var sleepers testkit.Stragglers
 	t.Cleanup(sleepers.Wait)
 	def := saga.Define(name,
 		saga.Step[order]{Name: "pick", Action: func(ctx context.Context, run *saga.StepRun, _ *order) error { return recordEffect(ctx, run, k.schema) },
@@ -180,8 +180,7 @@ func TestAnAbandonedAtOnceStepIsNotRecordedOverAnotherEnginesCancel(t *testing.T
 		saga.Step[order]{Name: "ship", Timeout: 100 * time.Millisecond,
 			Action: func(ctx context.Context, run *saga.StepRun, _ *order) error {
 				if ships.Add(1) == 1 {
-					sleepers.Add(1)
-					defer sleepers.Done()
+					defer sleepers.Enter()()
 					close(deaf)
 					time.Sleep(time.Second) // ignores its context
 					return nil
@@ -271,7 +270,7 @@ func TestAnAbandonedAtOnceStepRecordsOnlyItsHistory(t *testing.T) {
 	k := setupKafkaWith(t, 1, &saga.Config{Workers: 1, HandlerGrace: 100 * time.Millisecond, Kafka: &saga.KafkaConfig{ReplyStepLimit: -1}}, replies, remote)
 	ctx := context.Background()
 	var ships atomic.Int32
-	var sleepers sync.WaitGroup
+	var sleepers testkit.Stragglers
 	t.Cleanup(sleepers.Wait)
 	def := saga.Define(name,
 		saga.Step[order]{Name: "pick", Action: func(ctx context.Context, run *saga.StepRun, _ *order) error { return recordEffect(ctx, run, k.schema) }},
@@ -285,8 +284,7 @@ func TestAnAbandonedAtOnceStepRecordsOnlyItsHistory(t *testing.T) {
 		saga.Step[order]{Name: "ship", Timeout: 100 * time.Millisecond,
 			Action: func(ctx context.Context, run *saga.StepRun, _ *order) error {
 				if ships.Add(1) == 1 {
-					sleepers.Add(1)
-					defer sleepers.Done()
+					defer sleepers.Enter()()
 					time.Sleep(time.Second) // ignores its context
 					return nil
 				}
@@ -324,7 +322,7 @@ func TestACommandAfterAReplyAndALocalStepPastTheLimitIsHandedOff(t *testing.T) {
 	t.Parallel()
 	var bills sync.Map // order id → *atomic.Int32
 	var cancelled atomic.Bool
-	var sleepers sync.WaitGroup
+	var sleepers testkit.Stragglers
 	t.Cleanup(sleepers.Wait)
 	r := newChainRigOf(t, "handoffcmd", &saga.Config{Workers: 1, Kafka: &saga.KafkaConfig{ReplyStepLimit: 100 * time.Millisecond}},
 		func(remote string) []saga.Step[order] {
@@ -336,8 +334,7 @@ func TestACommandAfterAReplyAndALocalStepPastTheLimitIsHandedOff(t *testing.T) {
 					Command: func(ctx context.Context, _ *saga.StepRun, o *order) (any, error) {
 						n, _ := bills.LoadOrStore(o.OrderID, new(atomic.Int32))
 						if n.(*atomic.Int32).Add(1) == 1 && o.OrderID == "o-1" {
-							sleepers.Add(1)
-							defer sleepers.Done()
+							defer sleepers.Enter()()
 							select {
 							case <-ctx.Done():
 								cancelled.Store(true)

@@ -3,7 +3,6 @@ package review15
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -32,12 +31,11 @@ func deafBill(t *testing.T, name string, deaf int32, attempts int, limit time.Du
 	t.Helper()
 	r := newRig(t, name, nil)
 	var builds counter
-	var sleepers sync.WaitGroup
+	var sleepers testkit.Stragglers
 	t.Cleanup(sleepers.Wait)
 	r.billCmd = func(_ context.Context, _ *saga.StepRun, o *ord) (any, error) {
 		if builds.add(o.ID) <= deaf {
-			sleepers.Add(1)
-			defer sleepers.Done()
+			defer sleepers.Enter()()
 			time.Sleep(2 * time.Second)
 		}
 		return cmd{ID: o.ID}, nil
@@ -158,7 +156,7 @@ func mixRun(t *testing.T, name string, batch int, deafOne bool, limit time.Durat
 	t.Helper()
 	r := newRig(t, name, nil)
 	var builds counter
-	var sleepers sync.WaitGroup
+	var sleepers testkit.Stragglers
 	t.Cleanup(sleepers.Wait)
 	// (The review had bill's Timeout 1 s and the deaf build 2 s; the
 	// control below then failed on a loaded machine with no deaf build at
@@ -166,8 +164,7 @@ func mixRun(t *testing.T, name string, batch int, deafOne bool, limit time.Durat
 	r.billTime = 2500 * time.Millisecond
 	r.billCmd = func(_ context.Context, _ *saga.StepRun, o *ord) (any, error) {
 		if builds.add(o.ID) == 1 && o.ID == "deaf" {
-			sleepers.Add(1)
-			defer sleepers.Done()
+			defer sleepers.Enter()()
 			time.Sleep(5 * time.Second)
 		}
 		return cmd{ID: o.ID}, nil
@@ -290,14 +287,13 @@ func TestOperatorWhileBillCommandIsDeaf(t *testing.T) {
 			t.Parallel()
 			r := newRig(t, "deafop"+op, nil)
 			var builds counter
-			var sleepers sync.WaitGroup
+			var sleepers testkit.Stragglers
 			t.Cleanup(sleepers.Wait)
 			entered := make(chan struct{}, 1)
 			r.billTime = time.Second
 			r.billCmd = func(_ context.Context, _ *saga.StepRun, o *ord) (any, error) {
 				if builds.add(o.ID) == 1 {
-					sleepers.Add(1)
-					defer sleepers.Done()
+					defer sleepers.Enter()()
 					entered <- struct{}{}
 					time.Sleep(2 * time.Second)
 				}

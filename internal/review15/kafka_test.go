@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -31,15 +30,14 @@ func TestKafkaModeRemoteAfterRemote(t *testing.T) {
 	r := newRig(t, name, nil)
 	require.NoError(t, r.kc.CreateTopic(saga.CommandTopicDefault+"."+name, 2))
 	var builds counter
-	var sleepers sync.WaitGroup
+	var sleepers testkit.Stragglers
 	t.Cleanup(sleepers.Wait)
 	r.billTime = time.Second
 	r.billCmd = func(_ context.Context, _ *saga.StepRun, o *ord) (any, error) {
 		n := builds.add(o.ID)
 		switch {
 		case o.ID == "deaf" && n == 1:
-			sleepers.Add(1)
-			defer sleepers.Done()
+			defer sleepers.Enter()()
 			time.Sleep(2 * time.Second)
 		case o.ID == "perm":
 			return nil, steps.Permanent(errors.New("no"))

@@ -42,7 +42,7 @@ func TestDeafStepOnFourWorkersCountsExactlyMaxAttempts(t *testing.T) {
 			}
 			var mu sync.Mutex
 			runs := map[uuid.UUID][]seen{}
-			var sleepers sync.WaitGroup
+			var sleepers testkit.Stragglers
 			def := saga.Define(fmt.Sprint("deafw", batch),
 				saga.Step[ord]{Name: "pick", Retry: noBackoff(1),
 					Action:     func(ctx context.Context, run *saga.StepRun, _ *ord) error { return fx.Record(ctx, run, "pick") },
@@ -58,8 +58,7 @@ func TestDeafStepOnFourWorkersCountsExactlyMaxAttempts(t *testing.T) {
 						mu.Lock()
 						runs[run.SagaID][k].before, runs[run.SagaID][k].err = b, err
 						mu.Unlock()
-						sleepers.Add(1)
-						defer sleepers.Done()
+						defer sleepers.Enter()()
 						time.Sleep(1200 * time.Millisecond)
 						return fx.Record(context.Background(), run, "deaf-late")
 					}},

@@ -71,7 +71,7 @@ type rig struct {
 	shipRuns counter
 	billRuns counter
 	payGate  atomic.Pointer[testkit.Gate]
-	sleepers sync.WaitGroup
+	sleepers testkit.Stragglers
 }
 
 type defOpts struct {
@@ -187,8 +187,7 @@ func (r *rig) start(t *testing.T, mod func(*saga.Config), defs ...saga.AnyDefini
 
 // sleep sleeps d ignoring every context, counted in r.sleepers.
 func (r *rig) sleep(d time.Duration) {
-	r.sleepers.Add(1)
-	defer r.sleepers.Done()
+	defer r.sleepers.Enter()()
 	time.Sleep(d)
 }
 

@@ -57,3 +57,38 @@ func (g *Gate) Pass(ctx context.Context) error {
 		return ctx.Err()
 	}
 }
+
+// Stragglers counts handlers that outlive their step on purpose (ones that
+// ignore their context and are abandoned or given up), so that a test waits
+// for them before its cleanups take away what they read. A bare
+// sync.WaitGroup will not do: a handler's Add at a zero count may come while
+// a cleanup already waits, which WaitGroup forbids and the race detector
+// reports, failing every test that runs at that moment.
+//
+//	var late testkit.Stragglers
+//	t.Cleanup(late.Wait)
+//	... Action: func(ctx context.Context, run *saga.StepRun, o *order) error {
+//		defer late.Enter()()
+//		time.Sleep(time.Second) // ignores ctx
+//		return nil
+//	}
+type Stragglers struct {
+	mu sync.Mutex
+	wg sync.WaitGroup
+}
+
+// Enter counts one straggler and returns the function that ends it.
+func (s *Stragglers) Enter() (leave func()) {
+	s.mu.Lock()
+	s.wg.Add(1)
+	s.mu.Unlock()
+	return s.wg.Done
+}
+
+// Wait returns when every straggler counted so far has ended. One that
+// enters while Wait runs is held at Enter until Wait returns.
+func (s *Stragglers) Wait() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.wg.Wait()
+}
