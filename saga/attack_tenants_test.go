@@ -222,6 +222,14 @@ func pauseTypeInOneTenant(t *testing.T, caseTwin bool) {
 	r := newTenantRig(t, caseTwin)
 	a, b, defA, defB, l := r.a, r.b, r.defA, r.defB, r.l
 	enteredA, enteredB, openA, openB := r.enteredA, r.enteredB, r.openA, r.openB
+	// A CI run once found one of B's sagas still at ship after 20 s (its
+	// command was written, and B polls once a minute); it has not been
+	// seen again. Should it come back, this says where the command was.
+	t.Cleanup(func() {
+		if t.Failed() {
+			logOutbox(t, b)
+		}
+	})
 
 	// A step runs in each tenant when the operator pauses A's type.
 	runningA, err := saga.Start(ctx, a.engine, defA, order{OrderID: "running"}, nil)
@@ -359,4 +367,35 @@ func TestPauseOfASagaIDInOneTenantLeavesTheSameIDInTheOther(t *testing.T) {
 	require.NoError(t, a.engine.Resume(ctx, id, reason))
 	require.Equal(t, saga.StatusCompleted, a.waitTerminal(t, id).Status)
 	require.Equal(t, tenantSteps, a.effects(t, id))
+}
+
+// logOutbox logs every outbox row of b's schema and b's engine's counters,
+// for a test that failed waiting for a saga.
+func logOutbox(t *testing.T, b *bundle) {
+	t.Helper()
+	ctx := context.Background()
+	rows, err := b.pool.Query(ctx, `SELECT saga_id, type, coalesce(step_key, ''), delivery, status, attempts,
+			coalesce(last_error, ''), extract(epoch FROM available_at - now()), paused_from IS NOT NULL
+		FROM `+b.table("outbox")+` ORDER BY created_at`)
+	if err != nil {
+		t.Logf("outbox of %s: %v", b.schema, err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			id                                  *uuid.UUID
+			typ, key, delivery, status, lastErr string
+			attempts                            int
+			dueIn                               float64
+			paused                              bool
+		)
+		if err := rows.Scan(&id, &typ, &key, &delivery, &status, &attempts, &lastErr, &dueIn, &paused); err != nil {
+			t.Logf("outbox of %s: %v", b.schema, err)
+			return
+		}
+		t.Logf("outbox of %s: saga %v %s %q %s/%s attempts %d due in %.3fs paused %v error %q",
+			b.schema, id, typ, key, delivery, status, attempts, dueIn, paused, lastErr)
+	}
+	t.Logf("engine of %s: %+v", b.schema, b.engine.Stats())
 }

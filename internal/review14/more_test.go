@@ -123,7 +123,9 @@ func TestChainedStepPausesWhenExhausted(t *testing.T) {
 // A signal wait with a time limit, then a local step: the limit passes
 // (TimeoutThen's function runs, then the step after it, once), or the
 // signal comes just at the limit: exactly one of the two ends the wait,
-// the step after it runs once, and a late signal is not delivered.
+// the step after it runs once, and a late signal is not delivered. The
+// limit leaves the test time to see every saga waiting (it looks at them in
+// turn): with 300 ms a loaded CI run found one already past its wait.
 func TestSignalWaitTimeoutThenLocalStep(t *testing.T) {
 	t.Parallel()
 	const n = 6
@@ -134,7 +136,7 @@ func TestSignalWaitTimeoutThenLocalStep(t *testing.T) {
 		saga.Step[ord]{Name: "await", Wait: saga.OnSignal("go", func(ctx context.Context, run *saga.StepRun, s *ord, p string) error {
 			s.Got = p
 			return r.fx.Record(ctx, run, "onsig")
-		}).TimeoutThen(300*time.Millisecond, func(ctx context.Context, run *saga.StepRun, s *ord) error {
+		}).TimeoutThen(1500*time.Millisecond, func(ctx context.Context, run *saga.StepRun, s *ord) error {
 			s.Got = "timeout"
 			return r.fx.Record(ctx, run, "timedout")
 		})},
