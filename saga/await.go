@@ -505,13 +505,11 @@ func (b *batch) successThenSend(ctx context.Context, sg *store.Saga, def *compil
 	// this engine may not have heard of yet: the request goes first.
 	// (Not when the Command left the transaction aborted: its failure is
 	// written with its rollback.)
-	var paused, cancel bool
-	if !b.tx.aborted() {
-		if ferr := b.tx.flushWith(func(q *pgx.Batch) { e.st.QueueSagaStopped(q, sg.ID, sg.Name, &paused, &cancel) }); ferr != nil {
-			return ferr
-		}
+	req, rerr := b.cancelAsked(sg.ID)
+	if rerr != nil {
+		return rerr
 	}
-	cancel = cancel || e.running.pending(sg.ID) != nil
+	cancel := req != nil
 	if apart {
 		switch {
 		case cancel:

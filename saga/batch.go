@@ -567,15 +567,9 @@ func (b *batch) send(ctx context.Context, sg *store.Saga, def *compiled, idx int
 		// (or which this engine has not heard of yet): nothing is sent, and
 		// the request is applied in the step's place, as when it
 		// interrupts the Command. One read, after the Command.
-		req := e.running.pending(sg.ID)
-		if req == nil && !b.tx.aborted() {
-			reqs, rerr := e.st.CancelRequests(ctx, b.tx.step(), []uuid.UUID{sg.ID})
-			if rerr != nil {
-				return rerr
-			}
-			if r, ok := reqs[sg.ID]; ok {
-				req = &r
-			}
+		req, rerr := b.cancelAsked(sg.ID)
+		if rerr != nil {
+			return rerr
 		}
 		if req != nil && req.Epoch == sg.Epoch {
 			b.interrupted(sg, def, idx, sp, last, safetext.Text(req.Reason, maxReasonBytes), req.Code)
@@ -592,22 +586,39 @@ func (b *batch) send(ctx context.Context, sg *store.Saga, def *compiled, idx int
 	return nil
 }
 
+// cancelAsked returns the cancel request of saga id that came while a
+// handler of it ran, after the claim read the saga: one this engine has
+// heard of, or else one in the database, read with the batch's queued
+// writes in one round trip. It reads nothing when the transaction is
+// aborted (a Command that used it failed: its failure is written with the
+// rollback).
+func (b *batch) cancelAsked(id uuid.UUID) (*store.CancelRequest, error) {
+	if req := b.e.running.pending(id); req != nil || b.tx.aborted() {
+		return req, nil
+	}
+	var req *store.CancelRequest
+	if err := b.tx.flushWith(func(q *pgx.Batch) { b.e.st.QueueCancelRequest(q, id, &req) }); err != nil {
+		return nil, err
+	}
+	return req, nil
+}
+
 // abandon records that a's handler (what, for the error) ignored its
 // context past HandlerGrace, as ab says: the batch gives its connection
 // up, and a is recorded on its own (see [Engine.abandon]). tail ends the
 // error's text.
 func (b *batch) abandon(a abandonedStep, what, tail string, ab *abandonedError) error {
-	a.err = steps.WithCode(CodeAbandonedRunOn, fmt.Errorf("%s ignored its context, cancelled by %s, for %s; its worker abandoned it%s",
-		what, ab.why, b.e.cfg.HandlerGrace, tail))
-	if ab.cut {
+	if a.cut = ab.cut; !a.cut {
+		a.err = steps.WithCode(CodeAbandonedRunOn, fmt.Errorf("%s ignored its context, cancelled by %s, for %s; its worker abandoned it%s",
+			what, ab.why, b.e.cfg.HandlerGrace, tail))
+	} else {
 		// Run at once on a reply worker past its limit: nothing of the
 		// attempt is recorded; the reply comes again, and is written with
 		// the step's command for a worker. That step is not run at once
 		// after a reply for a while (see [batch.handsOff]).
-		a.cut, a.err = true, nil
 		b.e.handOff.Store(stepRef{def: a.def, idx: a.idx}, time.Now().Add(handOffFor))
-		b.e.log.Warn("sagaflow: a step run at once after a reply ran past KafkaConfig.ReplyStepLimit; "+
-			"it runs on an engine worker, and after replies does so for a while",
+		b.e.log.Warn("sagaflow handed a step run at once after a reply to an engine worker: it ran past "+
+			"KafkaConfig.ReplyStepLimit; after replies it runs on a worker for a while",
 			slog.String("saga", safetext.Text(a.saga.Name, 200)), slog.String("step", safetext.Text(a.def.steps[a.idx].name, 200)),
 			slog.Duration("limit", b.tx.cut), slog.Duration("for", handOffFor))
 	}

@@ -1357,6 +1357,23 @@ func (s *Store) CancelRequests(ctx context.Context, db DBTX, ids []uuid.UUID) (m
 	return out, nil
 }
 
+// QueueCancelRequest queues on b the read of saga id's pending cancel
+// request, into req (left nil when there is none).
+func (s *Store) QueueCancelRequest(b *pgx.Batch, id uuid.UUID, req **CancelRequest) {
+	b.Queue(s.q.cancelRequests, pgIDs([]uuid.UUID{id})).Query(func(rows pgx.Rows) error {
+		var got uuid.UUID
+		var r CancelRequest
+		_, err := pgx.ForEachRow(rows, []any{(*[16]byte)(&got), &r.Epoch, &r.Reason, &r.Code}, func() error {
+			*req = &r
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("store: read the cancel request of saga %s: %w", id, err)
+		}
+		return nil
+	})
+}
+
 // Held is a Kafka command to move back into the outbox: see
 // [Store.HoldMessage].
 type Held struct {
