@@ -78,6 +78,9 @@ func TestSoakShort(t *testing.T) {
 		strings.Join(res.Report.Violations, "\n"), chaos.LogTails(dir, 40))
 	require.Positive(t, res.Actions["sigkill"]+res.Actions["pg_restart"]+res.Actions["broker_outage"]+res.Actions["sigstop"],
 		"the soak attacked nothing")
+	// Dawdling orders (see chaos.DawdleFor) reach the hand-off of a step
+	// that runs past the reply worker's limit.
+	require.Positive(t, chaos.LogCount(dir, chaos.HandOffLog), "no step was handed from a reply worker to an engine worker")
 }
 
 // TestSoakShortNATS is the short chaos soak over NATS JetStream (a

@@ -9,7 +9,9 @@
 // Some orders fail a step through PostgreSQL (a unique violation a few
 // times, or a division by zero for good), some are cancelled by an operator
 // (while a step runs, from a transaction that holds the saga, or as the CLI
-// does), and sagas of a type no node registers ([ForeignSagaName]) send
+// does), some dawdle in the step after the remote one, past the reply
+// worker's limit, so that the step is handed from the reply worker to an
+// engine worker (see [DawdleFor]), and sagas of a type no node registers ([ForeignSagaName]) send
 // commands the engines must hold and then park.
 //
 // Parcels are sagas that wait (see [ParcelDefinitions]): for a timer, for a

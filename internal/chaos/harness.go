@@ -522,6 +522,24 @@ func LogTails(dir string, lines int) string {
 	return b.String()
 }
 
+// HandOffLog begins the engine's warning that a step run at once after a
+// reply ran past KafkaConfig.ReplyStepLimit and was handed to a worker.
+const HandOffLog = "sagaflow handed a step run at once after a reply to an engine worker"
+
+// LogCount counts the lines of the node logs in dir that contain s.
+func LogCount(dir, s string) int {
+	paths, _ := filepath.Glob(filepath.Join(dir, "*.log"))
+	n := 0
+	for _, p := range paths {
+		raw, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		n += strings.Count(string(raw), s)
+	}
+	return n
+}
+
 // groupIDs are the consumer groups of the system: the engines' (the
 // engine's default group) and the payments participant's, one per topic.
 func groupIDs() []string {

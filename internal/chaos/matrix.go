@@ -155,7 +155,8 @@ func RunCell(ctx context.Context, dir string, nodeCmd NodeCommand, c Cell) (*Cel
 	}
 	// One order in eight is slow, one fails ship through PostgreSQL a few
 	// times, one for good; one lingers in reserve and is cancelled while
-	// it does; two more are cancelled: once by a transaction that holds
+	// it does; one dawdles in ship, past the reply worker's limit; two more
+	// are cancelled: once by a transaction that holds
 	// the saga for a second (its commands must be held meanwhile), once as
 	// the CLI does, at a random moment.
 	startSome := func(n int) error {
@@ -170,6 +171,8 @@ func RunCell(ctx context.Context, dir string, nodeCmd NodeCommand, c Cell) (*Cel
 				o.DBFail = 1 + rng.IntN(3)
 			case 6:
 				o.DBFatal = true
+			case 7:
+				o.Dawdle = true
 			}
 			order++
 			if err := env.Start(ctx, o); err != nil {

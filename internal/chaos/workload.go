@@ -44,7 +44,12 @@ import (
 // ship's ledger row, written before the failing statement in the same
 // transaction, must be rolled back with it. Orders marked Linger wait in
 // reserve for LingerFor, honouring their context, so that an operator's
-// cancel can reach a running step.
+// cancel can reach a running step. Orders marked Dawdle wait in ship for
+// DawdleFor, honouring their context: in the hybrid mode ship runs at once
+// after charge's reply, on the Kafka worker that applied it, and past
+// KafkaConfig.ReplyStepLimit it is given up there, the reply applied again
+// on its own with ship's command, and an engine worker runs ship (for a
+// minute after, that engine runs ship on a worker from the start).
 //
 // A third saga type, [ForeignSagaName], is registered by no node: the
 // parent starts sagas of it whose commands it routes to the order saga's
@@ -71,6 +76,9 @@ const (
 
 	// LingerFor is how long reserve waits for a Linger order.
 	LingerFor = 3 * time.Second
+	// DawdleFor is how long ship waits for a Dawdle order: twice the
+	// engine's default ReplyStepLimit.
+	DawdleFor = 2 * saga.ReplyStepLimitDefault
 
 	// ForeignSagaName is a saga type no node registers (see above).
 	ForeignSagaName = "order-next"
@@ -92,6 +100,7 @@ type Order struct {
 	DBFail  int    `json:"db_fail,omitempty"`
 	DBFatal bool   `json:"db_fatal,omitempty"`
 	Linger  bool   `json:"linger,omitempty"`
+	Dawdle  bool   `json:"dawdle,omitempty"`
 	Paid    bool   `json:"paid,omitempty"`
 }
 
@@ -273,6 +282,13 @@ func definition(name, topic string, x External, pid int, broken *pgxpool.Pool) *
 		}},
 		saga.Step[Order]{Name: "ship", Retry: &saga.RetryPolicy{MaxAttempts: 20, Backoff: saga.ExponentialBackoff(50*time.Millisecond, time.Second)},
 			Action: func(ctx context.Context, run *saga.StepRun, o *Order) error {
+				if o.Dawdle {
+					select {
+					case <-time.After(DawdleFor):
+					case <-ctx.Done():
+						return ctx.Err()
+					}
+				}
 				if o.Fail {
 					return steps.Permanent(steps.WithCode("undeliverable", errors.New("the carrier does not deliver there")))
 				}
