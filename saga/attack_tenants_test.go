@@ -222,9 +222,10 @@ func pauseTypeInOneTenant(t *testing.T, caseTwin bool) {
 	r := newTenantRig(t, caseTwin)
 	a, b, defA, defB, l := r.a, r.b, r.defA, r.defB, r.l
 	enteredA, enteredB, openA, openB := r.enteredA, r.enteredB, r.openA, r.openB
-	// A CI run once found one of B's sagas still at ship after 20 s (its
-	// command was written, and B polls once a minute); it has not been
-	// seen again. Should it come back, this says where the command was.
+	// A CI run once found one of B's sagas still at ship after 20 s (B
+	// polls once a minute): most likely a deferred command missed by its
+	// worker's look ahead (see TestADeferredCommandIsRunWhenDueNotAtTheNextPoll).
+	// Should it come back, this says where the command was.
 	t.Cleanup(func() {
 		if t.Failed() {
 			logOutbox(t, b)

@@ -116,8 +116,9 @@ func (e *Engine) transition(sg *store.Saga, d decision) *store.Transition {
 }
 
 type deferral struct {
-	id     uuid.UUID
-	reason string
+	id       uuid.UUID
+	reason   string
+	attempts int // the command's attempts before this deferral
 }
 
 // runBatch claims up to BatchSize commands, runs their steps in one
@@ -197,6 +198,7 @@ func (e *Engine) finish(ctx context.Context, b *batch) error {
 		}
 		for _, d := range b.deferred {
 			e.st.QueueDefer(end, []uuid.UUID{d.id}, deferDelay, deferDelayMax, d.reason)
+			t.later(deferWait(d.attempts))
 		}
 	}
 	if err := t.flushWith(tail); err != nil {
@@ -222,6 +224,9 @@ func (e *Engine) finish(ctx context.Context, b *batch) error {
 	if b.waitEnded {
 		fault.At(ctx, fault.EngineWaitAfterCommit)
 	}
+	if t.soonest > 0 {
+		e.wakeIn(t.soonest)
+	}
 	if t.ready() {
 		// Wakes direct workers, or the relay that publishes Kafka commands
 		// and remote steps' commands: only the relay when only it has work.
@@ -245,6 +250,17 @@ const (
 	deferDelay    = 5 * time.Millisecond
 	deferDelayMax = 2 * time.Second
 )
+
+// deferWait is how long a command deferred after attempts earlier tries
+// waits (the outbox's deferral doubles deferDelay per attempt, up to
+// deferDelayMax).
+func deferWait(attempts int) time.Duration {
+	d := deferDelay << min(max(attempts, 0), 20)
+	if d <= 0 || d > deferDelayMax {
+		return deferDelayMax
+	}
+	return d
+}
 
 // park marks a command dead with its reason and, when its saga exists, says so
 // in the saga's history. Nothing is dropped: the row stays for an operator.
@@ -282,7 +298,7 @@ func (b *batch) park(ctx context.Context, c *store.Claimed, sagaID *uuid.UUID, c
 func (b *batch) unknown(ctx context.Context, c *store.Claimed, sagaID *uuid.UUID, code, reason string) (parked bool, err error) {
 	if c.Age < b.e.cfg.UnknownSagaGrace {
 		b.tx.stats.deferred.Add(1)
-		b.deferred = append(b.deferred, deferral{id: c.ID, reason: reason})
+		b.deferred = append(b.deferred, deferral{id: c.ID, reason: reason, attempts: c.Attempts})
 		return false, nil
 	}
 	return true, b.park(ctx, c, sagaID, code, fmt.Sprintf("%s; no engine ran it within UnknownSagaGrace (%s)", reason, b.e.cfg.UnknownSagaGrace))
@@ -321,7 +337,7 @@ func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, derr 
 		// A cancel command waits too: the engine running the step was told
 		// of the request, and applies it in the step's place.
 		b.tx.stats.deferred.Add(1)
-		b.deferred = append(b.deferred, deferral{id: c.ID})
+		b.deferred = append(b.deferred, deferral{id: c.ID, attempts: c.Attempts})
 		return nil
 	}
 	if c.Type == wakeType || c.Type == cancelType {

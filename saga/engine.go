@@ -355,6 +355,9 @@ type testHooks struct {
 	// beforeRecordAbandoned runs after an abandoned attempt's connection
 	// was closed and before the attempt is recorded.
 	beforeRecordAbandoned func(sagaID uuid.UUID)
+	// idle runs when a direct worker is done with its batches, before it
+	// looks for the next due command.
+	idle func()
 }
 
 // New returns an engine on pool. A nil cfg means the defaults. The schema must
@@ -700,6 +703,9 @@ func (e *Engine) work(fetchCtx, workCtx context.Context, wake chan struct{}) {
 		e.hstate.claimed(nil)
 		if res.claimed >= e.cfg.BatchSize || res.readyCreated {
 			continue
+		}
+		if h := e.hooks.idle; h != nil {
+			h()
 		}
 		wait := e.cfg.PollInterval
 		if d, ok, err := e.st.NextDirectDue(fetchCtx, e.pool, e.cfg.CommandTopic, e.knownAggregates(), e.cfg.UnknownSagaGrace); err == nil && ok {

@@ -38,3 +38,15 @@ func (e *Engine) SetBeforeRecordAbandoned(h func(sagaID uuid.UUID)) {
 func (e *Engine) WaitUnlocked(ctx context.Context, id uuid.UUID) error {
 	return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error { return e.st.LockSaga(ctx, tx, id) })
 }
+
+// SetIdle installs a hook that runs when a direct worker is done with its
+// batches, before it looks for the next due command.
+func (e *Engine) SetIdle(h func()) {
+	e.hooks.idle = h
+}
+
+// LockSaga takes saga id's execution lock in tx, as a worker's batch does,
+// until tx ends.
+func (e *Engine) LockSaga(ctx context.Context, tx pgx.Tx, id uuid.UUID) error {
+	return e.st.LockSaga(ctx, tx, id)
+}

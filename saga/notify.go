@@ -36,6 +36,19 @@ func (e *Engine) announce() {
 	e.notifier.request(e)
 }
 
+// wakeIn wakes one of this engine's direct workers after d, when a command
+// it wrote (or deferred) for then comes due. The idle workers' own look
+// ahead ([store.Store.NextDirectDue]) misses a command that came due
+// between a worker's claim and its look: short deferrals, and backoffs
+// written by a worker that was slow to look, or by a Kafka worker, which
+// does not look at all. Those waited for PollInterval. (A command due after
+// more than PollInterval is found by the next poll, before it is due.)
+func (e *Engine) wakeIn(d time.Duration) {
+	if w := e.wakeLocal.Load(); w != nil && d < e.cfg.PollInterval {
+		time.AfterFunc(d, *w)
+	}
+}
+
 // notifier coalesces notifications: at most one is being prepared at a
 // time, and a request made while one is sent schedules another, so every
 // commit is followed by a notification.

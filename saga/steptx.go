@@ -56,6 +56,9 @@ type batchTx struct {
 	// command without an id sets dueAnon.
 	due     map[uuid.UUID]bool
 	dueAnon bool
+	// soonest is the shortest delay of the direct commands written for
+	// later (a retry's backoff, a timer) or deferred; 0 when none was.
+	soonest time.Duration
 	// clock is the running step's clock, stopped while the step waits for
 	// the batch's earlier writes to be sent; nil between steps. Atomic: an
 	// abandoned handler may still use the transaction.
@@ -216,6 +219,9 @@ func (t *batchTx) applied(w *pendingWrite) {
 	w.sg.Status = w.tr.Status
 	for _, m := range w.tr.Messages {
 		if m.Delay > 0 {
+			if m.Delivery != store.DeliveryRelay {
+				t.later(m.Delay)
+			}
 			continue
 		}
 		if m.ID == uuid.Nil {
@@ -226,6 +232,13 @@ func (t *batchTx) applied(w *pendingWrite) {
 			t.due = map[uuid.UUID]bool{}
 		}
 		t.due[m.ID] = m.Delivery != store.DeliveryRelay
+	}
+}
+
+// later notes a direct command that comes due after d (see [Engine.wakeIn]).
+func (t *batchTx) later(d time.Duration) {
+	if t.soonest == 0 || d < t.soonest {
+		t.soonest = d
 	}
 }
 

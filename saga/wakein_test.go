@@ -1,0 +1,103 @@
+package saga_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/sagaflow/sagaflow/saga"
+)
+
+// A command deferred because another transaction held its saga is due
+// again 5 ms later. The worker that deferred it looks for the next due
+// command after its commit; when that look came after the 5 ms (a loaded
+// machine), it saw the command as due already, took it for one another
+// worker held, and slept for PollInterval: a minute here. Found from a CI
+// run where a saga sat at a step for 20 s in a test whose engine polls once
+// a minute. The worker now wakes itself when the deferral is due.
+func TestADeferredCommandIsRunWhenDueNotAtTheNextPoll(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &saga.Config{Workers: 1, PollInterval: time.Minute})
+	ctx := context.Background()
+	def := saga.Define("deferwake",
+		saga.Step[order]{Name: "pick", Action: func(ctx context.Context, run *saga.StepRun, _ *order) error {
+			return recordEffect(ctx, run, b.schema)
+		}})
+	require.NoError(t, b.engine.Register(def))
+	// The worker's first look after a batch that deferred comes 100 ms
+	// late, as on a loaded machine.
+	var slowed atomic.Bool
+	b.engine.SetIdle(func() {
+		if b.engine.Stats().Deferred > 0 && slowed.CompareAndSwap(false, true) {
+			time.Sleep(100 * time.Millisecond)
+		}
+	})
+	b.start(t)
+	// The listener's connect wakes every worker: let it come first.
+	waitFor(t, 10*time.Second, func() bool { return b.engine.Health(ctx).Ready }, "the engine to be ready")
+
+	// The saga starts while another transaction holds its execution lock.
+	start, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = start.Rollback(ctx) }()
+	st, err := saga.StartTx(ctx, b.engine, start, def, order{OrderID: "o-1"}, nil)
+	require.NoError(t, err)
+	holder, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(ctx) }()
+	require.NoError(t, b.engine.LockSaga(ctx, holder, st.ID))
+	require.NoError(t, start.Commit(ctx))
+	waitFor(t, 10*time.Second, func() bool { return b.engine.Stats().Deferred > 0 }, "the command to be deferred")
+	require.NoError(t, holder.Commit(ctx))
+
+	in := b.waitTerminalWithin(t, st.ID, 10*time.Second)
+	require.Equal(t, saga.StatusCompleted, in.Status)
+	require.True(t, slowed.Load(), "the worker's look was not slowed")
+	require.Equal(t, []string{"pick/forward"}, b.effects(t, st.ID))
+}
+
+// In the hybrid mode the step after a reply runs on the Kafka worker that
+// applied the reply. When it fails, its retry is a direct command due after
+// the backoff, written by that Kafka worker, which wakes no engine worker
+// for later: the idle workers had looked before it was written, and it ran
+// at their next poll, a minute here. The engine now wakes a worker when
+// the retry is due.
+func TestARetryWrittenAfterAReplyRunsAfterItsBackoff(t *testing.T) {
+	t.Parallel()
+	const name = "retrywake"
+	replies := saga.CommandTopicDefault + "." + name + ".replies"
+	remote := name + ".participant"
+	k := setupKafkaWith(t, 1, &saga.Config{Workers: 1, PollInterval: time.Minute, Kafka: &saga.KafkaConfig{}}, replies, remote)
+	ctx := context.Background()
+	var ships atomic.Int32
+	def := saga.Define(name,
+		saga.Step[order]{Name: "pick", Action: func(ctx context.Context, run *saga.StepRun, _ *order) error { return recordEffect(ctx, run, k.schema) }},
+		saga.Step[order]{Name: "pay", Timeout: 30 * time.Second, Remote: &saga.Remote[order]{
+			Topic: remote, Type: name + ".pay",
+			Command: func(_ context.Context, _ *saga.StepRun, o *order) (any, error) { return o, nil },
+		}},
+		saga.Step[order]{Name: "ship", Retry: &saga.RetryPolicy{MaxAttempts: 3, Backoff: func(int) time.Duration { return 200 * time.Millisecond }},
+			Action: func(ctx context.Context, run *saga.StepRun, _ *order) error {
+				if ships.Add(1) == 1 {
+					return errors.New("the carrier is busy")
+				}
+				return recordEffect(ctx, run, k.schema)
+			}},
+	)
+	require.NoError(t, k.engine.Register(def))
+	k.start(t)
+	r := &chainRig{kafkaBundle: k, def: def, replies: replies, remote: remote, cl: rawProducer(t, k.kc)}
+
+	st, err := saga.Start(ctx, k.engine, def, order{OrderID: "o-1"}, nil)
+	require.NoError(t, err)
+	r.reply(t, st.ID, r.command(t, st.ID))
+	in := r.waitTerminalWithin(t, st.ID, 10*time.Second)
+	require.Equal(t, saga.StatusCompleted, in.Status, "history: %v", eventTypes(in))
+	require.Equal(t, []string{"saga_started", "step_completed:pick", "command_sent:pay", "reply_received:pay",
+		"step_completed:pay", "step_failed:ship", "step_completed:ship", "saga_completed"}, eventTypes(in))
+	require.Equal(t, int32(2), ships.Load())
+}
