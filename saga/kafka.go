@@ -419,6 +419,7 @@ func (e *Engine) holdKafkaMessage(ctx context.Context, m kafka.Message, wait wai
 	if held {
 		fault.At(ctx, fault.EngineAfterHold)
 		e.stats.deferred.Add(1)
+		e.notifyIn(h.Delay)
 	}
 	return held, nil
 }

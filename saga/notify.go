@@ -49,6 +49,15 @@ func (e *Engine) wakeIn(d time.Duration) {
 	}
 }
 
+// notifyIn notifies the engines and relays of the schema after d, when a
+// relay row this engine wrote for then comes due (a Kafka command moved
+// back to the outbox because its saga was busy). An idle relay looks ahead
+// only when it goes idle, before the row was written, and would otherwise
+// publish it at its next poll (a second by default) rather than after d.
+func (e *Engine) notifyIn(d time.Duration) {
+	time.AfterFunc(d, func() { e.notifier.request(e) })
+}
+
 // notifier coalesces notifications: at most one is being prepared at a
 // time, and a request made while one is sent schedules another, so every
 // commit is followed by a notification.

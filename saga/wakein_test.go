@@ -9,6 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/sagaflow/sagaflow/internal/kafkatest"
+	"github.com/sagaflow/sagaflow/relay"
 	"github.com/sagaflow/sagaflow/saga"
 )
 
@@ -100,4 +102,56 @@ func TestARetryWrittenAfterAReplyRunsAfterItsBackoff(t *testing.T) {
 	require.Equal(t, []string{"saga_started", "step_completed:pick", "command_sent:pay", "reply_received:pay",
 		"step_completed:pay", "step_failed:ship", "step_completed:ship", "saga_completed"}, eventTypes(in))
 	require.Equal(t, int32(2), ships.Load())
+}
+
+// In Kafka mode a command whose saga another transaction holds is moved
+// back to the outbox as a relay row due 20 ms later, so that its partition
+// moves on. The relay, idle, had looked ahead before that row was written
+// and published it at its next poll, a minute here (a second by default).
+// The engine now notifies the relays when the row is due.
+func TestAHeldKafkaCommandIsPublishedWhenDueNotAtTheRelaysNextPoll(t *testing.T) {
+	t.Parallel()
+	const name = "holdwake"
+	kc := kafkatest.New(t, kafkatest.SeedTopics(1, saga.CommandTopicDefault+"."+name))
+	b := setup(t, &saga.Config{Workers: 1, Kafka: &saga.KafkaConfig{Brokers: kc.Addrs(), AllSteps: true}})
+	w := relay.NewKafkaWriter(kc.Addrs(), nil)
+	r, err := relay.New(b.pool, w, &relay.Config{Schema: b.schema, PollInterval: time.Minute, Logger: testLogger(t)})
+	require.NoError(t, err)
+	ctx := context.Background()
+	require.NoError(t, r.Start(ctx))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		require.NoError(t, r.Stop(ctx))
+		require.NoError(t, w.Close())
+	})
+	def := saga.Define(name,
+		saga.Step[order]{Name: "pick", Action: func(ctx context.Context, run *saga.StepRun, _ *order) error {
+			return recordEffect(ctx, run, b.schema)
+		}})
+	require.NoError(t, b.engine.Register(def))
+	b.start(t)
+	waitFor(t, 10*time.Second, func() bool { return b.engine.Health(ctx).Ready && r.Check(ctx).Ready }, "the engine and the relay to be ready")
+
+	// The saga starts while another transaction holds its execution lock;
+	// its command is published at once (the start notifies the relay), and
+	// the engine moves it back to the outbox.
+	start, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = start.Rollback(ctx) }()
+	st, err := saga.StartTx(ctx, b.engine, start, def, order{OrderID: "o-1"}, nil)
+	require.NoError(t, err)
+	holder, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(ctx) }()
+	require.NoError(t, b.engine.LockSaga(ctx, holder, st.ID))
+	require.NoError(t, start.Commit(ctx))
+	waitFor(t, 20*time.Second, func() bool { return b.engine.Stats().Deferred > 0 }, "the command to be held")
+	require.NoError(t, holder.Commit(ctx))
+
+	in := b.waitTerminalWithin(t, st.ID, 10*time.Second)
+	require.Equal(t, saga.StatusCompleted, in.Status)
+	require.Equal(t, []string{"pick/forward"}, b.effects(t, st.ID))
+	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM "+b.table("outbox")+" WHERE saga_id = $1 AND headers ? $2", st.ID, "sagaflow-held-id"),
+		"the command was held once")
 }
