@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagaflow/sagaflow/internal/kafkatest"
@@ -43,23 +44,12 @@ func TestADeferredCommandIsRunWhenDueNotAtTheNextPoll(t *testing.T) {
 	waitFor(t, 10*time.Second, func() bool { return b.engine.Health(ctx).Ready }, "the engine to be ready")
 
 	// The saga starts while another transaction holds its execution lock.
-	start, err := b.pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = start.Rollback(ctx) }()
-	st, err := saga.StartTx(ctx, b.engine, start, def, order{OrderID: "o-1"}, nil)
-	require.NoError(t, err)
-	holder, err := b.pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = holder.Rollback(ctx) }()
-	require.NoError(t, b.engine.LockSaga(ctx, holder, st.ID))
-	require.NoError(t, start.Commit(ctx))
-	waitFor(t, 10*time.Second, func() bool { return b.engine.Stats().Deferred > 0 }, "the command to be deferred")
-	require.NoError(t, holder.Commit(ctx))
+	id := startLocked(t, b, def, "the command to be deferred")
 
-	in := b.waitTerminalWithin(t, st.ID, 10*time.Second)
+	in := b.waitTerminalWithin(t, id, 10*time.Second)
 	require.Equal(t, saga.StatusCompleted, in.Status)
 	require.True(t, slowed.Load(), "the worker's look was not slowed")
-	require.Equal(t, []string{"pick/forward"}, b.effects(t, st.ID))
+	require.Equal(t, []string{"pick/forward"}, b.effects(t, id))
 }
 
 // In the hybrid mode the step after a reply runs on the Kafka worker that
@@ -136,6 +126,21 @@ func TestAHeldKafkaCommandIsPublishedWhenDueNotAtTheRelaysNextPoll(t *testing.T)
 	// The saga starts while another transaction holds its execution lock;
 	// its command is published at once (the start notifies the relay), and
 	// the engine moves it back to the outbox.
+	id := startLocked(t, b, def, "the command to be held")
+
+	in := b.waitTerminalWithin(t, id, 10*time.Second)
+	require.Equal(t, saga.StatusCompleted, in.Status)
+	require.Equal(t, []string{"pick/forward"}, b.effects(t, id))
+	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM "+b.table("outbox")+" WHERE saga_id = $1 AND headers ? $2", id, "sagaflow-held-id"),
+		"the command was held once")
+}
+
+// startLocked starts a saga of def whose execution lock another transaction
+// holds from before the start commits until the engine has deferred (or
+// held) a command (what, for a failure), and returns its id.
+func startLocked(t *testing.T, b *bundle, def *saga.Definition[order], what string) uuid.UUID {
+	t.Helper()
+	ctx := context.Background()
 	start, err := b.pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = start.Rollback(ctx) }()
@@ -146,12 +151,7 @@ func TestAHeldKafkaCommandIsPublishedWhenDueNotAtTheRelaysNextPoll(t *testing.T)
 	defer func() { _ = holder.Rollback(ctx) }()
 	require.NoError(t, b.engine.LockSaga(ctx, holder, st.ID))
 	require.NoError(t, start.Commit(ctx))
-	waitFor(t, 20*time.Second, func() bool { return b.engine.Stats().Deferred > 0 }, "the command to be held")
+	waitFor(t, 20*time.Second, func() bool { return b.engine.Stats().Deferred > 0 }, what)
 	require.NoError(t, holder.Commit(ctx))
-
-	in := b.waitTerminalWithin(t, st.ID, 10*time.Second)
-	require.Equal(t, saga.StatusCompleted, in.Status)
-	require.Equal(t, []string{"pick/forward"}, b.effects(t, st.ID))
-	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM "+b.table("outbox")+" WHERE saga_id = $1 AND headers ? $2", st.ID, "sagaflow-held-id"),
-		"the command was held once")
+	return st.ID
 }
