@@ -227,6 +227,9 @@ func (e *Engine) finish(ctx context.Context, b *batch) error {
 	if t.soonest > 0 {
 		e.wakeIn(t.soonest)
 	}
+	if d := t.soonestRelay; d > 0 && d <= notifyInMax {
+		e.notifyIn(d)
+	}
 	if t.ready() {
 		// Wakes direct workers, or the relay that publishes Kafka commands
 		// and remote steps' commands: only the relay when only it has work.

@@ -8,6 +8,10 @@ import (
 	"time"
 )
 
+// notifyInMax bounds the delays a batch notifies the relays for when they
+// end (see [Engine.notifyIn]): a relay polls more often than that.
+const notifyInMax = time.Minute
+
 // notifyCoalesce is how long the notifier waits for more commits to announce
 // with one notification.
 const notifyCoalesce = time.Millisecond
@@ -51,9 +55,11 @@ func (e *Engine) wakeIn(d time.Duration) {
 
 // notifyIn notifies the engines and relays of the schema after d, when a
 // relay row this engine wrote for then comes due (a Kafka command moved
-// back to the outbox because its saga was busy). An idle relay looks ahead
-// only when it goes idle, before the row was written, and would otherwise
-// publish it at its next poll (a second by default) rather than after d.
+// back to the outbox because its saga was busy; in Kafka mode, a retry
+// after its backoff). An idle relay looks ahead only when it goes idle,
+// before the row was written, and would otherwise publish it at its next
+// poll (a second by default) rather than after d. (A batch's rows due after
+// more than notifyInMax are left to the relays' polls.)
 func (e *Engine) notifyIn(d time.Duration) {
 	time.AfterFunc(d, func() { e.notifier.request(e) })
 }

@@ -57,8 +57,10 @@ type batchTx struct {
 	due     map[uuid.UUID]bool
 	dueAnon bool
 	// soonest is the shortest delay of the direct commands written for
-	// later (a retry's backoff, a timer) or deferred; 0 when none was.
-	soonest time.Duration
+	// later (a retry's backoff, a timer) or deferred; soonestRelay that of
+	// the relay rows written for later (Kafka mode's retries and timers); 0
+	// when none was.
+	soonest, soonestRelay time.Duration
 	// clock is the running step's clock, stopped while the step waits for
 	// the batch's earlier writes to be sent; nil between steps. Atomic: an
 	// abandoned handler may still use the transaction.
@@ -221,6 +223,8 @@ func (t *batchTx) applied(w *pendingWrite) {
 		if m.Delay > 0 {
 			if m.Delivery != store.DeliveryRelay {
 				t.later(m.Delay)
+			} else if t.soonestRelay == 0 || m.Delay < t.soonestRelay {
+				t.soonestRelay = m.Delay
 			}
 			continue
 		}

@@ -102,19 +102,8 @@ func TestARetryWrittenAfterAReplyRunsAfterItsBackoff(t *testing.T) {
 func TestAHeldKafkaCommandIsPublishedWhenDueNotAtTheRelaysNextPoll(t *testing.T) {
 	t.Parallel()
 	const name = "holdwake"
-	kc := kafkatest.New(t, kafkatest.SeedTopics(1, saga.CommandTopicDefault+"."+name))
-	b := setup(t, &saga.Config{Workers: 1, Kafka: &saga.KafkaConfig{Brokers: kc.Addrs(), AllSteps: true}})
-	w := relay.NewKafkaWriter(kc.Addrs(), nil)
-	r, err := relay.New(b.pool, w, &relay.Config{Schema: b.schema, PollInterval: time.Minute, Logger: testLogger(t)})
-	require.NoError(t, err)
+	b, r := kafkaModeWithSlowRelay(t, name)
 	ctx := context.Background()
-	require.NoError(t, r.Start(ctx))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		require.NoError(t, r.Stop(ctx))
-		require.NoError(t, w.Close())
-	})
 	def := saga.Define(name,
 		saga.Step[order]{Name: "pick", Action: func(ctx context.Context, run *saga.StepRun, _ *order) error {
 			return recordEffect(ctx, run, b.schema)
@@ -154,4 +143,51 @@ func startLocked(t *testing.T, b *bundle, def *saga.Definition[order], what stri
 	waitFor(t, 20*time.Second, func() bool { return b.engine.Stats().Deferred > 0 }, what)
 	require.NoError(t, holder.Commit(ctx))
 	return st.ID
+}
+
+// In Kafka mode a step's retry is a relay row due after its backoff,
+// written by the Kafka worker. An idle relay had looked ahead before it was
+// written and published it at its next poll, a minute here. The engine now
+// notifies the relays when the retry is due.
+func TestAKafkaModeRetryIsPublishedAfterItsBackoff(t *testing.T) {
+	t.Parallel()
+	const name = "kretrywake"
+	b, _ := kafkaModeWithSlowRelay(t, name)
+	ctx := context.Background()
+	var picks atomic.Int32
+	def := saga.Define(name,
+		saga.Step[order]{Name: "pick", Retry: &saga.RetryPolicy{MaxAttempts: 3, Backoff: func(int) time.Duration { return 200 * time.Millisecond }},
+			Action: func(ctx context.Context, run *saga.StepRun, _ *order) error {
+				if picks.Add(1) == 1 {
+					return errors.New("the shelf is busy")
+				}
+				return recordEffect(ctx, run, b.schema)
+			}})
+	require.NoError(t, b.engine.Register(def))
+	b.start(t)
+	st, err := saga.Start(ctx, b.engine, def, order{OrderID: "o-1"}, nil)
+	require.NoError(t, err)
+	in := b.waitTerminalWithin(t, st.ID, 10*time.Second)
+	require.Equal(t, saga.StatusCompleted, in.Status, "history: %v", eventTypes(in))
+	require.Equal(t, []string{"saga_started", "step_failed:pick", "step_completed:pick", "saga_completed"}, eventTypes(in))
+	require.Equal(t, []string{"pick/forward"}, b.effects(t, st.ID))
+}
+
+// kafkaModeWithSlowRelay is an engine in Kafka mode with one worker and
+// the relay that publishes its commands, which polls once a minute.
+func kafkaModeWithSlowRelay(t *testing.T, name string) (*bundle, *relay.Relay) {
+	t.Helper()
+	kc := kafkatest.New(t, kafkatest.SeedTopics(1, saga.CommandTopicDefault+"."+name))
+	b := setup(t, &saga.Config{Workers: 1, Kafka: &saga.KafkaConfig{Brokers: kc.Addrs(), AllSteps: true}})
+	w := relay.NewKafkaWriter(kc.Addrs(), nil)
+	r, err := relay.New(b.pool, w, &relay.Config{Schema: b.schema, PollInterval: time.Minute, Logger: testLogger(t)})
+	require.NoError(t, err)
+	require.NoError(t, r.Start(context.Background()))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		require.NoError(t, r.Stop(ctx))
+		require.NoError(t, w.Close())
+	})
+	return b, r
 }
