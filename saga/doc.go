@@ -209,7 +209,19 @@
 // Several steps of different sagas may share one transaction
 // ([Config.BatchSize]), each under its own savepoint, to save commits. A
 // slow step delays the commit of the steps batched with it; engines whose
-// steps are slow should use a small BatchSize.
+// steps are slow should use a small BatchSize. An abandoned handler takes
+// the whole batch's transaction with it: the other steps of the batch,
+// whatever their outcome, are not recorded and run again.
+//
+// A step's command that finds its saga held by another transaction (a
+// step of it still running, an operator's transaction) is deferred: tried
+// again after a few milliseconds, then twice as long each time up to 2 s,
+// so it runs within about 2 s of the saga being free (in Kafka mode it is
+// moved back to the outbox with the same cap). When a retry, a deferred
+// command or a short timer comes due, the engine that wrote it wakes one of
+// its workers (or, in Kafka mode, tells the relays); if that engine stops
+// first, the others find the command at their next poll
+// ([Config.PollInterval]).
 //
 // Starts share commits too. [Start] (not [StartTx], whose transaction is the
 // caller's) sends its saga's statement at once when no other start of the

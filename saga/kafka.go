@@ -296,7 +296,9 @@ const kafkaHoldAfter = 3
 
 // Delays of a command moved back to the outbox before it is published
 // again: a busy saga is free again soon; an unknown saga or step waits for
-// an engine that knows it (a rolling deploy).
+// an engine that knows it (a rolling deploy). Each grows to half the time
+// the command has been held so far: a busy saga's up to deferDelayMax, as a
+// deferred direct command's, an unknown one's up to a minute.
 const (
 	holdDelayBusy    = 20 * time.Millisecond
 	holdDelayUnknown = 2 * time.Second
@@ -371,10 +373,12 @@ func (e *Engine) consumeKafka(fetch, work context.Context, m kafka.Message) bool
 // UnknownSagaGrace, in the database's time.
 func (e *Engine) holdKafkaMessage(ctx context.Context, m kafka.Message, wait waitKind) (bool, error) {
 	h := &store.Held{ID: uuid.Must(uuid.NewV7()), Topic: m.Topic, AggregateType: "sagaflow.held", AggregateID: string(m.Key),
-		Payload: m.Value, Headers: map[string]string{}, Delay: holdDelayBusy, Reason: "held: its saga was busy"}
+		Payload: m.Value, Headers: map[string]string{}, Delay: holdDelayBusy, MaxDelay: deferDelayMax, Reason: "held: its saga was busy"}
 	grace := time.Duration(0)
 	if wait == waitUnknown {
-		h.Delay, grace = holdDelayUnknown, e.cfg.UnknownSagaGrace
+		// (Its delay grows up to a minute: an engine that knows it may be
+		// minutes away, and each hold publishes the command again.)
+		h.Delay, h.MaxDelay, grace = holdDelayUnknown, 0, e.cfg.UnknownSagaGrace
 		h.Reason = "held: no engine that knows its saga or step has run it yet"
 	}
 	if safetext.Problem(h.AggregateID, safetext.MaxKeyBytes) != "" || safetext.Problem(m.Topic, 249) != "" {
@@ -407,10 +411,10 @@ func (e *Engine) holdKafkaMessage(ctx context.Context, m kafka.Message, wait wai
 	if _, ok := h.Headers[wire.HeaderHeldID]; !ok && original != "" {
 		h.Headers[wire.HeaderHeldID] = original
 	}
-	held := false
+	held, delay := false, time.Duration(0)
 	err := pgx.BeginTxFunc(ctx, e.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		var err error
-		held, err = e.st.HoldMessage(ctx, tx, h, grace)
+		held, delay, err = e.st.HoldMessage(ctx, tx, h, grace)
 		return err
 	})
 	if err != nil {
@@ -419,7 +423,7 @@ func (e *Engine) holdKafkaMessage(ctx context.Context, m kafka.Message, wait wai
 	if held {
 		fault.At(ctx, fault.EngineAfterHold)
 		e.stats.deferred.Add(1)
-		e.notifyIn(h.Delay)
+		e.notifyIn(delay)
 	}
 	return held, nil
 }

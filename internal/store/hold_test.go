@@ -24,14 +24,6 @@ func TestHoldMessageCountsFromTheFirstHoldInDatabaseTime(t *testing.T) {
 	require.NoError(t, err)
 	st, err := store.New(schema)
 	require.NoError(t, err)
-	hold := func(since *time.Time, grace time.Duration) (bool, uuid.UUID) {
-		h := &store.Held{ID: uuid.New(), Topic: "t", AggregateType: "sagaflow.held", AggregateID: "k", Type: "sagaflow.step",
-			Payload: []byte("{}"), Headers: map[string]string{store.HeaderHeldSince: "forged"}, HeldSince: since,
-			Delay: 20 * time.Millisecond}
-		held, err := st.HoldMessage(ctx, pool, h, grace)
-		require.NoError(t, err)
-		return held, h.ID
-	}
 	row := func(id uuid.UUID) (since time.Time, delay time.Duration) {
 		var text string
 		require.NoError(t, pool.QueryRow(ctx, `SELECT headers->>'`+store.HeaderHeldSince+`', available_at - created_at FROM "`+schema+`".outbox WHERE id = $1`, id).
@@ -39,6 +31,19 @@ func TestHoldMessageCountsFromTheFirstHoldInDatabaseTime(t *testing.T) {
 		since, err := time.Parse(time.RFC3339Nano, text)
 		require.NoError(t, err, "held-since is the database's time, not the forged header")
 		return since, delay
+	}
+	var maxDelay time.Duration
+	hold := func(since *time.Time, grace time.Duration) (bool, uuid.UUID) {
+		h := &store.Held{ID: uuid.New(), Topic: "t", AggregateType: "sagaflow.held", AggregateID: "k", Type: "sagaflow.step",
+			Payload: []byte("{}"), Headers: map[string]string{store.HeaderHeldSince: "forged"}, HeldSince: since,
+			Delay: 20 * time.Millisecond, MaxDelay: maxDelay}
+		held, delay, err := st.HoldMessage(ctx, pool, h, grace)
+		require.NoError(t, err)
+		if held {
+			_, d := row(h.ID)
+			require.Equal(t, d, delay, "the delay returned is the row's")
+		}
+		return held, h.ID
 	}
 
 	held, first := hold(nil, time.Minute)
@@ -57,4 +62,10 @@ func TestHoldMessageCountsFromTheFirstHoldInDatabaseTime(t *testing.T) {
 	since2, delay2 := row(again)
 	require.Equal(t, long.UTC(), since2.UTC(), "the first hold's time is kept")
 	require.Equal(t, time.Minute, delay2)
+	// With a cap of its own, the delay stops there.
+	maxDelay = 2 * time.Second
+	held, capped := hold(&long, 0)
+	require.True(t, held)
+	_, delay3 := row(capped)
+	require.Equal(t, 2*time.Second, delay3)
 }

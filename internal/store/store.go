@@ -550,11 +550,11 @@ func New(schema string) (*Store, error) {
 			SELECT $1, $2, 'relay', $3, $4, $5, $6,
 				$7::jsonb || jsonb_build_object('` + HeaderHeldSince + `', to_char(coalesce($9, c.t) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')),
 				$8, NULL, c.t,
-				-- The delay grows with the time held so far, up to a minute.
-				c.t + least(greatest($10 * interval '1 microsecond', (c.t - coalesce($9, c.t)) / 2), interval '1 minute'), $12
+				-- The delay grows with the time held so far, up to $13.
+				c.t + least(greatest($10 * interval '1 microsecond', (c.t - coalesce($9, c.t)) / 2), $13 * interval '1 microsecond'), $12
 			FROM (SELECT clock_timestamp() AS t) c
 			WHERE $11 <= 0 OR coalesce($9, c.t) >= c.t - $11 * interval '1 microsecond'
-			RETURNING true`,
+			RETURNING EXTRACT(EPOCH FROM available_at - created_at)`,
 	}
 	// The row and the relay's wake-up in one round trip; the notification
 	// is delivered when the transaction commits.
@@ -1389,29 +1389,37 @@ type Held struct {
 	// for the first hold.
 	HeldSince *time.Time
 	Delay     time.Duration
-	Reason    string
+	// MaxDelay caps the delay, which grows with the time held so far; 0
+	// means a minute.
+	MaxDelay time.Duration
+	Reason   string
 }
 
 // HoldMessage writes h to the outbox as a relay row due after h.Delay, or
-// after half the time it has been held so far if that is longer (at most a
-// minute), so that its Kafka partition can move on. It reports false, writing nothing,
-// when h has been held for longer than grace (in the database's time); a
-// grace of 0 holds it however long.
-func (s *Store) HoldMessage(ctx context.Context, db DBTX, h *Held, grace time.Duration) (bool, error) {
+// after half the time it has been held so far if that is longer (at most
+// h.MaxDelay), so that its Kafka partition can move on, and returns the
+// delay it was given. It reports false, writing nothing, when h has been
+// held for longer than grace (in the database's time); a grace of 0 holds
+// it however long.
+func (s *Store) HoldMessage(ctx context.Context, db DBTX, h *Held, grace time.Duration) (held bool, delay time.Duration, err error) {
 	headers := h.Headers
 	if headers == nil {
 		headers = map[string]string{}
 	}
-	var held bool
-	err := db.QueryRow(ctx, s.q.holdMessage, pgID(h.ID), h.Topic, h.AggregateType, h.AggregateID, h.Type, h.Payload, headers,
-		pgIDPtr(h.SagaID), h.HeldSince, micros(h.Delay), micros(grace), nullStr(h.Reason)).Scan(&held)
+	maxDelay := h.MaxDelay
+	if maxDelay <= 0 {
+		maxDelay = time.Minute
+	}
+	var secs float64
+	err = db.QueryRow(ctx, s.q.holdMessage, pgID(h.ID), h.Topic, h.AggregateType, h.AggregateID, h.Type, h.Payload, headers,
+		pgIDPtr(h.SagaID), h.HeldSince, micros(h.Delay), micros(grace), nullStr(h.Reason), micros(maxDelay)).Scan(&secs)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return false, nil
+		return false, 0, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("store: hold message on %s: %w", h.Topic, err)
+		return false, 0, fmt.Errorf("store: hold message on %s: %w", h.Topic, err)
 	}
-	return held, nil
+	return true, time.Duration(secs * float64(time.Second)), nil
 }
 
 // RefuseCancel deletes the pending cancel request of saga id, recording in
