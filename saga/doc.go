@@ -219,9 +219,9 @@
 // so it runs within about 2 s of the saga being free (in Kafka mode it is
 // moved back to the outbox with the same cap). When a retry, a deferred
 // command or a short timer comes due, the engine that wrote it wakes one of
-// its workers (or, in Kafka mode, tells the relays); if that engine stops
-// first, the others find the command at their next poll
-// ([Config.PollInterval]).
+// its workers (or, in Kafka mode, tells the relays); an engine stopped
+// before then tells the other engines to look again, and if it dies they
+// find the command at their next poll ([Config.PollInterval]).
 //
 // Starts share commits too. [Start] (not [StartTx], whose transaction is the
 // caller's) sends its saga's statement at once when no other start of the

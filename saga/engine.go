@@ -321,6 +321,9 @@ type Engine struct {
 	// wakeLocal wakes this engine's direct workers once it has started in
 	// Postgres-only mode; nil otherwise.
 	wakeLocal atomic.Pointer[func()]
+	// wakesDue counts the wake-ups set for commands this engine wrote for
+	// later that have not fired yet (see [Engine.wakeIn]).
+	wakesDue atomic.Int64
 	notifier  notifier
 	starts    *startGroup // starts on the pool, committed together (startgroup.go)
 
@@ -643,6 +646,18 @@ func (e *Engine) stop(ctx context.Context, hard bool) error {
 		return err
 	}
 	stopped, err := e.life.Stop(ctx, hard)
+	if stopped && e.wakesDue.Load() > 0 {
+		// Commands this engine wrote for later (a retry, a deferral) would
+		// have been run by its workers when due: the other engines are
+		// told to look ahead again, or they would find them at their next
+		// poll only.
+		nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), notifyTimeout)
+		if nerr := e.st.Notify(nctx, e.pool, e.cfg.CommandTopic+e.notifier.from); nerr != nil {
+			e.log.WarnContext(ctx, "sagaflow could not tell the other engines of commands due later; they will find them at their next poll",
+				slog.Any("error", nerr))
+		}
+		cancel()
+	}
 	if stopped && err == nil {
 		e.log.InfoContext(ctx, "sagaflow engine stopped", slog.String("schema", e.cfg.Schema))
 	}

@@ -47,9 +47,16 @@ func (e *Engine) announce() {
 // written by a worker that was slow to look, or by a Kafka worker, which
 // does not look at all. Those waited for PollInterval. (A command due after
 // more than PollInterval is found by the next poll, before it is due.)
+//
+// An engine that stops with such wake-ups still to fire tells the other
+// engines to look ahead again (see [Engine.Stop]).
 func (e *Engine) wakeIn(d time.Duration) {
 	if w := e.wakeLocal.Load(); w != nil && d < e.cfg.PollInterval {
-		time.AfterFunc(d, *w)
+		e.wakesDue.Add(1)
+		time.AfterFunc(d, func() {
+			e.wakesDue.Add(-1)
+			(*w)()
+		})
 	}
 }
 
