@@ -324,8 +324,8 @@ type Engine struct {
 	// wakesDue counts the wake-ups set for commands this engine wrote for
 	// later that have not fired yet (see [Engine.wakeIn]).
 	wakesDue atomic.Int64
-	notifier  notifier
-	starts    *startGroup // starts on the pool, committed together (startgroup.go)
+	notifier notifier
+	starts   *startGroup // starts on the pool, committed together (startgroup.go)
 
 	stats statCounters
 	hooks testHooks
