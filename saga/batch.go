@@ -116,9 +116,8 @@ func (e *Engine) transition(sg *store.Saga, d decision) *store.Transition {
 }
 
 type deferral struct {
-	id       uuid.UUID
-	reason   string
-	attempts int // the command's attempts before this deferral
+	id     uuid.UUID
+	reason string
 }
 
 // runBatch claims up to BatchSize commands, runs their steps in one
@@ -197,8 +196,7 @@ func (e *Engine) finish(ctx context.Context, b *batch) error {
 			e.st.QueueDeleteDelivered(end, b.delivered)
 		}
 		for _, d := range b.deferred {
-			e.st.QueueDefer(end, []uuid.UUID{d.id}, deferDelay, deferDelayMax, d.reason)
-			t.later(deferWait(d.attempts))
+			e.st.QueueDefer(end, []uuid.UUID{d.id}, deferDelay, deferDelayMax, d.reason, func(due time.Duration) { t.later(due, false) })
 		}
 	}
 	if err := t.flushWith(tail); err != nil {
@@ -224,12 +222,8 @@ func (e *Engine) finish(ctx context.Context, b *batch) error {
 	if b.waitEnded {
 		fault.At(ctx, fault.EngineWaitAfterCommit)
 	}
-	if t.soonest > 0 {
-		e.wakeIn(t.soonest)
-	}
-	if d := t.soonestRelay; d > 0 && d <= notifyInMax {
-		e.notifyIn(d)
-	}
+	e.wakeIn(t.soonest)
+	e.notifyIn(t.soonestRelay)
 	if t.ready() {
 		// Wakes direct workers, or the relay that publishes Kafka commands
 		// and remote steps' commands: only the relay when only it has work.
@@ -253,17 +247,6 @@ const (
 	deferDelay    = 5 * time.Millisecond
 	deferDelayMax = 2 * time.Second
 )
-
-// deferWait is how long a command deferred after attempts earlier tries
-// waits (the outbox's deferral doubles deferDelay per attempt, up to
-// deferDelayMax).
-func deferWait(attempts int) time.Duration {
-	d := deferDelay << min(max(attempts, 0), 20)
-	if d <= 0 || d > deferDelayMax {
-		return deferDelayMax
-	}
-	return d
-}
 
 // park marks a command dead with its reason and, when its saga exists, says so
 // in the saga's history. Nothing is dropped: the row stays for an operator.
@@ -301,7 +284,7 @@ func (b *batch) park(ctx context.Context, c *store.Claimed, sagaID *uuid.UUID, c
 func (b *batch) unknown(ctx context.Context, c *store.Claimed, sagaID *uuid.UUID, code, reason string) (parked bool, err error) {
 	if c.Age < b.e.cfg.UnknownSagaGrace {
 		b.tx.stats.deferred.Add(1)
-		b.deferred = append(b.deferred, deferral{id: c.ID, reason: reason, attempts: c.Attempts})
+		b.deferred = append(b.deferred, deferral{id: c.ID, reason: reason})
 		return false, nil
 	}
 	return true, b.park(ctx, c, sagaID, code, fmt.Sprintf("%s; no engine ran it within UnknownSagaGrace (%s)", reason, b.e.cfg.UnknownSagaGrace))
@@ -340,7 +323,7 @@ func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, derr 
 		// A cancel command waits too: the engine running the step was told
 		// of the request, and applies it in the step's place.
 		b.tx.stats.deferred.Add(1)
-		b.deferred = append(b.deferred, deferral{id: c.ID, attempts: c.Attempts})
+		b.deferred = append(b.deferred, deferral{id: c.ID})
 		return nil
 	}
 	if c.Type == wakeType || c.Type == cancelType {

@@ -8,8 +8,8 @@ import (
 	"time"
 )
 
-// notifyInMax bounds the delays a batch notifies the relays for when they
-// end (see [Engine.notifyIn]): a relay polls more often than that.
+// notifyInMax bounds the delays the engine notifies the relays for when
+// they end (see [Engine.notifyIn]): a relay polls more often than that.
 const notifyInMax = time.Minute
 
 // notifyCoalesce is how long the notifier waits for more commits to announce
@@ -51,7 +51,7 @@ func (e *Engine) announce() {
 // An engine that stops with such wake-ups still to fire tells the other
 // engines to look ahead again (see [Engine.Stop]).
 func (e *Engine) wakeIn(d time.Duration) {
-	if w := e.wakeLocal.Load(); w != nil && d < e.cfg.PollInterval {
+	if w := e.wakeLocal.Load(); w != nil && d > 0 && d < e.cfg.PollInterval {
 		e.wakesDue.Add(1)
 		time.AfterFunc(d, func() {
 			e.wakesDue.Add(-1)
@@ -65,10 +65,12 @@ func (e *Engine) wakeIn(d time.Duration) {
 // back to the outbox because its saga was busy; in Kafka mode, a retry
 // after its backoff). An idle relay looks ahead only when it goes idle,
 // before the row was written, and would otherwise publish it at its next
-// poll (a second by default) rather than after d. (A batch's rows due after
-// more than notifyInMax are left to the relays' polls.)
+// poll (a second by default) rather than after d. (Rows due after more
+// than notifyInMax are left to the relays' polls; d of 0 means none.)
 func (e *Engine) notifyIn(d time.Duration) {
-	time.AfterFunc(d, func() { e.notifier.request(e) })
+	if d > 0 && d <= notifyInMax {
+		time.AfterFunc(d, func() { e.notifier.request(e) })
+	}
 }
 
 // notifier coalesces notifications: at most one is being prepared at a

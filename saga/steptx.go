@@ -221,11 +221,7 @@ func (t *batchTx) applied(w *pendingWrite) {
 	w.sg.Status = w.tr.Status
 	for _, m := range w.tr.Messages {
 		if m.Delay > 0 {
-			if m.Delivery != store.DeliveryRelay {
-				t.later(m.Delay)
-			} else if t.soonestRelay == 0 || m.Delay < t.soonestRelay {
-				t.soonestRelay = m.Delay
-			}
+			t.later(m.Delay, m.Delivery == store.DeliveryRelay)
 			continue
 		}
 		if m.ID == uuid.Nil {
@@ -239,10 +235,15 @@ func (t *batchTx) applied(w *pendingWrite) {
 	}
 }
 
-// later notes a direct command that comes due after d (see [Engine.wakeIn]).
-func (t *batchTx) later(d time.Duration) {
-	if t.soonest == 0 || d < t.soonest {
-		t.soonest = d
+// later notes a command, a relay row when relay, that comes due after d
+// (see [Engine.wakeIn] and [Engine.notifyIn]).
+func (t *batchTx) later(d time.Duration, relay bool) {
+	soonest := &t.soonest
+	if relay {
+		soonest = &t.soonestRelay
+	}
+	if *soonest == 0 || d < *soonest {
+		*soonest = d
 	}
 }
 

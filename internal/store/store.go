@@ -509,10 +509,12 @@ func New(schema string) (*Store, error) {
 			ON CONFLICT (consumer, key) DO UPDATE SET processed_at = now()
 			RETURNING xmax = 0`,
 		deleteDelivered: `DELETE FROM ` + s + `.outbox WHERE id = ANY($1)`,
-		deferMessages: `UPDATE ` + s + `.outbox SET attempts = attempts + 1,
-			available_at = clock_timestamp() + least($2 * power(2, least(attempts, 20)), $3) * interval '1 microsecond',
-			last_error = COALESCE($4, last_error)
-			WHERE id = ANY($1)`,
+		deferMessages: `WITH d AS (UPDATE ` + s + `.outbox SET attempts = attempts + 1,
+				available_at = clock_timestamp() + least($2 * power(2, least(attempts, 20)), $3) * interval '1 microsecond',
+				last_error = COALESCE($4, last_error)
+				WHERE id = ANY($1)
+				RETURNING available_at)
+			SELECT EXTRACT(EPOCH FROM min(available_at) - clock_timestamp()) FROM d`,
 		markDead: `UPDATE ` + s + `.outbox SET status = 'dead', last_error = $2, attempts = attempts + 1 WHERE id = $1`,
 		// ORDER BY ... LIMIT 1 rather than min(): with statistics that
 		// do not know the table's future commands yet (a burst of timers
@@ -1090,10 +1092,21 @@ func (s *Store) QueueDeleteDelivered(b *pgx.Batch, ids []uuid.UUID) {
 	b.Queue(s.q.deleteDelivered, pgIDs(ids))
 }
 
-// QueueDefer queues [Store.DeferMessages] on b, recording reason (when not
-// empty) as the messages' last error.
-func (s *Store) QueueDefer(b *pgx.Batch, ids []uuid.UUID, delay, maxDelay time.Duration, reason string) {
-	b.Queue(s.q.deferMessages, pgIDs(ids), micros(delay), micros(maxDelay), nullStr(reason))
+// QueueDefer queues on b the deferral of the outbox rows ids: each is due
+// again after delay, doubled per attempt it has had, at most maxDelay;
+// reason (when not empty) becomes its last error. due is called with how
+// long until the first of them is due (when one was deferred).
+func (s *Store) QueueDefer(b *pgx.Batch, ids []uuid.UUID, delay, maxDelay time.Duration, reason string, due func(time.Duration)) {
+	b.Queue(s.q.deferMessages, pgIDs(ids), micros(delay), micros(maxDelay), nullStr(reason)).QueryRow(func(row pgx.Row) error {
+		var secs *float64
+		if err := row.Scan(&secs); err != nil {
+			return fmt.Errorf("store: defer %d commands: %w", len(ids), err)
+		}
+		if secs != nil {
+			due(max(time.Duration(*secs*float64(time.Second)), time.Millisecond))
+		}
+		return nil
+	})
 }
 
 // MarkDead parks an outbox row with the reason it cannot be processed.
