@@ -54,6 +54,13 @@ func randomLetters(n int) string {
 // created up front.
 func setupKafkaWith(t *testing.T, partitions int, cfg *saga.Config, topics ...string) *kafkaBundle {
 	t.Helper()
+	return setupKafkaRelayPoll(t, partitions, cfg, 50*time.Millisecond, topics...)
+}
+
+// setupKafkaRelayPoll is setupKafkaWith with a relay that polls every
+// relayPoll.
+func setupKafkaRelayPoll(t *testing.T, partitions int, cfg *saga.Config, relayPoll time.Duration, topics ...string) *kafkaBundle {
+	t.Helper()
 	kc := kafkatest.New(t, kafkatest.SeedTopics(int32(partitions), topics...))
 	if cfg.Kafka == nil {
 		cfg.Kafka = &saga.KafkaConfig{AllSteps: true}
@@ -61,7 +68,7 @@ func setupKafkaWith(t *testing.T, partitions int, cfg *saga.Config, topics ...st
 	cfg.Kafka.Brokers = kc.Addrs()
 	b := setup(t, cfg)
 	w := relay.NewKafkaWriter(kc.Addrs(), nil)
-	r, err := relay.New(b.pool, w, &relay.Config{Schema: b.schema, PollInterval: 50 * time.Millisecond, Logger: testLogger(t)})
+	r, err := relay.New(b.pool, w, &relay.Config{Schema: b.schema, PollInterval: relayPoll, Logger: testLogger(t)})
 	require.NoError(t, err)
 	require.NoError(t, r.Start(context.Background()))
 	t.Cleanup(func() {

@@ -10,7 +10,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sagaflow/sagaflow/internal/kafkatest"
 	"github.com/sagaflow/sagaflow/relay"
 	"github.com/sagaflow/sagaflow/saga"
 )
@@ -177,17 +176,6 @@ func TestAKafkaModeRetryIsPublishedAfterItsBackoff(t *testing.T) {
 // the relay that publishes its commands, which polls once a minute.
 func kafkaModeWithSlowRelay(t *testing.T, name string) (*bundle, *relay.Relay) {
 	t.Helper()
-	kc := kafkatest.New(t, kafkatest.SeedTopics(1, saga.CommandTopicDefault+"."+name))
-	b := setup(t, &saga.Config{Workers: 1, Kafka: &saga.KafkaConfig{Brokers: kc.Addrs(), AllSteps: true}})
-	w := relay.NewKafkaWriter(kc.Addrs(), nil)
-	r, err := relay.New(b.pool, w, &relay.Config{Schema: b.schema, PollInterval: time.Minute, Logger: testLogger(t)})
-	require.NoError(t, err)
-	require.NoError(t, r.Start(context.Background()))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		require.NoError(t, r.Stop(ctx))
-		require.NoError(t, w.Close())
-	})
-	return b, r
+	k := setupKafkaRelayPoll(t, 1, &saga.Config{Workers: 1}, time.Minute, saga.CommandTopicDefault+"."+name)
+	return k.bundle, k.r
 }

@@ -1358,13 +1358,7 @@ func (s *Store) CancelRequests(ctx context.Context, db DBTX, ids []uuid.UUID) (m
 		return nil, fmt.Errorf("store: read cancel requests: %w", err)
 	}
 	out := map[uuid.UUID]CancelRequest{}
-	var id uuid.UUID
-	var r CancelRequest
-	_, err = pgx.ForEachRow(rows, []any{(*[16]byte)(&id), &r.Epoch, &r.Reason, &r.Code}, func() error {
-		out[id] = r
-		return nil
-	})
-	if err != nil {
+	if err := scanCancelRequests(rows, func(id uuid.UUID, r CancelRequest) { out[id] = r }); err != nil {
 		return nil, fmt.Errorf("store: read cancel requests: %w", err)
 	}
 	return out, nil
@@ -1374,17 +1368,22 @@ func (s *Store) CancelRequests(ctx context.Context, db DBTX, ids []uuid.UUID) (m
 // request, into req (left nil when there is none).
 func (s *Store) QueueCancelRequest(b *pgx.Batch, id uuid.UUID, req **CancelRequest) {
 	b.Queue(s.q.cancelRequests, pgIDs([]uuid.UUID{id})).Query(func(rows pgx.Rows) error {
-		var got uuid.UUID
-		var r CancelRequest
-		_, err := pgx.ForEachRow(rows, []any{(*[16]byte)(&got), &r.Epoch, &r.Reason, &r.Code}, func() error {
-			*req = &r
-			return nil
-		})
-		if err != nil {
+		if err := scanCancelRequests(rows, func(_ uuid.UUID, r CancelRequest) { *req = &r }); err != nil {
 			return fmt.Errorf("store: read the cancel request of saga %s: %w", id, err)
 		}
 		return nil
 	})
+}
+
+// scanCancelRequests calls each with every row of a cancelRequests query.
+func scanCancelRequests(rows pgx.Rows, each func(id uuid.UUID, r CancelRequest)) error {
+	var id uuid.UUID
+	var r CancelRequest
+	_, err := pgx.ForEachRow(rows, []any{(*[16]byte)(&id), &r.Epoch, &r.Reason, &r.Code}, func() error {
+		each(id, r)
+		return nil
+	})
+	return err
 }
 
 // Held is a Kafka command to move back into the outbox: see
