@@ -9,7 +9,6 @@ package review16
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -261,31 +260,12 @@ func noBackoff(n int) *saga.RetryPolicy {
 	return &saga.RetryPolicy{MaxAttempts: n, Backoff: func(int) time.Duration { return 5 * time.Millisecond }}
 }
 
-// timeline is the history with each failure's attempt and code.
-func timeline(in *saga.Instance) []string {
-	out := make([]string, 0, len(in.History))
-	for _, e := range in.History {
-		s := e.Type
-		if e.Step != "" {
-			s += ":" + e.Step
-		}
-		if e.ErrorCode != "" {
-			s += fmt.Sprintf("#%d(%s)", e.Attempt, e.ErrorCode)
-		}
-		out = append(out, s)
-	}
-	return out
-}
-
-func count(in *saga.Instance, typ, step string) int {
-	n := 0
-	for _, e := range in.History {
-		if e.Type == typ && e.Step == step {
-			n++
-		}
-	}
-	return n
-}
+// timeline and count read a saga's history (see testkit.Timeline and
+// testkit.Events).
+var (
+	timeline = testkit.Timeline
+	count    = testkit.Events
+)
 
 // failedAttempts lists the attempts of step's step_failed entries, in order.
 func failedAttempts(in *saga.Instance, step string) []int {

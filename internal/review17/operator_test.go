@@ -35,19 +35,7 @@ func TestPauseAroundARetry(t *testing.T) {
 		t.Run("resume after due via "+via, func(t *testing.T) {
 			parallel(t)
 			ctx := context.Background()
-			d := testkit.NewDB(t)
-			fx := testkit.NewEffects(t, d)
-			var r runs
-			def := chain("pz", fx, &r, backoff(4, back), func(*ord) int { return 1 })
-			e, _ := testkit.StartEngine(t, d.Pool, config(d, 2), def)
-			op := e
-			if via == "tool" {
-				op = client(t, d, def)
-			}
-			st, err := saga.Start(ctx, e, def, ord{ID: "p"}, nil)
-			require.NoError(t, err)
-			waitFailed(t, e, st.ID, "act", 1)
-			require.NoError(t, op.Pause(ctx, st.ID, "look"))
+			e, op, st, fx, r := pausedWhileRetryWaits(t, via, back)
 			testkit.Hold(t, back+700*time.Millisecond, "a paused saga's retry does not run", func() bool { return r.n("p/act") == 1 })
 			require.Nil(t, get(t, e, st.ID).EndedAt)
 			resumed := time.Now()
@@ -61,19 +49,7 @@ func TestPauseAroundARetry(t *testing.T) {
 		t.Run("resume before due via "+via, func(t *testing.T) {
 			parallel(t)
 			ctx := context.Background()
-			d := testkit.NewDB(t)
-			fx := testkit.NewEffects(t, d)
-			var r runs
-			def := chain("pz", fx, &r, backoff(4, back), func(*ord) int { return 1 })
-			e, _ := testkit.StartEngine(t, d.Pool, config(d, 2), def)
-			op := e
-			if via == "tool" {
-				op = client(t, d, def)
-			}
-			st, err := saga.Start(ctx, e, def, ord{ID: "p"}, nil)
-			require.NoError(t, err)
-			waitFailed(t, e, st.ID, "act", 1)
-			require.NoError(t, op.Pause(ctx, st.ID, "look"))
+			e, op, st, fx, r := pausedWhileRetryWaits(t, via, back)
 			time.Sleep(100 * time.Millisecond)
 			require.NoError(t, op.Resume(ctx, st.ID, "go on"))
 			in := endedWithin(t, e, st.ID, back+prompt)
@@ -85,6 +61,29 @@ func TestPauseAroundARetry(t *testing.T) {
 			requireOnce(t, fx, st.ID, map[string]int{"pick": 1, "act": 1, "done": 1})
 		})
 	}
+}
+
+// pausedWhileRetryWaits starts a saga whose act step fails once and is
+// retried after back, on an engine with two workers, and pauses it (by the
+// engine, or by an operator's tool when via is "tool") once act failed. It
+// returns the engine, the operator, the saga, its effects and its runs.
+func pausedWhileRetryWaits(t *testing.T, via string, back time.Duration) (e, op *saga.Engine, st saga.Started, fx *testkit.Effects, r *runs) {
+	t.Helper()
+	ctx := context.Background()
+	d := testkit.NewDB(t)
+	fx = testkit.NewEffects(t, d)
+	r = &runs{}
+	def := chain("pz", fx, r, backoff(4, back), func(*ord) int { return 1 })
+	e, _ = testkit.StartEngine(t, d.Pool, config(d, 2), def)
+	op = e
+	if via == "tool" {
+		op = client(t, d, def)
+	}
+	st, err := saga.Start(ctx, e, def, ord{ID: "p"}, nil)
+	require.NoError(t, err)
+	waitFailed(t, e, st.ID, "act", 1)
+	require.NoError(t, op.Pause(ctx, st.ID, "look"))
+	return e, op, st, fx, r
 }
 
 // A pause of the saga type while retries wait, lifted after they were

@@ -102,31 +102,12 @@ func get(t *testing.T, e *saga.Engine, id uuid.UUID) *saga.Instance {
 	return in
 }
 
-// timeline is the history with each failure's attempt and code.
-func timeline(in *saga.Instance) []string {
-	out := make([]string, 0, len(in.History))
-	for _, e := range in.History {
-		s := e.Type
-		if e.Step != "" {
-			s += ":" + e.Step
-		}
-		if e.ErrorCode != "" {
-			s += fmt.Sprintf("#%d(%s)", e.Attempt, e.ErrorCode)
-		}
-		out = append(out, s)
-	}
-	return out
-}
-
-func count(in *saga.Instance, typ, step string) int {
-	n := 0
-	for _, e := range in.History {
-		if e.Type == typ && e.Step == step {
-			n++
-		}
-	}
-	return n
-}
+// timeline and count read a saga's history (see testkit.Timeline and
+// testkit.Events).
+var (
+	timeline = testkit.Timeline
+	count    = testkit.Events
+)
 
 // runs records every run of a step per saga, with its start time.
 type runs struct {

@@ -52,4 +52,8 @@
 // until a deadline, [Hold] checks that one keeps holding for a while,
 // [Recv] waits for a channel, and [WaitEnded] and [WaitStatus] wait for a
 // saga. Each fails the test with a message saying what it waited for.
+// [Timeline] writes a saga's history one string per entry, for failure
+// messages and whole-history assertions, and [Events] counts its entries
+// of one type at one step. Handlers that outlive their step on purpose
+// count themselves in [Stragglers], which the test waits for.
 package testkit
