@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"math"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 
 	"github.com/google/uuid"
@@ -16,21 +14,8 @@ import (
 	"github.com/sagaflow/sagaflow/saga"
 )
 
-// counter counts calls per key.
-type counter struct{ m sync.Map }
-
-func (c *counter) add(k string) int32 {
-	n, _ := c.m.LoadOrStore(k, new(atomic.Int32))
-	return n.(*atomic.Int32).Add(1)
-}
-
-func (c *counter) get(k string) int32 {
-	n, ok := c.m.Load(k)
-	if !ok {
-		return 0
-	}
-	return n.(*atomic.Int32).Load()
-}
+// counter counts calls per key (see testkit.Counter).
+type counter = testkit.Counter
 
 // badBytes is 10 kB of letters with NULs and invalid UTF-8 in it.
 func badBytes() string {
@@ -56,7 +41,7 @@ func TestBadCommandsInOneBatchWithHealthyOnes(t *testing.T) {
 	def := saga.Define("badbatch",
 		saga.Step[ord]{Name: "pick", Retry: noBackoff(1),
 			Action: func(ctx context.Context, run *saga.StepRun, o *ord) error {
-				picks.add(o.ID)
+				picks.Add(o.ID)
 				if strings.HasPrefix(o.ID, "statebad") {
 					o.Note = badBytes()
 				}
@@ -65,7 +50,7 @@ func TestBadCommandsInOneBatchWithHealthyOnes(t *testing.T) {
 			Compensate: func(ctx context.Context, run *saga.StepRun, _ *ord) error { return r.fx.Record(ctx, run, "unpick") }},
 		saga.Step[ord]{Name: "pay", Timeout: wait, Retry: noBackoff(2), Remote: r.remote(
 			func(_ context.Context, _ *saga.StepRun, o *ord) (any, error) {
-				builds.add(o.ID)
+				builds.Add(o.ID)
 				switch {
 				case strings.HasPrefix(o.ID, "panic"):
 					panic("card vault exploded for " + o.ID)
@@ -99,13 +84,13 @@ func TestBadCommandsInOneBatchWithHealthyOnes(t *testing.T) {
 
 	for id, sid := range ids {
 		in := r.ended(t, sid)
-		require.Equal(t, int32(1), picks.get(id), "%s: pick ran once", id)
+		require.Equal(t, int32(1), picks.Get(id), "%s: pick ran once", id)
 		switch {
 		case strings.HasPrefix(id, "ok"), strings.HasPrefix(id, "bytes"):
 			require.Equal(t, saga.StatusCompleted, in.Status, "%s: %v %+v", id, types(in), in.LastError)
 			require.Equal(t, []string{"pay"}, r.calls(t, sid), "%s: the participant ran pay once", id)
 			require.Equal(t, []string{"pick"}, r.fx.List(t, sid), id)
-			require.Equal(t, int32(1), builds.get(id), "%s: built once", id)
+			require.Equal(t, int32(1), builds.Get(id), "%s: built once", id)
 		case strings.HasPrefix(id, "statebad"):
 			// The state pick left cannot be stored: pick fails (documented,
 			// CodeStateEncode), its effect rolled back, and pay is not sent.

@@ -29,14 +29,14 @@ func deafRun(t *testing.T, name string, deafAction bool, payTimeout time.Duratio
 	def := saga.Define(name,
 		saga.Step[ord]{Name: "pick", Timeout: 300 * time.Millisecond, Retry: noBackoff(3),
 			Action: func(ctx context.Context, run *saga.StepRun, o *ord) error {
-				if picks.add(o.ID) == 1 && deafAction {
+				if picks.Add(o.ID) == 1 && deafAction {
 					deaf()
 				}
 				return r.fx.Record(context.WithoutCancel(ctx), run, "pick")
 			}},
 		saga.Step[ord]{Name: "pay", Timeout: payTimeout, Retry: noBackoff(3), Remote: r.remote(
 			func(_ context.Context, _ *saga.StepRun, o *ord) (any, error) {
-				if builds.add(o.ID) == 1 && !deafAction {
+				if builds.Add(o.ID) == 1 && !deafAction {
 					deaf()
 				}
 				return payCmd{ID: o.ID}, nil
@@ -84,10 +84,10 @@ func TestDeafActionIsAbandoned(t *testing.T) {
 func TestDeafCommandAfterALocalStepIsAbandoned(t *testing.T) {
 	t.Parallel()
 	r, in, picks, builds := deafRun(t, "deafcmd", false, time.Second)
-	require.Equal(t, int32(2), picks.get("o-1"), "pick ran again, its first success lost with the transaction: %v", types(in))
+	require.Equal(t, int32(2), picks.Get("o-1"), "pick ran again, its first success lost with the transaction: %v", types(in))
 	require.Equal(t, []string{"pick"}, r.fx.List(t, in.ID))
 	require.Equal(t, []string{"pay"}, r.calls(t, in.ID))
 	require.Equal(t, int64(1), r.engine.Stats().HandlersAbandoned, "the deaf Command was abandoned: %v", types(in))
 	require.Equal(t, "pick", overran(in), "%v", types(in))
-	require.Equal(t, int32(2), builds.get("o-1"))
+	require.Equal(t, int32(2), builds.Get("o-1"))
 }

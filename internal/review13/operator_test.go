@@ -29,7 +29,7 @@ func operatorDefAt(r *rig, name string, gate *testkit.Gate, tx, inCommand bool, 
 	return saga.Define(name,
 		saga.Step[ord]{Name: "pick", Timeout: wait, Retry: noBackoff(1),
 			Action: func(ctx context.Context, run *saga.StepRun, o *ord) error {
-				picks.add(o.ID)
+				picks.Add(o.ID)
 				_ = pickGate.Pass(context.Background()) // finishes whatever happens meanwhile
 				if pickGate == gate {
 					awaitCancel(ctx)
@@ -95,7 +95,7 @@ func TestPauseWhileTheLocalStepRunsHoldsTheRemoteCommand(t *testing.T) {
 			require.Equal(t, []string{"pay"}, r.calls(t, st.ID))
 			require.Equal(t, 1, r.sentTo(t, st.ID), "sent once")
 			require.Equal(t, []string{"pick", "ship"}, r.fx.List(t, st.ID))
-			require.Equal(t, int32(1), picks.get("o-1"))
+			require.Equal(t, int32(1), picks.Get("o-1"))
 		})
 	}
 }
@@ -129,7 +129,7 @@ func TestCancelWhileTheLocalStepRunsSendsNoRemoteCommand(t *testing.T) {
 			in := r.ended(t, st.ID)
 			require.Equal(t, saga.StatusCompensated, in.Status, "%v %+v", types(in), in.LastError)
 			require.Equal(t, saga.CodeCancelled, in.LastError.Code)
-			require.Equal(t, int32(1), picks.get("o-1"))
+			require.Equal(t, int32(1), picks.Get("o-1"))
 			require.NotContains(t, types(in), "command_sent:pay", "%v", types(in))
 			require.NotContains(t, r.fx.List(t, st.ID), "ship")
 			testkit.Hold(t, time.Second, "no command reached the participant", func() bool {
@@ -210,7 +210,7 @@ func operatorDefNoRefund(r *rig, name string, gate *testkit.Gate, picks *counter
 	return saga.Define(name,
 		saga.Step[ord]{Name: "pick", Timeout: wait, Retry: noBackoff(1),
 			Action: func(ctx context.Context, run *saga.StepRun, o *ord) error {
-				picks.add(o.ID)
+				picks.Add(o.ID)
 				return r.fx.Record(ctx, run, "pick")
 			},
 			Compensate: func(ctx context.Context, run *saga.StepRun, _ *ord) error { return r.fx.Record(ctx, run, "unpick") }},

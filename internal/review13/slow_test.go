@@ -31,13 +31,13 @@ func TestSlowCommandAfterALocalStep(t *testing.T) {
 			def := saga.Define(c.name,
 				saga.Step[ord]{Name: "pick", Timeout: 300 * time.Millisecond, Retry: noBackoff(3),
 					Action: func(ctx context.Context, run *saga.StepRun, o *ord) error {
-						picks.add(o.ID)
+						picks.Add(o.ID)
 						return r.fx.Record(ctx, run, "pick")
 					},
 					Compensate: func(ctx context.Context, run *saga.StepRun, _ *ord) error { return r.fx.Record(ctx, run, "unpick") }},
 				saga.Step[ord]{Name: "pay", Timeout: time.Second, Retry: noBackoff(3), Remote: r.remote(
 					func(ctx context.Context, run *saga.StepRun, o *ord) (any, error) {
-						if builds.add(o.ID) == 1 {
+						if builds.Add(o.ID) == 1 {
 							select {
 							case <-ctx.Done():
 								return nil, ctx.Err()
@@ -53,8 +53,8 @@ func TestSlowCommandAfterALocalStep(t *testing.T) {
 			require.NoError(t, err)
 			in := r.ended(t, st.ID)
 			require.Equal(t, saga.StatusCompleted, in.Status, "%v %+v", types(in), in.LastError)
-			require.Equal(t, int32(1), picks.get("o-1"), "pick ran once: %v", types(in))
-			require.Equal(t, int32(2), builds.get("o-1"), "%v", types(in))
+			require.Equal(t, int32(1), picks.Get("o-1"), "pick ran once: %v", types(in))
+			require.Equal(t, int32(2), builds.Get("o-1"), "%v", types(in))
 			require.Equal(t, []string{"pick"}, r.fx.List(t, st.ID))
 			require.Equal(t, []string{"pay"}, r.calls(t, st.ID))
 			require.NotContains(t, types(in), "step_failed:pick", "%v", types(in))
@@ -80,12 +80,12 @@ func TestResumeRebuildsTheCommandNotTheLocalStep(t *testing.T) {
 	def := saga.Define("resume",
 		saga.Step[ord]{Name: "pick", Retry: noBackoff(1),
 			Action: func(ctx context.Context, run *saga.StepRun, o *ord) error {
-				picks.add(o.ID)
+				picks.Add(o.ID)
 				return r.fx.Record(ctx, run, "pick")
 			}},
 		saga.Step[ord]{Name: "pay", Timeout: wait, Retry: noBackoff(2), PauseWhenExhausted: true, Remote: r.remote(
 			func(ctx context.Context, run *saga.StepRun, o *ord) (any, error) {
-				builds.add(o.ID)
+				builds.Add(o.ID)
 				if _, err := run.Tx.Exec(ctx, "SELECT 1"); err != nil {
 					return nil, err
 				}
@@ -102,7 +102,7 @@ func TestResumeRebuildsTheCommandNotTheLocalStep(t *testing.T) {
 	in := sagatest.Wait(t, r.engine, st.ID, sagatest.Cond("paused", func(in *saga.Instance) bool { return in.Paused != nil }),
 		&sagatest.WaitOpts{Timeout: wait})
 	require.Equal(t, "pay", in.Step, "%v", types(in))
-	require.Equal(t, int32(2), builds.get("o-1"))
+	require.Equal(t, int32(2), builds.Get("o-1"))
 	require.Zero(t, r.sentTo(t, st.ID))
 	require.NotNil(t, in.LastError)
 	require.Contains(t, in.LastError.Message, "card vault unavailable")
@@ -111,8 +111,8 @@ func TestResumeRebuildsTheCommandNotTheLocalStep(t *testing.T) {
 	require.NoError(t, r.engine.Resume(ctx, st.ID, "vault is back"))
 	in = r.ended(t, st.ID)
 	require.Equal(t, saga.StatusCompleted, in.Status, "%v %+v", types(in), in.LastError)
-	require.Equal(t, int32(1), picks.get("o-1"), "pick ran once")
-	require.Equal(t, int32(3), builds.get("o-1"))
+	require.Equal(t, int32(1), picks.Get("o-1"), "pick ran once")
+	require.Equal(t, int32(3), builds.Get("o-1"))
 	require.Equal(t, []string{"pick"}, r.fx.List(t, st.ID))
 	require.Equal(t, []string{"pay"}, r.calls(t, st.ID))
 	require.Equal(t, 1, r.sentTo(t, st.ID))

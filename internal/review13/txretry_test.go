@@ -27,13 +27,13 @@ func TestTxCommandFailsOnceThenSucceeds(t *testing.T) {
 	def := saga.Define("txretry",
 		saga.Step[ord]{Name: "pick", Retry: noBackoff(1),
 			Action: func(ctx context.Context, run *saga.StepRun, o *ord) error {
-				picks.add(o.ID)
+				picks.Add(o.ID)
 				return r.fx.Record(ctx, run, "pick")
 			},
 			Compensate: func(ctx context.Context, run *saga.StepRun, _ *ord) error { return r.fx.Record(ctx, run, "unpick") }},
 		saga.Step[ord]{Name: "pay", Timeout: wait, Retry: noBackoff(3), Remote: r.remote(
 			func(ctx context.Context, run *saga.StepRun, o *ord) (any, error) {
-				builds.add(o.ID)
+				builds.Add(o.ID)
 				if _, err := run.Tx.Exec(ctx, "INSERT INTO "+r.orders.Table("marks")+" SELECT $1, $2, count(*) FROM "+
 					r.fx.Table()+" WHERE saga_id = $3 AND what = 'pick'", o.ID, run.Attempt, run.SagaID); err != nil {
 					return nil, err
@@ -55,8 +55,8 @@ func TestTxCommandFailsOnceThenSucceeds(t *testing.T) {
 		require.NoError(t, err)
 		in := r.ended(t, st.ID)
 		require.Equal(t, saga.StatusCompleted, in.Status, "%s: %v %+v", id, types(in), in.LastError)
-		require.Equal(t, int32(1), picks.get(id), "%s: pick ran once", id)
-		require.Equal(t, int32(2), builds.get(id), "%s: the command was built twice", id)
+		require.Equal(t, int32(1), picks.Get(id), "%s: pick ran once", id)
+		require.Equal(t, int32(2), builds.Get(id), "%s: the command was built twice", id)
 		require.Equal(t, []string{"pick", "ship"}, r.fx.List(t, st.ID), id)
 		require.Equal(t, []string{"pay"}, r.calls(t, st.ID), id)
 		require.Equal(t, 1, r.sentTo(t, st.ID), "%s: one command sent", id)

@@ -48,7 +48,7 @@ func TestBadBillCommandsBesideHealthySagas(t *testing.T) {
 	r := newRig(t, "badbill", nil)
 	var builds counter
 	r.billCmd = func(ctx context.Context, run *saga.StepRun, o *ord) (any, error) {
-		n := builds.add(o.ID)
+		n := builds.Add(o.ID)
 		kind, _, _ := strings.Cut(o.ID, "-")
 		switch kind {
 		case "retry":
@@ -106,9 +106,9 @@ func TestBadBillCommandsBesideHealthySagas(t *testing.T) {
 				require.Equal(t, 1, r.fx.Count(t, sid, "billtx"), "%s: the failed attempt's write rolled back", id)
 			}
 			if kind == "retry" || kind == "txretry" {
-				require.Equal(t, int32(2), builds.get(id), id)
+				require.Equal(t, int32(2), builds.Get(id), id)
 			} else {
-				require.Equal(t, int32(1), builds.get(id), id)
+				require.Equal(t, int32(1), builds.Get(id), id)
 			}
 		default:
 			require.Equal(t, saga.StatusCompensated, in.Status, "%s: %v %+v", id, types(in), in.LastError)

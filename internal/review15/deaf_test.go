@@ -34,7 +34,7 @@ func deafBill(t *testing.T, name string, deaf int32, attempts int, limit time.Du
 	var sleepers testkit.Stragglers
 	t.Cleanup(sleepers.Wait)
 	r.billCmd = func(_ context.Context, _ *saga.StepRun, o *ord) (any, error) {
-		if builds.add(o.ID) <= deaf {
+		if builds.Add(o.ID) <= deaf {
 			defer sleepers.Enter()()
 			time.Sleep(2 * time.Second)
 		}
@@ -65,7 +65,7 @@ func TestDeafBillCommandOnceIsHandedOffAndTheReplyKept(t *testing.T) {
 	require.Empty(t, overran(in), "%v", types(in))
 	require.Equal(t, int64(0), r.engine.Stats().HandlersAbandoned)
 	require.Equal(t, int64(1), r.engine.Stats().StepsHandedOff)
-	require.Equal(t, int32(2), builds.get("o"))
+	require.Equal(t, int32(2), builds.Get("o"))
 	require.Equal(t, []string{"pay", "bill"}, r.calls(t, in.ID))
 	require.Equal(t, []string{"pick", "paid", "ship"}, r.fx.List(t, in.ID))
 	require.Equal(t, 1, r.sent(t, in.ID, "bill"))
@@ -83,7 +83,7 @@ func TestDeafBillCommandOnceIsAbandonedAndTheReplyKept(t *testing.T) {
 	require.Equal(t, []string{"bill"}, overran(in), "%v", types(in))
 	require.Equal(t, int64(1), r.engine.Stats().HandlersAbandoned)
 	require.Equal(t, int64(0), r.engine.Stats().StepsHandedOff)
-	require.Equal(t, int32(2), builds.get("o"))
+	require.Equal(t, int32(2), builds.Get("o"))
 	require.Equal(t, []string{"pay", "bill"}, r.calls(t, in.ID))
 	require.Equal(t, []string{"pick", "paid", "ship"}, r.fx.List(t, in.ID))
 	require.Equal(t, 1, r.sent(t, in.ID, "bill"))
@@ -115,9 +115,9 @@ func TestAlwaysDeafBillCommandFailsForGood(t *testing.T) {
 			} else {
 				require.Zero(t, handedOff)
 			}
-			require.GreaterOrEqual(t, builds.get("o"), int32(3), "%v", timeline(in))
-			require.Equal(t, int64(int(builds.get("o"))-handedOff), r.engine.Stats().HandlersAbandoned)
-			require.Len(t, overran(in), int(builds.get("o"))-handedOff, "each abandoned build recorded: %v", timeline(in))
+			require.GreaterOrEqual(t, builds.Get("o"), int32(3), "%v", timeline(in))
+			require.Equal(t, int64(int(builds.Get("o"))-handedOff), r.engine.Stats().HandlersAbandoned)
+			require.Len(t, overran(in), int(builds.Get("o"))-handedOff, "each abandoned build recorded: %v", timeline(in))
 			testkit.WaitFor(t, wait, "pay refunded", func() bool { return len(r.calls(t, in.ID)) == 2 })
 			require.Equal(t, []string{"pay", "refund"}, r.calls(t, in.ID))
 			require.Equal(t, []string{"pick", "paid", "unpick"}, r.fx.List(t, in.ID))
@@ -138,7 +138,7 @@ func TestF1AbandonedChainedBillCommandCountsAsAnAttempt(t *testing.T) {
 	t.Parallel()
 	_, in, builds := deafBill(t, "deaff1", 100, 2, -1)
 	require.Equal(t, saga.StatusCompensated, in.Status, "%v %+v", types(in), in.LastError)
-	require.Equal(t, int32(2), builds.get("o"), "MaxAttempts 2: %v", timeline(in))
+	require.Equal(t, int32(2), builds.Get("o"), "MaxAttempts 2: %v", timeline(in))
 	var attempts []int
 	for _, e := range in.History {
 		if e.ErrorCode == saga.CodeAbandonedRunOn {
@@ -164,7 +164,7 @@ func mixRun(t *testing.T, name string, batch int, deafOne bool, limit time.Durat
 	// own bill, sent by a worker after the hand-off, time out.)
 	r.billTime = 4 * time.Second
 	r.billCmd = func(_ context.Context, _ *saga.StepRun, o *ord) (any, error) {
-		if builds.add(o.ID) == 1 && o.ID == "deaf" {
+		if builds.Add(o.ID) == 1 && o.ID == "deaf" {
 			defer sleepers.Enter()()
 			time.Sleep(7 * time.Second)
 		}
@@ -209,7 +209,7 @@ func TestDeafBillCommandAmongHealthySagas(t *testing.T) {
 		r.completedOrTimedOut(t, n, in, n == "deaf")
 	}
 	require.Equal(t, int64(1), r.engine.Stats().HandlersAbandoned)
-	require.Equal(t, int32(2), builds.get("deaf"))
+	require.Equal(t, int32(2), builds.Get("deaf"))
 }
 
 // F2 (fixed): a Command that runs in a reply's transaction holds the
@@ -235,7 +235,7 @@ func TestF2DeafBillCommandDoesNotFailOtherSagas(t *testing.T) {
 		}
 		require.Equal(t, int64(1), r.engine.Stats().StepsHandedOff, "BatchSize %d", batch)
 		require.Zero(t, r.engine.Stats().HandlersAbandoned, "BatchSize %d", batch)
-		require.Equal(t, int32(2), builds.get("deaf"), "BatchSize %d", batch)
+		require.Equal(t, int32(2), builds.Get("deaf"), "BatchSize %d", batch)
 	}
 }
 
@@ -296,7 +296,7 @@ func TestOperatorWhileBillCommandIsDeaf(t *testing.T) {
 			entered := make(chan struct{}, 1)
 			r.billTime = time.Second
 			r.billCmd = func(_ context.Context, _ *saga.StepRun, o *ord) (any, error) {
-				if builds.add(o.ID) == 1 {
+				if builds.Add(o.ID) == 1 {
 					defer sleepers.Enter()()
 					entered <- struct{}{}
 					time.Sleep(2 * time.Second)

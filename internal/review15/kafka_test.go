@@ -34,7 +34,7 @@ func TestKafkaModeRemoteAfterRemote(t *testing.T) {
 	t.Cleanup(sleepers.Wait)
 	r.billTime = time.Second
 	r.billCmd = func(_ context.Context, _ *saga.StepRun, o *ord) (any, error) {
-		n := builds.add(o.ID)
+		n := builds.Add(o.ID)
 		switch {
 		case o.ID == "deaf" && n == 1:
 			defer sleepers.Enter()()
@@ -77,7 +77,7 @@ func TestKafkaModeRemoteAfterRemote(t *testing.T) {
 		// time out (F2).
 		r.completedOrTimedOut(t, n, in, n == "deaf")
 		if n == "deaf" {
-			require.Equal(t, int32(2), builds.get(n), "%v", timeline(in))
+			require.Equal(t, int32(2), builds.Get(n), "%v", timeline(in))
 			require.Equal(t, []string{"bill"}, overran(in), "%v", timeline(in))
 		}
 	}

@@ -26,7 +26,7 @@ func TestPayOnReplyAbortsOrFails(t *testing.T) {
 			r := newRig(t, "onreply"+c, nil)
 			var runs counter
 			r.onPayReply = func(ctx context.Context, run *saga.StepRun, o *ord) error {
-				runs.add(o.ID)
+				runs.Add(o.ID)
 				if c == "abort" {
 					if _, err := run.Tx.Exec(ctx, "SELECT 1/0"); err == nil {
 						t.Error("1/0 did not fail")
@@ -47,7 +47,7 @@ func TestPayOnReplyAbortsOrFails(t *testing.T) {
 			testkit.WaitFor(t, wait, "pay refunded", func() bool { return len(r.calls(t, st.ID)) == 2 })
 			require.Equal(t, []string{"pay", "refund"}, r.calls(t, st.ID))
 			require.Equal(t, []string{"pick", "unpick"}, r.fx.List(t, st.ID), "OnReply's writes rolled back: %v", timeline(in))
-			require.LessOrEqual(t, runs.get("o"), int32(3))
+			require.LessOrEqual(t, runs.Get("o"), int32(3))
 		})
 	}
 }
@@ -67,7 +67,7 @@ func TestPayReplyDeliveredTwice(t *testing.T) {
 			var builds counter
 			if when == "during" {
 				r.billCmd = func(_ context.Context, _ *saga.StepRun, o *ord) (any, error) {
-					builds.add(o.ID)
+					builds.Add(o.ID)
 					_ = gate.Pass(context.Background())
 					return cmd{ID: o.ID}, nil
 				}
@@ -105,7 +105,7 @@ func TestPayReplyDeliveredTwice(t *testing.T) {
 			}
 			require.Equal(t, 2, n, "one reply_received per step: %v", timeline(in))
 			if when == "during" {
-				require.LessOrEqual(t, builds.get("o"), int32(2), "%v", timeline(in))
+				require.LessOrEqual(t, builds.Get("o"), int32(2), "%v", timeline(in))
 			}
 			require.Zero(t, r.orders.Count(t, "SELECT count(*) FROM "+r.orders.Table("dead_letters")), fmt.Sprint(timeline(in)))
 		})

@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -228,21 +227,8 @@ func noBackoff(n int) *saga.RetryPolicy {
 	return &saga.RetryPolicy{MaxAttempts: n, Backoff: func(int) time.Duration { return 10 * time.Millisecond }}
 }
 
-// counter counts calls per key.
-type counter struct{ m sync.Map }
-
-func (c *counter) add(k string) int32 {
-	n, _ := c.m.LoadOrStore(k, new(atomic.Int32))
-	return n.(*atomic.Int32).Add(1)
-}
-
-func (c *counter) get(k string) int32 {
-	n, ok := c.m.Load(k)
-	if !ok {
-		return 0
-	}
-	return n.(*atomic.Int32).Load()
-}
+// counter counts calls per key (see testkit.Counter).
+type counter = testkit.Counter
 
 // awaitCancel gives the engine up to a second to cancel ctx, then returns.
 func awaitCancel(ctx context.Context) {

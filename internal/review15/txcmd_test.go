@@ -32,7 +32,7 @@ func TestOperatorWhileATxBillCommandRuns(t *testing.T) {
 			t.Cleanup(gate.Open)
 			var builds counter
 			r.billCmd = func(ctx context.Context, run *saga.StepRun, o *ord) (any, error) {
-				builds.add(o.ID)
+				builds.Add(o.ID)
 				if err := r.fx.Record(context.WithoutCancel(ctx), run, "billtx"); err != nil {
 					return nil, err
 				}
@@ -54,7 +54,7 @@ func TestOperatorWhileATxBillCommandRuns(t *testing.T) {
 				require.Equal(t, saga.StatusCompleted, in.Status, "%v %+v", timeline(in), in.LastError)
 				require.Equal(t, 1, r.sent(t, st.ID, "bill"))
 				require.Equal(t, []string{"pay", "bill"}, r.calls(t, st.ID))
-				require.Equal(t, 1, r.fx.Count(t, st.ID, "billtx"), "builds %d: %v %v", builds.get("o"), r.fx.List(t, st.ID), timeline(in))
+				require.Equal(t, 1, r.fx.Count(t, st.ID, "billtx"), "builds %d: %v %v", builds.Get("o"), r.fx.List(t, st.ID), timeline(in))
 				require.Equal(t, []string{"pick", "paid", "ship"}, without(r.fx.List(t, st.ID), "billtx"))
 				return
 			}

@@ -67,7 +67,7 @@ func slowTxCommand(t *testing.T, name string, deaf bool) {
 	in := r.ended(t, st.ID)
 	require.Equal(t, saga.StatusCompleted, in.Status, "%v %+v", timeline(in), in.LastError)
 	require.Equal(t, []string{"pick", "paid", "billtx#2", "ship", "done"}, r.fx.List(t, st.ID), "%v", timeline(in))
-	require.Equal(t, int32(2), r.billRuns.get("o"))
+	require.Equal(t, int32(2), r.billRuns.Get("o"))
 	require.Equal(t, 1, r.sent(t, st.ID, "bill"))
 	require.Equal(t, []string{"pay", "bill"}, r.calls(t, st.ID))
 	require.Zero(t, count(in, "step_failed", "bill"), "%v", timeline(in))

@@ -53,7 +53,7 @@ func TestSlowShipWritesBeforeTheCutAndNothingPersists(t *testing.T) {
 	require.Greater(t, took, time.Duration(0), "the first run's ctx was cancelled at the limit, not left to run 5 s")
 	require.Less(t, took, 4*time.Second, "cut at the limit (200 ms), generous bound")
 	require.Equal(t, []string{"pick", "paid", "ship#2", "done"}, r.fx.List(t, st.ID), "the given-up run's writes (early and late) undone: %v", timeline(in))
-	require.Equal(t, int32(2), r.shipRuns.get("o"))
+	require.Equal(t, int32(2), r.shipRuns.Get("o"))
 	require.Zero(t, count(in, "step_failed", "ship"), "nothing of the given-up run recorded: %v", timeline(in))
 	require.Equal(t, 1, count(in, "step_completed", "ship"), "%v", timeline(in))
 	require.Equal(t, 1, count(in, "step_completed", "pay"), "%v", timeline(in))
@@ -111,7 +111,7 @@ func TestDeafShipAfterReplyIsCutThenCountsMaxAttempts(t *testing.T) {
 			require.Equal(t, saga.CodeAbandonedRunOn, e.ErrorCode, "%v", timeline(in))
 		}
 	}
-	require.Equal(t, int32(4), r.shipRuns.get("o"), "one cut run on the reply worker + MaxAttempts 3: %v", timeline(in))
+	require.Equal(t, int32(4), r.shipRuns.Get("o"), "one cut run on the reply worker + MaxAttempts 3: %v", timeline(in))
 	mu.Lock()
 	got := append([]seen(nil), runs...)
 	mu.Unlock()

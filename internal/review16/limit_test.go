@@ -58,7 +58,7 @@ func TestSlowShipIsNotCutWithoutALimit(t *testing.T) {
 			for n, id := range ids {
 				in := r.ended(t, id)
 				require.Equal(t, saga.StatusCompleted, in.Status, "%v %+v", timeline(in), in.LastError)
-				require.Equal(t, int32(1), r.shipRuns.get(n), "%s: %v", n, timeline(in))
+				require.Equal(t, int32(1), r.shipRuns.Get(n), "%s: %v", n, timeline(in))
 				require.Equal(t, []string{"pick", "paid", "ship", "done"}, r.fx.List(t, id))
 			}
 			require.Zero(t, r.engine.Stats().StepsHandedOff)

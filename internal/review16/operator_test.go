@@ -102,7 +102,7 @@ func TestOperatorAroundTheCut(t *testing.T) {
 				// pause
 				testkit.WaitFor(t, wait, "paused", func() bool { return r.get(t, st.ID).Paused != nil })
 				testkit.Hold(t, 1500*time.Millisecond, "nothing after ship while paused", func() bool {
-					return r.fx.Count(t, st.ID, "done") == 0 && r.shipRuns.get("o") <= 2
+					return r.fx.Count(t, st.ID, "done") == 0 && r.shipRuns.Get("o") <= 2
 				})
 				in := r.get(t, st.ID)
 				require.Equal(t, saga.StatusRunning, in.Status, "%v", timeline(in))
@@ -171,7 +171,7 @@ func TestSignalDuringTheHandOff(t *testing.T) {
 			if err == nil {
 				require.True(t, res.Duplicate, "%+v", res)
 			}
-			require.GreaterOrEqual(t, r.shipRuns.get("o"), int32(2), "the first run was cut")
+			require.GreaterOrEqual(t, r.shipRuns.Get("o"), int32(2), "the first run was cut")
 		})
 	}
 }

@@ -9,7 +9,6 @@ package review16
 import (
 	"context"
 	"encoding/json"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -144,7 +143,7 @@ func (r *rig) def(o defOpts) *saga.Definition[ord] {
 		list = append(list, saga.Step[ord]{Name: "bill", Timeout: wait, Retry: noBackoff(3), Remote: &saga.Remote[ord]{
 			Topic: topic, Type: r.name + ".bill", CompensateType: r.name + ".unbill",
 			Command: func(ctx context.Context, run *saga.StepRun, s *ord) (any, error) {
-				n := r.billRuns.add(s.ID)
+				n := r.billRuns.Add(s.ID)
 				if r.billCmd != nil {
 					return r.billCmd(ctx, run, s, n)
 				}
@@ -153,7 +152,7 @@ func (r *rig) def(o defOpts) *saga.Definition[ord] {
 	}
 	list = append(list, saga.Step[ord]{Name: "ship", Timeout: o.shipTimeout, Retry: noBackoff(o.shipRetry),
 		Action: func(ctx context.Context, run *saga.StepRun, s *ord) error {
-			n := r.shipRuns.add(s.ID)
+			n := r.shipRuns.Add(s.ID)
 			if r.ship != nil {
 				return r.ship(ctx, run, s, n)
 			}
@@ -278,21 +277,8 @@ func failedAttempts(in *saga.Instance, step string) []int {
 	return out
 }
 
-// counter counts calls per key.
-type counter struct{ m sync.Map }
-
-func (c *counter) add(k string) int32 {
-	n, _ := c.m.LoadOrStore(k, new(atomic.Int32))
-	return n.(*atomic.Int32).Add(1)
-}
-
-func (c *counter) get(k string) int32 {
-	n, ok := c.m.Load(k)
-	if !ok {
-		return 0
-	}
-	return n.(*atomic.Int32).Load()
-}
+// counter counts calls per key (see testkit.Counter).
+type counter = testkit.Counter
 
 // waitCtx waits for ctx to end or d to pass and reports whether ctx ended.
 func waitCtx(ctx context.Context, d time.Duration) bool {

@@ -152,7 +152,7 @@ func TestHybridRetriesAfterRepliesUnderLoad(t *testing.T) {
 		require.Equal(t, saga.StatusCompleted, in.Status, timeline(in))
 		require.Equal(t, 1+i%2, count(in, saga.EventStepFailed, "ship"))
 		requireOnce(t, h.fx, id, map[string]int{"pick": 1, "paid": 1, "ship": 1, "done": 1})
-		require.EqualValues(t, 1, h.pays.get(fmt.Sprint("l", i)))
+		require.EqualValues(t, 1, h.pays.Get(fmt.Sprint("l", i)))
 	}
 	t.Logf("31 sagas in %s; %+v", time.Since(begin), e.Stats())
 }

@@ -49,7 +49,7 @@ func newHybrid(t *testing.T, name string) *hybrid {
 		ReplyTopics: []string{replies}})
 	require.NoError(t, err)
 	require.NoError(t, participant.Handle(p, name+".pay", func(ctx context.Context, tx pgx.Tx, c participant.Call[cmd]) (map[string]string, error) {
-		h.pays.add(c.Command.ID)
+		h.pays.Add(c.Command.ID)
 		_, err := tx.Exec(ctx, `INSERT INTO `+pfx.Table()+` (saga_id, what) VALUES ($1, 'pay')`, c.SagaID)
 		return map[string]string{"ref": "pay-" + c.Command.ID}, err
 	}))
@@ -113,7 +113,7 @@ func TestHybridRetryAfterAReply(t *testing.T) {
 		require.Equal(t, i%4, count(in, saga.EventStepFailed, "ship"), timeline(in))
 		requireOnce(t, h.fx, id, map[string]int{"pick": 1, "paid": 1, "ship": 1, "done": 1})
 		k := fmt.Sprint("h", i)
-		require.EqualValues(t, 1, h.pays.get(k))
+		require.EqualValues(t, 1, h.pays.Get(k))
 		for _, g := range r.gaps(k + "/ship") {
 			require.GreaterOrEqual(t, g, back-30*time.Millisecond, "a retry ran early")
 			require.Less(t, g, back+lateBy, "a retry after a reply waited past its backoff")

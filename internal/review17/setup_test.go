@@ -15,7 +15,6 @@ import (
 	"context"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -187,18 +186,5 @@ func longRelay(t *testing.T, brokers []string, d *testkit.DB) {
 	})
 }
 
-// counter counts per key.
-type counter struct{ m sync.Map }
-
-func (c *counter) add(k string) int32 {
-	n, _ := c.m.LoadOrStore(k, new(atomic.Int32))
-	return n.(*atomic.Int32).Add(1)
-}
-
-func (c *counter) get(k string) int32 {
-	n, ok := c.m.Load(k)
-	if !ok {
-		return 0
-	}
-	return n.(*atomic.Int32).Load()
-}
+// counter counts calls per key (see testkit.Counter).
+type counter = testkit.Counter

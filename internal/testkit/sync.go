@@ -92,3 +92,22 @@ func (s *Stragglers) Wait() {
 	defer s.mu.Unlock()
 	s.wg.Wait()
 }
+
+// Counter counts calls per key (a saga, a step), for handlers to count
+// their runs.
+type Counter struct{ m sync.Map }
+
+// Add counts one more for k and returns the count.
+func (c *Counter) Add(k string) int32 {
+	n, _ := c.m.LoadOrStore(k, new(atomic.Int32))
+	return n.(*atomic.Int32).Add(1)
+}
+
+// Get is k's count.
+func (c *Counter) Get(k string) int32 {
+	n, ok := c.m.Load(k)
+	if !ok {
+		return 0
+	}
+	return n.(*atomic.Int32).Load()
+}
