@@ -301,7 +301,7 @@ type statements struct {
 	startSaga, startSagaOne, sagaByKey, insertHistory, insertOutbox, insertOutboxNotify, notify, claimDirect, claimAndLock, lockSagas, lockSaga, updateSaga string
 	insertInbox, recordInbox, deleteDelivered, deferMessages, markDead, nextDue, getSaga                                                                    string
 	getSagaForUpdate, history, listBase                                                                                                                     string
-	insertCancel, deleteCancel, cancelRequests, holdMessage, refuseCancel                                                                                   string
+	insertCancel, deleteCancel, cancelRequests, cancelRequest1, holdMessage, refuseCancel                                                                   string
 	historyRows                                                                                                                                             [maxHistoryRows + 1]string
 }
 
@@ -463,12 +463,17 @@ func New(schema string) (*Store, error) {
 		// The inbox probe is a subquery with LIMIT 1 so that the planner
 		// always probes the primary key; an EXISTS may be planned as a hash
 		// of every key of the consumer when statistics are stale.
+		// One saga by its primary key ($1 a uuid, not an array): with
+		// `s.id = ANY($1)` PostgreSQL judged its generic plan dearer than a
+		// plan for the array at hand and planned the statement afresh on
+		// every execution (0.5 ms of server CPU, more than running it; one
+		// per reply in the hybrid mode).
 		lockSagas: `SELECT ` + prefixColumns("s.") + `, pg_try_advisory_xact_lock(hashtextextended(s.id::text, $2)),
 				(SELECT true FROM ` + s + `.inbox i WHERE i.consumer = $3 AND i.key = $4 LIMIT 1) IS NOT NULL,
 				r.epoch, r.reason, r.code, ` + pausedSQL(s) + `
 			FROM ` + s + `.saga_instances s
 			LEFT JOIN ` + s + `.saga_cancel_requests r ON r.saga_id = s.id
-			WHERE s.id = ANY($1) ORDER BY s.id`,
+			WHERE s.id = $1`,
 		// The fenced update. Times use clock_timestamp(), not the batch
 		// transaction's start. The deadline (greatest(next_check_at,
 		// due_at), see migration 013) only moves when it would come too
@@ -543,6 +548,9 @@ func New(schema string) (*Store, error) {
 			INSERT INTO ` + s + `.saga_history (saga_id, event, epoch, error, error_code, detail)
 			SELECT d.saga_id, $2, d.epoch, d.reason, $3, jsonb_build_object('refused', $4::text) FROM d`,
 		cancelRequests: `SELECT saga_id, epoch, reason, coalesce(code, '') FROM ` + s + `.saga_cancel_requests WHERE saga_id = ANY($1)`,
+		// One saga's: on the key, so that PostgreSQL keeps a generic plan
+		// (an array parameter is planned afresh each time; see lockSagas).
+		cancelRequest1: `SELECT saga_id, epoch, reason, coalesce(code, '') FROM ` + s + `.saga_cancel_requests WHERE saga_id = $1`,
 		// A Kafka command that cannot run yet leaves its partition for the
 		// outbox, to be published again after a delay: held since $9 (the
 		// first hold, in database time), or now. Nothing is written when it
@@ -935,28 +943,40 @@ func (n *nullSaga) saga() Saga {
 // waits for a lock. Sagas that do not exist are absent from the result.
 // stepKey is the step key of the command the caller runs, or "": a saga is
 // Processed when stepKey is its current step's key and the inbox holds it.
+// Each saga is one statement (callers pass one id, or none for a message
+// that names no saga).
 func (s *Store) LockSagas(ctx context.Context, tx pgx.Tx, ids []uuid.UUID, stepKey string) (map[uuid.UUID]*LockedSaga, error) {
-	rows, err := tx.Query(ctx, s.q.lockSagas, pgIDs(ids), s.lockNS, InboxConsumerEngine, stepKey)
+	out := make(map[uuid.UUID]*LockedSaga, len(ids))
+	for _, id := range ids {
+		if err := s.lockSaga1(ctx, tx, id, stepKey, out); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// lockSaga1 reads one saga for LockSagas into out.
+func (s *Store) lockSaga1(ctx context.Context, tx pgx.Tx, id uuid.UUID, stepKey string, out map[uuid.UUID]*LockedSaga) error {
+	rows, err := tx.Query(ctx, s.q.lockSagas, id, s.lockNS, InboxConsumerEngine, stepKey)
 	if err != nil {
-		return nil, fmt.Errorf("store: lock sagas: %w", err)
+		return fmt.Errorf("store: lock sagas: %w", err)
 	}
 	defer rows.Close()
-	out := make(map[uuid.UUID]*LockedSaga, len(ids))
 	for rows.Next() {
 		ls := &LockedSaga{}
 		var cancelEpoch *int
 		var cancelReason, cancelCode *string
 		if err := rows.Scan(append(sagaDest(&ls.Saga), &ls.Locked, &ls.Processed, &cancelEpoch, &cancelReason, &cancelCode, &ls.Paused)...); err != nil {
-			return nil, fmt.Errorf("store: lock sagas: %w", err)
+			return fmt.Errorf("store: lock sagas: %w", err)
 		}
 		ls.CancelRequest = cancelRequest(cancelEpoch, cancelReason, cancelCode)
 		ls.Processed = ls.Processed && stepKey != "" && stepKey == currentKey(&ls.Saga)
 		out[ls.ID] = ls
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("store: lock sagas: %w", err)
+		return fmt.Errorf("store: lock sagas: %w", err)
 	}
-	return out, nil
+	return nil
 }
 
 // currentKey is the step key of sg's current step, written by package wire:
@@ -1367,7 +1387,7 @@ func (s *Store) CancelRequests(ctx context.Context, db DBTX, ids []uuid.UUID) (m
 // QueueCancelRequest queues on b the read of saga id's pending cancel
 // request, into req (left nil when there is none).
 func (s *Store) QueueCancelRequest(b *pgx.Batch, id uuid.UUID, req **CancelRequest) {
-	b.Queue(s.q.cancelRequests, pgIDs([]uuid.UUID{id})).Query(func(rows pgx.Rows) error {
+	b.Queue(s.q.cancelRequest1, id).Query(func(rows pgx.Rows) error {
 		if err := scanCancelRequests(rows, func(_ uuid.UUID, r CancelRequest) { *req = &r }); err != nil {
 			return fmt.Errorf("store: read the cancel request of saga %s: %w", id, err)
 		}
