@@ -361,6 +361,10 @@ type testHooks struct {
 	// idle runs when a direct worker is done with its batches, before it
 	// looks for the next due command.
 	idle func()
+	// readAhead runs after a batch of Kafka messages read their sagas
+	// together (see [Engine.prefetchSagas]), with the sagas it found, and
+	// before any of the messages runs.
+	readAhead func(ids []uuid.UUID)
 }
 
 // New returns an engine on pool. A nil cfg means the defaults. The schema must

@@ -50,3 +50,10 @@ func (e *Engine) SetIdle(h func()) {
 func (e *Engine) LockSaga(ctx context.Context, tx pgx.Tx, id uuid.UUID) error {
 	return e.st.LockSaga(ctx, tx, id)
 }
+
+// SetReadAhead installs a hook that runs when a batch of Kafka messages has
+// read and locked their sagas together, before any of them runs, with the
+// sagas it found.
+func (e *Engine) SetReadAhead(h func(ids []uuid.UUID)) {
+	e.hooks.readAhead = h
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"time"
 
@@ -466,20 +467,11 @@ func headerValue(m *kafka.Message, name string) string {
 // (see [runningSteps.claim]), to release once the batch has ended.
 func (e *Engine) runReply(ctx context.Context, bt *batchTx, m kafka.Message, c *store.Claimed, last bool) (waitKind, *batch, []uuid.UUID, error) {
 	b := e.newBatch(bt, &m)
-	// The message id is not needed to apply a reply (the saga takes one
-	// reply per step key, and a copy finds the step done): any id will do,
-	// a Java service's included.
-	key, kerr := steps.ParseKey(headerValue(&m, wire.HeaderStepKey))
-	if kerr == nil && c.SagaID != nil && *c.SagaID != key.SagaID {
-		kerr = fmt.Errorf("its %s header names saga %s but its step key saga %s", wire.HeaderSagaID, c.SagaID, key.SagaID)
-	}
-	if kerr == nil && c.SagaID == nil && headerValue(&m, wire.HeaderSagaID) != "" {
-		kerr = fmt.Errorf("its %s header is not a saga id", wire.HeaderSagaID)
-	}
+	key, kerr := replyKey(&m, c)
 	if kerr != nil {
 		return runDone, b, nil, b.park(ctx, c, nil, CodeMalformed, "malformed reply: "+kerr.Error())
 	}
-	sagas, err := e.st.LockSagas(ctx, bt.tx, []uuid.UUID{key.SagaID}, "")
+	sagas, err := e.lockSagas(ctx, bt, []uuid.UUID{key.SagaID}, "")
 	if err != nil {
 		return runDone, b, nil, err
 	}
@@ -495,6 +487,105 @@ func (e *Engine) runReply(ctx context.Context, bt *batchTx, m kafka.Message, c *
 	held := []uuid.UUID{ls.ID}
 	e.running.claim(held...)
 	return runDone, b, held, b.reply(b.traceReply(ctx, c, &ls.Saga, key.Direction), c, ls, key, last)
+}
+
+// replyKey is the step key a reply answers. The message id is not needed to
+// apply a reply (the saga takes one reply per step key, and a copy finds the
+// step done): any id will do, a Java service's included.
+func replyKey(m *kafka.Message, c *store.Claimed) (steps.Key, error) {
+	key, err := steps.ParseKey(headerValue(m, wire.HeaderStepKey))
+	if err == nil && c.SagaID != nil && *c.SagaID != key.SagaID {
+		err = fmt.Errorf("its %s header names saga %s but its step key saga %s", wire.HeaderSagaID, c.SagaID, key.SagaID)
+	}
+	if err == nil && c.SagaID == nil && headerValue(m, wire.HeaderSagaID) != "" {
+		err = fmt.Errorf("its %s header is not a saga id", wire.HeaderSagaID)
+	}
+	return key, err
+}
+
+// commandKey is the step key of a command read from Kafka.
+func commandKey(cmd command) string {
+	return steps.Key{SagaID: cmd.SagaID, Step: cmd.Step, Direction: cmd.Direction, Epoch: cmd.Epoch}.String()
+}
+
+// sagaToLock is the saga, and the step key, that running m reads first
+// (runKafkaIn's and runReply's lockSagas); false when m is refused before
+// that (ambiguous, unverified, malformed).
+func (e *Engine) sagaToLock(m *kafka.Message) (uuid.UUID, string, bool) {
+	c, aerr := claimedFromKafka(*m)
+	if aerr != nil || e.signer.Verify(func(n string) string { return headerValue(m, n) }, m.Value) != nil {
+		return uuid.Nil, "", false
+	}
+	if c.Type == wire.TypeReply {
+		key, err := replyKey(m, &c)
+		return key.SagaID, "", err == nil
+	}
+	cmd, err := decodeCommand(&c)
+	if err != nil || c.ID == uuid.Nil {
+		return uuid.Nil, "", false
+	}
+	return cmd.SagaID, commandKey(cmd), true
+}
+
+// prefetched is a saga read and locked by prefetchSagas.
+type prefetched struct {
+	stepKey string
+	ls      *store.LockedSaga
+}
+
+// prefetchSagas reads and locks the sagas of the messages ms, which will
+// run one after another in bt, in one round trip instead of one each, as a
+// claim from the outbox reads the sagas of its batch together. It reads
+// nothing when two of the messages name one saga: the second must read
+// what the first wrote.
+func (e *Engine) prefetchSagas(ctx context.Context, bt *batchTx, ms []kafka.Message) error {
+	ids := make([]uuid.UUID, 0, len(ms))
+	keys := make(map[uuid.UUID]string, len(ms))
+	for i := range ms {
+		id, stepKey, ok := e.sagaToLock(&ms[i])
+		if !ok {
+			continue
+		}
+		if _, dup := keys[id]; dup {
+			return nil
+		}
+		keys[id] = stepKey
+		ids = append(ids, id)
+	}
+	if len(ids) < 2 {
+		return nil
+	}
+	read := make(map[uuid.UUID]*store.LockedSaga, len(ids))
+	q := &pgx.Batch{}
+	for _, id := range ids {
+		e.st.QueueLockSaga(q, id, keys[id], read)
+	}
+	if err := bt.tx.SendBatch(ctx, q).Close(); err != nil {
+		return fmt.Errorf("saga: read the sagas of %d messages: %w", len(ms), err)
+	}
+	bt.prefetched = make(map[uuid.UUID]prefetched, len(read))
+	for id, ls := range read {
+		bt.prefetched[id] = prefetched{stepKey: keys[id], ls: ls}
+	}
+	if h := e.hooks.readAhead; h != nil {
+		h(slices.Collect(maps.Keys(read)))
+	}
+	return nil
+}
+
+// lockSagas is store.LockSagas in bt, answered from prefetchSagas's read
+// when that read this one saga for the same step key (once: a saga read
+// again is read afresh). A saga it found absent is read again.
+func (e *Engine) lockSagas(ctx context.Context, bt *batchTx, ids []uuid.UUID, stepKey string) (map[uuid.UUID]*store.LockedSaga, error) {
+	if len(ids) == 1 {
+		if p, ok := bt.prefetched[ids[0]]; ok {
+			delete(bt.prefetched, ids[0])
+			if p.stepKey == stepKey {
+				return map[uuid.UUID]*store.LockedSaga{ids[0]: p.ls}, nil
+			}
+		}
+	}
+	return e.st.LockSagas(ctx, bt.tx, ids, stepKey)
 }
 
 // claimedFromKafka describes a Kafka message as the executor's input. A
@@ -575,7 +666,6 @@ func (e *Engine) runKafkaMessage(ctx context.Context, m kafka.Message, expired b
 // committed), and the sagas whose execution lock it took, to release once
 // the batch has ended.
 func (e *Engine) runKafkaIn(ctx context.Context, bt *batchTx, m kafka.Message, expired, last bool) (waitKind, *batch, []uuid.UUID, error) {
-	tx := bt.tx
 	c, aerr := claimedFromKafka(m)
 	if expired {
 		c.Age = e.cfg.UnknownSagaGrace
@@ -600,9 +690,9 @@ func (e *Engine) runKafkaIn(ctx context.Context, bt *batchTx, m kafka.Message, e
 	var stepKey string
 	if derr == nil {
 		ids = []uuid.UUID{cmd.SagaID}
-		stepKey = steps.Key{SagaID: cmd.SagaID, Step: cmd.Step, Direction: cmd.Direction, Epoch: cmd.Epoch}.String()
+		stepKey = commandKey(cmd)
 	}
-	sagas, err := e.st.LockSagas(ctx, tx, ids, stepKey)
+	sagas, err := e.lockSagas(ctx, bt, ids, stepKey)
 	if err != nil {
 		return runDone, nil, nil, err
 	}
@@ -637,6 +727,9 @@ func (e *Engine) runKafkaBatch(ctx context.Context, ms []kafka.Message) (bool, e
 	defer bt.end(ctx)
 	var held []uuid.UUID
 	defer func() { e.running.release(held...) }()
+	if err := e.prefetchSagas(ctx, bt, ms); err != nil {
+		return false, err
+	}
 	bs := make([]*batch, 0, len(ms))
 	for i := range ms {
 		wait, b, h, err := e.runKafkaIn(ctx, bt, ms[i], false, i == len(ms)-1)

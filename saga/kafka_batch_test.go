@@ -2,6 +2,7 @@ package saga_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -70,4 +71,86 @@ func TestKafkaModeRunsABacklogInBatches(t *testing.T) {
 	require.Zero(t, k.count(t, "SELECT count(*) FROM "+k.table("dead_letters")+" WHERE kafka_offset <> $1 AND consumer = $2",
 		poisonOffset, store.InboxConsumerEngine), "nothing else was dead-lettered")
 	t.Logf("batched %d messages; stale %d", st.BusBatched, st.StaleDiscarded)
+}
+
+// A batch of Kafka messages reads and locks its sagas together before any
+// of them runs. An operator acting after that read and before the saga's
+// message runs is not lost: a cancel asked then stops the saga (it
+// compensates what ran). A saga whose execution lock another transaction
+// holds sends its batch the one-at-a-time way, and runs once it is free.
+// Every other saga completes with each effect once.
+func TestKafkaBatchReadsItsSagasTogether(t *testing.T) {
+	t.Parallel()
+	const name = "kahead"
+	topic := saga.CommandTopicDefault + "." + name
+	k := setupKafkaWith(t, 1, &saga.Config{Workers: 1}, topic)
+	def := threeSteps(k.bundle, name, nil)
+	require.NoError(t, k.engine.Register(def))
+	ctx := context.Background()
+
+	var ids []uuid.UUID
+	for range 40 {
+		st, err := saga.Start(ctx, k.engine, def, order{OrderID: "a"}, nil)
+		require.NoError(t, err)
+		ids = append(ids, st.ID)
+	}
+	waitFor(t, 15*time.Second, func() bool {
+		msgs, err := k.kc.ReadAll(ctx, topic)
+		require.NoError(t, err)
+		return len(msgs) == len(ids)
+	}, "the backlog on the topic")
+
+	// Another transaction holds the last saga's execution lock for a while.
+	busy := ids[len(ids)-1]
+	holder, err := k.pool.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, k.engine.LockSaga(ctx, holder, busy))
+	defer func() { _ = holder.Rollback(ctx) }()
+
+	var mu sync.Mutex
+	var reads int
+	var cancelled uuid.UUID
+	var cancelErr error
+	k.engine.SetReadAhead(func(read []uuid.UUID) {
+		mu.Lock()
+		defer mu.Unlock()
+		reads++
+		if cancelled != uuid.Nil || len(read) < 2 || read[1] == busy {
+			return
+		}
+		// The operator, between the batch's read and its messages' runs.
+		cancelled = read[1]
+		cancelErr = k.engine.Cancel(ctx, cancelled, "operator, after the read")
+	})
+	k.start(t)
+
+	// While the lock is held, the other sagas run and the busy one does not.
+	waitFor(t, 15*time.Second, func() bool {
+		return k.count(t, "SELECT count(*) FROM "+k.table("effects")+" WHERE step = 'ship' AND saga_id <> $1", busy) >= 10
+	}, "other sagas to complete while one is busy")
+	require.Zero(t, k.count(t, "SELECT count(*) FROM "+k.table("effects")+" WHERE saga_id = $1", busy),
+		"a saga whose lock another transaction holds did not run")
+	require.NoError(t, holder.Rollback(ctx))
+
+	for _, id := range ids {
+		in := k.waitTerminal(t, id)
+		mu.Lock()
+		victim := cancelled
+		mu.Unlock()
+		if id == victim {
+			require.Equal(t, saga.StatusCompensated, in.Status, "history: %v", eventTypes(in))
+			effects := k.effects(t, id)
+			require.NotContains(t, effects, "ship/forward", "the cancelled saga ran on")
+			require.Contains(t, effects, "reserve/compensate", "what ran is compensated: %v", effects)
+			continue
+		}
+		require.Equal(t, saga.StatusCompleted, in.Status, "history: %v", eventTypes(in))
+		require.Equal(t, []string{"reserve/forward", "charge/forward", "ship/forward"}, k.effects(t, id), "saga %s", id)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.NoError(t, cancelErr)
+	require.Positive(t, reads, "some batches read their sagas together")
+	require.NotEqual(t, uuid.Nil, cancelled, "a batch of two or more read together")
+	t.Logf("%d batches read ahead; %d messages batched", reads, k.engine.Stats().BusBatched)
 }

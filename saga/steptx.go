@@ -96,6 +96,9 @@ type batchTx struct {
 	// pauses is the engine's pausesHeard when the batch began: a pause
 	// heard of since may cover a saga the batch claimed before it.
 	pauses int64
+	// prefetched holds the sagas of a batch of Kafka messages read before
+	// they run (see [Engine.prefetchSagas]), each until its message reads it.
+	prefetched map[uuid.UUID]prefetched
 }
 
 // pauseHeard reports whether a pause was announced since the batch began.

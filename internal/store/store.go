@@ -943,40 +943,42 @@ func (n *nullSaga) saga() Saga {
 // waits for a lock. Sagas that do not exist are absent from the result.
 // stepKey is the step key of the command the caller runs, or "": a saga is
 // Processed when stepKey is its current step's key and the inbox holds it.
-// Each saga is one statement (callers pass one id, or none for a message
-// that names no saga).
+// Each saga is one statement, all sent in one round trip.
 func (s *Store) LockSagas(ctx context.Context, tx pgx.Tx, ids []uuid.UUID, stepKey string) (map[uuid.UUID]*LockedSaga, error) {
 	out := make(map[uuid.UUID]*LockedSaga, len(ids))
+	if len(ids) == 0 {
+		return out, nil
+	}
+	b := &pgx.Batch{}
 	for _, id := range ids {
-		if err := s.lockSaga1(ctx, tx, id, stepKey, out); err != nil {
-			return nil, err
-		}
+		s.QueueLockSaga(b, id, stepKey, out)
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return nil, fmt.Errorf("store: lock sagas: %w", err)
 	}
 	return out, nil
 }
 
-// lockSaga1 reads one saga for LockSagas into out.
-func (s *Store) lockSaga1(ctx context.Context, tx pgx.Tx, id uuid.UUID, stepKey string, out map[uuid.UUID]*LockedSaga) error {
-	rows, err := tx.Query(ctx, s.q.lockSagas, id, s.lockNS, InboxConsumerEngine, stepKey)
-	if err != nil {
-		return fmt.Errorf("store: lock sagas: %w", err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		ls := &LockedSaga{}
-		var cancelEpoch *int
-		var cancelReason, cancelCode *string
-		if err := rows.Scan(append(sagaDest(&ls.Saga), &ls.Locked, &ls.Processed, &cancelEpoch, &cancelReason, &cancelCode, &ls.Paused)...); err != nil {
-			return fmt.Errorf("store: lock sagas: %w", err)
+// QueueLockSaga queues on b the read of saga id as [Store.LockSagas] makes
+// it, into out[id] (left unset when the saga does not exist).
+func (s *Store) QueueLockSaga(b *pgx.Batch, id uuid.UUID, stepKey string, out map[uuid.UUID]*LockedSaga) {
+	b.Queue(s.q.lockSagas, id, s.lockNS, InboxConsumerEngine, stepKey).Query(func(rows pgx.Rows) error {
+		for rows.Next() {
+			ls := &LockedSaga{}
+			var cancelEpoch *int
+			var cancelReason, cancelCode *string
+			if err := rows.Scan(append(sagaDest(&ls.Saga), &ls.Locked, &ls.Processed, &cancelEpoch, &cancelReason, &cancelCode, &ls.Paused)...); err != nil {
+				return fmt.Errorf("store: lock saga %s: %w", id, err)
+			}
+			ls.CancelRequest = cancelRequest(cancelEpoch, cancelReason, cancelCode)
+			ls.Processed = ls.Processed && stepKey != "" && stepKey == currentKey(&ls.Saga)
+			out[ls.ID] = ls
 		}
-		ls.CancelRequest = cancelRequest(cancelEpoch, cancelReason, cancelCode)
-		ls.Processed = ls.Processed && stepKey != "" && stepKey == currentKey(&ls.Saga)
-		out[ls.ID] = ls
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("store: lock sagas: %w", err)
-	}
-	return nil
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("store: lock saga %s: %w", id, err)
+		}
+		return nil
+	})
 }
 
 // currentKey is the step key of sg's current step, written by package wire:
