@@ -74,6 +74,7 @@ type Config struct {
 type Participant struct {
 	in          *inbox.Inbox
 	steps       *inbox.Inbox // step-scoped keys
+	stepsName   string       // steps' consumer name
 	st          *store.Store
 	log         *slog.Logger
 	keys        signing.Keys
@@ -114,7 +115,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Participant, error) {
 	if err != nil {
 		return nil, fmt.Errorf("participant: telemetry: %w", err)
 	}
-	p := &Participant{in: in, steps: keys, st: st, log: telemetry.Logger(c.Logger), tel: tel,
+	p := &Participant{in: in, steps: keys, stepsName: c.Consumer + "/steps", st: st, log: telemetry.Logger(c.Logger), tel: tel,
 		keys:     signing.Keys{Current: c.SigningKey, Previous: c.VerifyKeys},
 		handlers: map[string]inbox.HandlerFunc{}}
 	if c.ReplyTopics != nil {
@@ -227,42 +228,43 @@ func Handle[C, R any](p *Participant, commandType string, fn func(ctx context.Co
 		commandID := msg.Headers[wire.HeaderMessageID]
 		// A savepoint around the step key and the handler's writes: a
 		// refusal undoes both, so once its cause is fixed the saga can send
-		// the same step again (Resume) and it runs.
-		sp, err := tx.Begin(ctx)
+		// the same step again (Resume) and it runs. Deduplicate by the
+		// step-scoped key, not only the message id: one saga step's command
+		// may reach the participant as more than one message.
+		fresh, err := p.openStep(ctx, tx, key)
 		if err != nil {
 			return err
 		}
 		var result R
-		// Deduplicate by the step-scoped key, not only the message id: one
-		// saga step's command may reach the participant as more than one
-		// message.
-		fresh, err := p.steps.ProcessTx(ctx, sp, inbox.Message{ID: key.String()}, func(ctx context.Context, sptx pgx.Tx, _ inbox.Message) error {
-			if err := json.Unmarshal(msg.Value, &call.Command); err != nil {
-				return steps.Permanent(steps.WithCode(CodeMalformedCommand, fmt.Errorf("decode command: %w", err)))
-			}
-			if key.Direction == steps.Compensate {
-				if err := p.closeForward(ctx, sptx, replyTo, key); err != nil {
-					return err
+		if fresh {
+			err = func() error {
+				if err := json.Unmarshal(msg.Value, &call.Command); err != nil {
+					return steps.Permanent(steps.WithCode(CodeMalformedCommand, fmt.Errorf("decode command: %w", err)))
 				}
-			}
-			var herr error
-			func() {
-				defer func() {
-					if v := recover(); v != nil {
-						// A bug in the handler: refuse rather than crash the
-						// service (and crash again on every redelivery).
-						herr = steps.Permanent(steps.WithCode(CodePanic, fmt.Errorf("handler for %q panicked: %v", commandType, v)))
+				if key.Direction == steps.Compensate {
+					if err := p.closeForward(ctx, tx, replyTo, key); err != nil {
+						return err
 					}
+				}
+				var herr error
+				func() {
+					defer func() {
+						if v := recover(); v != nil {
+							// A bug in the handler: refuse rather than crash the
+							// service (and crash again on every redelivery).
+							herr = steps.Permanent(steps.WithCode(CodePanic, fmt.Errorf("handler for %q panicked: %v", commandType, v)))
+						}
+					}()
+					result, herr = fn(ctx, handlerTx{tx}, call)
 				}()
-				result, herr = fn(ctx, sptx, call)
+				return herr
 			}()
-			return herr
-		})
+		}
 		switch {
 		case err != nil && !steps.IsPermanent(err):
 			return err // retried by the consumer
 		case err != nil:
-			if rerr := sp.Rollback(ctx); rerr != nil {
+			if _, rerr := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+stepSavepoint); rerr != nil {
 				return rerr
 			}
 			return p.sendReply(ctx, tx, replyTo, key, wire.Reply{Error: refusalText(err), Code: steps.Code(err), InReplyTo: commandID})
@@ -271,13 +273,7 @@ func Handle[C, R any](p *Participant, commandType string, fn func(ctx context.Co
 			// compensation). Send its reply again: the saga may have
 			// missed the first (it came too late, and the saga was
 			// resumed).
-			if err := sp.Commit(ctx); err != nil {
-				return err
-			}
 			return p.resendLast(ctx, tx, replyTo, key, commandID)
-		}
-		if err := sp.Commit(ctx); err != nil {
-			return err
 		}
 		out, err := json.Marshal(result)
 		if err != nil {
@@ -286,6 +282,37 @@ func Handle[C, R any](p *Participant, commandType string, fn func(ctx context.Co
 		return p.sendReply(ctx, tx, replyTo, key, wire.Reply{OK: true, Result: out, InReplyTo: commandID})
 	})
 	return nil
+}
+
+// errHandlerEndsTx is what a handler gets when it tries to end the
+// transaction it was given.
+var errHandlerEndsTx = errors.New("participant: a handler may not commit or roll back its transaction " +
+	"(it is the consumer's, which records the step); return an error to undo the handler's writes")
+
+// handlerTx is the transaction a handler is given: the consumer's, which
+// the handler may use and open savepoints in (Begin), but not end.
+type handlerTx struct{ pgx.Tx }
+
+func (handlerTx) Commit(context.Context) error   { return errHandlerEndsTx }
+func (handlerTx) Rollback(context.Context) error { return errHandlerEndsTx }
+
+// stepSavepoint is the savepoint a command's step opens before its key. It
+// is not released: the consumer's transaction ends it with the rest, and a
+// later command's step in the same transaction opens its own under the same
+// name, which a rollback to the name then finds first.
+const stepSavepoint = "sagaflow_participant_step"
+
+// openStep opens the savepoint of key's step and records the key, in one
+// round trip; it reports whether the key is new (the step is to run).
+func (p *Participant) openStep(ctx context.Context, tx pgx.Tx, key steps.Key) (bool, error) {
+	var fresh bool
+	b := &pgx.Batch{}
+	b.Queue("SAVEPOINT " + stepSavepoint)
+	p.st.QueueInsertInboxKey(b, p.stepsName, safetext.Key(key.String()), &fresh)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return false, fmt.Errorf("participant: record step %s: %w", key, err)
+	}
+	return fresh, nil
 }
 
 // admit checks a command before it has any effect, and returns its step

@@ -138,3 +138,82 @@ func TestPanickingHandlerRefusesInsteadOfCrashing(t *testing.T) {
 	require.Contains(t, replies[0], `"code":"panic"`)
 	require.Contains(t, replies[0], "a bug in the handler")
 }
+
+// TestStepsInOneTransactionUndoOnlyTheirOwnWrites: a consumer that takes
+// several commands in one transaction gives each step a savepoint of its
+// own. A refused step, before or after one that ran, undoes its own key and
+// writes only: the step that ran keeps its effect and its reply, and the
+// refused one runs when its command comes again.
+func TestStepsInOneTransactionUndoOnlyTheirOwnWrites(t *testing.T) {
+	t.Parallel()
+	po := newParticipantOnly(t)
+	ctx := context.Background()
+	type cmd struct {
+		key     steps.Key
+		orderID string
+	}
+	ok1 := cmd{steps.Key{SagaID: uuid.New(), Step: "reserve", Direction: steps.Forward}, "o-1"}
+	bad := cmd{steps.Key{SagaID: uuid.New(), Step: "reserve", Direction: steps.Forward}, "panic"}
+	ok2 := cmd{steps.Key{SagaID: uuid.New(), Step: "reserve", Direction: steps.Forward}, "o-2"}
+	require.NoError(t, pgx.BeginFunc(ctx, po.pool, func(tx pgx.Tx) error {
+		for _, c := range []cmd{ok1, bad, ok2} {
+			msg := inbox.Message{ID: uuid.NewString(), Type: "reserve", Value: []byte(`{"order_id":"` + c.orderID + `"}`),
+				Headers: map[string]string{store.HeaderStepKey: c.key.String(), store.HeaderReplyTo: "orders.replies"}}
+			fresh, err := po.p.Inbox().ProcessTx(ctx, tx, msg, po.p.Handlers()["reserve"])
+			require.NoError(t, err)
+			require.True(t, fresh)
+		}
+		return nil
+	}))
+	require.Equal(t, 2, po.count(t, "SELECT count(*) FROM "+po.table("moves")), "the two steps that ran kept their effects")
+	for _, c := range []cmd{ok1, ok2} {
+		replies := po.replies(t, c.key)
+		require.Len(t, replies, 1)
+		require.JSONEq(t, `{"ok":true,"result":{}}`, replies[0])
+	}
+	replies := po.replies(t, bad.key)
+	require.Len(t, replies, 1)
+	require.Contains(t, replies[0], `"code":"panic"`)
+
+	// The refused step's key was undone with it: sent again (its cause
+	// fixed), it runs.
+	po.deliver(t, "reserve", bad.key, "fixed")
+	require.Equal(t, 3, po.count(t, "SELECT count(*) FROM "+po.table("moves")))
+	replies = po.replies(t, bad.key)
+	require.Len(t, replies, 2)
+	require.JSONEq(t, `{"ok":true,"result":{}}`, replies[1])
+}
+
+// TestAHandlerCannotEndItsTransaction: the transaction a handler is given
+// records the step; a handler that tries to commit or roll it back gets an
+// error and the step goes on as if it had not tried.
+func TestAHandlerCannotEndItsTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := pgtest.NewSchema(t)
+	_, err := migrations.Migrate(ctx, pool, schema)
+	require.NoError(t, err)
+	s := &service{pool: pool, schema: schema}
+	_, err = pool.Exec(ctx, "CREATE TABLE "+s.table("moves")+" (move text)")
+	require.NoError(t, err)
+	p, err := participant.New(pool, &participant.Config{Consumer: "inventory", Schema: schema, Logger: quiet,
+		ReplyTopics: []string{"orders.replies"}})
+	require.NoError(t, err)
+	var commitErr, rollbackErr error
+	require.NoError(t, participant.Handle(p, "reserve", func(ctx context.Context, tx pgx.Tx, c participant.Call[reserveCmd]) (struct{}, error) {
+		if _, err := tx.Exec(ctx, "INSERT INTO "+s.table("moves")+" VALUES ('reserve')"); err != nil {
+			return struct{}{}, err
+		}
+		commitErr, rollbackErr = tx.Commit(ctx), tx.Rollback(ctx)
+		return struct{}{}, nil
+	}))
+	po := &participantOnly{service: s, p: p}
+	key := steps.Key{SagaID: uuid.New(), Step: "reserve", Direction: steps.Forward}
+	po.deliver(t, "reserve", key, "o-1")
+	require.ErrorContains(t, commitErr, "may not commit or roll back")
+	require.ErrorContains(t, rollbackErr, "may not commit or roll back")
+	require.Equal(t, 1, po.count(t, "SELECT count(*) FROM "+po.table("moves")))
+	require.Len(t, po.replies(t, key), 1)
+	po.deliver(t, "reserve", key, "o-1")
+	require.Equal(t, 1, po.count(t, "SELECT count(*) FROM "+po.table("moves")), "the step is recorded: it ran once")
+}

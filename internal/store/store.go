@@ -1107,6 +1107,17 @@ func (s *Store) InsertInboxKey(ctx context.Context, db DBTX, consumer, key strin
 	return inserted, nil
 }
 
+// QueueInsertInboxKey queues on b the insert of [Store.InsertInboxKey];
+// *inserted is set when b's results are read.
+func (s *Store) QueueInsertInboxKey(b *pgx.Batch, consumer, key string, inserted *bool) {
+	b.Queue(s.q.recordInbox, consumer, key).QueryRow(func(row pgx.Row) error {
+		if err := row.Scan(inserted); err != nil {
+			return fmt.Errorf("store: record inbox key %q for %s: %w", key, consumer, err)
+		}
+		return nil
+	})
+}
+
 // QueueDeleteDelivered queues the deletion of consumed direct commands on
 // b. A consumed command's record is the saga's history; deleting it leaves
 // no index entries behind.
