@@ -24,7 +24,10 @@
 // permanent error is sent back as a refusal, and the handler's writes are
 // undone; any other error leaves the command to be retried (an error of
 // PostgreSQL refusing a value, a NUL byte in text say, fails the same way
-// every time: the command is dead-lettered at once).
+// every time: the command is dead-lettered at once). The handler may open
+// savepoints in tx (tx.Begin) but not end it: tx.Commit and tx.Rollback
+// return an error, since the transaction is the consumer's and may carry
+// other commands too.
 //
 // # Trust
 //

@@ -184,7 +184,8 @@ type Call[C any] struct {
 
 // Handle registers fn for commands of type commandType. fn runs inside the
 // transaction that records the command's step-scoped key in the
-// participant's inbox, so its database effects happen once per saga step
+// participant's inbox (which fn may not commit or roll back: see the
+// package doc), so its database effects happen once per saga step
 // whatever the duplicates; its result is sent back to the saga as the reply,
 // written to the participant's outbox in the same transaction. An error
 // marked [steps.Permanent] is sent back as a refusal (the saga compensates); any
