@@ -379,15 +379,19 @@ func (c *Consumer) processBatch(ctx context.Context, ms []kafka.Message) bool {
 	}()
 	ctx, wakes := store.WithWakes(ctx)
 	err := pgx.BeginTxFunc(ctx, c.in.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		fresh, err := c.in.recordAll(ctx, tx, msgs)
+		if err != nil {
+			return err
+		}
 		for i := range msgs {
 			tr := c.beginTrace(ctx, msgs[i])
 			trs = append(trs, tr)
-			fresh, err := c.in.ProcessTx(tr.ctx, tx, msgs[i], hs[i])
-			if err != nil {
-				return err
-			}
-			if !fresh {
+			if !fresh[i] {
 				noteDuplicate(tr.ctx)
+				continue
+			}
+			if err := callHandler(tr.ctx, tx, msgs[i], hs[i]); err != nil {
+				return err
 			}
 		}
 		fault.Hit(fault.InboxBeforeCommit)

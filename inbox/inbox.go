@@ -168,6 +168,34 @@ func (in *Inbox) ProcessTx(ctx context.Context, tx pgx.Tx, msg Message, fn Handl
 	return true, nil
 }
 
+// recordAll records the ids of msgs, as ProcessTx records one, in one
+// statement for them all, and reports for each whether it is to run: its id
+// was new, and no message before it in msgs had the same id.
+func (in *Inbox) recordAll(ctx context.Context, tx pgx.Tx, msgs []Message) ([]bool, error) {
+	keys := make([]string, 0, len(msgs))
+	seen := make(map[string]bool, len(msgs))
+	for _, m := range msgs {
+		if m.ID == "" {
+			return nil, errors.New("inbox: message has no id")
+		}
+		if k := safetext.Key(m.ID); !seen[k] {
+			seen[k] = true
+			keys = append(keys, k)
+		}
+	}
+	fresh, err := in.st.InsertInboxKeys(ctx, tx, in.consumer, keys)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: %s: %w", in.consumer, err)
+	}
+	out := make([]bool, len(msgs))
+	for i, m := range msgs {
+		k := safetext.Key(m.ID)
+		out[i] = fresh[k]
+		delete(fresh, k) // a later copy is a duplicate
+	}
+	return out, nil
+}
+
 // callHandler runs fn, turning a panic into a permanent error: a handler
 // that panics on a message would panic again on every redelivery.
 func callHandler(ctx context.Context, tx pgx.Tx, msg Message, fn HandlerFunc) (err error) {

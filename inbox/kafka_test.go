@@ -2,6 +2,7 @@ package inbox_test
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -195,4 +196,57 @@ func committedOffsetSoFar(kc *kafkatest.Cluster) int64 {
 		return -1
 	}
 	return off
+}
+
+// A batch records the ids of all its messages in one statement. Ids that
+// PostgreSQL would refuse as they are (a NUL byte, invalid UTF-8, 10 kB)
+// are recorded in their stored form, so a copy in the same batch, a copy in
+// a later batch, and a copy run one at a time (after a poison message sent
+// its batch that way) are each skipped: one effect per distinct id. Two ids
+// that differ only past what a shortened form would keep stay distinct.
+func TestKafkaConsumerBatchRecordsHostileIDsOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	kc := kafkatest.New(t, kafkatest.SeedTopics(1, kafkaTopic))
+	var calls atomic.Int32
+	handler := func(ctx context.Context, tx pgx.Tx, msg inbox.Message) error {
+		if _, err := inbox.DecodeJSON[chargeRequested](msg); err != nil {
+			return err // permanent: the message cannot be decoded
+		}
+		calls.Add(1)
+		_, err := tx.Exec(ctx, "INSERT INTO "+b.table("charges")+" VALUES ($1, 1)", fmt.Sprintf("%x", sha256.Sum256([]byte(msg.ID))))
+		return err
+	}
+	long := strings.Repeat("k", 10<<10)
+	ids := []string{"plain", "nul\x00byte", "bad\xff\xfeutf8", long + "a", long + "b", "sha256:looks-hashed"}
+	payload := []byte(`{"order_id":"o","amount":1}`)
+	var msgs []kafka.Message
+	// Already recorded before the consumer starts: skipped in its batch.
+	_, err := b.in.Process(context.Background(), inbox.Message{ID: "plain"}, func(context.Context, pgx.Tx, inbox.Message) error { return nil })
+	require.NoError(t, err)
+	for _, id := range ids {
+		msgs = append(msgs, kafkaMessage("charge.requested", id, payload), kafkaMessage("charge.requested", id, payload))
+	}
+	msgs = append(msgs, kafkaMessage("charge.requested", "poison", []byte(`{not json`)))
+	for _, id := range ids {
+		msgs = append(msgs, kafkaMessage("charge.requested", id, payload))
+	}
+	produce(t, kc, msgs...)
+
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: kc.Addrs(), GroupID: kafkaGroup, Topic: kafkaTopic,
+		StartOffset: kafka.FirstOffset, MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 50 * time.Millisecond,
+		HeartbeatInterval: 500 * time.Millisecond, JoinGroupBackoff: 200 * time.Millisecond})
+	t.Cleanup(func() { _ = r.Close() })
+	c, err := b.in.NewConsumer(r, &inbox.ConsumerConfig{Handlers: map[string]inbox.HandlerFunc{"charge.requested": handler}, BatchSize: 8})
+	require.NoError(t, err)
+	runConsumer(t, c, func() bool { return committedOffsetSoFar(kc) == int64(len(msgs)) })
+	require.NoError(t, r.Close())
+
+	// calls counts handler runs, those of batches rolled back too.
+	require.GreaterOrEqual(t, calls.Load(), int32(len(ids)-1))
+	require.Equal(t, len(ids)-1, b.count(t, "SELECT count(*) FROM "+b.table("charges")), "one effect per distinct id, none for the id recorded before")
+	require.Equal(t, len(ids)-1, b.count(t, "SELECT count(DISTINCT message_id) FROM "+b.table("charges")))
+	require.Equal(t, len(ids), b.count(t, "SELECT count(*) FROM "+b.table("inbox")), "each id recorded once, the poison's not at all")
+	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM "+b.table("dead_letters")+" WHERE message_id = 'poison'"))
+	t.Logf("batched %d of %d messages", c.Batched(), len(msgs))
 }

@@ -299,7 +299,7 @@ type Store struct {
 
 type statements struct {
 	startSaga, startSagaOne, sagaByKey, insertHistory, insertOutbox, insertOutboxNotify, notify, claimDirect, claimAndLock, lockSagas, lockSaga, updateSaga string
-	insertInbox, recordInbox, deleteDelivered, deferMessages, markDead, nextDue, getSaga                                                                    string
+	insertInbox, recordInbox, recordInboxKeys, deleteDelivered, deferMessages, markDead, nextDue, getSaga                                                   string
 	getSagaForUpdate, history, listBase                                                                                                                     string
 	insertCancel, deleteCancel, cancelRequests, cancelRequest1, holdMessage, refuseCancel                                                                   string
 	historyRows                                                                                                                                             [maxHistoryRows + 1]string
@@ -513,6 +513,11 @@ func New(schema string) (*Store, error) {
 		recordInbox: `INSERT INTO ` + s + `.inbox (consumer, key) VALUES ($1, $2)
 			ON CONFLICT (consumer, key) DO UPDATE SET processed_at = now()
 			RETURNING xmax = 0`,
+		// recordInbox for several keys, none twice (DO UPDATE may not touch
+		// a row twice in one statement).
+		recordInboxKeys: `INSERT INTO ` + s + `.inbox (consumer, key) SELECT $1, k FROM unnest($2::text[]) AS k
+			ON CONFLICT (consumer, key) DO UPDATE SET processed_at = now()
+			RETURNING key, xmax = 0`,
 		deleteDelivered: `DELETE FROM ` + s + `.outbox WHERE id = ANY($1)`,
 		deferMessages: `WITH d AS (UPDATE ` + s + `.outbox SET attempts = attempts + 1,
 				available_at = clock_timestamp() + least($2 * power(2, least(attempts, 20)), $3) * interval '1 microsecond',
@@ -1105,6 +1110,27 @@ func (s *Store) InsertInboxKey(ctx context.Context, db DBTX, consumer, key strin
 		return false, fmt.Errorf("store: record inbox key %q for %s: %w", key, consumer, err)
 	}
 	return inserted, nil
+}
+
+// InsertInboxKeys is [Store.InsertInboxKey] for several keys of consumer in
+// one statement: it returns the keys that were new. keys must not repeat.
+func (s *Store) InsertInboxKeys(ctx context.Context, db DBTX, consumer string, keys []string) (map[string]bool, error) {
+	rows, err := db.Query(ctx, s.q.recordInboxKeys, consumer, keys)
+	if err != nil {
+		return nil, fmt.Errorf("store: record %d inbox keys for %s: %w", len(keys), consumer, err)
+	}
+	fresh := make(map[string]bool, len(keys))
+	var key string
+	var inserted bool
+	if _, err := pgx.ForEachRow(rows, []any{&key, &inserted}, func() error {
+		if inserted {
+			fresh[key] = true
+		}
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("store: record %d inbox keys for %s: %w", len(keys), consumer, err)
+	}
+	return fresh, nil
 }
 
 // QueueInsertInboxKey queues on b the insert of [Store.InsertInboxKey];
