@@ -57,7 +57,8 @@
 // Each message is processed in a transaction of its own unless
 // [ConsumerConfig].BatchSize asks for more: then the messages a
 // *kafka.Reader holds ready at once (a backlog) are processed in one
-// transaction, each recording its own id, and their offsets committed
+// transaction, their ids recorded together before the first handler runs
+// (a copy later in the batch is a duplicate), and their offsets committed
 // together. Their handlers share that transaction and whatever one leaves
 // in it (SET LOCAL, set_config(..., true), advisory locks of the
 // transaction); a poison message or a failing handler sends the batch back
