@@ -537,8 +537,11 @@ type prefetched struct {
 // run one after another in bt, in one round trip instead of one each, as a
 // claim from the outbox reads the sagas of its batch together. It reads
 // nothing when two of the messages name one saga: the second must read
-// what the first wrote.
-func (e *Engine) prefetchSagas(ctx context.Context, bt *batchTx, ms []kafka.Message) error {
+// what the first wrote. The sagas it locked are noted as running here at
+// once, as a claim's are, until the caller releases them: a cancel
+// requested while earlier messages of the batch run is then heard of (see
+// [Engine.notified]) and goes ahead of the saga's own message.
+func (e *Engine) prefetchSagas(ctx context.Context, bt *batchTx, ms []kafka.Message) ([]uuid.UUID, error) {
 	ids := make([]uuid.UUID, 0, len(ms))
 	keys := make(map[uuid.UUID]string, len(ms))
 	for i := range ms {
@@ -547,13 +550,13 @@ func (e *Engine) prefetchSagas(ctx context.Context, bt *batchTx, ms []kafka.Mess
 			continue
 		}
 		if _, dup := keys[id]; dup {
-			return nil
+			return nil, nil
 		}
 		keys[id] = stepKey
 		ids = append(ids, id)
 	}
 	if len(ids) < 2 {
-		return nil
+		return nil, nil
 	}
 	read := make(map[uuid.UUID]*store.LockedSaga, len(ids))
 	q := &pgx.Batch{}
@@ -561,8 +564,10 @@ func (e *Engine) prefetchSagas(ctx context.Context, bt *batchTx, ms []kafka.Mess
 		e.st.QueueLockSaga(q, id, keys[id], read)
 	}
 	if err := bt.tx.SendBatch(ctx, q).Close(); err != nil {
-		return fmt.Errorf("saga: read the sagas of %d messages: %w", len(ms), err)
+		return nil, fmt.Errorf("saga: read the sagas of %d messages: %w", len(ms), err)
 	}
+	held := heldSagas(read)
+	e.running.claim(held...)
 	bt.prefetched = make(map[uuid.UUID]prefetched, len(read))
 	for id, ls := range read {
 		bt.prefetched[id] = prefetched{stepKey: keys[id], ls: ls}
@@ -570,12 +575,16 @@ func (e *Engine) prefetchSagas(ctx context.Context, bt *batchTx, ms []kafka.Mess
 	if h := e.hooks.readAhead; h != nil {
 		h(slices.Collect(maps.Keys(read)))
 	}
-	return nil
+	return held, nil
 }
 
 // lockSagas is store.LockSagas in bt, answered from prefetchSagas's read
 // when that read this one saga for the same step key (once: a saga read
-// again is read afresh). A saga it found absent is read again.
+// again is read afresh). A saga it found absent is read again. A fresh
+// read goes after the writes the batch has queued, in their round trip: a
+// second message for a saga whose first one ran earlier in the batch (a
+// producer's retry of a command, a reply sent twice) must see that the
+// first one's step is done.
 func (e *Engine) lockSagas(ctx context.Context, bt *batchTx, ids []uuid.UUID, stepKey string) (map[uuid.UUID]*store.LockedSaga, error) {
 	if len(ids) == 1 {
 		if p, ok := bt.prefetched[ids[0]]; ok {
@@ -585,7 +594,18 @@ func (e *Engine) lockSagas(ctx context.Context, bt *batchTx, ids []uuid.UUID, st
 			}
 		}
 	}
-	return e.st.LockSagas(ctx, bt.tx, ids, stepKey)
+	out := make(map[uuid.UUID]*store.LockedSaga, len(ids))
+	if len(ids) == 0 {
+		return out, nil
+	}
+	if err := bt.flushWith(func(q *pgx.Batch) {
+		for _, id := range ids {
+			e.st.QueueLockSaga(q, id, stepKey, out)
+		}
+	}); err != nil {
+		return nil, fmt.Errorf("saga: read saga %s: %w", ids[0], err)
+	}
+	return out, nil
 }
 
 // claimedFromKafka describes a Kafka message as the executor's input. A
@@ -727,7 +747,9 @@ func (e *Engine) runKafkaBatch(ctx context.Context, ms []kafka.Message) (bool, e
 	defer bt.end(ctx)
 	var held []uuid.UUID
 	defer func() { e.running.release(held...) }()
-	if err := e.prefetchSagas(ctx, bt, ms); err != nil {
+	ahead, err := e.prefetchSagas(ctx, bt, ms)
+	defer e.running.release(ahead...)
+	if err != nil {
 		return false, err
 	}
 	bs := make([]*batch, 0, len(ms))

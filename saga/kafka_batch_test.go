@@ -75,8 +75,8 @@ func TestKafkaModeRunsABacklogInBatches(t *testing.T) {
 
 // A batch of Kafka messages reads and locks its sagas together before any
 // of them runs. An operator acting after that read and before the saga's
-// message runs is not lost: a cancel asked then stops the saga (it
-// compensates what ran). A saga whose execution lock another transaction
+// message runs is not lost: a cancel asked then stops the saga, ahead of
+// its message once the engine has heard of it. A saga whose execution lock another transaction
 // holds sends its batch the one-at-a-time way, and runs once it is free.
 // Every other saga completes with each effect once.
 func TestKafkaBatchReadsItsSagasTogether(t *testing.T) {
@@ -139,9 +139,14 @@ func TestKafkaBatchReadsItsSagasTogether(t *testing.T) {
 		mu.Unlock()
 		if id == victim {
 			require.Equal(t, saga.StatusCompensated, in.Status, "history: %v", eventTypes(in))
+			// The cancel goes ahead of the saga's message once this engine
+			// has heard of it (a notification; review18's gated test waits
+			// for it): then no step ran; else the first step ran and was
+			// compensated. Never a step after it.
 			effects := k.effects(t, id)
-			require.NotContains(t, effects, "ship/forward", "the cancelled saga ran on")
-			require.Contains(t, effects, "reserve/compensate", "what ran is compensated: %v", effects)
+			if len(effects) > 0 {
+				require.Equal(t, []string{"reserve/forward", "reserve/compensate"}, effects)
+			}
 			continue
 		}
 		require.Equal(t, saga.StatusCompleted, in.Status, "history: %v", eventTypes(in))
