@@ -471,7 +471,7 @@ func (e *Engine) runReply(ctx context.Context, bt *batchTx, m kafka.Message, c *
 	if kerr != nil {
 		return runDone, b, nil, b.park(ctx, c, nil, CodeMalformed, "malformed reply: "+kerr.Error())
 	}
-	sagas, err := e.lockSagas(ctx, bt, []uuid.UUID{key.SagaID}, "")
+	sagas, err := e.lockSagas(bt, []uuid.UUID{key.SagaID}, "")
 	if err != nil {
 		return runDone, b, nil, err
 	}
@@ -585,7 +585,7 @@ func (e *Engine) prefetchSagas(ctx context.Context, bt *batchTx, ms []kafka.Mess
 // second message for a saga whose first one ran earlier in the batch (a
 // producer's retry of a command, a reply sent twice) must see that the
 // first one's step is done.
-func (e *Engine) lockSagas(ctx context.Context, bt *batchTx, ids []uuid.UUID, stepKey string) (map[uuid.UUID]*store.LockedSaga, error) {
+func (e *Engine) lockSagas(bt *batchTx, ids []uuid.UUID, stepKey string) (map[uuid.UUID]*store.LockedSaga, error) {
 	if len(ids) == 1 {
 		if p, ok := bt.prefetched[ids[0]]; ok {
 			delete(bt.prefetched, ids[0])
@@ -712,7 +712,7 @@ func (e *Engine) runKafkaIn(ctx context.Context, bt *batchTx, m kafka.Message, e
 		ids = []uuid.UUID{cmd.SagaID}
 		stepKey = commandKey(cmd)
 	}
-	sagas, err := e.lockSagas(ctx, bt, ids, stepKey)
+	sagas, err := e.lockSagas(bt, ids, stepKey)
 	if err != nil {
 		return runDone, nil, nil, err
 	}
