@@ -25,6 +25,13 @@ type participantOnly struct {
 
 func newParticipantOnly(t *testing.T) *participantOnly {
 	t.Helper()
+	return newParticipantWith(t, nil)
+}
+
+// newParticipantWith is newParticipantOnly with reserve, when not nil, as
+// the handler of "reserve" commands.
+func newParticipantWith(t *testing.T, reserve func(s *service) func(context.Context, pgx.Tx, participant.Call[reserveCmd]) (struct{}, error)) *participantOnly {
+	t.Helper()
 	ctx := context.Background()
 	pool, schema := pgtest.NewSchema(t)
 	_, err := migrations.Migrate(ctx, pool, schema)
@@ -44,7 +51,11 @@ func newParticipantOnly(t *testing.T) *participantOnly {
 			return struct{}{}, err
 		}
 	}
-	require.NoError(t, participant.Handle(p, "reserve", move("reserve")))
+	if reserve != nil {
+		require.NoError(t, participant.Handle(p, "reserve", reserve(s)))
+	} else {
+		require.NoError(t, participant.Handle(p, "reserve", move("reserve")))
+	}
 	require.NoError(t, participant.Handle(p, "release", move("release")))
 	return &participantOnly{service: s, p: p}
 }
@@ -189,25 +200,16 @@ func TestStepsInOneTransactionUndoOnlyTheirOwnWrites(t *testing.T) {
 // error and the step goes on as if it had not tried.
 func TestAHandlerCannotEndItsTransaction(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	pool, schema := pgtest.NewSchema(t)
-	_, err := migrations.Migrate(ctx, pool, schema)
-	require.NoError(t, err)
-	s := &service{pool: pool, schema: schema}
-	_, err = pool.Exec(ctx, "CREATE TABLE "+s.table("moves")+" (move text)")
-	require.NoError(t, err)
-	p, err := participant.New(pool, &participant.Config{Consumer: "inventory", Schema: schema, Logger: quiet,
-		ReplyTopics: []string{"orders.replies"}})
-	require.NoError(t, err)
 	var commitErr, rollbackErr error
-	require.NoError(t, participant.Handle(p, "reserve", func(ctx context.Context, tx pgx.Tx, c participant.Call[reserveCmd]) (struct{}, error) {
-		if _, err := tx.Exec(ctx, "INSERT INTO "+s.table("moves")+" VALUES ('reserve')"); err != nil {
-			return struct{}{}, err
+	po := newParticipantWith(t, func(s *service) func(context.Context, pgx.Tx, participant.Call[reserveCmd]) (struct{}, error) {
+		return func(ctx context.Context, tx pgx.Tx, c participant.Call[reserveCmd]) (struct{}, error) {
+			if _, err := tx.Exec(ctx, "INSERT INTO "+s.table("moves")+" VALUES ('reserve')"); err != nil {
+				return struct{}{}, err
+			}
+			commitErr, rollbackErr = tx.Commit(ctx), tx.Rollback(ctx)
+			return struct{}{}, nil
 		}
-		commitErr, rollbackErr = tx.Commit(ctx), tx.Rollback(ctx)
-		return struct{}{}, nil
-	}))
-	po := &participantOnly{service: s, p: p}
+	})
 	key := steps.Key{SagaID: uuid.New(), Step: "reserve", Direction: steps.Forward}
 	po.deliver(t, "reserve", key, "o-1")
 	require.ErrorContains(t, commitErr, "may not commit or roll back")

@@ -23,19 +23,8 @@ func TestKafkaModeRunsABacklogInBatches(t *testing.T) {
 	t.Parallel()
 	const name = "kbatch"
 	topic := saga.CommandTopicDefault + "." + name
-	k := setupKafkaWith(t, 1, &saga.Config{Workers: 1}, topic)
-	def := threeSteps(k.bundle, name, nil)
-	require.NoError(t, k.engine.Register(def))
+	k, ids := kafkaBacklog(t, name, 40)
 	ctx := context.Background()
-
-	// The backlog: the first commands of 40 sagas, published by the relay
-	// before any engine consumes them.
-	var ids []uuid.UUID
-	for range 40 {
-		st, err := saga.Start(ctx, k.engine, def, order{OrderID: "b"}, nil)
-		require.NoError(t, err)
-		ids = append(ids, st.ID)
-	}
 	var first []kgo.RecordHeader
 	var firstValue []byte
 	waitFor(t, 15*time.Second, func() bool {
@@ -76,24 +65,16 @@ func TestKafkaModeRunsABacklogInBatches(t *testing.T) {
 // A batch of Kafka messages reads and locks its sagas together before any
 // of them runs. An operator acting after that read and before the saga's
 // message runs is not lost: a cancel asked then stops the saga, ahead of
-// its message once the engine has heard of it. A saga whose execution lock another transaction
-// holds sends its batch the one-at-a-time way, and runs once it is free.
+// its message once the engine has heard of it. A saga whose execution lock
+// another transaction holds sends its batch the one-at-a-time way, and runs
+// once it is free.
 // Every other saga completes with each effect once.
 func TestKafkaBatchReadsItsSagasTogether(t *testing.T) {
 	t.Parallel()
 	const name = "kahead"
 	topic := saga.CommandTopicDefault + "." + name
-	k := setupKafkaWith(t, 1, &saga.Config{Workers: 1}, topic)
-	def := threeSteps(k.bundle, name, nil)
-	require.NoError(t, k.engine.Register(def))
+	k, ids := kafkaBacklog(t, name, 40)
 	ctx := context.Background()
-
-	var ids []uuid.UUID
-	for range 40 {
-		st, err := saga.Start(ctx, k.engine, def, order{OrderID: "a"}, nil)
-		require.NoError(t, err)
-		ids = append(ids, st.ID)
-	}
 	waitFor(t, 15*time.Second, func() bool {
 		msgs, err := k.kc.ReadAll(ctx, topic)
 		require.NoError(t, err)
@@ -158,4 +139,21 @@ func TestKafkaBatchReadsItsSagasTogether(t *testing.T) {
 	require.Positive(t, reads, "some batches read their sagas together")
 	require.NotEqual(t, uuid.Nil, cancelled, "a batch of two or more read together")
 	t.Logf("%d batches read ahead; %d messages batched", reads, k.engine.Stats().BusBatched)
+}
+
+// kafkaBacklog starts n three-step sagas of type name on a Kafka-mode engine
+// with one worker and one partition, not started yet: the first commands
+// are the backlog the relay publishes before any engine consumes them.
+func kafkaBacklog(t *testing.T, name string, n int) (*kafkaBundle, []uuid.UUID) {
+	t.Helper()
+	k := setupKafkaWith(t, 1, &saga.Config{Workers: 1}, saga.CommandTopicDefault+"."+name)
+	def := threeSteps(k.bundle, name, nil)
+	require.NoError(t, k.engine.Register(def))
+	ids := make([]uuid.UUID, 0, n)
+	for range n {
+		st, err := saga.Start(context.Background(), k.engine, def, order{OrderID: "b"}, nil)
+		require.NoError(t, err)
+		ids = append(ids, st.ID)
+	}
+	return k, ids
 }

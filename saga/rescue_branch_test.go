@@ -136,15 +136,18 @@ func TestRescuerResendsALostBranchCommand(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(ctx, "SELECT now() - updated_at FROM "+b.table("saga_instances")+" WHERE id = $1", lost.ID).Scan(&idle))
 	res, err := b.engine.RescueNow(ctx)
 	require.NoError(t, err)
+	first := res.Redriven
 	if idle < slack/2 {
-		require.Zero(t, res.Redriven, "the group has not waited RescueSlack yet (idle %s)", idle)
+		require.Zero(t, first, "the group has not waited RescueSlack yet (idle %s)", idle)
 	} else {
+		// Idle past RescueSlack already (a loaded machine): this rescue may
+		// send it, and the next must not send it again.
 		t.Logf("the saga was idle %s before the first rescue: the not-yet check is skipped", idle)
 	}
 	time.Sleep(slack + 100*time.Millisecond)
 	res, err = b.engine.RescueNow(ctx)
 	require.NoError(t, err)
-	require.Equal(t, 1, res.Redriven, "only the lost branch is sent again, not the one running: %+v", res)
+	require.Equal(t, 1, first+res.Redriven, "only the lost branch is sent again, once, not the one running: %d, then %+v", first, res)
 
 	in := b.waitTerminal(t, lost.ID)
 	require.Equal(t, saga.StatusCompleted, in.Status)

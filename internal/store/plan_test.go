@@ -9,9 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sagaflow/sagaflow/internal/pgtest"
 	"github.com/sagaflow/sagaflow/internal/store"
-	"github.com/sagaflow/sagaflow/migrations"
 )
 
 // TestPerMessageReadsKeepAGenericPlan: the reads made once per Kafka
@@ -24,16 +22,7 @@ import (
 func TestPerMessageReadsKeepAGenericPlan(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, schema := pgtest.NewSchema(t)
-	_, err := migrations.Migrate(ctx, pool, schema)
-	require.NoError(t, err)
-	st, err := store.New(schema)
-	require.NoError(t, err)
-
-	id := uuid.Must(uuid.NewV7())
-	_, err = pool.Exec(ctx, "INSERT INTO "+pgx.Identifier{schema, "saga_instances"}.Sanitize()+
-		` (id, saga_name, status, step_index, step_name, direction, epoch, state, version) VALUES ($1, 'orders', 'running', 1, 'charge', 'forward', 1, '{}', 1)`, id)
-	require.NoError(t, err)
+	pool, schema, st, id := sagaAtCharge(t, 1, 1)
 
 	conn, err := pool.Acquire(ctx)
 	require.NoError(t, err)

@@ -6,6 +6,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagaflow/sagaflow/internal/pgtest"
@@ -23,17 +24,8 @@ import (
 func TestInboxProbeUsesTheKeyWrittenInGo(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, schema := pgtest.NewSchema(t)
-	_, err := migrations.Migrate(ctx, pool, schema)
-	require.NoError(t, err)
-	st, err := store.New(schema)
-	require.NoError(t, err)
+	pool, schema, st, id := sagaAtCharge(t, 2, 5)
 	table := func(name string) string { return pgx.Identifier{schema, name}.Sanitize() }
-
-	id := uuid.Must(uuid.NewV7())
-	_, err = pool.Exec(ctx, "INSERT INTO "+table("saga_instances")+
-		` (id, saga_name, status, step_index, step_name, direction, epoch, state, version) VALUES ($1, 'orders', 'running', 1, 'charge', 'forward', 2, '{}', 5)`, id)
-	require.NoError(t, err)
 	key := func(step string, epoch int) string {
 		return wire.Key{SagaID: wire.UUID(id), Step: step, Direction: wire.Forward, Epoch: epoch}.String()
 	}
@@ -78,4 +70,22 @@ func TestInboxProbeUsesTheKeyWrittenInGo(t *testing.T) {
 	require.True(t, claim(), "the current step's key is in the inbox")
 	require.True(t, lock(current))
 	require.False(t, lock(""), "no key given, nothing probed")
+}
+
+// sagaAtCharge migrates a schema of its own and inserts a running saga of
+// type orders at its step charge, forward, in run epoch at version.
+func sagaAtCharge(t *testing.T, epoch int, version int64) (*pgxpool.Pool, string, *store.Store, uuid.UUID) {
+	t.Helper()
+	ctx := context.Background()
+	pool, schema := pgtest.NewSchema(t)
+	_, err := migrations.Migrate(ctx, pool, schema)
+	require.NoError(t, err)
+	st, err := store.New(schema)
+	require.NoError(t, err)
+	id := uuid.Must(uuid.NewV7())
+	_, err = pool.Exec(ctx, "INSERT INTO "+pgx.Identifier{schema, "saga_instances"}.Sanitize()+
+		` (id, saga_name, status, step_index, step_name, direction, epoch, state, version) VALUES ($1, 'orders', 'running', 1, 'charge', 'forward', $2, '{}', $3)`,
+		id, epoch, version)
+	require.NoError(t, err)
+	return pool, schema, st, id
 }
