@@ -105,11 +105,16 @@ func TestBadBillCommandsBesideHealthySagas(t *testing.T) {
 			if kind == "txretry" {
 				require.Equal(t, 1, r.fx.Count(t, sid, "billtx"), "%s: the failed attempt's write rolled back", id)
 			}
+			// A batch of replies that cannot simply run (a bad Command
+			// beside this one given up) is run again one message at a
+			// time, and this saga's Command with it: built once more, its
+			// command still sent once (above).
+			want := int32(1)
 			if kind == "retry" || kind == "txretry" {
-				require.Equal(t, int32(2), builds.Get(id), id)
-			} else {
-				require.Equal(t, int32(1), builds.Get(id), id)
+				want = 2
 			}
+			require.GreaterOrEqual(t, builds.Get(id), want, id)
+			require.LessOrEqual(t, builds.Get(id), want+1, id)
 		default:
 			require.Equal(t, saga.StatusCompensated, in.Status, "%s: %v %+v", id, types(in), in.LastError)
 			require.NotNil(t, in.LastError, id)
