@@ -770,6 +770,7 @@ type Stats struct {
 	CronDuplicates    int64 // schedule slots another engine had already started
 	Chained           int64 // steps run in the transaction of the step, reply or wait's end before them
 	BusBatched        int64 // messages from the bus run several to a transaction
+	BusBatchesRerun   int64 // bus batches given up and run one message at a time (a message could not simply run)
 	Released          int64 // held commands released by the rescuer because no pause covered them any more
 	StartsGrouped     int64 // starts (Start, on the engine's pool) committed in one transaction with others
 	// steps run at once on a Kafka reply worker that ran past
@@ -781,6 +782,8 @@ type statCounters struct {
 	succeeded, failed, retries, dedup, stale, deferred, parked, abandoned              atomic.Int64
 	rescued, failedOver, cronStarted, cronDuplicates, cancelled, chained, kafkaBatched atomic.Int64
 	released, cut                                                                      atomic.Int64
+	// Not taken back with a batch: counted when a batch is given up.
+	busRerun atomic.Int64
 }
 
 // add adds o's counters to c's, times sign (1, or -1 to take them back).
@@ -813,6 +816,6 @@ func (e *Engine) Stats() Stats {
 		Rescued: s.rescued.Load(), FailedOver: s.failedOver.Load(),
 		CronStarted: s.cronStarted.Load(), CronDuplicates: s.cronDuplicates.Load(), Chained: s.chained.Load(),
 		BusBatched: s.kafkaBatched.Load(), Released: s.released.Load(), StartsGrouped: e.starts.count(),
-		StepsHandedOff: s.cut.Load(),
+		StepsHandedOff: s.cut.Load(), BusBatchesRerun: s.busRerun.Load(),
 	}
 }

@@ -277,6 +277,7 @@ func (e *Engine) consumeKafkaBatch(fetch, work context.Context, ms []kafka.Messa
 			}
 			return len(ms)
 		}
+		e.stats.busRerun.Add(1)
 		if err != nil && work.Err() == nil {
 			e.log.DebugContext(work, "sagaflow kafka: a batch of messages runs one at a time", slog.Int("messages", len(ms)),
 				slog.Any("error", err))

@@ -22,7 +22,8 @@ import (
 // 90579db: the reply's message "runs again" after the abandonment, and
 // the step is then claimed on its own. Every healthy saga completes with
 // each effect once (or, under load, times out on bill behind the deaf run
-// and is undone exactly: F2); deaf completes (bill built twice, abandoned once,
+// and is undone exactly: F2); deaf completes (bill built twice, more only when
+// a batch holding it is run again one message at a time; abandoned once,
 // pay and bill charged once, "paid" once); perm compensates (pay refunded).
 func TestKafkaModeRemoteAfterRemote(t *testing.T) {
 	t.Parallel()
@@ -77,7 +78,12 @@ func TestKafkaModeRemoteAfterRemote(t *testing.T) {
 		// time out (F2).
 		r.completedOrTimedOut(t, n, in, n == "deaf")
 		if n == "deaf" {
-			require.Equal(t, int32(2), builds.Get(n), "%v", timeline(in))
+			// Built, abandoned, built again; once more each time a batch
+			// holding its command is given up and run one message at a
+			// time (a busy saga beside it, on a loaded machine): sent once
+			// all the same (above).
+			require.GreaterOrEqual(t, builds.Get(n), int32(2), "%v", timeline(in))
+			require.LessOrEqual(t, int64(builds.Get(n)), 2+r.engine.Stats().BusBatchesRerun, "%v", timeline(in))
 			require.Equal(t, []string{"bill"}, overran(in), "%v", timeline(in))
 		}
 	}
