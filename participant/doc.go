@@ -56,5 +56,13 @@
 //
 // A compensation that arrives before its forward step's command (a relay
 // retry reordered them, or the saga timed out waiting) closes the step: the
-// forward is refused with [CodeCompensatedBeforeRun] and never runs.
+// forward is refused with [CodeCompensatedBeforeRun] and never runs. Only
+// a compensation that is carried out closes it: one the handler refuses
+// leaves the step open, so the forward may still run, and the compensation,
+// sent again by the saga, then undoes it.
+//
+// A payload is decoded as encoding/json decodes it: a payload that is not
+// JSON is refused with [CodeMalformedCommand], while invalid UTF-8 inside a
+// JSON string becomes U+FFFD (the handler sees that character where the
+// bytes were) and the command runs.
 package participant

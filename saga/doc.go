@@ -400,12 +400,17 @@
 // the outbox, the messages a worker's kafka-go reader holds ready at once
 // (up to [Config.BatchSize]) run in one transaction, each under its own
 // savepoint, so a step's transaction-local settings (SET LOCAL) last to
-// the end of the batch; if any of them cannot run now (its saga is busy,
-// it is poison, a handler overran), nothing of the batch is committed and
-// they run one at a time, each step once more (its effects in PostgreSQL
-// still happen once; a call to another system may repeat, as after a
-// crash). BatchSize 1 runs one message per transaction. In both modes the guarantees above
-// hold unchanged; malformed messages go to the dead_letters table.
+// the end of the batch. Their sagas are read and locked together before
+// the first runs (unless two messages name one saga), and count as running
+// on this engine from then on, so that a cancel asked meanwhile reaches
+// them as it reaches a claimed command's saga. If any of them cannot run
+// now (its saga is busy, it is poison, a handler overran), nothing of the
+// batch is committed and they run one at a time, each step once more (its
+// effects in PostgreSQL still happen once; a call to another system may
+// repeat, as after a crash; [Stats].BusBatchesRerun counts such batches).
+// BatchSize 1 runs one message per transaction. In both modes the
+// guarantees above hold unchanged; malformed messages go to the
+// dead_letters table.
 //
 // A step with a [Remote] instead of an Action calls another service: the
 // step sends a command to the service's topic and the saga waits for the
