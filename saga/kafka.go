@@ -466,9 +466,9 @@ func headerValue(m *kafka.Message, name string) string {
 // runReply applies a participant's reply in bt, without committing: it
 // returns the batch to finish, and the sagas whose execution lock it took
 // (see [runningSteps.claim]), to release once the batch has ended.
-func (e *Engine) runReply(ctx context.Context, bt *batchTx, m kafka.Message, c *store.Claimed, last bool) (waitKind, *batch, []uuid.UUID, error) {
-	b := e.newBatch(bt, &m)
-	key, kerr := replyKey(&m, c)
+func (e *Engine) runReply(ctx context.Context, bt *batchTx, in *kafkaIn, last bool) (waitKind, *batch, []uuid.UUID, error) {
+	b := e.newBatch(bt, in.m)
+	c, key, kerr := &in.c, in.key, in.kerr
 	if kerr != nil {
 		return runDone, b, nil, b.park(ctx, c, nil, CodeMalformed, "malformed reply: "+kerr.Error())
 	}
@@ -509,23 +509,54 @@ func commandKey(cmd command) string {
 	return steps.Key{SagaID: cmd.SagaID, Step: cmd.Step, Direction: cmd.Direction, Epoch: cmd.Epoch}.String()
 }
 
-// sagaToLock is the saga, and the step key, that running m reads first
-// (runKafkaIn's and runReply's lockSagas); false when m is refused before
-// that (ambiguous, unverified, malformed).
-func (e *Engine) sagaToLock(m *kafka.Message) (uuid.UUID, string, bool) {
-	c, aerr := claimedFromKafka(*m)
-	if aerr != nil || e.signer.Verify(func(n string) string { return headerValue(m, n) }, m.Value) != nil {
+// kafkaIn is a message from Kafka parsed once, before it runs: its
+// headers, signature check and command (or, for a reply, the step key it
+// answers). A batch's read ahead and the message's run both use it.
+type kafkaIn struct {
+	m    *kafka.Message
+	c    store.Claimed
+	aerr error // its sagaflow headers are ambiguous
+	verr error // its signature does not verify
+	// A reply: the step key it answers.
+	key  steps.Key
+	kerr error
+	// A command.
+	cmd  command
+	derr error
+}
+
+// parseKafka parses m once for [Engine.runKafkaIn].
+func (e *Engine) parseKafka(m *kafka.Message) *kafkaIn {
+	in := &kafkaIn{m: m}
+	in.c, in.aerr = claimedFromKafka(*m)
+	in.verr = e.signer.Verify(func(n string) string { return headerValue(m, n) }, m.Value)
+	if in.aerr != nil || in.verr != nil {
+		return in
+	}
+	if in.c.Type == wire.TypeReply {
+		in.key, in.kerr = replyKey(m, &in.c)
+		return in
+	}
+	in.cmd, in.derr = decodeCommand(&in.c)
+	if in.derr == nil && in.c.ID == uuid.Nil {
+		in.derr = errors.New("no valid " + wire.HeaderMessageID + " header")
+	}
+	return in
+}
+
+// sagaToLock is the saga, and the step key, that running the message reads
+// first (runKafkaIn's and runReply's lockSagas); false when the message is
+// refused before that (ambiguous, unverified, malformed).
+func (in *kafkaIn) sagaToLock() (uuid.UUID, string, bool) {
+	switch {
+	case in.aerr != nil || in.verr != nil:
+		return uuid.Nil, "", false
+	case in.c.Type == wire.TypeReply:
+		return in.key.SagaID, "", in.kerr == nil
+	case in.derr != nil:
 		return uuid.Nil, "", false
 	}
-	if c.Type == wire.TypeReply {
-		key, err := replyKey(m, &c)
-		return key.SagaID, "", err == nil
-	}
-	cmd, err := decodeCommand(&c)
-	if err != nil || c.ID == uuid.Nil {
-		return uuid.Nil, "", false
-	}
-	return cmd.SagaID, commandKey(cmd), true
+	return in.cmd.SagaID, commandKey(in.cmd), true
 }
 
 // prefetched is a saga read and locked by prefetchSagas.
@@ -542,11 +573,11 @@ type prefetched struct {
 // once, as a claim's are, until the caller releases them: a cancel
 // requested while earlier messages of the batch run is then heard of (see
 // [Engine.notified]) and goes ahead of the saga's own message.
-func (e *Engine) prefetchSagas(ctx context.Context, bt *batchTx, ms []kafka.Message) ([]uuid.UUID, error) {
+func (e *Engine) prefetchSagas(ctx context.Context, bt *batchTx, ms []*kafkaIn) ([]uuid.UUID, error) {
 	ids := make([]uuid.UUID, 0, len(ms))
 	keys := make(map[uuid.UUID]string, len(ms))
-	for i := range ms {
-		id, stepKey, ok := e.sagaToLock(&ms[i])
+	for _, in := range ms {
+		id, stepKey, ok := in.sagaToLock()
 		if !ok {
 			continue
 		}
@@ -659,7 +690,7 @@ func (e *Engine) runKafkaMessage(ctx context.Context, m kafka.Message, expired b
 		return runDone, err
 	}
 	defer bt.end(ctx)
-	wait, b, held, err := e.runKafkaIn(ctx, bt, m, expired, true)
+	wait, b, held, err := e.runKafkaIn(ctx, bt, e.parseKafka(&m), expired, true)
 	defer e.running.release(held...)
 	if errors.Is(err, errAbandoned) {
 		// The attempt is recorded with its retry; this message is spent,
@@ -681,32 +712,28 @@ func (e *Engine) runKafkaMessage(ctx context.Context, m kafka.Message, expired b
 	return runDone, e.finish(ctx, b)
 }
 
-// runKafkaIn runs the message m in bt, without committing; last says that
+// runKafkaIn runs the message in in bt, without committing; last says that
 // no other message follows it in bt. It returns the batch to finish, or
-// what m waits for when it cannot run yet (then nothing of it is to be
-// committed), and the sagas whose execution lock it took, to release once
-// the batch has ended.
-func (e *Engine) runKafkaIn(ctx context.Context, bt *batchTx, m kafka.Message, expired, last bool) (waitKind, *batch, []uuid.UUID, error) {
-	c, aerr := claimedFromKafka(m)
+// what the message waits for when it cannot run yet (then nothing of it is
+// to be committed), and the sagas whose execution lock it took, to release
+// once the batch has ended.
+func (e *Engine) runKafkaIn(ctx context.Context, bt *batchTx, in *kafkaIn, expired, last bool) (waitKind, *batch, []uuid.UUID, error) {
+	c := &in.c
 	if expired {
 		c.Age = e.cfg.UnknownSagaGrace
 	}
-	verr := e.signer.Verify(func(n string) string { return headerValue(&m, n) }, m.Value)
-	if aerr != nil || verr != nil {
-		b := e.newBatch(bt, &m)
-		code, why := CodeMalformed, "ambiguous: "+errString(aerr)
-		if verr != nil {
-			code, why = CodeUnverified, "refused before any effect: "+verr.Error()
+	if in.aerr != nil || in.verr != nil {
+		b := e.newBatch(bt, in.m)
+		code, why := CodeMalformed, "ambiguous: "+errString(in.aerr)
+		if in.verr != nil {
+			code, why = CodeUnverified, "refused before any effect: "+in.verr.Error()
 		}
-		return runDone, b, nil, b.park(ctx, &c, nil, code, why)
+		return runDone, b, nil, b.park(ctx, c, nil, code, why)
 	}
 	if c.Type == wire.TypeReply {
-		return e.runReply(ctx, bt, m, &c, last)
+		return e.runReply(ctx, bt, in, last)
 	}
-	cmd, derr := decodeCommand(&c)
-	if derr == nil && c.ID == uuid.Nil {
-		derr = errors.New("no valid " + wire.HeaderMessageID + " header")
-	}
+	cmd, derr := in.cmd, in.derr
 	var ids []uuid.UUID
 	var stepKey string
 	if derr == nil {
@@ -720,8 +747,8 @@ func (e *Engine) runKafkaIn(ctx context.Context, bt *batchTx, m kafka.Message, e
 	held := heldSagas(sagas)
 	e.running.claim(held...)
 	fault.At(ctx, fault.EngineAfterClaim)
-	b := e.newBatch(bt, &m)
-	if err := b.handle(ctx, &c, cmd, derr, sagas, last); err != nil {
+	b := e.newBatch(bt, in.m)
+	if err := b.handle(ctx, c, cmd, derr, sagas, last); err != nil {
 		return runDone, b, held, err
 	}
 	if len(b.deferred) > 0 {
@@ -748,14 +775,18 @@ func (e *Engine) runKafkaBatch(ctx context.Context, ms []kafka.Message) (bool, e
 	defer bt.end(ctx)
 	var held []uuid.UUID
 	defer func() { e.running.release(held...) }()
-	ahead, err := e.prefetchSagas(ctx, bt, ms)
+	ins := make([]*kafkaIn, len(ms))
+	for i := range ms {
+		ins[i] = e.parseKafka(&ms[i])
+	}
+	ahead, err := e.prefetchSagas(ctx, bt, ins)
 	defer e.running.release(ahead...)
 	if err != nil {
 		return false, err
 	}
 	bs := make([]*batch, 0, len(ms))
-	for i := range ms {
-		wait, b, h, err := e.runKafkaIn(ctx, bt, ms[i], false, i == len(ms)-1)
+	for i, in := range ins {
+		wait, b, h, err := e.runKafkaIn(ctx, bt, in, false, i == len(ms)-1)
 		held = append(held, h...)
 		if errors.Is(err, errAbandoned) {
 			// The connection goes with the handler: the attempt is
