@@ -4,13 +4,16 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/sagaflow/sagaflow/internal/kafkatest"
 	"github.com/sagaflow/sagaflow/internal/store"
 	"github.com/sagaflow/sagaflow/saga"
 )
@@ -91,13 +94,15 @@ func TestKafkaBatchReadsItsSagasTogether(t *testing.T) {
 
 	var mu sync.Mutex
 	var reads, busyReads int
+	var lockHeld atomic.Bool // (set before the lock is released)
+	lockHeld.Store(true)
 	var cancelled uuid.UUID
 	var cancelErr error
 	k.engine.SetReadAhead(func(read []uuid.UUID) {
 		mu.Lock()
 		defer mu.Unlock()
 		reads++
-		if len(read) > 1 && slices.Contains(read, busy) {
+		if len(read) > 1 && slices.Contains(read, busy) && lockHeld.Load() {
 			busyReads++
 		}
 		if cancelled != uuid.Nil || len(read) < 2 || read[1] == busy {
@@ -115,6 +120,7 @@ func TestKafkaBatchReadsItsSagasTogether(t *testing.T) {
 	}, "other sagas to complete while one is busy")
 	require.Zero(t, k.count(t, "SELECT count(*) FROM "+k.table("effects")+" WHERE saga_id = $1", busy),
 		"a saga whose lock another transaction holds did not run")
+	lockHeld.Store(false)
 	require.NoError(t, holder.Rollback(ctx))
 
 	for _, id := range ids {
@@ -143,10 +149,80 @@ func TestKafkaBatchReadsItsSagasTogether(t *testing.T) {
 	require.Positive(t, reads, "some batches read their sagas together")
 	require.NotEqual(t, uuid.Nil, cancelled, "a batch of two or more read together")
 	st := k.engine.Stats()
-	// Each batch that read the busy saga with others was given up.
+	// Each batch that read the busy saga with others while its lock was
+	// held was given up.
 	require.GreaterOrEqual(t, st.BusBatchesRerun, int64(busyReads), "batches run one message at a time")
 	t.Logf("%d batches read ahead (%d with the busy saga); %d messages batched; %d batches run one message at a time",
 		reads, busyReads, st.BusBatched, st.BusBatchesRerun)
+}
+
+// Two tenants (two schemas, each with its engine and relay) share one
+// broker and the default command topic, and each has a backlog: the
+// batches read ahead hold both tenants' messages, and a message whose saga
+// is another tenant's is read as absent. Each tenant's sagas complete with
+// each effect once; every command of the other tenant is dead-lettered
+// there as a saga that does not exist, and nothing of it runs.
+func TestKafkaBatchesOfTwoTenantsOnOneTopic(t *testing.T) {
+	t.Parallel()
+	const name, n = "ktenants", 15
+	topic := saga.CommandTopicDefault + "." + name
+	kc := kafkatest.New(t, kafkatest.SeedTopics(1, topic))
+	ctx := context.Background()
+	type tenant struct {
+		k     *kafkaBundle
+		ids   []uuid.UUID
+		reads atomic.Int64
+	}
+	tenants := []*tenant{{}, {}}
+	for _, tn := range tenants {
+		tn.k = setupKafkaOn(t, kc, &saga.Config{Workers: 1, Kafka: &saga.KafkaConfig{AllSteps: true}}, 50*time.Millisecond)
+		def := threeSteps(tn.k.bundle, name, nil)
+		require.NoError(t, tn.k.engine.Register(def))
+		for range n {
+			st, err := saga.Start(ctx, tn.k.engine, def, order{OrderID: "t"}, nil)
+			require.NoError(t, err)
+			tn.ids = append(tn.ids, st.ID)
+		}
+		tn.k.engine.SetReadAhead(func([]uuid.UUID) { tn.reads.Add(1) })
+	}
+	waitFor(t, 15*time.Second, func() bool {
+		msgs, err := kc.ReadAll(ctx, topic)
+		require.NoError(t, err)
+		return len(msgs) >= 2*n
+	}, "both backlogs on the topic")
+	for _, tn := range tenants {
+		tn.k.start(t)
+	}
+	for i, tn := range tenants {
+		other := tenants[1-i]
+		for _, id := range tn.ids {
+			in := tn.k.waitTerminal(t, id)
+			require.Equal(t, saga.StatusCompleted, in.Status, "history: %v", eventTypes(in))
+			require.Equal(t, []string{"reserve/forward", "charge/forward", "ship/forward"}, tn.k.effects(t, id), "saga %s", id)
+		}
+		require.Zero(t, tn.k.count(t, "SELECT count(*) FROM "+tn.k.table("effects")+" WHERE saga_id = ANY($1)", other.ids),
+			"nothing of the other tenant ran here")
+		// Each of the other tenant's step commands (three per saga) is
+		// dead-lettered here, as a saga that does not exist.
+		waitFor(t, 15*time.Second, func() bool {
+			return tn.k.count(t, "SELECT count(DISTINCT kafka_offset) FROM "+tn.k.table("dead_letters")+
+				" WHERE consumer = $1 AND reason LIKE '%does not exist%'", store.InboxConsumerEngine) >= 3*n
+		}, "the other tenant's commands dead-lettered")
+		require.Zero(t, tn.k.count(t, "SELECT count(*) FROM "+tn.k.table("dead_letters")+
+			" WHERE consumer = $1 AND reason NOT LIKE '%does not exist%'", store.InboxConsumerEngine), "no other dead letter")
+		rows, err := tn.k.pool.Query(ctx, "SELECT DISTINCT convert_from(msg_key, 'UTF8') FROM "+tn.k.table("dead_letters")+
+			" WHERE consumer = $1", store.InboxConsumerEngine)
+		require.NoError(t, err)
+		keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		want := make([]string, 0, n)
+		for _, id := range other.ids {
+			want = append(want, id.String())
+		}
+		require.ElementsMatch(t, want, keys, "the dead letters are the other tenant's sagas")
+		require.Positive(t, tn.reads.Load(), "batches read their sagas ahead")
+		t.Logf("tenant %d: %d batches read ahead; %d messages batched", i, tn.reads.Load(), tn.k.engine.Stats().BusBatched)
+	}
 }
 
 // kafkaBacklog starts n three-step sagas of type name on a Kafka-mode engine

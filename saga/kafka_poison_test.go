@@ -61,7 +61,13 @@ func setupKafkaWith(t *testing.T, partitions int, cfg *saga.Config, topics ...st
 // relayPoll.
 func setupKafkaRelayPoll(t *testing.T, partitions int, cfg *saga.Config, relayPoll time.Duration, topics ...string) *kafkaBundle {
 	t.Helper()
-	kc := kafkatest.New(t, kafkatest.SeedTopics(int32(partitions), topics...))
+	return setupKafkaOn(t, kafkatest.New(t, kafkatest.SeedTopics(int32(partitions), topics...)), cfg, relayPoll)
+}
+
+// setupKafkaOn is setupKafkaRelayPoll on the cluster kc, which other
+// bundles (tenants) may share.
+func setupKafkaOn(t *testing.T, kc *kafkatest.Cluster, cfg *saga.Config, relayPoll time.Duration) *kafkaBundle {
+	t.Helper()
 	if cfg.Kafka == nil {
 		cfg.Kafka = &saga.KafkaConfig{AllSteps: true}
 	}
