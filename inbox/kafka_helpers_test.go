@@ -172,3 +172,14 @@ func fetchCommittedOffset(kc *kafkatest.Cluster) (int64, error) {
 	}
 	return parts[0].CommittedOffset, nil
 }
+
+// batchReader reads the test topic from its start in the test group, with
+// no wait for more bytes, so that a backlog is held ready in batches.
+func batchReader(t *testing.T, kc *kafkatest.Cluster) *kafka.Reader {
+	t.Helper()
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: kc.Addrs(), GroupID: kafkaGroup, Topic: kafkaTopic,
+		StartOffset: kafka.FirstOffset, MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 50 * time.Millisecond,
+		HeartbeatInterval: 500 * time.Millisecond, JoinGroupBackoff: 200 * time.Millisecond})
+	t.Cleanup(func() { _ = r.Close() })
+	return r
+}

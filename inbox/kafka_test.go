@@ -9,7 +9,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
@@ -169,10 +168,7 @@ func TestKafkaConsumerDealsWithABacklogInBatches(t *testing.T) {
 	}
 	produce(t, kc, msgs...)
 
-	r := kafka.NewReader(kafka.ReaderConfig{Brokers: kc.Addrs(), GroupID: kafkaGroup, Topic: kafkaTopic,
-		StartOffset: kafka.FirstOffset, MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 50 * time.Millisecond,
-		HeartbeatInterval: 500 * time.Millisecond, JoinGroupBackoff: 200 * time.Millisecond})
-	t.Cleanup(func() { _ = r.Close() })
+	r := batchReader(t, kc)
 	c, err := b.in.NewConsumer(r, &inbox.ConsumerConfig{Handlers: map[string]inbox.HandlerFunc{"charge.requested": handler}, BatchSize: 16})
 	require.NoError(t, err)
 	runConsumer(t, c, func() bool {
@@ -233,10 +229,7 @@ func TestKafkaConsumerBatchRecordsHostileIDsOnce(t *testing.T) {
 	}
 	produce(t, kc, msgs...)
 
-	r := kafka.NewReader(kafka.ReaderConfig{Brokers: kc.Addrs(), GroupID: kafkaGroup, Topic: kafkaTopic,
-		StartOffset: kafka.FirstOffset, MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 50 * time.Millisecond,
-		HeartbeatInterval: 500 * time.Millisecond, JoinGroupBackoff: 200 * time.Millisecond})
-	t.Cleanup(func() { _ = r.Close() })
+	r := batchReader(t, kc)
 	c, err := b.in.NewConsumer(r, &inbox.ConsumerConfig{Handlers: map[string]inbox.HandlerFunc{"charge.requested": handler}, BatchSize: 8})
 	require.NoError(t, err)
 	runConsumer(t, c, func() bool { return committedOffsetSoFar(kc) == int64(len(msgs)) })

@@ -8,9 +8,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sagaflow/sagaflow/internal/pgtest"
 	"github.com/sagaflow/sagaflow/internal/store"
-	"github.com/sagaflow/sagaflow/migrations"
 )
 
 // A held command carries when it was first held, in database time; its
@@ -19,11 +17,7 @@ import (
 func TestHoldMessageCountsFromTheFirstHoldInDatabaseTime(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, schema := pgtest.NewSchema(t)
-	_, err := migrations.Migrate(ctx, pool, schema)
-	require.NoError(t, err)
-	st, err := store.New(schema)
-	require.NoError(t, err)
+	pool, st, schema := newStore(t)
 	row := func(id uuid.UUID) (since time.Time, delay time.Duration) {
 		var text string
 		require.NoError(t, pool.QueryRow(ctx, `SELECT headers->>'`+store.HeaderHeldSince+`', available_at - created_at FROM "`+schema+`".outbox WHERE id = $1`, id).

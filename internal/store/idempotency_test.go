@@ -11,18 +11,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sagaflow/sagaflow/internal/pgtest"
 	"github.com/sagaflow/sagaflow/internal/store"
-	"github.com/sagaflow/sagaflow/migrations"
 )
 
 func setupIdempotency(t *testing.T) (*pgxpool.Pool, *store.Store, string) {
 	t.Helper()
-	pool, schema := pgtest.NewSchema(t)
-	_, err := migrations.Migrate(context.Background(), pool, schema)
-	require.NoError(t, err)
-	st, err := store.New(schema)
-	require.NoError(t, err)
+	pool, st, schema := newStore(t)
 	return pool, st, pgx.Identifier{schema, "idempotency_keys"}.Sanitize()
 }
 

@@ -8,9 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/sagaflow/sagaflow/internal/pgtest"
 	"github.com/sagaflow/sagaflow/internal/store"
-	"github.com/sagaflow/sagaflow/migrations"
 )
 
 // Every text field of a dead letter may hold bytes PostgreSQL refuses; the
@@ -19,11 +17,7 @@ import (
 func TestInsertDeadLetterCannotFailOnContent(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, schema := pgtest.NewSchema(t)
-	_, err := migrations.Migrate(ctx, pool, schema)
-	require.NoError(t, err)
-	st, err := store.New(schema)
-	require.NoError(t, err)
+	pool, st, schema := newStore(t)
 
 	long := strings.Repeat("x", 10_000)
 	for i, poison := range []string{"a\x00b", "a\xff\xfeb", long} {

@@ -9,9 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sagaflow/sagaflow/internal/pgtest"
 	"github.com/sagaflow/sagaflow/internal/store"
-	"github.com/sagaflow/sagaflow/migrations"
 	"github.com/sagaflow/sagaflow/wire"
 )
 
@@ -77,13 +75,9 @@ func TestInboxProbeUsesTheKeyWrittenInGo(t *testing.T) {
 func sagaAtCharge(t *testing.T, epoch int, version int64) (*pgxpool.Pool, string, *store.Store, uuid.UUID) {
 	t.Helper()
 	ctx := context.Background()
-	pool, schema := pgtest.NewSchema(t)
-	_, err := migrations.Migrate(ctx, pool, schema)
-	require.NoError(t, err)
-	st, err := store.New(schema)
-	require.NoError(t, err)
+	pool, st, schema := newStore(t)
 	id := uuid.Must(uuid.NewV7())
-	_, err = pool.Exec(ctx, "INSERT INTO "+pgx.Identifier{schema, "saga_instances"}.Sanitize()+
+	_, err := pool.Exec(ctx, "INSERT INTO "+pgx.Identifier{schema, "saga_instances"}.Sanitize()+
 		` (id, saga_name, status, step_index, step_name, direction, epoch, state, version) VALUES ($1, 'orders', 'running', 1, 'charge', 'forward', $2, '{}', $3)`,
 		id, epoch, version)
 	require.NoError(t, err)

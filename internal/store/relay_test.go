@@ -11,9 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sagaflow/sagaflow/internal/pgtest"
 	"github.com/sagaflow/sagaflow/internal/store"
-	"github.com/sagaflow/sagaflow/migrations"
 )
 
 // relaySetup migrates a fresh schema and returns its pool and statements.
@@ -21,11 +19,7 @@ func relaySetup(t *testing.T) (context.Context, *pgxpool.Pool, *store.Store, str
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
-	pool, schema := pgtest.NewSchema(t)
-	_, err := migrations.Migrate(ctx, pool, schema)
-	require.NoError(t, err)
-	st, err := store.New(schema)
-	require.NoError(t, err)
+	pool, st, schema := newStore(t)
 	return ctx, pool, st, schema
 }
 

@@ -10,9 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sagaflow/sagaflow/internal/pgtest"
 	"github.com/sagaflow/sagaflow/internal/store"
-	"github.com/sagaflow/sagaflow/migrations"
 	"github.com/sagaflow/sagaflow/wire"
 )
 
@@ -22,11 +20,7 @@ import (
 func TestLastReplyTakesTheLatestReplyByIndex(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, schema := pgtest.NewSchema(t)
-	_, err := migrations.Migrate(ctx, pool, schema)
-	require.NoError(t, err)
-	st, err := store.New(schema)
-	require.NoError(t, err)
+	pool, st, schema := newStore(t)
 	sagaID := uuid.Must(uuid.NewV7())
 	key := wire.Key{SagaID: wire.UUID(sagaID), Step: "charge", Direction: wire.Forward}.String()
 	other := wire.Key{SagaID: wire.UUID(sagaID), Step: "ship", Direction: wire.Forward}.String()

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagaflow/sagaflow/internal/pgtest"
@@ -15,6 +16,18 @@ import (
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// newStore migrates a fresh schema and returns its pool, a store on it and
+// its name.
+func newStore(t *testing.T) (*pgxpool.Pool, *store.Store, string) {
+	t.Helper()
+	pool, schema := pgtest.NewSchema(t)
+	_, err := migrations.Migrate(context.Background(), pool, schema)
+	require.NoError(t, err)
+	st, err := store.New(schema)
+	require.NoError(t, err)
+	return pool, st, schema
+}
 
 func tables(t *testing.T, ctx context.Context, db store.DBTX, schema string) []string {
 	t.Helper()
