@@ -13,3 +13,6 @@ func Published(r *Relay) int64 { return r.stats.published.Load() }
 // SetAfterClaim installs a hook that runs after each claim, with the number
 // of rows claimed. Set it before the relay runs.
 func SetAfterClaim(r *Relay, f func(rows int)) { r.hooks.afterClaim = f }
+
+// Listening reports whether r's LISTEN connection is in place.
+func Listening(r *Relay) bool { return r.listening.Load() }

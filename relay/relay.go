@@ -158,6 +158,7 @@ func (r *Relay) stop(ctx context.Context, hard bool) error {
 func (r *Relay) loop(fetchCtx, workCtx context.Context) {
 	failures := 0
 	for fetchCtx.Err() == nil {
+		claimed := time.Now()
 		res, err := r.drain(fetchCtx, workCtx)
 		if err != nil {
 			if fetchCtx.Err() != nil {
@@ -183,8 +184,10 @@ func (r *Relay) loop(fetchCtx, workCtx context.Context) {
 		if res.claimed >= r.cfg.BatchSize {
 			continue // more may be due
 		}
+		// Rows that came due since the drain began count (it may not
+		// have claimed them), not only rows due later.
 		wait := r.cfg.PollInterval
-		if d, ok, err := r.st.NextRelayDue(fetchCtx, r.pool); err == nil && ok {
+		if d, ok, err := r.st.NextRelayDue(fetchCtx, r.pool, time.Since(claimed)); err == nil && ok {
 			wait = min(wait, max(d, time.Millisecond))
 		}
 		timer := time.NewTimer(wait)

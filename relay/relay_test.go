@@ -558,3 +558,39 @@ func TestDefaultBackoff(t *testing.T) {
 	}
 	require.Positive(t, relay.DefaultBackoff(0))
 }
+
+// A row written for later (a retry, a held command) comes due between the
+// relay's last claim and its look ahead. The look counted only rows
+// due later, took this one for a row another relay held, and slept for
+// PollInterval: a minute here. It now counts what came due since the drain
+// began.
+func TestARowDueBetweenTheClaimAndTheLookIsPublishedAtOnce(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	r := e.relay(t, e.writer(t), relay.Config{PollInterval: time.Minute})
+	outbox := pgx.Identifier{e.schema, "outbox"}.Sanitize()
+	later := e.insert(t, topicOrders, "later", 1, func(m *store.Message) { m.Delay = time.Hour })
+	var due atomic.Int64 // when later is due (unix ns); 0: not armed
+	var slowed atomic.Bool
+	relay.SetAfterClaim(r, func(int) {
+		if at := due.Load(); at != 0 && slowed.CompareAndSwap(false, true) {
+			// The look comes after the row is due, as on a loaded machine.
+			time.Sleep(time.Until(time.Unix(0, at).Add(200 * time.Millisecond)))
+		}
+	})
+	require.NoError(t, r.Start(e.ctx))
+	// The listener's connect wakes the loop: let it come first.
+	waitFor(t, 10*time.Second, "the relay to listen", func() bool { return relay.Listening(r) })
+	time.Sleep(200 * time.Millisecond)
+
+	// Due in 300 ms; the loop slept for a minute before it was.
+	due.Store(time.Now().Add(300 * time.Millisecond).UnixNano())
+	_, err := e.pool.Exec(e.ctx, "UPDATE "+outbox+" SET available_at = now() + interval '300 ms' WHERE id = $1", later)
+	require.NoError(t, err)
+	// Another row wakes the loop, which drains before later is due.
+	now := e.insert(t, topicOrders, "now", 2)
+	r.Wake()
+	waitFor(t, 10*time.Second, "the row due now published", func() bool { return e.row(t, now).Published })
+	waitFor(t, 10*time.Second, "the row due later published", func() bool { return e.row(t, later).Published })
+	require.True(t, slowed.Load(), "the relay's look was not slowed")
+}

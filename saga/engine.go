@@ -696,6 +696,7 @@ func (e *Engine) work(fetchCtx, workCtx context.Context, wake chan struct{}) {
 	defer e.hstate.workerDown()
 	failures := 0
 	for fetchCtx.Err() == nil {
+		claimed := time.Now()
 		res, err := e.runBatch(fetchCtx, workCtx)
 		if err == nil && e.registered().parallel {
 			// One branch of a parallel step per round, so that the
@@ -726,12 +727,17 @@ func (e *Engine) work(fetchCtx, workCtx context.Context, wake chan struct{}) {
 		if h := e.hooks.idle; h != nil {
 			h()
 		}
+		// The look ahead counts commands that came due since the claim
+		// began (which it could not take), not only those due later: one
+		// that came due between the claim and this look would otherwise
+		// wait for the next poll.
 		wait := e.cfg.PollInterval
-		if d, ok, err := e.st.NextDirectDue(fetchCtx, e.pool, e.cfg.CommandTopic, e.knownAggregates(), e.cfg.UnknownSagaGrace); err == nil && ok {
+		since := time.Since(claimed)
+		if d, ok, err := e.st.NextDirectDue(fetchCtx, e.pool, e.cfg.CommandTopic, e.knownAggregates(), e.cfg.UnknownSagaGrace, since); err == nil && ok {
 			wait = min(wait, max(d, time.Millisecond))
 		}
 		if e.registered().parallel {
-			if d, ok, err := e.st.NextDirectDue(fetchCtx, e.pool, e.branchTopic(), e.knownAggregates(), e.cfg.UnknownSagaGrace); err == nil && ok {
+			if d, ok, err := e.st.NextDirectDue(fetchCtx, e.pool, e.branchTopic(), e.knownAggregates(), e.cfg.UnknownSagaGrace, since); err == nil && ok {
 				wait = min(wait, max(d, time.Millisecond))
 			}
 		}

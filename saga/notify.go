@@ -42,11 +42,10 @@ func (e *Engine) announce() {
 
 // wakeIn wakes one of this engine's direct workers after d, when a command
 // it wrote (or deferred) for then comes due. The idle workers' own look
-// ahead ([store.Store.NextDirectDue]) misses a command that came due
-// between a worker's claim and its look: short deferrals, and backoffs
-// written by a worker that was slow to look, or by a Kafka worker, which
-// does not look at all. Those waited for PollInterval. (A command due after
-// more than PollInterval is found by the next poll, before it is due.)
+// ahead ([store.Store.NextDirectDue]) sees only commands that existed when
+// they looked: a backoff written by a Kafka worker (which does not look at
+// all) while they slept waited for PollInterval. (A command due after more
+// than PollInterval is found by the next poll, before it is due.)
 //
 // An engine that stops with such wake-ups still to fire tells the other
 // engines to look ahead again (see [Engine.Stop]).

@@ -179,3 +179,53 @@ func kafkaModeWithSlowRelay(t *testing.T, name string) (*bundle, *relay.Relay) {
 	k := setupKafkaRelayPoll(t, 1, &saga.Config{Workers: 1}, time.Minute, saga.CommandTopicDefault+"."+name)
 	return k.bundle, k.r
 }
+
+// A command written for later by another process (here: moved by hand, as
+// a retry an engine that has since died would write) comes due between an
+// idle worker's claim and its look ahead. The look counted only commands
+// due later, took this one for a command another worker held, and slept
+// for PollInterval: a minute here. It now counts what came due since its
+// claim began.
+func TestACommandDueBetweenTheClaimAndTheLookRunsAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &saga.Config{Workers: 1, PollInterval: time.Minute})
+	ctx := context.Background()
+	def := saga.Define("duegap",
+		saga.Step[order]{Name: "pick", Action: func(ctx context.Context, run *saga.StepRun, _ *order) error {
+			return recordEffect(ctx, run, b.schema)
+		}})
+	require.NoError(t, b.engine.Register(def))
+	outbox := b.table("outbox")
+	// The later saga's command waits an hour before the engine starts.
+	later, err := saga.Start(ctx, b.engine, def, order{OrderID: "later"}, nil)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(ctx, "UPDATE "+outbox+" SET available_at = now() + interval '1 hour' WHERE saga_id = $1", later.ID)
+	require.NoError(t, err)
+
+	var due atomic.Int64 // when the later command is due (unix ns); 0: not armed
+	var slowed atomic.Bool
+	b.engine.SetIdle(func() {
+		if at := due.Load(); at != 0 && slowed.CompareAndSwap(false, true) {
+			// The look comes after the command is due, as on a loaded machine.
+			time.Sleep(time.Until(time.Unix(0, at).Add(200 * time.Millisecond)))
+		}
+	})
+	b.start(t)
+	// The listener's connect wakes every worker: let it come first.
+	waitFor(t, 10*time.Second, func() bool { return b.engine.Health(ctx).Ready }, "the engine to be ready")
+	time.Sleep(200 * time.Millisecond)
+
+	// Due in 300 ms; the idle worker slept for a minute before it existed.
+	due.Store(time.Now().Add(300 * time.Millisecond).UnixNano())
+	_, err = b.pool.Exec(ctx, "UPDATE "+outbox+" SET available_at = now() + interval '300 ms' WHERE saga_id = $1", later.ID)
+	require.NoError(t, err)
+	// Another saga wakes the worker, which claims before the command is due.
+	now, err := saga.Start(ctx, b.engine, def, order{OrderID: "now"}, nil)
+	require.NoError(t, err)
+	require.Equal(t, saga.StatusCompleted, b.waitTerminalWithin(t, now.ID, 10*time.Second).Status)
+
+	in := b.waitTerminalWithin(t, later.ID, 10*time.Second)
+	require.Equal(t, saga.StatusCompleted, in.Status)
+	require.True(t, slowed.Load(), "the worker's look was not slowed")
+	require.Equal(t, []string{"pick/forward"}, b.effects(t, later.ID))
+}

@@ -273,13 +273,17 @@ func (s *Store) RelayOutboxStatus(ctx context.Context, db DBTX) (OutboxStatus, e
 	return st, nil
 }
 
-// NextRelayDue returns how long until the next pending relay row that is
-// not due yet (one waiting for a retry, or written with a delay) becomes
-// due, by the database's clock. ok is false when there is none.
-func (s *Store) NextRelayDue(ctx context.Context, db DBTX) (d time.Duration, ok bool, err error) {
+// NextRelayDue returns how long until the next pending relay row that was
+// not due when the caller last claimed (one waiting for a retry, or written
+// with a delay) becomes due, by the database's clock; zero or less for one
+// that came due in the last since (the time since that claim began). Rows
+// due before that (claimed by another relay) do not count, nor rows written
+// due at once, whose writers announce them. ok is false when there is none.
+func (s *Store) NextRelayDue(ctx context.Context, db DBTX, since time.Duration) (d time.Duration, ok bool, err error) {
 	var secs *float64
 	err = db.QueryRow(ctx, `SELECT EXTRACT(EPOCH FROM min(available_at) - now()) FROM `+quoteSchema(s.schema)+`.outbox
-		WHERE status = 'pending' AND delivery = 'relay' AND available_at > now()`).Scan(&secs)
+		WHERE status = 'pending' AND delivery = 'relay' AND available_at > now() - $1 * interval '1 microsecond'
+			AND available_at > created_at`, micros(since)).Scan(&secs)
 	if err != nil {
 		return 0, false, fmt.Errorf("store: next due relay message: %w", err)
 	}

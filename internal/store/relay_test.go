@@ -191,7 +191,7 @@ func TestMarkPublishedAndFailed(t *testing.T) {
 		{ID: retry, Err: "not enough replicas", Delay: time.Minute},
 	}))
 
-	d, ok, err := st.NextRelayDue(ctx, pool)
+	d, ok, err := st.NextRelayDue(ctx, pool, 0)
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.InDelta(t, time.Minute.Seconds(), d.Seconds(), 5)
@@ -207,7 +207,7 @@ func TestRelayOutboxStatusCountsRelayRowsOnly(t *testing.T) {
 	status, err := st.RelayOutboxStatus(ctx, pool)
 	require.NoError(t, err)
 	require.Equal(t, store.OutboxStatus{}, status)
-	_, ok, err := st.NextRelayDue(ctx, pool)
+	_, ok, err := st.NextRelayDue(ctx, pool, 0)
 	require.NoError(t, err)
 	require.False(t, ok)
 
@@ -256,4 +256,26 @@ func TestMarkFailedKeepsTheClaimOrder(t *testing.T) {
 	require.NoError(t, err)
 	defer tx.Rollback(ctx)
 	require.Equal(t, ids, claimIDs(t, ctx, tx, st, len(ids)), "claimed again in the order first claimed")
+}
+
+// A relay row that came due after the relay's drain began (a retry, a held
+// command) counts for the look ahead, due now, however late the look; one
+// due before the drain began (another relay's), or written due at once
+// (announced by its writer), does not.
+func TestNextRelayDueCountsRowsDueSinceTheClaim(t *testing.T) {
+	t.Parallel()
+	ctx, pool, st, schema := relaySetup(t)
+	outbox := pgx.Identifier{schema, "outbox"}.Sanitize()
+	insertRelay(t, ctx, pool, st, store.Message{AggregateID: "now"})
+	retry := insertRelay(t, ctx, pool, st, store.Message{AggregateID: "retry", Delay: time.Minute})
+	// The retry came due 3 s ago.
+	_, err := pool.Exec(ctx, "UPDATE "+outbox+" SET created_at = now() - interval '10 s', available_at = now() - interval '3 s' WHERE id = $1", retry)
+	require.NoError(t, err)
+	_, ok, err := st.NextRelayDue(ctx, pool, time.Second)
+	require.NoError(t, err)
+	require.False(t, ok, "due before the drain began; the other row is announced")
+	d, ok, err := st.NextRelayDue(ctx, pool, 5*time.Second)
+	require.NoError(t, err)
+	require.True(t, ok, "came due since the drain began")
+	require.InDelta(t, -3, d.Seconds(), 1)
 }

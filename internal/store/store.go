@@ -531,7 +531,8 @@ func New(schema string) (*Store, error) {
 		// before autovacuum analyzed it), the planner reads every one of
 		// them for min(); here it reads the first index entry.
 		nextDue: `SELECT EXTRACT(EPOCH FROM (SELECT available_at FROM ` + s + `.outbox
-			WHERE topic = $1 AND delivery = 'direct' AND status = 'pending' AND available_at > now()
+			WHERE topic = $1 AND delivery = 'direct' AND status = 'pending' AND available_at > now() - $4 * interval '1 microsecond'
+				AND available_at > created_at
 				AND (aggregatetype = ANY($2) OR created_at < available_at - $3 * interval '1 microsecond')
 			ORDER BY available_at LIMIT 1) - now())`,
 		getSaga:          `SELECT ` + sagaColumns + ` FROM ` + s + `.saga_instances WHERE id = $1`,
@@ -1178,11 +1179,14 @@ func (s *Store) MarkDead(ctx context.Context, db DBTX, id uuid.UUID, reason stri
 
 // NextDirectDue returns how long until the next direct command of topic that
 // [Store.ClaimDirect] would claim with known and grace becomes due, by the
-// database's clock. Commands due already (held by other workers) do not
-// count. ok is false when there is none.
-func (s *Store) NextDirectDue(ctx context.Context, db DBTX, topic string, known []string, grace time.Duration) (d time.Duration, ok bool, err error) {
+// database's clock; zero or less for one that came due in the last since
+// (the time since the caller's last claim began, which it did not take).
+// Commands due before that (held by other workers when the caller claimed)
+// do not count, nor commands written due at once, whose writers announce
+// them. ok is false when there is none.
+func (s *Store) NextDirectDue(ctx context.Context, db DBTX, topic string, known []string, grace, since time.Duration) (d time.Duration, ok bool, err error) {
 	var secs *float64
-	if err := db.QueryRow(ctx, s.q.nextDue, topic, known, micros(grace)).Scan(&secs); err != nil {
+	if err := db.QueryRow(ctx, s.q.nextDue, topic, known, micros(grace), micros(since)).Scan(&secs); err != nil {
 		return 0, false, fmt.Errorf("store: next due command on %s: %w", topic, err)
 	}
 	if secs == nil {
