@@ -23,13 +23,8 @@ import (
 // a minute. The worker now wakes itself when the deferral is due.
 func TestADeferredCommandIsRunWhenDueNotAtTheNextPoll(t *testing.T) {
 	t.Parallel()
-	b := setup(t, &saga.Config{Workers: 1, PollInterval: time.Minute})
+	b, def := pollingOnceAMinute(t, "deferwake")
 	ctx := context.Background()
-	def := saga.Define("deferwake",
-		saga.Step[order]{Name: "pick", Action: func(ctx context.Context, run *saga.StepRun, _ *order) error {
-			return recordEffect(ctx, run, b.schema)
-		}})
-	require.NoError(t, b.engine.Register(def))
 	// The worker's first look after a batch that deferred comes 100 ms
 	// late, as on a loaded machine.
 	var slowed atomic.Bool
@@ -188,13 +183,8 @@ func kafkaModeWithSlowRelay(t *testing.T, name string) (*bundle, *relay.Relay) {
 // claim began.
 func TestACommandDueBetweenTheClaimAndTheLookRunsAtOnce(t *testing.T) {
 	t.Parallel()
-	b := setup(t, &saga.Config{Workers: 1, PollInterval: time.Minute})
+	b, def := pollingOnceAMinute(t, "duegap")
 	ctx := context.Background()
-	def := saga.Define("duegap",
-		saga.Step[order]{Name: "pick", Action: func(ctx context.Context, run *saga.StepRun, _ *order) error {
-			return recordEffect(ctx, run, b.schema)
-		}})
-	require.NoError(t, b.engine.Register(def))
 	outbox := b.table("outbox")
 	// The later saga's command waits an hour before the engine starts.
 	later, err := saga.Start(ctx, b.engine, def, order{OrderID: "later"}, nil)
@@ -228,4 +218,17 @@ func TestACommandDueBetweenTheClaimAndTheLookRunsAtOnce(t *testing.T) {
 	require.Equal(t, saga.StatusCompleted, in.Status)
 	require.True(t, slowed.Load(), "the worker's look was not slowed")
 	require.Equal(t, []string{"pick/forward"}, b.effects(t, later.ID))
+}
+
+// pollingOnceAMinute is an engine with one worker that polls once a minute,
+// not started, and a saga of one step, pick, registered as name.
+func pollingOnceAMinute(t *testing.T, name string) (*bundle, *saga.Definition[order]) {
+	t.Helper()
+	b := setup(t, &saga.Config{Workers: 1, PollInterval: time.Minute})
+	def := saga.Define(name,
+		saga.Step[order]{Name: "pick", Action: func(ctx context.Context, run *saga.StepRun, _ *order) error {
+			return recordEffect(ctx, run, b.schema)
+		}})
+	require.NoError(t, b.engine.Register(def))
+	return b, def
 }
