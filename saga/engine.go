@@ -639,8 +639,9 @@ func (e *Engine) Stop(ctx context.Context) error {
 }
 
 // StopAndCancel stops the engine at once: it cancels running handlers, whose
-// transactions roll back, so their steps run again later. It waits for the
-// workers to exit or for ctx to end.
+// transactions roll back, so their steps run again later (the other
+// engines on the schema are told to look for them at once). It waits for
+// the workers to exit or for ctx to end.
 func (e *Engine) StopAndCancel(ctx context.Context) error {
 	return e.stop(ctx, true)
 }
@@ -650,14 +651,16 @@ func (e *Engine) stop(ctx context.Context, hard bool) error {
 		return err
 	}
 	stopped, err := e.life.Stop(ctx, hard)
-	if stopped && e.wakesDue.Load() > 0 {
+	if stopped && (e.wakesDue.Load() > 0 || hard || err != nil) {
 		// Commands this engine wrote for later (a retry, a deferral) would
-		// have been run by its workers when due: the other engines are
-		// told to look ahead again, or they would find them at their next
-		// poll only.
+		// have been run by its workers when due, and the commands of the
+		// batches a hard stop (or a stop whose ctx ended) rolled back are
+		// due and free again, while the other engines' last looks took
+		// them for ones a worker held: the other engines are told to look
+		// again, or they would find them at their next poll only.
 		nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), notifyTimeout)
 		if nerr := e.st.Notify(nctx, e.pool, e.cfg.CommandTopic+e.notifier.from); nerr != nil {
-			e.log.WarnContext(ctx, "sagaflow could not tell the other engines of commands due later; they will find them at their next poll",
+			e.log.WarnContext(ctx, "sagaflow could not tell the other engines of commands left to them; they will find them at their next poll",
 				slog.Any("error", nerr))
 		}
 		cancel()
@@ -776,7 +779,7 @@ type Stats struct {
 	CronDuplicates    int64 // schedule slots another engine had already started
 	Chained           int64 // steps run in the transaction of the step, reply or wait's end before them
 	BusBatched        int64 // messages from the bus run several to a transaction
-	BusBatchesRerun   int64 // bus batches given up and run one message at a time (a message could not simply run)
+	BusBatchesRerun   int64 // bus batches given up and run one message at a time (a busy saga, an overran handler, a failed transaction)
 	Released          int64 // held commands released by the rescuer because no pause covered them any more
 	StartsGrouped     int64 // starts (Start, on the engine's pool) committed in one transaction with others
 	// steps run at once on a Kafka reply worker that ran past
