@@ -403,14 +403,16 @@
 // the end of the batch. Their sagas are read and locked together before
 // the first runs (unless two messages name one saga), and count as running
 // on this engine from then on, so that a cancel asked meanwhile reaches
-// them as it reaches a claimed command's saga. If any of them cannot run
-// now (its saga is busy, it is poison, a handler overran), nothing of the
-// batch is committed and they run one at a time, each step once more (its
-// effects in PostgreSQL still happen once; a call to another system may
-// repeat, as after a crash; [Stats].BusBatchesRerun counts such batches).
-// BatchSize 1 runs one message per transaction. In both modes the
-// guarantees above hold unchanged; malformed messages go to the
-// dead_letters table.
+// them as it reaches a claimed command's saga. A poison message is
+// dead-lettered, and a step's failure recorded, within the batch. If any
+// of them cannot run now (its saga is busy, or of a saga type or step this
+// engine does not know), a handler overran, or the transaction failed
+// (PostgreSQL refused a message's bytes, say), nothing of the batch is
+// committed and they run one at a time, each step once more (its effects
+// in PostgreSQL still happen once; a call to another system may repeat, as
+// after a crash; [Stats].BusBatchesRerun counts such batches). BatchSize 1
+// runs one message per transaction. In both modes the guarantees above
+// hold unchanged; malformed messages go to the dead_letters table.
 //
 // A step with a [Remote] instead of an Action calls another service: the
 // step sends a command to the service's topic and the saga waits for the

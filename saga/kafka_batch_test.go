@@ -21,8 +21,7 @@ import (
 // A backlog on a Kafka-mode topic is run several messages to a transaction:
 // every saga completes with each effect once, a copy of a command in the
 // same batch as the original has no second effect, and a poison message in
-// a batch sends that batch the one-at-a-time way, where it is dead-lettered
-// and the others run.
+// a batch is dead-lettered there while the others run.
 func TestKafkaModeRunsABacklogInBatches(t *testing.T) {
 	t.Parallel()
 	const name = "kbatch"
