@@ -3,8 +3,11 @@ package pgtest
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
+	"runtime"
+	"strconv"
 	"testing"
 	"time"
 
@@ -13,6 +16,21 @@ import (
 
 // stopTimeout bounds stopping what this process started, in Main.
 const stopTimeout = time.Minute
+
+// MainParallel is [Main] with n tests of the package run at once, unless
+// -parallel is given or GOMAXPROCS is n or more: for packages whose tests
+// mostly wait on PostgreSQL, a broker or the engines' polls, not on the CPU.
+func MainParallel(m *testing.M, n int) {
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set && runtime.GOMAXPROCS(0) < n {
+		if err := flag.Set("test.parallel", strconv.Itoa(n)); err != nil {
+			panic(err)
+		}
+	}
+	Main(m)
+}
 
 // Main runs the tests of a package and exits; call it from TestMain:
 //

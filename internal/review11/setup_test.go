@@ -7,9 +7,7 @@ package review11_test
 
 import (
 	"context"
-	"flag"
 	"fmt"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -28,17 +26,7 @@ import (
 // TestMain runs four tests at once unless -parallel says otherwise: the
 // tests mostly wait on PostgreSQL and the engines' polls, not on the CPU, and
 // with the default (GOMAXPROCS, 2 on CI) the package took about 50 s.
-func TestMain(m *testing.M) {
-	flag.Parse()
-	set := false
-	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
-	if !set && runtime.GOMAXPROCS(0) < 4 {
-		if err := flag.Set("test.parallel", "4"); err != nil {
-			panic(err)
-		}
-	}
-	pgtest.Main(m)
-}
+func TestMain(m *testing.M) { pgtest.MainParallel(m, 4) }
 
 // slack is the RescueSlack of every engine here. Time passes with
 // sagatest.Clock (or by moving updated_at by hand), never by sleeping.

@@ -23,7 +23,6 @@ import (
 
 	"github.com/sagaflow/sagaflow/internal/pgtest"
 	"github.com/sagaflow/sagaflow/internal/testkit"
-	"github.com/sagaflow/sagaflow/relay"
 	"github.com/sagaflow/sagaflow/saga"
 )
 
@@ -170,20 +169,7 @@ func rec(fx *testkit.Effects, tag string) saga.StepFunc[ord] {
 // test ends.
 func longRelay(t *testing.T, brokers []string, d *testkit.DB) {
 	t.Helper()
-	w := relay.NewKafkaWriter(brokers, nil)
-	r, err := relay.New(d.Pool, w, &relay.Config{Schema: d.Schema, PollInterval: poll, Logger: testkit.Discard})
-	require.NoError(t, err)
-	require.NoError(t, r.Start(context.Background()))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := r.Stop(ctx); err != nil {
-			t.Errorf("stop relay: %v", err)
-		}
-		if err := w.Close(); err != nil {
-			t.Errorf("close writer: %v", err)
-		}
-	})
+	testkit.RelayPolling(t, brokers, d, poll)
 }
 
 // counter counts calls per key (see testkit.Counter).

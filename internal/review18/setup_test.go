@@ -11,8 +11,6 @@ package review18
 import (
 	"context"
 	"encoding/json"
-	"flag"
-	"runtime"
 	"testing"
 	"time"
 
@@ -29,17 +27,7 @@ import (
 // TestMain runs four tests at once unless -parallel says otherwise: the
 // tests mostly wait on PostgreSQL, the broker and the engines' polls, not on
 // the CPU (copied from internal/review11).
-func TestMain(m *testing.M) {
-	flag.Parse()
-	set := false
-	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
-	if !set && runtime.GOMAXPROCS(0) < 4 {
-		if err := flag.Set("test.parallel", "4"); err != nil {
-			panic(err)
-		}
-	}
-	pgtest.Main(m)
-}
+func TestMain(m *testing.M) { pgtest.MainParallel(m, 4) }
 
 // wait bounds every poll of a test.
 const wait = 30 * time.Second

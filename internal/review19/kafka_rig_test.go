@@ -16,7 +16,6 @@ import (
 
 	"github.com/sagaflow/sagaflow/internal/kafkatest"
 	"github.com/sagaflow/sagaflow/internal/testkit"
-	"github.com/sagaflow/sagaflow/relay"
 	"github.com/sagaflow/sagaflow/saga"
 )
 
@@ -84,19 +83,11 @@ func newKmode(t *testing.T, name string, await bool, key []byte) *kmode {
 	return k
 }
 
-// longRelay starts a relay on d's schema with a one-minute poll.
+// longRelay starts a relay on d's schema with a one-minute poll, until the
+// test ends.
 func longRelay(t *testing.T, brokers []string, d *testkit.DB) {
 	t.Helper()
-	w := relay.NewKafkaWriter(brokers, nil)
-	r, err := relay.New(d.Pool, w, &relay.Config{Schema: d.Schema, PollInterval: poll, Logger: testkit.Discard})
-	require.NoError(t, err)
-	require.NoError(t, r.Start(context.Background()))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		require.NoError(t, r.Stop(ctx))
-		require.NoError(t, w.Close())
-	})
+	testkit.RelayPolling(t, brokers, d, poll)
 }
 
 func (k *kmode) config(workers, batch int) *saga.Config {

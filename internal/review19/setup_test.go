@@ -14,9 +14,7 @@ package review19_test
 
 import (
 	"context"
-	"flag"
 	"fmt"
-	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -29,19 +27,9 @@ import (
 	"github.com/sagaflow/sagaflow/saga"
 )
 
-// TestMain runs four tests at once unless -parallel says otherwise (copied
-// from internal/review18): the tests mostly wait on PostgreSQL and the broker.
-func TestMain(m *testing.M) {
-	flag.Parse()
-	set := false
-	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
-	if !set && runtime.GOMAXPROCS(0) < 4 {
-		if err := flag.Set("test.parallel", "4"); err != nil {
-			panic(err)
-		}
-	}
-	pgtest.Main(m)
-}
+// TestMain runs four tests at once unless -parallel says otherwise: the
+// tests mostly wait on PostgreSQL and the broker.
+func TestMain(m *testing.M) { pgtest.MainParallel(m, 4) }
 
 const (
 	// poll is every engine's and relay's PollInterval here.

@@ -14,8 +14,14 @@ import (
 // either fails.
 func Relay(tb testing.TB, brokers []string, d *DB) {
 	tb.Helper()
+	RelayPolling(tb, brokers, d, 20*time.Millisecond)
+}
+
+// RelayPolling is [Relay] with a relay that polls every poll.
+func RelayPolling(tb testing.TB, brokers []string, d *DB, poll time.Duration) {
+	tb.Helper()
 	w := relay.NewKafkaWriter(brokers, nil)
-	r, err := relay.New(d.Pool, w, &relay.Config{Schema: d.Schema, PollInterval: 20 * time.Millisecond, Logger: Discard})
+	r, err := relay.New(d.Pool, w, &relay.Config{Schema: d.Schema, PollInterval: poll, Logger: Discard})
 	if err != nil {
 		tb.Fatalf("testkit: relay of %s: %v", d.Schema, err)
 	}
