@@ -35,30 +35,30 @@ func lockKey(t *testing.T, d *testkit.DB, pid uint32) int64 {
 	return key
 }
 
-// hold starts spinning for key on a connection of its own; it holds the
-// lock, once taken, until release is closed.
+// hold queues for key on a connection of its own, and returns once its
+// request waits in PostgreSQL's queue behind the held step's transaction;
+// it holds the lock, once granted, until release is closed. Queued (a
+// blocking pg_advisory_xact_lock), it is granted the lock the moment the
+// step's transaction ends, before a worker's try for the next step can
+// take it (a try does not jump a queue); a loop of tries raced the worker,
+// and lost about one run in twenty.
 func hold(t *testing.T, d *testkit.DB, key int64) *holder {
 	t.Helper()
 	conn, err := pgx.ConnectConfig(context.Background(), d.Pool.Config().ConnConfig.Copy())
 	require.NoError(t, err)
+	pid := conn.PgConn().PID()
 	h := &holder{key: key, grabbed: make(chan time.Time, 1), release: make(chan struct{}), done: make(chan error, 1)}
+	wait, stop := context.WithCancel(context.Background())
+	go func() {
+		<-h.release
+		stop() // a request still waiting is given up
+	}()
 	go func() {
 		ctx := context.Background()
 		defer conn.Close(ctx)
 		h.done <- pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-			for {
-				var ok bool
-				if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1)`, key).Scan(&ok); err != nil {
-					return err
-				}
-				if ok {
-					break
-				}
-				select {
-				case <-h.release:
-					return nil
-				default:
-				}
+			if _, err := tx.Exec(wait, `SELECT pg_advisory_xact_lock($1)`, key); err != nil {
+				return err
 			}
 			h.grabbed <- time.Now()
 			<-h.release
@@ -67,6 +67,12 @@ func hold(t *testing.T, d *testkit.DB, key int64) *holder {
 		})
 	}()
 	t.Cleanup(func() { h.Release(); <-h.done })
+	testkit.WaitFor(t, prompt, "the test's transaction to wait for the saga's lock", func() bool {
+		var waiting bool
+		require.NoError(t, d.Pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT FROM pg_locks
+			WHERE locktype = 'advisory' AND pid = $1 AND NOT granted)`, int32(pid)).Scan(&waiting))
+		return waiting
+	})
 	return h
 }
 

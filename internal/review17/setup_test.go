@@ -24,6 +24,7 @@ import (
 	"github.com/sagaflow/sagaflow/internal/pgtest"
 	"github.com/sagaflow/sagaflow/internal/testkit"
 	"github.com/sagaflow/sagaflow/saga"
+	"github.com/sagaflow/sagaflow/sagatest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -78,19 +79,7 @@ func backoff(n int, d time.Duration) *saga.RetryPolicy {
 // its timeline if it does not.
 func endedWithin(t *testing.T, e *saga.Engine, id uuid.UUID, d time.Duration) *saga.Instance {
 	t.Helper()
-	end := time.Now().Add(d)
-	for {
-		in, err := e.Get(context.Background(), id)
-		require.NoError(t, err)
-		if in.EndedAt != nil {
-			return in
-		}
-		if time.Now().After(end) {
-			t.Fatalf("saga %s did not end within %s (poll %s): status %s step %s attempt %d paused %v\n%v",
-				id, d, poll, in.Status, in.Step, in.Attempt, in.Paused, timeline(in))
-		}
-		time.Sleep(15 * time.Millisecond)
-	}
+	return sagatest.WaitEnded(t, e, id, &sagatest.WaitOpts{Timeout: d})
 }
 
 func get(t *testing.T, e *saga.Engine, id uuid.UUID) *saga.Instance {

@@ -25,6 +25,7 @@ import (
 	"github.com/sagaflow/sagaflow/internal/pgtest"
 	"github.com/sagaflow/sagaflow/internal/testkit"
 	"github.com/sagaflow/sagaflow/saga"
+	"github.com/sagaflow/sagaflow/sagatest"
 )
 
 // TestMain runs four tests at once unless -parallel says otherwise: the
@@ -61,22 +62,11 @@ func backoff(n int, d time.Duration) *saga.RetryPolicy {
 	return &saga.RetryPolicy{MaxAttempts: n, Backoff: func(int) time.Duration { return d }}
 }
 
-// endedWithin waits at most d for saga id to end.
+// endedWithin waits at most d for saga id to end, and fails the test with
+// its timeline if it does not.
 func endedWithin(t *testing.T, e *saga.Engine, id uuid.UUID, d time.Duration) *saga.Instance {
 	t.Helper()
-	end := time.Now().Add(d)
-	for {
-		in, err := e.Get(context.Background(), id)
-		require.NoError(t, err)
-		if in.EndedAt != nil {
-			return in
-		}
-		if time.Now().After(end) {
-			t.Fatalf("saga %s did not end within %s (poll %s): status %s step %s attempt %d paused %v\n%v",
-				id, d, poll, in.Status, in.Step, in.Attempt, in.Paused != nil, testkit.Timeline(in))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return sagatest.WaitEnded(t, e, id, &sagatest.WaitOpts{Timeout: d})
 }
 
 func get(t *testing.T, e *saga.Engine, id uuid.UUID) *saga.Instance {
