@@ -62,17 +62,12 @@ type ord struct {
 // config is d's engine configuration with a one-minute poll, an hourly
 // rescuer and workers workers.
 func config(d *testkit.DB, workers int) *saga.Config {
-	c := d.Config()
-	c.PollInterval = poll
-	c.RescueInterval = time.Hour
-	c.Workers = workers
-	c.HandlerGrace = 500 * time.Millisecond
-	return c
+	return d.PatientConfig(workers)
 }
 
 // backoff is a constant backoff of d.
 func backoff(n int, d time.Duration) *saga.RetryPolicy {
-	return &saga.RetryPolicy{MaxAttempts: n, Backoff: func(int) time.Duration { return d }}
+	return testkit.ConstantBackoff(n, d)
 }
 
 // endedWithin waits at most d for saga id to end, and fails the test with

@@ -52,19 +52,7 @@ func TestKafkaModeOperatorsWhileABatchRuns(t *testing.T) {
 			k.signal(t, context.Background(), id)
 		}
 	}
-	gate := testkit.NewGate()
-	var held atomic.Int32
-	var liveCtx sync.Map // saga id -> whether a's ctx was live when a was called
-	k.setHook(func(ctx context.Context, run *saga.StepRun, o *ord) error {
-		if run.Step == "a" {
-			liveCtx.Store(run.SagaID, ctx.Err() == nil)
-		}
-		if o.ID == "s0" && run.Step == "a" && held.Add(1) == 1 {
-			return gate.Pass(ctx)
-		}
-		return nil
-	})
-	t.Cleanup(gate.Open)
+	gate, liveCtx := k.holdS0(t)
 	e, _ := testkit.StartEngine(t, k.db.Pool, k.config(1, 16), k.def)
 	testkit.WaitFor(t, wait, "s0's step a at the gate", func() bool { return gate.Entered() == 1 })
 
@@ -314,19 +302,7 @@ func cancelLaterInTheBatch(t *testing.T, mode string) {
 			ids = append(ids, st.ID)
 		}
 	}
-	gate := testkit.NewGate()
-	var held atomic.Int32
-	var liveCtx sync.Map
-	k.setHook(func(ctx context.Context, run *saga.StepRun, o *ord) error {
-		if run.Step == "a" {
-			liveCtx.Store(run.SagaID, ctx.Err() == nil)
-		}
-		if o.ID == "s0" && run.Step == "a" && held.Add(1) == 1 {
-			return gate.Pass(ctx)
-		}
-		return nil
-	})
-	t.Cleanup(gate.Open)
+	gate, liveCtx := k.holdS0(t)
 	e, _ := testkit.StartEngine(t, k.db.Pool, cfg, k.def)
 	testkit.WaitFor(t, wait, "s0's step a at the gate", func() bool { return gate.Entered() == 1 })
 	ctx := opCtx(t)
@@ -437,4 +413,25 @@ func twoMessagesOfOneSaga(t *testing.T, v string) {
 	}
 	logBatched(t, "commands", st.BusBatched)
 	require.Empty(t, k.deadLetters(t))
+}
+
+// holdS0 holds s0's first run of step a at a gate, opened when the test
+// ends at the latest, and records per saga whether a's ctx was live when a
+// was called.
+func (k *kmode) holdS0(t *testing.T) (*testkit.Gate, *sync.Map) {
+	t.Helper()
+	gate := testkit.NewGate()
+	var held atomic.Int32
+	liveCtx := &sync.Map{} // saga id -> whether a's ctx was live when a was called
+	k.setHook(func(ctx context.Context, run *saga.StepRun, o *ord) error {
+		if run.Step == "a" {
+			liveCtx.Store(run.SagaID, ctx.Err() == nil)
+		}
+		if o.ID == "s0" && run.Step == "a" && held.Add(1) == 1 {
+			return gate.Pass(ctx)
+		}
+		return nil
+	})
+	t.Cleanup(gate.Open)
+	return gate, liveCtx
 }

@@ -49,17 +49,13 @@ type ord struct {
 
 // config is d's engine configuration: a one-minute poll, an hourly rescuer.
 func config(d *testkit.DB, workers, batch int) *saga.Config {
-	c := d.Config()
-	c.PollInterval = poll
-	c.RescueInterval = time.Hour
-	c.Workers = workers
+	c := d.PatientConfig(workers)
 	c.BatchSize = batch
-	c.HandlerGrace = 500 * time.Millisecond
 	return c
 }
 
 func backoff(n int, d time.Duration) *saga.RetryPolicy {
-	return &saga.RetryPolicy{MaxAttempts: n, Backoff: func(int) time.Duration { return d }}
+	return testkit.ConstantBackoff(n, d)
 }
 
 // endedWithin waits at most d for saga id to end, and fails the test with

@@ -33,6 +33,24 @@ func (d *DB) Config() *saga.Config {
 	return &saga.Config{Schema: d.Schema, PollInterval: PollInterval, Logger: Discard}
 }
 
+// PatientConfig is [DB.Config] for an engine of workers workers that is
+// moved only by its wake-ups and look ahead: it polls once a minute, its
+// rescuer runs hourly, and HandlerGrace is 500 ms. Anything left to the
+// poll shows as a saga that does not move within seconds.
+func (d *DB) PatientConfig(workers int) *saga.Config {
+	c := d.Config()
+	c.PollInterval = time.Minute
+	c.RescueInterval = time.Hour
+	c.Workers = workers
+	c.HandlerGrace = 500 * time.Millisecond
+	return c
+}
+
+// ConstantBackoff is a retry policy of n attempts, d apart.
+func ConstantBackoff(n int, d time.Duration) *saga.RetryPolicy {
+	return &saga.RetryPolicy{MaxAttempts: n, Backoff: func(int) time.Duration { return d }}
+}
+
 // NewEngine returns an engine on pool with cfg and defs registered. It is
 // not started: as it is, it is a client that starts, reads and steers
 // sagas.
