@@ -277,7 +277,10 @@ func (e *Engine) consumeKafkaBatch(fetch, work context.Context, ms []kafka.Messa
 			}
 			return len(ms)
 		}
-		e.stats.busRerun.Add(1)
+		if work.Err() == nil {
+			// (A batch cut short by the engine's stop is not run again here.)
+			e.stats.busRerun.Add(1)
+		}
 		if err != nil && work.Err() == nil {
 			e.log.DebugContext(work, "sagaflow kafka: a batch of messages runs one at a time", slog.Int("messages", len(ms)),
 				slog.Any("error", err))
