@@ -30,9 +30,13 @@ var _ Writer = (*kafka.Writer)(nil)
 // Writer option defaults.
 const (
 	// WriterBatchTimeoutDefault is how long the writer waits to fill a
-	// partition's batch. The relay hands it whole batches, so waiting
-	// longer only adds latency.
-	WriterBatchTimeoutDefault = time.Millisecond
+	// partition's batch. The relay hands it whole batches, so any wait only
+	// adds latency: kafka-go puts every message of one WriteMessages call
+	// for a partition in the same batch however short the timeout, and a
+	// millisecond here was a millisecond more on every hop of a Kafka-mode
+	// saga. A writer that several goroutines share, and that should merge
+	// their messages, wants a longer one.
+	WriterBatchTimeoutDefault = time.Microsecond
 	// WriterBatchSizeDefault is how many messages the writer sends to one
 	// partition per produce request; at least the relay's BatchSize, so that
 	// one relay batch goes to each partition in one request.
@@ -67,7 +71,7 @@ type WriterOpts struct {
 	// wrote them.
 	Balancer kafka.Balancer
 	// BatchTimeout is how long the writer waits to fill a partition's
-	// batch. Defaults to WriterBatchTimeoutDefault (1ms).
+	// batch. Defaults to WriterBatchTimeoutDefault (1µs).
 	BatchTimeout time.Duration
 	// BatchSize is the most messages per partition in one produce request.
 	// Defaults to WriterBatchSizeDefault.
@@ -97,7 +101,8 @@ type WriterOpts struct {
 // waits for every in-sync replica (RequiredAcks: kafka.RequireAll), puts
 // messages with the same key (the row's aggregateid: the saga id, or the
 // aggregate the user named) in the same partition (kafka.Hash), flushes a
-// batch after a few milliseconds, and is synchronous, so WriteMessages
+// batch at once (each WriteMessages call's messages for a partition
+// form one batch), and is synchronous, so WriteMessages
 // reports each message's outcome. Topics come from the messages (each row's
 // topic column).
 //

@@ -300,3 +300,41 @@ func TestTheInboxReadsWhatTheRelayWrote(t *testing.T) {
 	require.Equal(t, []byte("order-7"), msg.Key)
 	require.JSONEq(t, `{"seq":1}`, string(msg.Value))
 }
+
+// TestTheDefaultWriterSendsOneRequestPerPartitionAndWrite: the default
+// writer waits (almost) nothing to fill a batch, and still sends each
+// WriteMessages call as one produce request per partition, so the relay's
+// batches stay whole on the wire.
+func TestTheDefaultWriterSendsOneRequestPerPartitionAndWrite(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const topic = "whole-batches"
+	kc := kafkatest.New(t, kafkatest.SeedTopics(2, topic))
+	w := relay.NewKafkaWriter(kc.Addrs(), nil)
+	t.Cleanup(func() { require.NoError(t, w.Close()) })
+	write := func(keys ...string) {
+		t.Helper()
+		var msgs []kafka.Message
+		for i := range 200 {
+			msgs = append(msgs, kafka.Message{Topic: topic, Key: []byte(keys[i%len(keys)]), Value: []byte(fmt.Sprint(i))})
+		}
+		require.NoError(t, w.WriteMessages(ctx, msgs...))
+	}
+	write("warm-up") // metadata and connections
+	partitions := map[int]bool{}
+	keys := []string{}
+	for i := 0; len(partitions) < 2; i++ {
+		k := fmt.Sprint("key-", i)
+		keys = append(keys, k)
+		partitions[(&kafka.Hash{}).Balance(kafka.Message{Key: []byte(k)}, 0, 1)] = true
+	}
+	for range 20 {
+		before := kc.ProduceRequests()
+		write("one-key")
+		require.Equal(t, int64(1), kc.ProduceRequests()-before, "200 messages of one key")
+		before = kc.ProduceRequests()
+		write(keys...)
+		require.Equal(t, int64(2), kc.ProduceRequests()-before, "200 messages over both partitions")
+	}
+}

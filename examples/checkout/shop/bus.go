@@ -44,7 +44,7 @@ type kafkaBus struct {
 func (b kafkaBus) Name() string { return fmt.Sprintf("Kafka at %v", b.brokers) }
 
 func (b kafkaBus) Writer() (relay.Writer, error) {
-	return relay.NewKafkaWriter(b.brokers, &relay.WriterOpts{Dialer: b.dialer, BatchTimeout: time.Millisecond}), nil
+	return relay.NewKafkaWriter(b.brokers, &relay.WriterOpts{Dialer: b.dialer}), nil
 }
 
 func (b kafkaBus) Reader(group, topic string) (BusReader, error) {
