@@ -23,7 +23,8 @@ const notifyTimeout = 5 * time.Second
 // the schema, and the relays that publish Kafka-mode commands, that commands
 // are due. It is called after the transaction that wrote them committed:
 // this engine's idle workers are woken at once, and one NOTIFY, in a
-// transaction of its own, covers every commit of the last millisecond.
+// transaction of its own, covers every commit made while the one before
+// was prepared (at most one a millisecond; see [notifier]).
 //
 // The NOTIFY is not part of the committing transaction on purpose.
 // PostgreSQL serialises the commits of transactions that notify: each holds
@@ -74,12 +75,19 @@ func (e *Engine) notifyIn(d time.Duration) {
 
 // notifier coalesces notifications: at most one is being prepared at a
 // time, and a request made while one is sent schedules another, so every
-// commit is followed by a notification.
+// commit is followed by a notification. The first request after a quiet
+// spell is sent at once; the next waits until notifyCoalesce after it, and
+// covers every request made meanwhile. (Each used to wait notifyCoalesce
+// first, which put a millisecond on every hop of a Kafka-mode saga.)
 type notifier struct {
 	pending atomic.Bool
+	// last is when the last notification was sent (UnixNano).
+	last atomic.Int64
 	// from marks this engine's notifications ("@" and a random tag after
 	// the topic), so that its own listener can tell them from the others'.
 	from string
+	// sleep is time.Sleep, but in tests.
+	sleep func(time.Duration)
 }
 
 // own reports whether payload is one of this engine's notifications.
@@ -88,16 +96,31 @@ func (n *notifier) own(payload string) bool {
 }
 
 func (n *notifier) request(e *Engine) {
-	if !n.pending.CompareAndSwap(false, true) {
-		return // the one being prepared will cover this commit
-	}
-	go func() {
-		time.Sleep(notifyCoalesce)
-		n.pending.Store(false)
+	n.schedule(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), notifyTimeout)
 		defer cancel()
 		if err := e.st.Notify(ctx, e.pool, e.cfg.CommandTopic+n.from); err != nil {
 			e.log.DebugContext(ctx, "sagaflow could not notify; workers elsewhere will poll", slog.Any("error", err))
 		}
+	})
+}
+
+// schedule runs send in a goroutine of its own, unless one is scheduled
+// and has not begun to send yet: that one covers this request.
+func (n *notifier) schedule(send func()) {
+	if !n.pending.CompareAndSwap(false, true) {
+		return // the one being prepared will cover this commit
+	}
+	go func() {
+		if d := notifyCoalesce - time.Since(time.Unix(0, n.last.Load())); d > 0 {
+			if n.sleep != nil {
+				n.sleep(d)
+			} else {
+				time.Sleep(d)
+			}
+		}
+		n.pending.Store(false)
+		n.last.Store(time.Now().UnixNano())
+		send()
 	}()
 }
