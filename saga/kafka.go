@@ -255,11 +255,13 @@ func (e *Engine) kafkaWork(fetch, work context.Context, r KafkaReader) {
 	// command is redelivered to whichever engine takes the partition.
 	loop := consume.Loop{Reader: r, Log: e.log, What: "sagaflow kafka", Handle: e.consumeKafka,
 		CommitLost: "the redelivered command will be stale"}
-	if _, ok := r.(*kafka.Reader); ok && e.cfg.BatchSize > 1 {
+	if kr, ok := r.(*kafka.Reader); ok && e.cfg.BatchSize > 1 {
 		// kafka-go's reader keeps a message that a cancelled fetch did not
 		// take, so a batch can take what it holds ready without waiting.
-		// Other readers (the seam) run a message at a time.
+		// Other readers (the seam) run a message at a time. The reader is
+		// the engine's own: no one else reads its stats.
 		loop.HandleBatch, loop.MaxBatch = e.consumeKafkaBatch, e.cfg.BatchSize
+		loop.Queued = func() int { return int(kr.Stats().QueueLength) }
 	}
 	loop.Run(fetch, work)
 }

@@ -47,6 +47,12 @@ type Loop struct {
 	// committed, and the rest are handed to it first by the next Run.
 	HandleBatch func(fetch, work context.Context, ms []kafka.Message) int
 	MaxBatch    int
+	// Queued, when set, reports how many messages the reader holds ready:
+	// a batch stops topping up when it reports none, instead of waiting
+	// batchTopUp for a message that is not there. For a *kafka.Reader it
+	// is Stats().QueueLength, which also resets the reader's other stats,
+	// so it is set only for readers no one else reads the stats of.
+	Queued func() int
 
 	// pending are messages Handle gave up on: the reader has moved past
 	// them, so the next Run on the same reader handles them before
@@ -56,7 +62,8 @@ type Loop struct {
 
 // batchTopUp is how long a batch waits for each message after its first:
 // long enough to take what the reader has buffered, too short to hold the
-// first message back.
+// first message back much. (An idle Go program sleeps in whole
+// milliseconds, so a wait this short can take up to one; see Loop.Queued.)
 const batchTopUp = 200 * time.Microsecond
 
 // Run consumes until fetch ends (stop fetching) or work ends (stop at
@@ -92,6 +99,9 @@ func (l *Loop) Run(fetch, work context.Context) {
 		failures = 0
 		batching := l.HandleBatch != nil && l.MaxBatch > 1
 		for batching && len(ms) < l.MaxBatch {
+			if l.Queued != nil && l.Queued() == 0 {
+				break // nothing ready: the batch is what it is
+			}
 			// Only what the reader holds already: a cancelled fetch takes
 			// nothing from it.
 			ctx, cancel := context.WithTimeout(fetch, batchTopUp)

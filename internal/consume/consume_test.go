@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -118,4 +119,45 @@ func TestLoopRetriesAFailedFetch(t *testing.T) {
 	loop.Run(ctx, ctx)
 	require.Equal(t, []string{"0", "1"}, seen)
 	require.Less(t, f.fails.Load(), int32(0), "the failing fetches were made")
+}
+
+// A batch tops up with what a real kafka-go reader holds ready, judged by
+// its Stats().QueueLength, and stops at once when Queued reports nothing
+// ready: then every batch is the one message fetched.
+func TestLoopTopsUpOnlyWhatIsQueued(t *testing.T) {
+	t.Parallel()
+	const n = 60
+	run := func(t *testing.T, queued func(*kafka.Reader) func() int) (sizes []int, seen []string) {
+		c := kafkatest.New(t, kafkatest.SeedTopics(1, "jobs"))
+		produce(t, c, "jobs", n)
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		defer cancel()
+		r := reader(c, "g", "jobs")
+		defer r.Close()
+		loop := consume.Loop{Reader: r, Log: quiet, What: "test", MaxBatch: 16, Queued: queued(r),
+			HandleBatch: func(_, _ context.Context, ms []kafka.Message) int {
+				sizes = append(sizes, len(ms))
+				for _, m := range ms {
+					seen = append(seen, string(m.Value))
+				}
+				if len(seen) == n {
+					cancel()
+				}
+				return len(ms)
+			}}
+		loop.Run(ctx, ctx)
+		return sizes, seen
+	}
+	var want []string
+	for i := range n {
+		want = append(want, fmt.Sprint(i))
+	}
+
+	sizes, seen := run(t, func(r *kafka.Reader) func() int { return func() int { return int(r.Stats().QueueLength) } })
+	require.Equal(t, want, seen)
+	require.Greater(t, slices.Max(sizes), 1, "the reader's queue fills batches: %v", sizes)
+
+	sizes, seen = run(t, func(*kafka.Reader) func() int { return func() int { return 0 } })
+	require.Equal(t, want, seen)
+	require.Equal(t, 1, slices.Max(sizes), "nothing queued, no top-up: %v", sizes)
 }
