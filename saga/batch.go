@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/sagaflow/sagaflow/internal/fault"
@@ -129,18 +130,20 @@ func (e *Engine) runBatch(fetchCtx, ctx context.Context) (res batchResult, err e
 // runBatchOn claims up to limit commands of topic and runs them as
 // [Engine.runBatch] does.
 func (e *Engine) runBatchOn(fetchCtx, ctx context.Context, topic string, limit int) (res batchResult, err error) {
-	bt, err := e.beginBatch(fetchCtx, ctx)
+	// Begin, claim, read the sagas and try their locks in one round trip:
+	// the sagas are found by the rows' saga_id, which handle checks against
+	// the payload before it uses them.
+	var (
+		claimed []store.Claimed
+		sagas   map[uuid.UUID]*store.LockedSaga
+	)
+	bt, err := e.beginBatchWith(fetchCtx, ctx, func(q *pgx.Batch) {
+		e.st.QueueClaimAndLock(q, topic, limit, e.knownAggregates(), e.cfg.UnknownSagaGrace, &claimed, &sagas)
+	})
 	if err != nil {
 		return res, err
 	}
 	defer bt.end(ctx)
-	// Claim, read the sagas and try their locks in one statement: the
-	// sagas are found by the rows' saga_id, which handle checks against the
-	// payload before it uses them.
-	claimed, sagas, err := e.st.ClaimAndLock(ctx, bt.tx, topic, limit, e.knownAggregates(), e.cfg.UnknownSagaGrace)
-	if err != nil {
-		return res, err
-	}
 	res.claimed = len(claimed)
 	if len(claimed) == 0 {
 		return res, nil
@@ -175,7 +178,7 @@ func (e *Engine) runBatchOn(fetchCtx, ctx context.Context, topic string, limit i
 
 // finish ends a batch: it sends the queued outcomes; then, in one round
 // trip, it leaves the steps' savepoints, deletes the consumed direct
-// commands and defers the ones whose saga was busy; it commits; and it
+// commands, defers the ones whose saga was busy, and commits; and it
 // announces new commands (see [Engine.announce]).
 //
 // The commands are deleted outside every savepoint: a row locked by the
@@ -199,9 +202,6 @@ func (e *Engine) finish(ctx context.Context, b *batch) error {
 			e.st.QueueDefer(end, []uuid.UUID{d.id}, deferDelay, deferDelayMax, d.reason, func(due time.Duration) { t.later(due, false) })
 		}
 	}
-	if err := t.flushWith(tail); err != nil {
-		return fmt.Errorf("saga: finish batch: %w", err)
-	}
 	if h := e.hooks.beforeCommit; h != nil {
 		if err := h(ctx, t.tx); err != nil {
 			return err
@@ -212,9 +212,20 @@ func (e *Engine) finish(ctx context.Context, b *batch) error {
 		fault.At(ctx, fault.EngineWaitBeforeCommit)
 	}
 	// Counted just before the commit, so that whoever sees the commit sees
-	// its counts too; taken back if the commit fails.
+	// its counts too; taken back if the commit fails. The tail and the
+	// COMMIT go in one round trip: a tail statement that fails leaves the
+	// COMMIT unrun, and the batch is rolled back by end.
 	e.stats.add(&t.stats, 1)
-	if err := t.tx.Commit(ctx); err != nil {
+	if err := t.flushWith(func(end *pgx.Batch) {
+		tail(end)
+		end.Queue("COMMIT").Exec(func(ct pgconn.CommandTag) error {
+			if ct.String() != "COMMIT" {
+				return fmt.Errorf("the transaction was rolled back (%s)", ct)
+			}
+			t.committed = true
+			return nil
+		})
+	}); err != nil {
 		e.stats.add(&t.stats, -1)
 		return fmt.Errorf("saga: commit batch: %w", err)
 	}

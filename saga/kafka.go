@@ -603,16 +603,24 @@ func (e *Engine) prefetchSagas(ctx context.Context, bt *batchTx, ms []*kafkaIn) 
 	if err := bt.tx.SendBatch(ctx, q).Close(); err != nil {
 		return nil, fmt.Errorf("saga: read the sagas of %d messages: %w", len(ms), err)
 	}
+	held := e.readAhead(bt, read, keys)
+	if h := e.hooks.readAhead; h != nil {
+		h(slices.Collect(maps.Keys(read)))
+	}
+	return held, nil
+}
+
+// readAhead keeps the sagas read ahead of their messages (each for the
+// step key in keys) for lockSagas, and notes those it locked as running
+// here; it returns them, to release once the batch has ended.
+func (e *Engine) readAhead(bt *batchTx, read map[uuid.UUID]*store.LockedSaga, keys map[uuid.UUID]string) []uuid.UUID {
 	held := heldSagas(read)
 	e.running.claim(held...)
 	bt.prefetched = make(map[uuid.UUID]prefetched, len(read))
 	for id, ls := range read {
 		bt.prefetched[id] = prefetched{stepKey: keys[id], ls: ls}
 	}
-	if h := e.hooks.readAhead; h != nil {
-		h(slices.Collect(maps.Keys(read)))
-	}
-	return held, nil
+	return held
 }
 
 // lockSagas is store.LockSagas in bt, answered from prefetchSagas's read
@@ -690,12 +698,23 @@ func claimedFromKafka(m kafka.Message) (store.Claimed, error) {
 // that a command for an unknown saga or step has waited past
 // UnknownSagaGrace: it is parked.
 func (e *Engine) runKafkaMessage(ctx context.Context, m kafka.Message, expired bool) (waitKind, error) {
-	bt, err := e.beginBatch(ctx, ctx)
+	// The message's saga is read in the BEGIN's round trip.
+	in := e.parseKafka(&m)
+	id, stepKey, ok := in.sagaToLock()
+	read := map[uuid.UUID]*store.LockedSaga{}
+	bt, err := e.beginBatchWith(ctx, ctx, func(q *pgx.Batch) {
+		if ok {
+			e.st.QueueLockSaga(q, id, stepKey, read)
+		}
+	})
 	if err != nil {
 		return runDone, err
 	}
 	defer bt.end(ctx)
-	wait, b, held, err := e.runKafkaIn(ctx, bt, e.parseKafka(&m), expired, true)
+	if ok {
+		defer e.running.release(e.readAhead(bt, read, map[uuid.UUID]string{id: stepKey})...)
+	}
+	wait, b, held, err := e.runKafkaIn(ctx, bt, in, expired, true)
 	defer e.running.release(held...)
 	if errors.Is(err, errAbandoned) {
 		// The attempt is recorded with its retry; this message is spent,

@@ -36,6 +36,9 @@ type batchTx struct {
 	ctx context.Context
 	// abandoned is set when the connection was given up to a handler.
 	abandoned bool
+	// committed is set once the batch's COMMIT, sent in a pgx batch rather
+	// than by tx.Commit, succeeded: tx does not know it ended.
+	committed bool
 	// step is the span of the step attempt running now, if any.
 	attempt stepSpan
 	// pending are the writes queued on tx but not sent yet.
@@ -121,9 +124,46 @@ func (t *batchTx) supersede(id, cmd uuid.UUID) {
 // session and with it the claims and the uncommitted steps); and a check
 // that notices a vanished client while a statement runs.
 func (e *Engine) beginQuery() string {
-	lease := e.maxStepTimeout() + e.cfg.HandlerGrace + 5*time.Second
 	return "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL idle_in_transaction_session_timeout = " +
-		strconv.FormatInt(lease.Milliseconds(), 10) + "; SET LOCAL client_connection_check_interval = 1000"
+		e.leaseMillis() + "; SET LOCAL client_connection_check_interval = 1000"
+}
+
+// leaseMillis is how long, in milliseconds, a batch's transaction may sit
+// idle before PostgreSQL ends it: longer than any step may run.
+func (e *Engine) leaseMillis() string {
+	lease := e.maxStepTimeout() + e.cfg.HandlerGrace + 5*time.Second
+	return strconv.FormatInt(lease.Milliseconds(), 10)
+}
+
+// beginLocals sets, in a statement that a pipeline can hold, what
+// beginQuery sets after its BEGIN.
+const beginLocals = "SELECT set_config('idle_in_transaction_session_timeout', $1, true), " +
+	"set_config('client_connection_check_interval', '1000', true)"
+
+// beginBatchWith is beginBatch with what first queues sent in the BEGIN's
+// round trip: the transaction, its settings and first's statements go in
+// one pipeline. On an error the transaction is rolled back, the connection
+// released, and first's results must not be used.
+func (e *Engine) beginBatchWith(acquire, ctx context.Context, first func(*pgx.Batch)) (*batchTx, error) {
+	pauses := e.pausesHeard.Load()
+	conn, err := e.pool.Acquire(acquire)
+	if err != nil {
+		return nil, fmt.Errorf("saga: acquire connection: %w", err)
+	}
+	q := &pgx.Batch{}
+	q.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	q.Queue(beginLocals, e.leaseMillis())
+	first(q)
+	br := conn.SendBatch(ctx, q)
+	tx := br.Tx()
+	if err := br.Close(); err != nil {
+		if tx != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+		conn.Release() // the pool closes a connection left in a transaction
+		return nil, fmt.Errorf("saga: begin batch: %w", err)
+	}
+	return &batchTx{e: e, conn: conn, tx: tx, ctx: ctx, pauses: pauses}, nil
 }
 
 // beginBatch acquires a connection (waiting at most as long as acquire
@@ -148,7 +188,9 @@ func (t *batchTx) end(ctx context.Context) {
 	if t.abandoned {
 		return
 	}
-	_ = t.tx.Rollback(context.WithoutCancel(ctx))
+	if !t.committed {
+		_ = t.tx.Rollback(context.WithoutCancel(ctx))
+	}
 	t.conn.Release()
 }
 

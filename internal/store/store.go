@@ -859,6 +859,22 @@ func (s *Store) ClaimAndLock(ctx context.Context, tx pgx.Tx, topic string, limit
 	if err != nil {
 		return nil, nil, fmt.Errorf("store: claim commands on %s: %w", topic, err)
 	}
+	return scanClaimAndLock(rows, topic, limit)
+}
+
+// QueueClaimAndLock queues [Store.ClaimAndLock]'s statement on q (after a
+// BEGIN queued with it, say): *claimed and *sagas hold its result once q
+// was sent and its results closed without an error.
+func (s *Store) QueueClaimAndLock(q *pgx.Batch, topic string, limit int, known []string, grace time.Duration,
+	claimed *[]Claimed, sagas *map[uuid.UUID]*LockedSaga) {
+	q.Queue(s.q.claimAndLock, topic, limit, known, micros(grace), s.lockNS, InboxConsumerEngine).Query(func(rows pgx.Rows) error {
+		var err error
+		*claimed, *sagas, err = scanClaimAndLock(rows, topic, limit)
+		return err
+	})
+}
+
+func scanClaimAndLock(rows pgx.Rows, topic string, limit int) ([]Claimed, map[uuid.UUID]*LockedSaga, error) {
 	defer rows.Close()
 	var claimed []Claimed
 	sagas := make(map[uuid.UUID]*LockedSaga, limit)
