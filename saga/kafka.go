@@ -570,15 +570,18 @@ type prefetched struct {
 	ls      *store.LockedSaga
 }
 
-// prefetchSagas reads and locks the sagas of the messages ms, which will
-// run one after another in bt, in one round trip instead of one each, as a
-// claim from the outbox reads the sagas of its batch together. It reads
-// nothing when two of the messages name one saga: the second must read
-// what the first wrote. The sagas it locked are noted as running here at
-// once, as a claim's are, until the caller releases them: a cancel
-// requested while earlier messages of the batch run is then heard of (see
-// [Engine.notified]) and goes ahead of the saga's own message.
-func (e *Engine) prefetchSagas(ctx context.Context, bt *batchTx, ms []*kafkaIn) ([]uuid.UUID, error) {
+// prefetchSagas prepares the read ahead of the sagas of the messages ms,
+// which will run one after another in one transaction: queue queues the
+// reads (and lock tries) of all of them, to go in the BEGIN's round trip,
+// as a claim from the outbox reads the sagas of its batch together; done,
+// once that round trip succeeded, keeps what was read for lockSagas. It
+// reads nothing when two of the messages name one saga (the second must
+// read what the first wrote) or fewer than two name one. The sagas it
+// locked are noted as running here at once, as a claim's are, until the
+// caller releases those done returns: a cancel requested while earlier
+// messages of the batch run is then heard of (see [Engine.notified]) and
+// goes ahead of the saga's own message.
+func (e *Engine) prefetchSagas(ms []*kafkaIn) (queue func(*pgx.Batch), done func(bt *batchTx) []uuid.UUID) {
 	ids := make([]uuid.UUID, 0, len(ms))
 	keys := make(map[uuid.UUID]string, len(ms))
 	for _, in := range ms {
@@ -587,27 +590,28 @@ func (e *Engine) prefetchSagas(ctx context.Context, bt *batchTx, ms []*kafkaIn) 
 			continue
 		}
 		if _, dup := keys[id]; dup {
-			return nil, nil
+			return func(*pgx.Batch) {}, func(*batchTx) []uuid.UUID { return nil }
 		}
 		keys[id] = stepKey
 		ids = append(ids, id)
 	}
 	if len(ids) < 2 {
-		return nil, nil
+		return func(*pgx.Batch) {}, func(*batchTx) []uuid.UUID { return nil }
 	}
 	read := make(map[uuid.UUID]*store.LockedSaga, len(ids))
-	q := &pgx.Batch{}
-	for _, id := range ids {
-		e.st.QueueLockSaga(q, id, keys[id], read)
+	queue = func(q *pgx.Batch) {
+		for _, id := range ids {
+			e.st.QueueLockSaga(q, id, keys[id], read)
+		}
 	}
-	if err := bt.tx.SendBatch(ctx, q).Close(); err != nil {
-		return nil, fmt.Errorf("saga: read the sagas of %d messages: %w", len(ms), err)
+	done = func(bt *batchTx) []uuid.UUID {
+		held := e.readAhead(bt, read, keys)
+		if h := e.hooks.readAhead; h != nil {
+			h(slices.Collect(maps.Keys(read)))
+		}
+		return held
 	}
-	held := e.readAhead(bt, read, keys)
-	if h := e.hooks.readAhead; h != nil {
-		h(slices.Collect(maps.Keys(read)))
-	}
-	return held, nil
+	return queue, done
 }
 
 // readAhead keeps the sagas read ahead of their messages (each for the
@@ -792,22 +796,20 @@ func (e *Engine) runKafkaIn(ctx context.Context, bt *batchTx, in *kafkaIn, expir
 // in its own transaction, with the retries, holds and dead letters of that
 // path.
 func (e *Engine) runKafkaBatch(ctx context.Context, ms []kafka.Message) (bool, error) {
-	bt, err := e.beginBatch(ctx, ctx)
+	ins := make([]*kafkaIn, len(ms))
+	for i := range ms {
+		ins[i] = e.parseKafka(&ms[i])
+	}
+	// The sagas are read ahead in the BEGIN's round trip.
+	queue, readDone := e.prefetchSagas(ins)
+	bt, err := e.beginBatchWith(ctx, ctx, queue)
 	if err != nil {
 		return false, err
 	}
 	defer bt.end(ctx)
 	var held []uuid.UUID
 	defer func() { e.running.release(held...) }()
-	ins := make([]*kafkaIn, len(ms))
-	for i := range ms {
-		ins[i] = e.parseKafka(&ms[i])
-	}
-	ahead, err := e.prefetchSagas(ctx, bt, ins)
-	defer e.running.release(ahead...)
-	if err != nil {
-		return false, err
-	}
+	defer e.running.release(readDone(bt)...)
 	bs := make([]*batch, 0, len(ms))
 	for i, in := range ins {
 		wait, b, h, err := e.runKafkaIn(ctx, bt, in, false, i == len(ms)-1)
