@@ -108,7 +108,8 @@ func newHybrid(ctx context.Context, o *runOpts, remoteC bool) (*hybridSystem, er
 		r := kafka.NewReader(kafka.ReaderConfig{Brokers: h.broker.addrs, GroupID: "bench-svc", Topic: hybridTopic, MinBytes: 1,
 			MaxBytes: 10 << 20, MaxWait: 250 * time.Millisecond, StartOffset: kafka.FirstOffset, CommitInterval: 0})
 		h.readers = append(h.readers, r)
-		c, err := p.Inbox().NewConsumer(r, &inbox.ConsumerConfig{Handlers: p.Handlers(), BatchSize: 16})
+		c, err := p.Inbox().NewConsumer(r, &inbox.ConsumerConfig{Handlers: p.Handlers(), BatchSize: 16,
+			Queued: func() int { return int(r.Stats().QueueLength) }})
 		if err != nil {
 			return fail(err)
 		}

@@ -83,6 +83,14 @@ type ConsumerConfig struct {
 	// batch is committed and its messages run one at a time, each handler
 	// once more. Defaults to 1: one message per transaction.
 	BatchSize int
+	// Queued, with BatchSize above 1, reports how many messages the reader
+	// holds ready: a batch then stops topping up when it reports none,
+	// instead of waiting for each message after the first (a wait an idle
+	// Go process can stretch to a millisecond, on every message at low
+	// load). For a *kafka.Reader whose stats nothing else reads:
+	// func() int { return int(r.Stats().QueueLength) } (Stats resets the
+	// reader's other counters). Defaults to nil: wait.
+	Queued func() int
 	// Retention is how long this consumer's processed keys are kept: a
 	// running consumer deletes older ones every RetentionInterval, so a
 	// service without a saga engine (a participant) cleans its own inbox.
@@ -177,6 +185,7 @@ func (in *Inbox) NewConsumer(r Reader, cfg *ConsumerConfig) (*Consumer, error) {
 		// take, so a batch can take what it holds ready without waiting.
 		// Other readers (the seam) deal with a message at a time.
 		cons.loop.HandleBatch, cons.loop.MaxBatch = cons.handleBatch, c.BatchSize
+		cons.loop.Queued = c.Queued
 	}
 	return cons, nil
 }

@@ -184,6 +184,47 @@ func TestKafkaConsumerDealsWithABacklogInBatches(t *testing.T) {
 	t.Logf("batched %d of %d messages", c.Batched(), len(msgs))
 }
 
+// ConsumerConfig.Queued decides whether a batch tops up: a backlog read
+// with a Queued that reports the real reader's queue is batched, one that
+// always reports nothing ready is dealt with a message to a transaction.
+func TestKafkaConsumerBatchesWhatQueuedReportsReady(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		queued  func(*kafka.Reader) func() int
+		batched bool
+	}{
+		{"the reader's queue", func(r *kafka.Reader) func() int { return func() int { return int(r.Stats().QueueLength) } }, true},
+		{"nothing ready", func(*kafka.Reader) func() int { return func() int { return 0 } }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := setup(t)
+			kc := kafkatest.New(t, kafkatest.SeedTopics(1, kafkaTopic))
+			handler := func(ctx context.Context, tx pgx.Tx, msg inbox.Message) error {
+				_, err := tx.Exec(ctx, "INSERT INTO "+b.table("charges")+" VALUES ($1, 1)", msg.ID)
+				return err
+			}
+			var msgs []kafka.Message
+			for i := range 40 {
+				msgs = append(msgs, kafkaMessage("charge.requested", fmt.Sprintf("m-%d", i), []byte(`{}`)))
+			}
+			produce(t, kc, msgs...)
+			r := batchReader(t, kc)
+			c, err := b.in.NewConsumer(r, &inbox.ConsumerConfig{Handlers: map[string]inbox.HandlerFunc{"charge.requested": handler},
+				BatchSize: 16, Queued: tc.queued(r)})
+			require.NoError(t, err)
+			runConsumer(t, c, func() bool { return b.count(t, "SELECT count(*) FROM "+b.table("charges")) == 40 })
+			require.NoError(t, r.Close())
+			require.Equal(t, 40, b.count(t, "SELECT count(DISTINCT message_id) FROM "+b.table("charges")))
+			if tc.batched {
+				require.Positive(t, c.Batched(), "the backlog went several to a transaction")
+			} else {
+				require.Zero(t, c.Batched(), "nothing was ready, so nothing was batched")
+			}
+		})
+	}
+}
+
 // committedOffsetSoFar is committedOffset, or -1 while the broker knows no
 // offset of the group.
 func committedOffsetSoFar(kc *kafkatest.Cluster) int64 {
