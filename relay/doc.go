@@ -197,7 +197,11 @@
 // write messages, at their commit or, under outbox.WakeAfterCommit and in
 // inbox handlers, just after it), [Relay.Wake],
 // the next row coming due (a retry, or a row written with a delay), or
-// PollInterval.
+// PollInterval. When that next row comes due is asked in the round trip
+// that ends the last claim's transaction (with its COMMIT, or with the
+// ROLLBACK of a claim that found nothing): a row that came due since that
+// claim began counts as due now, rows due before it (another relay holds
+// them) do not.
 //
 // # Lifecycle
 //

@@ -184,10 +184,18 @@ func (r *Relay) loop(fetchCtx, workCtx context.Context) {
 		if res.claimed >= r.cfg.BatchSize {
 			continue // more may be due
 		}
-		// Rows that came due since the drain began count (it may not
-		// have claimed them), not only rows due later.
+		// Rows that came due since the drain (or its last claim) began
+		// count (it may not have claimed them), not only rows due later.
+		// The drain asked already, unless it ended otherwise than short.
 		wait := r.cfg.PollInterval
-		if d, ok, err := r.st.NextRelayDue(fetchCtx, r.pool, time.Since(claimed)); err == nil && ok {
+		d, ok := res.look.d, res.look.ok
+		if !res.look.taken {
+			var err error
+			if d, ok, err = r.st.NextRelayDue(fetchCtx, r.pool, time.Since(claimed)); err != nil {
+				ok = false
+			}
+		}
+		if ok {
 			wait = min(wait, max(d, time.Millisecond))
 		}
 		timer := time.NewTimer(wait)
@@ -221,6 +229,9 @@ func (r *Relay) RunOnce(ctx context.Context) (published, failed int, err error) 
 
 type cycleResult struct {
 	claimed, published, failed int
+	// look is the look ahead taken in the last claim's transaction, if
+	// one was (see [lookAhead]).
+	look lookAhead
 	// outage: nothing was published and some rows failed because the
 	// broker is down; the loop waits pause before it claims again.
 	outage bool
@@ -268,6 +279,16 @@ func (b *batch) notPublished(row *store.RelayMessage) {
 	b.unpublished[row.AggregateID] = struct{}{}
 }
 
+// lookAhead is [store.Store.NextRelayDue]'s answer, asked in the
+// transaction of a drain's last claim, in the round trip that ends it (its
+// COMMIT, or the ROLLBACK of a claim that found nothing), instead of in a
+// round trip of its own after the drain: the rows that came due since that
+// claim began, or come due later, count.
+type lookAhead struct {
+	taken, ok bool
+	d         time.Duration
+}
+
 func (b *batch) result() cycleResult {
 	return cycleResult{claimed: len(b.rows), published: len(b.published), failed: len(b.failures),
 		outage: b.outage, pause: b.pause}
@@ -277,13 +298,30 @@ func (b *batch) result() cycleResult {
 // its connection to the pool: the rows it held stay pending as they were.
 // It does nothing to a batch already settled or released.
 func (b *batch) release(ctx context.Context) {
+	b.releaseLooking(ctx, nil, nil)
+}
+
+// releaseLooking is release, with the look ahead asked before the rollback
+// in its round trip when lk is set (and left untaken if that failed).
+func (b *batch) releaseLooking(ctx context.Context, st *store.Store, lk *lookAhead) {
 	if b == nil || b.conn == nil {
 		return
 	}
 	if b.conn.Conn().PgConn().TxStatus() != 'I' {
 		// A failed rollback leaves the connection in a transaction, and
 		// the pool closes such a connection instead of reusing it.
-		_ = b.tx.Rollback(context.WithoutCancel(ctx))
+		if lk == nil || b.conn.Conn().PgConn().TxStatus() != 'T' {
+			_ = b.tx.Rollback(context.WithoutCancel(ctx))
+		} else {
+			var l lookAhead
+			q := &pgx.Batch{}
+			st.QueueNextRelayDueInClaim(q, &l.d, &l.ok)
+			q.Queue("ROLLBACK")
+			if err := b.conn.SendBatch(context.WithoutCancel(ctx), q).Close(); err == nil {
+				l.taken = true
+				*lk = l
+			}
+		}
 	}
 	b.conn.Release()
 	b.conn = nil
@@ -306,7 +344,7 @@ func (r *Relay) cycle(ctx context.Context) (cycleResult, error) {
 	if err := r.send(ctx, b); err != nil {
 		return cycleResult{claimed: len(b.rows)}, err
 	}
-	if err := r.settle(ctx, b); err != nil {
+	if err := r.settle(ctx, b, nil); err != nil {
 		return cycleResult{claimed: len(b.rows)}, err
 	}
 	return b.result(), nil
@@ -345,11 +383,15 @@ func (r *Relay) drain(fetchCtx, workCtx context.Context) (cycleResult, error) {
 	claims := 0
 	for {
 		if len(cur.rows) == 0 {
-			cur.release(workCtx)
+			// prev is settled first, so that the look ahead, in cur's
+			// transaction, sees the retries prev wrote.
+			var err error
 			if prev != nil {
-				return cycleResult{}, r.settle(workCtx, prev)
+				err = r.settle(workCtx, prev, nil)
 			}
-			return cycleResult{}, nil
+			var res cycleResult
+			cur.releaseLooking(workCtx, r.st, &res.look)
+			return res, err
 		}
 		overlap := canOverlap && cur.held == 0 && len(cur.rows) >= r.cfg.BatchSize && fetchCtx.Err() == nil
 		// The next claim starts after cur's last row, but every
@@ -371,12 +413,12 @@ func (r *Relay) drain(fetchCtx, workCtx context.Context) (cycleResult, error) {
 			// claim may skip prev's rows while they are still locked: they
 			// are published, or failed and due later. If prev's marks
 			// fail, the next batch is released unwritten.
-			beside.Go(func() { settleErr = r.settle(workCtx, prev) })
+			beside.Go(func() { settleErr = r.settle(workCtx, prev, nil) })
 			beside.Go(func() { next, claimErr = r.claim(workCtx, after) })
 		} else if prev != nil || overlap {
 			beside.Go(func() {
 				if prev != nil {
-					if settleErr = r.settle(workCtx, prev); settleErr != nil {
+					if settleErr = r.settle(workCtx, prev, nil); settleErr != nil {
 						return
 					}
 				}
@@ -396,12 +438,17 @@ func (r *Relay) drain(fetchCtx, workCtx context.Context) (cycleResult, error) {
 			}
 			// cur was written: mark it, so that its rows are not published
 			// twice for an error that is not theirs.
-			return cycleResult{}, errors.Join(err, r.settle(workCtx, cur))
+			return cycleResult{}, errors.Join(err, r.settle(workCtx, cur, nil))
 		}
 		res := cur.result()
 		if next == nil || res.outage || fetchCtx.Err() != nil {
 			next.release(workCtx)
-			return res, r.settle(workCtx, cur)
+			var lk *lookAhead
+			if next == nil && !res.outage && res.claimed < r.cfg.BatchSize {
+				lk = &res.look // the drain ends here, short
+			}
+			err := r.settle(workCtx, cur, lk)
+			return res, err
 		}
 		r.prepare(next, cur.unpublished)
 		prev, cur = cur, next
@@ -559,10 +606,15 @@ func (r *Relay) send(ctx context.Context, b *batch) error {
 // the published rows, one for the failed ones, then COMMIT. Rows held back
 // are left as they were. When it fails, b is released: its rows stay
 // pending, and those the broker acknowledged are published again.
-func (r *Relay) settle(ctx context.Context, b *batch) error {
+func (r *Relay) settle(ctx context.Context, b *batch, lk *lookAhead) error {
 	q := &pgx.Batch{}
 	r.st.QueueMarkPublished(q, b.published)
 	r.st.QueueMarkFailed(q, b.failures)
+	var l lookAhead
+	if lk != nil {
+		// After the marks, so that this batch's retries count.
+		r.st.QueueNextRelayDueInClaim(q, &l.d, &l.ok)
+	}
 	q.Queue("COMMIT").Exec(func(ct pgconn.CommandTag) error {
 		if ct.String() != "COMMIT" {
 			return fmt.Errorf("the transaction was rolled back (%s)", ct)
@@ -577,6 +629,10 @@ func (r *Relay) settle(ctx context.Context, b *batch) error {
 	// and b.tx must not be used again.
 	b.conn.Release()
 	b.conn = nil
+	if lk != nil {
+		l.taken = true
+		*lk = l
+	}
 
 	r.stats.published.Add(int64(len(b.published)))
 	r.stats.retries.Add(int64(b.retries))

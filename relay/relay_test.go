@@ -20,6 +20,7 @@ import (
 
 	"github.com/sagaflow/sagaflow/inbox"
 	"github.com/sagaflow/sagaflow/internal/lifecycle"
+	"github.com/sagaflow/sagaflow/internal/pgtest"
 	"github.com/sagaflow/sagaflow/internal/store"
 	"github.com/sagaflow/sagaflow/relay"
 )
@@ -593,4 +594,50 @@ func TestARowDueBetweenTheClaimAndTheLookIsPublishedAtOnce(t *testing.T) {
 	waitFor(t, 10*time.Second, "the row due now published", func() bool { return e.row(t, now).Published })
 	waitFor(t, 10*time.Second, "the row due later published", func() bool { return e.row(t, later).Published })
 	require.True(t, slowed.Load(), "the relay's look was not slowed")
+}
+
+// A drain that ends short asks when the next row comes due in the round
+// trip that ends its last claim's transaction (the marks and COMMIT, or
+// the ROLLBACK of a claim that found nothing), not in one of its own: an
+// idle relay's cycle over one row is two round trips. Counted on the wire.
+func TestAShortDrainLooksAheadInTheRoundTripThatEndsIt(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	traced, trace := pgtest.Traced(t, e.pool, 4)
+	r, err := relay.New(traced, e.writer(t), &relay.Config{Schema: e.schema, PollInterval: time.Minute, Logger: quiet})
+	require.NoError(t, err)
+	require.NoError(t, r.Start(e.ctx))
+	waitFor(t, 10*time.Second, "the relay to listen", func() bool { return relay.Listening(r) })
+	for i := range 3 {
+		id := e.insert(t, topicOrders, "k", i)
+		r.Wake()
+		waitFor(t, 10*time.Second, "the row published", func() bool { return e.row(t, id).Published })
+	}
+	stop, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, r.Stop(stop))
+
+	looks, withCommit, withRollback := 0, 0, 0
+	for _, rt := range trace.All() {
+		look := false
+		for _, s := range rt.Stmts {
+			look = look || strings.Contains(s, "min(available_at)")
+		}
+		if !look {
+			continue
+		}
+		looks++
+		require.Greater(t, len(rt.Stmts), 1, "a look ahead in a round trip of its own: %q", rt.Stmts)
+		last := rt.Stmts[len(rt.Stmts)-1]
+		switch {
+		case pgtest.IsStmt(last, "COMMIT"):
+			withCommit++
+		case pgtest.IsStmt(last, "ROLLBACK"):
+			withRollback++
+		default:
+			t.Fatalf("a look ahead not ended by COMMIT or ROLLBACK: %q", rt.Stmts)
+		}
+	}
+	require.GreaterOrEqual(t, withCommit, 3, "each drain that published a row looked with its COMMIT (%d looks, %d with a ROLLBACK)",
+		looks, withRollback)
 }

@@ -281,14 +281,34 @@ func (s *Store) RelayOutboxStatus(ctx context.Context, db DBTX) (OutboxStatus, e
 // due at once, whose writers announce them. ok is false when there is none.
 func (s *Store) NextRelayDue(ctx context.Context, db DBTX, since time.Duration) (d time.Duration, ok bool, err error) {
 	var secs *float64
-	err = db.QueryRow(ctx, `SELECT EXTRACT(EPOCH FROM min(available_at) - now()) FROM `+quoteSchema(s.schema)+`.outbox
-		WHERE status = 'pending' AND delivery = 'relay' AND available_at > now() - $1 * interval '1 microsecond'
-			AND available_at > created_at`, micros(since)).Scan(&secs)
+	err = db.QueryRow(ctx, s.q.nextRelayDue, micros(since)).Scan(&secs)
 	if err != nil {
 		return 0, false, fmt.Errorf("store: next due relay message: %w", err)
 	}
+	d, ok = dueIn(secs)
+	return d, ok, nil
+}
+
+// QueueNextRelayDueInClaim queues on q, which runs in the transaction of a
+// relay's claim, what [Store.NextRelayDue] asks with since the time that
+// claim began: the transaction's start, by the database's clock, so that a
+// claim's own round trip need not be followed by one more. *d and *ok hold
+// the answer, relative to when the statement ran, once q was sent and
+// closed without an error.
+func (s *Store) QueueNextRelayDueInClaim(q *pgx.Batch, d *time.Duration, ok *bool) {
+	q.Queue(s.q.nextRelayDueInClaim).QueryRow(func(row pgx.Row) error {
+		var secs *float64
+		if err := row.Scan(&secs); err != nil {
+			return fmt.Errorf("store: next due relay message: %w", err)
+		}
+		*d, *ok = dueIn(secs)
+		return nil
+	})
+}
+
+func dueIn(secs *float64) (time.Duration, bool) {
 	if secs == nil {
-		return 0, false, nil
+		return 0, false
 	}
-	return time.Duration(*secs * float64(time.Second)), true, nil
+	return time.Duration(*secs * float64(time.Second)), true
 }

@@ -302,6 +302,7 @@ type statements struct {
 	insertInbox, recordInbox, recordInboxKeys, deleteDelivered, deferMessages, markDead, nextDue, getSaga                                                   string
 	getSagaForUpdate, history, listBase                                                                                                                     string
 	insertCancel, deleteCancel, cancelRequests, cancelRequest1, holdMessage, refuseCancel                                                                   string
+	nextRelayDue, nextRelayDueInClaim                                                                                                                       string
 	historyRows                                                                                                                                             [maxHistoryRows + 1]string
 }
 
@@ -422,6 +423,12 @@ func New(schema string) (*Store, error) {
 			SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, c.t, c.t + $11 * interval '1 microsecond'
 			FROM (SELECT clock_timestamp() AS t) c`,
 		notify: `SELECT pg_notify($1, $2)`,
+		nextRelayDue: `SELECT EXTRACT(EPOCH FROM min(available_at) - now()) FROM ` + s + `.outbox
+			WHERE status = 'pending' AND delivery = 'relay' AND available_at > now() - $1 * interval '1 microsecond'
+				AND available_at > created_at`,
+		// In the claim's transaction: now() is when the claim began.
+		nextRelayDueInClaim: `SELECT EXTRACT(EPOCH FROM min(available_at) - clock_timestamp()) FROM ` + s + `.outbox
+			WHERE status = 'pending' AND delivery = 'relay' AND available_at > now() AND available_at > created_at`,
 		// Claim due direct commands of the sagas this engine knows; commands
 		// of other sagas are left to engines that know them, until they are
 		// older than the grace period ($4) and get parked.
