@@ -425,10 +425,14 @@ func New(schema string) (*Store, error) {
 		notify: `SELECT pg_notify($1, $2)`,
 		nextRelayDue: `SELECT EXTRACT(EPOCH FROM min(available_at) - now()) FROM ` + s + `.outbox
 			WHERE status = 'pending' AND delivery = 'relay' AND available_at > now() - $1 * interval '1 microsecond'
-				AND available_at > created_at`,
-		// In the claim's transaction: now() is when the claim began.
+				AND available_at > created_at AND available_at < 'infinity'`,
+		// In the claim's transaction: now() is when the claim began. A
+		// row held at 'infinity' (a paused saga's, a queued concurrency
+		// key's) is not due at any time, and would fail the subtraction:
+		// this statement runs before the claim's COMMIT.
 		nextRelayDueInClaim: `SELECT EXTRACT(EPOCH FROM min(available_at) - clock_timestamp()) FROM ` + s + `.outbox
-			WHERE status = 'pending' AND delivery = 'relay' AND available_at > now() AND available_at > created_at`,
+			WHERE status = 'pending' AND delivery = 'relay' AND available_at > now() AND available_at > created_at
+				AND available_at < 'infinity'`,
 		// Claim due direct commands of the sagas this engine knows; commands
 		// of other sagas are left to engines that know them, until they are
 		// older than the grace period ($4) and get parked.
@@ -539,7 +543,7 @@ func New(schema string) (*Store, error) {
 		// them for min(); here it reads the first index entry.
 		nextDue: `SELECT EXTRACT(EPOCH FROM (SELECT available_at FROM ` + s + `.outbox
 			WHERE topic = $1 AND delivery = 'direct' AND status = 'pending' AND available_at > now() - $4 * interval '1 microsecond'
-				AND available_at > created_at
+				AND available_at > created_at AND available_at < 'infinity'
 				AND (aggregatetype = ANY($2) OR created_at < available_at - $3 * interval '1 microsecond')
 			ORDER BY available_at LIMIT 1) - now())`,
 		getSaga:          `SELECT ` + sagaColumns + ` FROM ` + s + `.saga_instances WHERE id = $1`,
