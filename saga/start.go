@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -257,6 +258,11 @@ func (e *Engine) checkState(name string, raw []byte) error {
 	}
 	if bytes.Contains(raw, []byte(`\u0000`)) {
 		return fmt.Errorf("%w: start %s: state contains a NUL character (\\u0000), which PostgreSQL jsonb cannot store", ErrInvalidInput, name)
+	}
+	if !utf8.Valid(raw) {
+		// A json.RawMessage (or a MarshalJSON) can carry bytes that
+		// encoding/json passes through as they are.
+		return fmt.Errorf("%w: start %s: state is not valid UTF-8, which PostgreSQL jsonb cannot store", ErrInvalidInput, name)
 	}
 	return nil
 }

@@ -291,9 +291,6 @@ func TestTwoTenantsKafkaModeOnOneBroker(t *testing.T) {
 // ErrInvalidInput: a caller mapping ErrInvalidInput to "400 Bad Request"
 // answers 500. Both Start (grouped) and StartTx.
 func rawInvalidUTF8IsInvalidInput(t *testing.T) {
-	if !findings {
-		t.Skip("F3: a state holding invalid UTF-8 in raw JSON is refused with PostgreSQL's error, not ErrInvalidInput; REVIEW20_FINDINGS=1 runs it")
-	}
 	t.Parallel()
 	d := testkit.NewDB(t)
 	c := newChain(t, d, "r20utf8")
