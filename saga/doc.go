@@ -104,8 +104,12 @@
 //     error. Bytes PostgreSQL refuses (a NUL, invalid UTF-8, an id past the
 //     index limit) in any field of a message, a handler's error code or a
 //     reply are made storable or dead-lettered, never retried; an outcome
-//     PostgreSQL refuses all the same parks its saga ([CodeInvalidOutcome])
-//     instead of losing the batch. In Kafka mode a command that cannot run
+//     PostgreSQL refuses all the same as data (a data exception or a program
+//     limit: bytes a step left in its state, a value past a limit) parks its
+//     saga ([CodeInvalidOutcome]) after one attempt, the step's own writes
+//     undone, instead of losing the batch. (Other errors of a step's writes,
+//     a user's trigger that raises, say, are the step's failure: retried,
+//     then compensated.) In Kafka mode a command that cannot run
 //     yet (its saga busy, its saga type unknown here during a deploy) is
 //     moved back to the outbox rather than held in its partition. Workers
 //     keep serving everything else.

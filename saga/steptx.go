@@ -454,6 +454,18 @@ func (t *batchTx) sendQueued(ctx context.Context, tail func(*pgx.Batch)) error {
 				// The next command's savepoint went with the rollback.
 				again = append(again, pendingOp{open: w.next})
 			}
+		case w.onFailure != nil && pgerr.Content(ferr) && !w.last:
+			// The step ran, and PostgreSQL refused its outcome itself
+			// (bytes it cannot store, a value past a limit): retrying
+			// would meet the same refusal. The handler's writes are undone
+			// with it, and the saga is parked, for an operator to resume
+			// once the cause is gone.
+			e.log.ErrorContext(ctx, "sagaflow parked a saga whose step's outcome PostgreSQL refused",
+				slog.String("saga_id", w.sg.ID.String()), slog.Any("error", ferr))
+			f := &pendingWrite{sg: w.sg, tr: e.transition(w.sg, invalidOutcome(w.sg, ferr)), sp: w.sp, undo: w.undo, next: w.next,
+				version: w.version, status: w.status, last: true, done: func() { t.stats.failed.Add(1) }}
+			t.applied(f)
+			again = append(again, pendingOp{w: f})
 		case w.onFailure != nil:
 			tr, done := w.onFailure(fmt.Errorf("saga: write outcome of saga %s: %w", w.sg.ID, ferr))
 			f := &pendingWrite{sg: w.sg, tr: tr, sp: w.sp, undo: w.undo, next: w.next, done: done, version: w.version, status: w.status}

@@ -230,9 +230,6 @@ func TestOutcomeRefusedByAnInsertTrigger(t *testing.T) {
 // transaction unusable"), retried until the attempts are spent, and the
 // saga compensated.
 func refusedOutcomeParksItsSaga(t *testing.T) {
-	if !findings {
-		t.Skip("F2: an outcome PostgreSQL refuses is retried as tx_aborted and the saga compensated, not parked with invalid_outcome; REVIEW20_FINDINGS=1 runs it")
-	}
 	t.Parallel()
 	d := testkit.NewDB(t)
 	c := newChain(t, d, "r20park")
