@@ -24,6 +24,9 @@ import (
 type batchResult struct {
 	claimed      int
 	readyCreated bool // a command that is due now was written
+	// one is the command claimed, when the batch claimed exactly one
+	// (also when it then failed).
+	one uuid.UUID
 }
 
 // batch is the work of one transaction: it dispatches each command it was
@@ -147,6 +150,9 @@ func (e *Engine) runBatchOn(fetchCtx, ctx context.Context, topic string, limit i
 	res.claimed = len(claimed)
 	if len(claimed) == 0 {
 		return res, nil
+	}
+	if len(claimed) == 1 {
+		res.one = claimed[0].ID
 	}
 	held := heldSagas(sagas)
 	e.running.claim(held...)

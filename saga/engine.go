@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sagaflow/sagaflow/internal/lifecycle"
+	"github.com/sagaflow/sagaflow/internal/safetext"
 	"github.com/sagaflow/sagaflow/internal/signing"
 	"github.com/sagaflow/sagaflow/internal/store"
 	"github.com/sagaflow/sagaflow/internal/telemetry"
@@ -698,9 +699,19 @@ func (e *Engine) work(fetchCtx, workCtx context.Context, wake chan struct{}) {
 	e.hstate.workerUp()
 	defer e.hstate.workerDown()
 	failures := 0
+	// isolate is how many claims after a failed batch take one command
+	// each: the command that fails its batch (a statement of the batch's
+	// end refused for it, say) then fails alone and is moved back, and the
+	// commands claimed beside it run.
+	isolate := 0
 	for fetchCtx.Err() == nil {
 		claimed := time.Now()
-		res, err := e.runBatch(fetchCtx, workCtx)
+		limit := e.cfg.BatchSize
+		if isolate > 0 {
+			limit = 1
+			isolate--
+		}
+		res, err := e.runBatchOn(fetchCtx, workCtx, e.cfg.CommandTopic, limit)
 		if err == nil && e.registered().parallel {
 			// One branch of a parallel step per round, so that the
 			// branches of one saga run on several workers at once.
@@ -717,6 +728,12 @@ func (e *Engine) work(fetchCtx, workCtx context.Context, wake chan struct{}) {
 			failures++
 			e.log.ErrorContext(workCtx, "sagaflow worker batch failed; its commands will run again",
 				slog.Any("error", err), slog.Int("consecutive_failures", failures))
+			if limit == 1 && res.one != uuid.Nil && e.moveBack(workCtx, res.one, err) {
+				continue // the commands behind it run now
+			}
+			if res.claimed > 1 {
+				isolate = res.claimed
+			}
 			if !lifecycle.Sleep(fetchCtx, lifecycle.Backoff(failures)) {
 				return
 			}
@@ -724,7 +741,7 @@ func (e *Engine) work(fetchCtx, workCtx context.Context, wake chan struct{}) {
 		}
 		failures = 0
 		e.hstate.claimed(nil)
-		if res.claimed >= e.cfg.BatchSize || res.readyCreated {
+		if res.claimed >= limit || res.readyCreated {
 			continue
 		}
 		if h := e.hooks.idle; h != nil {
@@ -756,6 +773,25 @@ func (e *Engine) work(fetchCtx, workCtx context.Context, wake chan struct{}) {
 	}
 }
 
+// moveBack defers a command that failed a batch of its own, as a command
+// whose saga is busy is deferred (its delay doubling per attempt, at most
+// deferDelayMax), with the batch's error as its last error, so that the
+// commands behind it are claimed first; it reports whether it did. The
+// command is not parked: it runs again when it is due, and succeeds once
+// the cause is gone.
+func (e *Engine) moveBack(ctx context.Context, id uuid.UUID, cause error) bool {
+	q := &pgx.Batch{}
+	e.st.QueueDefer(q, []uuid.UUID{id}, deferDelay, deferDelayMax, safetext.Text("its batch failed: "+cause.Error(), 2000),
+		func(due time.Duration) { e.wakeIn(due) })
+	if err := e.pool.SendBatch(context.WithoutCancel(ctx), q).Close(); err != nil {
+		e.log.WarnContext(ctx, "sagaflow could not move back a command that failed its batch", slog.String("command_id", id.String()),
+			slog.Any("error", err))
+		return false
+	}
+	e.stats.movedBack.Add(1)
+	return true
+}
+
 // Stats are counters of what the engine did since it was created: its
 // workers, its rescuer and scheduler, and its starts (StartsGrouped counts on
 // an engine that was never started too).
@@ -785,6 +821,10 @@ type Stats struct {
 	// steps run at once on a Kafka reply worker that ran past
 	// KafkaConfig.ReplyStepLimit and were handed to an engine worker
 	StepsHandedOff int64
+	// commands that failed a batch of their own (claimed one at a time
+	// after their batch failed) and were moved back, so that the commands
+	// behind them ran first
+	MovedBack int64
 }
 
 type statCounters struct {
@@ -792,7 +832,7 @@ type statCounters struct {
 	rescued, failedOver, cronStarted, cronDuplicates, cancelled, chained, kafkaBatched atomic.Int64
 	released, cut                                                                      atomic.Int64
 	// Not taken back with a batch: counted when a batch is given up.
-	busRerun atomic.Int64
+	busRerun, movedBack atomic.Int64
 }
 
 // add adds o's counters to c's, times sign (1, or -1 to take them back).
@@ -825,6 +865,6 @@ func (e *Engine) Stats() Stats {
 		Rescued: s.rescued.Load(), FailedOver: s.failedOver.Load(),
 		CronStarted: s.cronStarted.Load(), CronDuplicates: s.cronDuplicates.Load(), Chained: s.chained.Load(),
 		BusBatched: s.kafkaBatched.Load(), Released: s.released.Load(), StartsGrouped: e.starts.count(),
-		StepsHandedOff: s.cut.Load(), BusBatchesRerun: s.busRerun.Load(),
+		StepsHandedOff: s.cut.Load(), BusBatchesRerun: s.busRerun.Load(), MovedBack: s.movedBack.Load(),
 	}
 }
