@@ -21,7 +21,9 @@ import (
 type StartOpts struct {
 	// BusinessKey makes the start idempotent: a second start of the same saga
 	// with the same key starts nothing and returns the first saga's id with
-	// Existing set. Typically an order id.
+	// Existing set. Typically an order id. At most 512 bytes
+	// (wire.MaxKeyBytes), valid UTF-8 without NUL: else the start is
+	// refused with [ErrInvalidInput].
 	BusinessKey string
 	// ID sets the saga's id. Defaults to a new UUIDv7. Starting again with
 	// an id in use returns that saga with Existing set when it is a saga of
