@@ -124,14 +124,8 @@ type deferral struct {
 	reason string
 }
 
-// runBatch claims up to BatchSize commands, runs their steps in one
+// runBatchOn claims up to limit commands of topic, runs their steps in one
 // transaction (each under its own savepoint) and commits once.
-func (e *Engine) runBatch(fetchCtx, ctx context.Context) (res batchResult, err error) {
-	return e.runBatchOn(fetchCtx, ctx, e.cfg.CommandTopic, e.cfg.BatchSize)
-}
-
-// runBatchOn claims up to limit commands of topic and runs them as
-// [Engine.runBatch] does.
 func (e *Engine) runBatchOn(fetchCtx, ctx context.Context, topic string, limit int) (res batchResult, err error) {
 	// Begin, claim, read the sagas and try their locks in one round trip:
 	// the sagas are found by the rows' saga_id, which handle checks against

@@ -118,16 +118,6 @@ func (t *batchTx) supersede(id, cmd uuid.UUID) {
 	t.superseded[id] = cmd
 }
 
-// beginQuery starts a batch transaction. READ COMMITTED whatever the
-// server's default; the lease in database time (a worker that stops talking
-// to PostgreSQL while it holds claims, paused or partitioned, loses its
-// session and with it the claims and the uncommitted steps); and a check
-// that notices a vanished client while a statement runs.
-func (e *Engine) beginQuery() string {
-	return "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL idle_in_transaction_session_timeout = " +
-		e.leaseMillis() + "; SET LOCAL client_connection_check_interval = 1000"
-}
-
 // leaseMillis is how long, in milliseconds, a batch's transaction may sit
 // idle before PostgreSQL ends it: longer than any step may run.
 func (e *Engine) leaseMillis() string {
@@ -135,14 +125,19 @@ func (e *Engine) leaseMillis() string {
 	return strconv.FormatInt(lease.Milliseconds(), 10)
 }
 
-// beginLocals sets, in a statement that a pipeline can hold, what
-// beginQuery sets after its BEGIN.
+// beginLocals sets, for the transaction, in a statement that a pipeline
+// can hold: the lease in database time (a worker that stops talking to
+// PostgreSQL while it holds claims, paused or partitioned, loses its
+// session and with it the claims and the uncommitted steps), and a check
+// that notices a vanished client while a statement runs.
 const beginLocals = "SELECT set_config('idle_in_transaction_session_timeout', $1, true), " +
 	"set_config('client_connection_check_interval', '1000', true)"
 
-// beginBatchWith is beginBatch with what first queues sent in the BEGIN's
-// round trip: the transaction, its settings and first's statements go in
-// one pipeline. On an error the transaction is rolled back, the connection
+// beginBatchWith acquires a connection (waiting at most as long as acquire
+// allows) and begins a batch transaction on it, READ COMMITTED whatever the
+// server's default, with what first queues sent in the BEGIN's round trip:
+// the transaction, its settings and first's statements go in one
+// pipeline. On an error the transaction is rolled back, the connection
 // released, and first's results must not be used.
 func (e *Engine) beginBatchWith(acquire, ctx context.Context, first func(*pgx.Batch)) (*batchTx, error) {
 	pauses := e.pausesHeard.Load()
@@ -164,21 +159,6 @@ func (e *Engine) beginBatchWith(acquire, ctx context.Context, first func(*pgx.Ba
 		return nil, fmt.Errorf("saga: begin batch: %w", err)
 	}
 	return &batchTx{e: e, conn: conn, tx: tx, ctx: ctx, pauses: pauses}, nil
-}
-
-// beginBatch acquires a connection (waiting at most as long as acquire
-// allows) and begins a batch transaction on it.
-func (e *Engine) beginBatch(acquire, ctx context.Context) (*batchTx, error) {
-	conn, err := e.pool.Acquire(acquire)
-	if err != nil {
-		return nil, fmt.Errorf("saga: acquire connection: %w", err)
-	}
-	tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: e.beginQuery()})
-	if err != nil {
-		conn.Release()
-		return nil, fmt.Errorf("saga: begin batch: %w", err)
-	}
-	return &batchTx{e: e, conn: conn, tx: tx, ctx: ctx, pauses: e.pausesHeard.Load()}, nil
 }
 
 // end rolls back what was not committed and releases the connection,

@@ -23,7 +23,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -54,9 +53,6 @@ const (
 	// completion of a whole test's sagas.
 	wait = 30 * time.Second
 )
-
-// findings runs the tests of findings that are skipped otherwise.
-var findings = os.Getenv("REVIEW20_FINDINGS") != ""
 
 // st is every saga's state. Note and Raw carry the hostile bytes.
 type st struct {
