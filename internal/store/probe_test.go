@@ -41,8 +41,11 @@ func TestInboxProbeUsesTheKeyWrittenInGo(t *testing.T) {
 		tx, err := pool.Begin(ctx)
 		require.NoError(t, err)
 		defer func() { require.NoError(t, tx.Rollback(ctx)) }()
-		claimed, sagas, err := st.ClaimAndLock(ctx, tx, "cmds", 10, []string{"saga.orders"}, 0)
-		require.NoError(t, err)
+		var claimed []store.Claimed
+		var sagas map[uuid.UUID]*store.LockedSaga
+		q := &pgx.Batch{}
+		st.QueueClaimAndLock(q, "cmds", 10, []string{"saga.orders"}, 0, &claimed, &sagas)
+		require.NoError(t, tx.SendBatch(ctx, q).Close())
 		require.Len(t, claimed, 2)
 		require.True(t, sagas[id].Locked)
 		return sagas[id].Processed

@@ -861,21 +861,12 @@ func (s *Store) ClaimDirect(ctx context.Context, tx pgx.Tx, topic string, limit 
 	return out, nil
 }
 
-// ClaimAndLock does what [Store.ClaimDirect] and then [Store.LockSagas] do,
-// in one statement: it claims up to limit due direct commands and reads the
-// saga each claimed row names in its saga_id column, trying the saga's
-// execution lock. Sagas that do not exist are absent from the map.
-func (s *Store) ClaimAndLock(ctx context.Context, tx pgx.Tx, topic string, limit int, known []string, grace time.Duration) ([]Claimed, map[uuid.UUID]*LockedSaga, error) {
-	rows, err := tx.Query(ctx, s.q.claimAndLock, topic, limit, known, micros(grace), s.lockNS, InboxConsumerEngine)
-	if err != nil {
-		return nil, nil, fmt.Errorf("store: claim commands on %s: %w", topic, err)
-	}
-	return scanClaimAndLock(rows, topic, limit)
-}
-
-// QueueClaimAndLock queues [Store.ClaimAndLock]'s statement on q (after a
-// BEGIN queued with it, say): *claimed and *sagas hold its result once q
-// was sent and its results closed without an error.
+// QueueClaimAndLock queues on q (after a BEGIN queued with it, say) what
+// [Store.ClaimDirect] and then [Store.LockSagas] do, in one statement: it
+// claims up to limit due direct commands and reads the saga each claimed
+// row names in its saga_id column, trying the saga's execution lock.
+// *claimed and *sagas hold the result once q was sent and its results
+// closed without an error; sagas that do not exist are absent from *sagas.
 func (s *Store) QueueClaimAndLock(q *pgx.Batch, topic string, limit int, known []string, grace time.Duration,
 	claimed *[]Claimed, sagas *map[uuid.UUID]*LockedSaga) {
 	q.Queue(s.q.claimAndLock, topic, limit, known, micros(grace), s.lockNS, InboxConsumerEngine).Query(func(rows pgx.Rows) error {
