@@ -160,10 +160,15 @@ func TestShortBackoffsBesideSlowBatches(t *testing.T) {
 // runs". The cancelled sagas end compensated, the resumed and untouched ones
 // complete when their retry is due, the paused ones keep still until they
 // are resumed and then complete; all within 15 s, with PollInterval a minute.
+//
+// Both tenants' schemas and engines are set up before any saga starts, and
+// the retries wait 5 s: the operators must act while every retry still
+// waits, and a schema's set-up on a loaded machine took longer than the 1.5 s
+// this test first gave (a CI run paused a saga whose retry had already run).
 func TestOperatorsWhileRetriesWaitInTwoTenants(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	const back = 1500 * time.Millisecond
+	const back = 5 * time.Second
 	type tenant struct {
 		d   *testkit.DB
 		fx  *testkit.Effects
@@ -172,23 +177,29 @@ func TestOperatorsWhileRetriesWaitInTwoTenants(t *testing.T) {
 		ids []uuid.UUID
 	}
 	var ts [2]*tenant
+	defs := make([]*saga.Definition[ord], len(ts))
 	for k := range ts {
 		tn := &tenant{d: testkit.NewDB(t)}
 		tn.fx = testkit.NewEffects(t, tn.d)
-		def := chainDef("r19ops", tn.fx, &tn.c, chainOpts{fails: func(*ord) int { return 1 }, retry: backoff(3, back)})
-		tn.e, _ = testkit.StartEngine(t, tn.d.Pool, config(tn.d, 2, 4), def)
+		defs[k] = chainDef("r19ops", tn.fx, &tn.c, chainOpts{fails: func(*ord) int { return 1 }, retry: backoff(3, back)})
+		tn.e, _ = testkit.StartEngine(t, tn.d.Pool, config(tn.d, 2, 4), defs[k])
+		ts[k] = tn
+	}
+	started := time.Now()
+	for k, tn := range ts {
 		for i := range 8 {
-			st, err := saga.Start(ctx, tn.e, def, ord{ID: fmt.Sprintf("t%d-s%d", k, i)}, nil)
+			st, err := saga.Start(ctx, tn.e, defs[k], ord{ID: fmt.Sprintf("t%d-s%d", k, i)}, nil)
 			require.NoError(t, err)
 			tn.ids = append(tn.ids, st.ID)
 		}
-		ts[k] = tn
 	}
 	for _, tn := range ts {
 		for _, id := range tn.ids {
 			testkit.WaitFor(t, wait, "act's first failure", func() bool { return testkit.Events(get(t, tn.e, id), saga.EventStepFailed, "act") == 1 })
 		}
 	}
+	// Every retry waits until at least back after its saga started.
+	require.Less(t, time.Since(started), back-time.Second, "the first failures came too late for the operators to act while the retries wait")
 	paused := map[int][]int{0: {0, 1}, 1: {4}}
 	cancelled := map[int][]int{0: {2, 3}, 1: {5}}
 	for k, tn := range ts {
