@@ -45,7 +45,12 @@ func newKmode(t *testing.T, name string, partitions int32, await bool, key []byt
 	k.fx = testkit.NewEffects(t, k.db)
 	testkit.Relay(t, k.kc.Addrs(), k.db)
 	step := func(n string, comp bool) saga.Step[ord] {
-		s := saga.Step[ord]{Name: n, Retry: noBackoff(3), Timeout: 20 * time.Second,
+		// The timeout is longer than any of the tests' waits (wait): a
+		// handler held at a gate while a loaded machine brings the other
+		// sagas to theirs must not time out and run again before the
+		// operator acts (a CI run's TestKafkaModeTwoEnginesOneGroup took
+		// 23 s with a 20 s timeout here).
+		s := saga.Step[ord]{Name: n, Retry: noBackoff(3), Timeout: 2 * time.Minute,
 			Action: func(ctx context.Context, run *saga.StepRun, o *ord) error {
 				k.mu.Lock()
 				k.calls[run.SagaID.String()+"/"+n]++

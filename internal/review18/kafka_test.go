@@ -255,10 +255,13 @@ func TestKafkaModeTwoEnginesOneGroup(t *testing.T) {
 	require.Equal(t, c["b"], c["b-undo"], "b kept only if it returned success anyway, then compensated: %v", c)
 	require.Zero(t, c["c"], "%v", c)
 
-	testkit.Hold(t, time.Second, "the paused saga starts no step after b", func() bool {
+	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(testkit.Poll) {
 		in := get(t, e1, ids[pauseIdx])
-		return in.Paused != nil && k.fx.Count(t, ids[pauseIdx], "c") == 0
-	})
+		if in.Paused == nil || k.fx.Count(t, ids[pauseIdx], "c") != 0 {
+			t.Fatalf("the paused saga started a step after b, or is not paused: paused %+v, effects %v, b called %d times; %v",
+				in.Paused, k.fx.Counts(t, ids[pauseIdx]), k.callsOf(ids[pauseIdx], "b"), timeline(in))
+		}
+	}
 	require.Equal(t, 1, k.fx.Count(t, ids[pauseIdx], "b"), "the step that ran when the pause committed finished")
 	require.NoError(t, e2.Resume(context.Background(), ids[pauseIdx], "review18: go on"))
 	k.completedOnce(t, e1, ids[pauseIdx], false)

@@ -35,6 +35,7 @@ type Gate struct {
 	ch      chan struct{}
 	once    sync.Once
 	entered atomic.Int32
+	left    atomic.Int32
 }
 
 // NewGate returns a closed gate.
@@ -46,6 +47,10 @@ func (g *Gate) Open() { g.once.Do(func() { close(g.ch) }) }
 // Entered is how many handlers have reached the gate.
 func (g *Gate) Entered() int { return int(g.entered.Load()) }
 
+// Left is how many handlers left the gate because their context ended
+// (their step's timeout, a cancel), not because the gate opened.
+func (g *Gate) Left() int { return int(g.left.Load()) }
+
 // Pass waits until the gate is open or ctx ends, and returns ctx's error
 // then.
 func (g *Gate) Pass(ctx context.Context) error {
@@ -54,6 +59,7 @@ func (g *Gate) Pass(ctx context.Context) error {
 	case <-g.ch:
 		return nil
 	case <-ctx.Done():
+		g.left.Add(1)
 		return ctx.Err()
 	}
 }

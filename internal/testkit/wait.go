@@ -86,6 +86,16 @@ func WaitStatus(tb testing.TB, d *DB, id uuid.UUID, want saga.Status) *saga.Inst
 func ActWhileHeld(tb testing.TB, e *saga.Engine, id uuid.UUID, op string, gate *Gate, d time.Duration) {
 	tb.Helper()
 	WaitFor(tb, d, "a function to be held at the gate", func() bool { return gate.Entered() >= 1 })
+	// A handler that left the gate by its context (its step's timeout
+	// passed on a slow machine) is not held when the operator acts: what
+	// the test asserts next would not follow from it.
+	held := func(when string) {
+		if gate.Left() > 0 {
+			tb.Fatalf("testkit: %s saga %s: %d handler(s) left the gate by their context %s, so the step was not held: the test's step timeout is too short for this machine",
+				op, id, gate.Left(), when)
+		}
+	}
+	held("before the operator acted")
 	ctx := context.Background()
 	var err error
 	switch op {
@@ -98,6 +108,10 @@ func ActWhileHeld(tb testing.TB, e *saga.Engine, id uuid.UUID, op string, gate *
 	}
 	if err != nil {
 		tb.Fatalf("testkit: %s saga %s: %v", op, id, err)
+	}
+	if op == "pause" {
+		// A pause leaves the handler alone (a cancel ends its context).
+		held("before the pause committed")
 	}
 	gate.Open()
 }
