@@ -349,6 +349,18 @@ func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, derr 
 			return err
 		}
 	}
+	if ls.CancelRequest == nil && time.Since(ls.ReadAt) > operatorReadAge {
+		// The saga was read a while ago (a slow step of the batch ran
+		// since): a cancel or pause that committed meanwhile goes ahead of
+		// this command even if its notification has not come yet (a loaded
+		// machine heard one more than 300 ms late, and the step's handler
+		// was called after Cancel had returned).
+		req, paused, err := e.st.OperatorState(ctx, b.tx.step(), ls.ID, ls.Name)
+		if err != nil {
+			return err
+		}
+		ls.CancelRequest, ls.Paused, ls.ReadAt = req, ls.Paused || paused, time.Now()
+	}
 	// A branch runs beside the others of its group (it holds its own lock,
 	// not the saga's), and a branch finds the group gone when the saga's
 	// own commands ended it. A paused saga's branch is held; a pending
@@ -667,6 +679,12 @@ func (b *batch) recorded(ctx context.Context, ls *store.LockedSaga) (bool, error
 	_, err := b.refresh(ctx, ls)
 	return false, err
 }
+
+// operatorReadAge is how old a batch's read of a saga's cancel request and
+// pauses may be when the batch comes to run its command; an older one is
+// read again (see [batch.handle]). Within it, the engine's notifications
+// tell the batch of a cancel or pause.
+const operatorReadAge = 100 * time.Millisecond
 
 // handOffFor is how long a step that ran past KafkaConfig.ReplyStepLimit
 // after a reply is not run at once after a reply again, on this engine.

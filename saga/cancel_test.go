@@ -256,6 +256,66 @@ func TestCancelOfASagaQueuedInARunningBatch(t *testing.T) {
 	}
 }
 
+// A saga claimed in a batch whose turn has not come yet, and cancelled or
+// paused meanwhile by a request whose notification never reaches the engine
+// (written straight into the tables: a loaded machine delivered one more
+// than 300 ms late in a CI run, and the step's handler was called after
+// Cancel had returned), never starts its step: a batch whose read of a saga
+// is older than operatorReadAge reads its cancel request and pauses again
+// before it runs the saga's command.
+func TestCancelOrPauseUnheardOfByARunningBatch(t *testing.T) {
+	t.Parallel()
+	for _, op := range []string{"cancel", "pause"} {
+		t.Run(op, func(t *testing.T) {
+			t.Parallel()
+			// PollInterval a minute: the engine's poll for cancel requests of the
+			// sagas it holds (the fallback for lost notifications) does not
+			// come within the test.
+			b := setup(t, &saga.Config{Workers: 1, BatchSize: 16, PollInterval: time.Minute})
+			slowRunning := make(chan struct{}, 1)
+			slow := saga.Define("slow", saga.Step[order]{Name: "s1", Action: func(ctx context.Context, run *saga.StepRun, _ *order) error {
+				slowRunning <- struct{}{}
+				time.Sleep(400 * time.Millisecond)
+				return nil
+			}})
+			var started atomic.Int32
+			queued := saga.Define("queued", saga.Step[order]{Name: "reserve", Compensate: noop,
+				Action: func(ctx context.Context, run *saga.StepRun, s *order) error {
+					started.Add(1)
+					return recordEffect(ctx, run, b.schema)
+				}})
+			require.NoError(t, b.engine.Register(slow, queued))
+			ctx := context.Background()
+			_, err := saga.Start(ctx, b.engine, slow, order{}, nil)
+			require.NoError(t, err)
+			x, err := saga.Start(ctx, b.engine, queued, order{}, nil)
+			require.NoError(t, err)
+			b.start(t) // one batch claims both; the slow step runs first
+			<-slowRunning
+			if op == "cancel" {
+				_, err = b.pool.Exec(ctx, "INSERT INTO "+b.table("saga_cancel_requests")+" (saga_id, epoch, reason) VALUES ($1, 0, 'unheard')", x.ID)
+			} else {
+				_, err = b.pool.Exec(ctx, "INSERT INTO "+b.table("saga_pauses")+" (kind, saga_id, saga_name, code, reason) VALUES ('saga', $1, 'queued', 'operator', 'unheard')", x.ID)
+			}
+			require.NoError(t, err)
+			if op == "cancel" {
+				in := b.waitTerminal(t, x.ID)
+				require.Equal(t, saga.StatusCompensated, in.Status)
+				require.Empty(t, b.effects(t, x.ID))
+				require.Zero(t, started.Load(), "the queued saga's step never started")
+				return
+			}
+			// Paused: the step is held, not run, until the pause is lifted.
+			time.Sleep(time.Second)
+			require.Zero(t, started.Load(), "the paused saga's step did not start")
+			require.NoError(t, b.engine.Resume(ctx, x.ID, "go on"))
+			in := b.waitTerminal(t, x.ID)
+			require.Equal(t, saga.StatusCompleted, in.Status)
+			require.Equal(t, int32(1), started.Load())
+		})
+	}
+}
+
 // A cancel request left over while a saga compensates (recorded in the
 // instant before a step failed for good) never interrupts a compensation
 // and never skips one: it is refused, and every completed step is

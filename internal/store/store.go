@@ -178,6 +178,9 @@ type LockedSaga struct {
 	// Paused is true while the saga, or its type, is paused (see
 	// [Store.InsertPause]): its step commands must be held, not run.
 	Paused bool
+	// ReadAt is when the read that filled CancelRequest and Paused
+	// returned; [Store.OperatorState] reads them again.
+	ReadAt time.Time
 }
 
 // CancelRequest is a durable request to cancel a saga, recorded by
@@ -906,7 +909,7 @@ func scanClaimAndLock(rows pgx.Rows, topic string, limit int) ([]Claimed, map[uu
 		ls := sagas[n.ID.Bytes]
 		if ls == nil {
 			ls = &LockedSaga{Saga: n.saga(), Locked: locked != nil && *locked, CancelRequest: cancelRequest(cancelEpoch, cancelReason, cancelCode),
-				Paused: paused}
+				Paused: paused, ReadAt: time.Now()}
 			sagas[ls.ID] = ls
 		}
 		if processed && stepKey != nil && *stepKey == currentKey(&ls.Saga) {
@@ -995,6 +998,7 @@ func (s *Store) QueueLockSaga(b *pgx.Batch, id uuid.UUID, stepKey string, out ma
 				return fmt.Errorf("store: lock saga %s: %w", id, err)
 			}
 			ls.CancelRequest = cancelRequest(cancelEpoch, cancelReason, cancelCode)
+			ls.ReadAt = time.Now()
 			ls.Processed = ls.Processed && stepKey != "" && stepKey == currentKey(&ls.Saga)
 			out[ls.ID] = ls
 		}
@@ -1544,6 +1548,24 @@ const PausePayload = "sagaflow.pause"
 // commits, that a pause was written.
 func (s *Store) NotifyPause(ctx context.Context, db DBTX) error {
 	return s.Notify(ctx, db, PausePayload)
+}
+
+// OperatorState reads saga id's pending cancel request (nil when there is
+// none) and whether it, of type name, is paused, by itself or by its type,
+// as a statement run now sees them: what [Store.LockSagas] read with the
+// saga, read again.
+func (s *Store) OperatorState(ctx context.Context, db DBTX, id uuid.UUID, name string) (*CancelRequest, bool, error) {
+	q := quoteSchema(s.schema)
+	var epoch *int
+	var reason, code *string
+	var paused bool
+	err := db.QueryRow(ctx, `SELECT r.epoch, r.reason, r.code, `+pausedSQL(q)+`
+		FROM (SELECT $1::uuid AS id, $2::text AS saga_name) s
+		LEFT JOIN `+q+`.saga_cancel_requests r ON r.saga_id = s.id`, pgID(id), name).Scan(&epoch, &reason, &code, &paused)
+	if err != nil {
+		return nil, false, fmt.Errorf("store: read the cancel request and pauses of saga %s: %w", id, err)
+	}
+	return cancelRequest(epoch, reason, code), paused, nil
 }
 
 // SagaPaused reports whether saga id, of type name, is paused, by itself or
