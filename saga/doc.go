@@ -138,11 +138,13 @@
 //  10. Cancel lands. [Engine.Cancel] and [Engine.RequestCancel] record a
 //     request that is durable until applied ([EventCancelRequested]). It
 //     goes ahead of the saga's next command, whatever that is, so no step
-//     after it runs; the engine running a step of the saga (in any process)
-//     learns of it through a notification or its next poll and cancels the
-//     step's context, and the request takes the step's place: the step is
-//     rolled back, unless it returned success anyway, and is then
-//     compensated too. Applying it is recorded ([EventSagaCancelled]), and
+//     after it runs (a batch that read the saga more than 100 ms before
+//     its command's turn reads its requests and pauses again, so a late
+//     notification does not let the step start); the engine running a step
+//     of the saga (in any process) learns of it through a notification or
+//     its next poll and cancels the step's context, and the request takes
+//     the step's place: the step is rolled back, unless it returned
+//     success anyway, and is then compensated too. Applying it is recorded ([EventSagaCancelled]), and
 //     so is refusing it because the saga ended or was compensating first
 //     ([EventCancelRefused]). One exception: a parallel step's branch that
 //     runs when the cancel lands is not interrupted; it runs on until it
