@@ -84,8 +84,9 @@ type ConsumerConfig struct {
 	// once more. Defaults to 1: one message per transaction.
 	BatchSize int
 	// Queued, with BatchSize above 1, reports how many messages the reader
-	// holds ready: a batch then stops topping up when it reports none,
-	// instead of waiting for each message after the first (a wait an idle
+	// holds ready. It is asked once per batch, after its first message: the
+	// batch then tops up with at most that many, and with none when it
+	// reports none, instead of waiting for each message after the first (a wait an idle
 	// Go process can stretch to a millisecond, on every message at low
 	// load). For a *kafka.Reader whose stats nothing else reads:
 	// func() int { return int(r.Stats().QueueLength) } (Stats resets the

@@ -394,7 +394,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	e := &Engine{
 		pool: pool, cfg: c, st: st, outbox: ob, log: telemetry.Logger(c.Logger), signer: signer,
 		machine:  machine{slack: c.RescueSlack, maxState: c.MaxStateBytes},
-		notifier: notifier{from: "@" + uuid.NewString()[:8]},
+		notifier: notifier{from: "@" + uuid.NewString()[:8], sleep: time.Sleep},
 		starts:   newStartGroup(),
 	}
 	if e.tel, err = newEngineTelemetry(e); err != nil {

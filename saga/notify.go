@@ -86,7 +86,7 @@ type notifier struct {
 	// from marks this engine's notifications ("@" and a random tag after
 	// the topic), so that its own listener can tell them from the others'.
 	from string
-	// sleep is time.Sleep, but in tests.
+	// sleep is time.Sleep, but in tests; it must be set.
 	sleep func(time.Duration)
 }
 
@@ -113,11 +113,7 @@ func (n *notifier) schedule(send func()) {
 	}
 	go func() {
 		if d := notifyCoalesce - time.Since(time.Unix(0, n.last.Load())); d > 0 {
-			if n.sleep != nil {
-				n.sleep(d)
-			} else {
-				time.Sleep(d)
-			}
+			n.sleep(d)
 		}
 		n.pending.Store(false)
 		n.last.Store(time.Now().UnixNano())

@@ -47,9 +47,10 @@ type Loop struct {
 	// committed, and the rest are handed to it first by the next Run.
 	HandleBatch func(fetch, work context.Context, ms []kafka.Message) int
 	MaxBatch    int
-	// Queued, when set, reports how many messages the reader holds ready:
-	// a batch stops topping up when it reports none, instead of waiting
-	// batchTopUp for a message that is not there. For a *kafka.Reader it
+	// Queued, when set, reports how many messages the reader holds ready.
+	// It is asked once per batch, after the batch's first message: the
+	// batch tops up with at most that many, and with none when it reports
+	// none, instead of waiting batchTopUp for a message that is not there. For a *kafka.Reader it
 	// is Stats().QueueLength, which also resets the reader's other stats,
 	// so it is set only for readers no one else reads the stats of.
 	Queued func() int
@@ -98,9 +99,15 @@ func (l *Loop) Run(fetch, work context.Context) {
 		}
 		failures = 0
 		batching := l.HandleBatch != nil && l.MaxBatch > 1
-		for batching && len(ms) < l.MaxBatch {
-			if l.Queued != nil && l.Queued() == 0 {
-				break // nothing ready: the batch is what it is
+		// How many more messages to top up with: what Queued reports ready,
+		// asked once per batch (-1 without Queued: until a wait times out).
+		ready := -1
+		if batching && l.Queued != nil {
+			ready = l.Queued()
+		}
+		for batching && len(ms) < l.MaxBatch && ready != 0 {
+			if ready > 0 {
+				ready--
 			}
 			// Only what the reader holds already: a cancelled fetch takes
 			// nothing from it.
