@@ -216,30 +216,8 @@ func TestCancelOfASagaQueuedInARunningBatch(t *testing.T) {
 	for _, viaTool := range []bool{false, true} {
 		t.Run(map[bool]string{false: "Cancel", true: "RequestCancel"}[viaTool], func(t *testing.T) {
 			t.Parallel()
-			b := setup(t, &saga.Config{Workers: 1, BatchSize: 16})
-			slowRunning := make(chan struct{}, 1)
-			slow := saga.Define("slow", saga.Step[order]{Name: "s1", Action: func(ctx context.Context, run *saga.StepRun, _ *order) error {
-				slowRunning <- struct{}{}
-				select {
-				case <-ctx.Done():
-				case <-time.After(2 * time.Second):
-				}
-				return nil
-			}})
-			var started atomic.Int32
-			queued := saga.Define("queued", saga.Step[order]{Name: "reserve", Compensate: noop,
-				Action: func(ctx context.Context, run *saga.StepRun, s *order) error {
-					started.Add(1)
-					return recordEffect(ctx, run, b.schema)
-				}})
-			require.NoError(t, b.engine.Register(slow, queued))
+			b, x, started := behindASlowStep(t, &saga.Config{Workers: 1, BatchSize: 16}, 2*time.Second)
 			ctx := context.Background()
-			_, err := saga.Start(ctx, b.engine, slow, order{}, nil)
-			require.NoError(t, err)
-			x, err := saga.Start(ctx, b.engine, queued, order{}, nil)
-			require.NoError(t, err)
-			b.start(t) // one batch claims both; the slow step runs first
-			<-slowRunning
 			if viaTool {
 				tool, err := saga.New(b.pool, &saga.Config{Schema: b.schema, Logger: testLogger(t)})
 				require.NoError(t, err)
@@ -271,27 +249,9 @@ func TestCancelOrPauseUnheardOfByARunningBatch(t *testing.T) {
 			// PollInterval a minute: the engine's poll for cancel requests of the
 			// sagas it holds (the fallback for lost notifications) does not
 			// come within the test.
-			b := setup(t, &saga.Config{Workers: 1, BatchSize: 16, PollInterval: time.Minute})
-			slowRunning := make(chan struct{}, 1)
-			slow := saga.Define("slow", saga.Step[order]{Name: "s1", Action: func(ctx context.Context, run *saga.StepRun, _ *order) error {
-				slowRunning <- struct{}{}
-				time.Sleep(400 * time.Millisecond)
-				return nil
-			}})
-			var started atomic.Int32
-			queued := saga.Define("queued", saga.Step[order]{Name: "reserve", Compensate: noop,
-				Action: func(ctx context.Context, run *saga.StepRun, s *order) error {
-					started.Add(1)
-					return recordEffect(ctx, run, b.schema)
-				}})
-			require.NoError(t, b.engine.Register(slow, queued))
+			b, x, started := behindASlowStep(t, &saga.Config{Workers: 1, BatchSize: 16, PollInterval: time.Minute}, 400*time.Millisecond)
 			ctx := context.Background()
-			_, err := saga.Start(ctx, b.engine, slow, order{}, nil)
-			require.NoError(t, err)
-			x, err := saga.Start(ctx, b.engine, queued, order{}, nil)
-			require.NoError(t, err)
-			b.start(t) // one batch claims both; the slow step runs first
-			<-slowRunning
+			var err error
 			if op == "cancel" {
 				_, err = b.pool.Exec(ctx, "INSERT INTO "+b.table("saga_cancel_requests")+" (saga_id, epoch, reason) VALUES ($1, 0, 'unheard')", x.ID)
 			} else {
@@ -314,6 +274,39 @@ func TestCancelOrPauseUnheardOfByARunningBatch(t *testing.T) {
 			require.Equal(t, int32(1), started.Load())
 		})
 	}
+}
+
+// behindASlowStep starts, on an engine of cfg (one worker, one batch), a
+// saga whose step takes slowFor (or until its context ends) and then one of
+// type "queued" whose step counts its calls in started, and returns once
+// the slow step runs: both commands are in one batch, the queued one behind.
+func behindASlowStep(t *testing.T, cfg *saga.Config, slowFor time.Duration) (*bundle, saga.Started, *atomic.Int32) {
+	t.Helper()
+	b := setup(t, cfg)
+	slowRunning := make(chan struct{}, 1)
+	slow := saga.Define("slow", saga.Step[order]{Name: "s1", Action: func(ctx context.Context, run *saga.StepRun, _ *order) error {
+		slowRunning <- struct{}{}
+		select {
+		case <-ctx.Done():
+		case <-time.After(slowFor):
+		}
+		return nil
+	}})
+	started := new(atomic.Int32)
+	queued := saga.Define("queued", saga.Step[order]{Name: "reserve", Compensate: noop,
+		Action: func(ctx context.Context, run *saga.StepRun, s *order) error {
+			started.Add(1)
+			return recordEffect(ctx, run, b.schema)
+		}})
+	require.NoError(t, b.engine.Register(slow, queued))
+	ctx := context.Background()
+	_, err := saga.Start(ctx, b.engine, slow, order{}, nil)
+	require.NoError(t, err)
+	x, err := saga.Start(ctx, b.engine, queued, order{}, nil)
+	require.NoError(t, err)
+	b.start(t) // one batch claims both; the slow step runs first
+	<-slowRunning
+	return b, x, started
 }
 
 // A cancel request left over while a saga compensates (recorded in the
