@@ -54,6 +54,9 @@ type batch struct {
 	// reply or a wait's end; unchained, those whose step it must not (see
 	// [batch.mayChain]).
 	ranAtOnce, unchained map[uuid.UUID]bool
+	// judged holds the sagas whose cancel request and pauses this batch
+	// has considered reading again (see [batch.rereadOperators]).
+	judged map[uuid.UUID]bool
 }
 
 // mayChain reports whether the step of saga id that a reply or a wait's
@@ -349,18 +352,7 @@ func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, derr 
 			return err
 		}
 	}
-	if ls.CancelRequest == nil && time.Since(ls.ReadAt) > operatorReadAge {
-		// The saga was read a while ago (a slow step of the batch ran
-		// since): a cancel or pause that committed meanwhile goes ahead of
-		// this command even if its notification has not come yet (a loaded
-		// machine heard one more than 300 ms late, and the step's handler
-		// was called after Cancel had returned).
-		req, paused, err := e.st.OperatorState(ctx, b.tx.step(), ls.ID, ls.Name)
-		if err != nil {
-			return err
-		}
-		ls.CancelRequest, ls.Paused, ls.ReadAt = req, ls.Paused || paused, time.Now()
-	}
+	b.rereadOperators(ctx, ls)
 	// A branch runs beside the others of its group (it holds its own lock,
 	// not the saga's), and a branch finds the group gone when the saga's
 	// own commands ended it. A paused saga's branch is held; a pending
@@ -682,9 +674,52 @@ func (b *batch) recorded(ctx context.Context, ls *store.LockedSaga) (bool, error
 
 // operatorReadAge is how old a batch's read of a saga's cancel request and
 // pauses may be when the batch comes to run its command; an older one is
-// read again (see [batch.handle]). Within it, the engine's notifications
-// tell the batch of a cancel or pause.
+// read again (see [batch.rereadOperators]). Within it, the engine's
+// notifications tell the batch of a cancel or pause.
 const operatorReadAge = 100 * time.Millisecond
+
+// operatorReadTimeout bounds that read.
+const operatorReadTimeout = time.Second
+
+// rereadOperators reads saga ls's cancel request and pauses again when the
+// batch read them more than operatorReadAge ago (a slow step of the batch
+// ran since) and has run nothing of the saga yet: a cancel or pause that
+// committed meanwhile then goes ahead of the command even if its
+// notification has not come (a loaded machine delivered one more than
+// 300 ms late, and a step's handler was called after Cancel had returned).
+//
+// The read is made on a connection of its own, of what is committed: the
+// batch's queued writes are not sent for it (a handler that waits for a row
+// a sent write would lock would wait for its own batch), and the batch's
+// transaction may be aborted by a handler until those writes are sent.
+// Once the batch has run something of the saga, its own writes, which no
+// other connection sees, say what the saga is. When the pool has no
+// connection to spare, or the read fails, notifications and the engine's
+// poll tell the batch, as before.
+func (b *batch) rereadOperators(ctx context.Context, ls *store.LockedSaga) {
+	if b.judged[ls.ID] {
+		return
+	}
+	if b.judged == nil {
+		b.judged = map[uuid.UUID]bool{}
+	}
+	b.judged[ls.ID] = true
+	if ls.CancelRequest != nil || time.Since(ls.ReadAt) <= operatorReadAge {
+		return
+	}
+	if st := b.e.pool.Stat(); st.IdleConns() == 0 && st.TotalConns() >= st.MaxConns() {
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, operatorReadTimeout)
+	defer cancel()
+	req, paused, err := b.e.st.OperatorState(rctx, b.e.pool, ls.ID, ls.Name)
+	if err != nil {
+		b.e.log.DebugContext(ctx, "sagaflow could not read a saga's cancel request and pauses again; notifications tell the batch",
+			slog.String("saga_id", ls.ID.String()), slog.Any("error", err))
+		return
+	}
+	ls.CancelRequest, ls.Paused, ls.ReadAt = req, ls.Paused || paused, time.Now()
+}
 
 // handOffFor is how long a step that ran past KafkaConfig.ReplyStepLimit
 // after a reply is not run at once after a reply again, on this engine.

@@ -21,15 +21,18 @@ import (
 // longer matches A's version. A's effect and outcome are rolled back; B's
 // step commits. B either leaves the transaction alone (its outcome is sent
 // with A's at the end of the batch) or uses it (A's outcome is sent before B's
-// first statement).
+// first statement). In the third variant A's step takes 150 ms, so the
+// batch reads B's cancel request and pauses again before B's step (see
+// batch.rereadOperators): that read must not send A's outcome ahead of B's
+// step, whose handler would then wait for A's row, locked by its own batch.
 func TestRefusedOutcomeInABatchLeavesTheNextOne(t *testing.T) {
 	t.Parallel()
-	for _, bUsesTx := range []bool{false, true} {
-		name := "b-leaves-the-transaction-alone"
-		if bUsesTx {
-			name = "b-uses-the-transaction"
-		}
-		t.Run(name, func(t *testing.T) {
+	for _, v := range []struct {
+		name           string
+		bUsesTx, slowA bool
+	}{{"b-leaves-the-transaction-alone", false, false}, {"b-uses-the-transaction", true, false}, {"b-uses-the-transaction-after-a-slow-a", true, true}} {
+		bUsesTx := v.bUsesTx
+		t.Run(v.name, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, &saga.Config{Workers: 1})
 			var aID uuid.UUID
@@ -37,6 +40,9 @@ func TestRefusedOutcomeInABatchLeavesTheNextOne(t *testing.T) {
 				Action: func(ctx context.Context, run *saga.StepRun, s *order) error {
 					switch s.OrderID {
 					case "a":
+						if v.slowA {
+							time.Sleep(150 * time.Millisecond)
+						}
 						return recordEffect(ctx, run, b.schema)
 					case "b":
 						// Another process ends A while A's outcome waits in
