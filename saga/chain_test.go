@@ -482,13 +482,16 @@ func TestARemoteCommandThatUsesTheTransactionAfterALocalStep(t *testing.T) {
 // failure (retried), a transaction it left aborted, and a cancel that
 // interrupts it. Each time the reply stays applied (its history, and what
 // OnReply wrote in the transaction), only the step's own writes are undone,
-// and the saga goes on from there.
+// and the saga goes on from there. ReplyStepLimit is a minute: the cancelled
+// step is held until the cancel interrupts it, and on a loaded machine that
+// took longer than the default limit, which then cut the step and its
+// reply's transaction (another test's subject) before the cancel came.
 func TestTheStepRunWithAReplyFailsAlone(t *testing.T) {
 	t.Parallel()
 	const name = "chainfail"
 	replies := saga.CommandTopicDefault + "." + name + ".replies"
 	remote := name + ".participant"
-	k := setupKafkaWith(t, 1, &saga.Config{Workers: 1, Kafka: &saga.KafkaConfig{}}, replies, remote)
+	k := setupKafkaWith(t, 1, &saga.Config{Workers: 1, Kafka: &saga.KafkaConfig{ReplyStepLimit: time.Minute}}, replies, remote)
 	ctx := context.Background()
 	_, err := k.pool.Exec(ctx, `CREATE TABLE `+k.table("marks")+` (order_id text)`)
 	require.NoError(t, err)
