@@ -352,7 +352,9 @@ func (b *batch) handle(ctx context.Context, c *store.Claimed, cmd command, derr 
 			return err
 		}
 	}
-	b.rereadOperators(ctx, ls)
+	if err := b.rereadOperators(ctx, ls); err != nil {
+		return err
+	}
 	// A branch runs beside the others of its group (it holds its own lock,
 	// not the saga's), and a branch finds the group gone when the saga's
 	// own commands ended it. A paused saga's branch is held; a pending
@@ -678,9 +680,6 @@ func (b *batch) recorded(ctx context.Context, ls *store.LockedSaga) (bool, error
 // notifications tell the batch of a cancel or pause.
 const operatorReadAge = 100 * time.Millisecond
 
-// operatorReadTimeout bounds that read.
-const operatorReadTimeout = time.Second
-
 // rereadOperators reads saga ls's cancel request and pauses again when the
 // batch read them more than operatorReadAge ago (a slow step of the batch
 // ran since) and has run nothing of the saga yet: a cancel or pause that
@@ -688,37 +687,36 @@ const operatorReadTimeout = time.Second
 // notification has not come (a loaded machine delivered one more than
 // 300 ms late, and a step's handler was called after Cancel had returned).
 //
-// The read is made on a connection of its own, of what is committed: the
-// batch's queued writes are not sent for it (a handler that waits for a row
-// a sent write would lock would wait for its own batch), and the batch's
-// transaction may be aborted by a handler until those writes are sent.
-// Once the batch has run something of the saga, its own writes, which no
-// other connection sees, say what the saga is. When the pool has no
-// connection to spare, or the read fails, notifications and the engine's
-// poll tell the batch, as before.
-func (b *batch) rereadOperators(ctx context.Context, ls *store.LockedSaga) {
+// The read is made in the batch's transaction ahead of the batch's queued
+// writes, which it leaves unsent: sent, they lock rows (the outcome of an
+// earlier saga of the batch) that a handler of this batch might wait for
+// from another connection. Only when a handler left the transaction
+// aborted are they sent first, as any step's first statement sends them,
+// which undoes that handler's step. (A read on a connection of its own was
+// skipped when the pool had none to spare: found by review21.) Once the
+// batch has run something of the saga, its own writes say what the saga
+// is.
+func (b *batch) rereadOperators(ctx context.Context, ls *store.LockedSaga) error {
 	if b.judged[ls.ID] {
-		return
+		return nil
 	}
 	if b.judged == nil {
 		b.judged = map[uuid.UUID]bool{}
 	}
 	b.judged[ls.ID] = true
 	if ls.CancelRequest != nil || time.Since(ls.ReadAt) <= operatorReadAge {
-		return
+		return nil
 	}
-	if st := b.e.pool.Stat(); st.IdleConns() == 0 && st.TotalConns() >= st.MaxConns() {
-		return
+	var db store.DBTX = b.tx.tx
+	if b.tx.tx.Conn().PgConn().TxStatus() != 'T' {
+		db = b.tx.step()
 	}
-	rctx, cancel := context.WithTimeout(ctx, operatorReadTimeout)
-	defer cancel()
-	req, paused, err := b.e.st.OperatorState(rctx, b.e.pool, ls.ID, ls.Name)
+	req, paused, err := b.e.st.OperatorState(ctx, db, ls.ID, ls.Name)
 	if err != nil {
-		b.e.log.DebugContext(ctx, "sagaflow could not read a saga's cancel request and pauses again; notifications tell the batch",
-			slog.String("saga_id", ls.ID.String()), slog.Any("error", err))
-		return
+		return err
 	}
 	ls.CancelRequest, ls.Paused, ls.ReadAt = req, ls.Paused || paused, time.Now()
+	return nil
 }
 
 // handOffFor is how long a step that ran past KafkaConfig.ReplyStepLimit

@@ -94,8 +94,21 @@ func TestRefusedOutcomeInABatchLeavesTheNextOne(t *testing.T) {
 // transaction aborted and returns no error; saga B's step, in the same batch,
 // succeeds. A's outcome cannot be written: its step is undone and recorded as
 // failed (tx_aborted), and retried; B's step commits with the batch.
+//
+// In the "slow" variant A's step takes 150 ms after leaving the transaction
+// aborted, so the batch reads B's cancel request and pauses again (see
+// batch.rereadOperators) in a transaction that A left aborted.
 func TestAbortedOutcomeInABatchLeavesTheNextOne(t *testing.T) {
 	t.Parallel()
+	for _, slow := range []bool{false, true} {
+		t.Run(map[bool]string{false: "quick", true: "slow"}[slow], func(t *testing.T) {
+			t.Parallel()
+			abortedOutcomeLeavesTheNextOne(t, slow)
+		})
+	}
+}
+
+func abortedOutcomeLeavesTheNextOne(t *testing.T, slow bool) {
 	b := setup(t, &saga.Config{Workers: 1})
 	def := saga.Define("aborted", saga.Step[order]{Name: "one", Retry: fastRetry,
 		Action: func(ctx context.Context, run *saga.StepRun, s *order) error {
@@ -104,6 +117,9 @@ func TestAbortedOutcomeInABatchLeavesTheNextOne(t *testing.T) {
 					return err
 				}
 				_, _ = run.Tx.Exec(ctx, "SELECT 1/0") // the error is swallowed
+				if slow {
+					time.Sleep(150 * time.Millisecond)
+				}
 			}
 			return nil
 		},
