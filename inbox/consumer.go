@@ -86,9 +86,10 @@ type ConsumerConfig struct {
 	// Queued, with BatchSize above 1, reports how many messages the reader
 	// holds ready. It is asked once per batch, after its first message: the
 	// batch then tops up with at most that many, and with none when it
-	// reports none, instead of waiting for each message after the first (a wait an idle
-	// Go process can stretch to a millisecond, on every message at low
-	// load). For a *kafka.Reader whose stats nothing else reads:
+	// reports none, instead of waiting for each message after the first (a
+	// wait an idle Go process can stretch to a millisecond, on every
+	// message at low load). A negative count means unknown: the batch waits
+	// as without Queued. For a *kafka.Reader whose stats nothing else reads:
 	// func() int { return int(r.Stats().QueueLength) } (Stats resets the
 	// reader's other counters). Defaults to nil: wait.
 	Queued func() int

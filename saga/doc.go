@@ -139,8 +139,9 @@
 //     request that is durable until applied ([EventCancelRequested]). It
 //     goes ahead of the saga's next command, whatever that is, so no step
 //     after it runs (a batch that read the saga more than 100 ms before
-//     its command's turn reads its requests and pauses again, so a late
-//     notification does not let the step start); the engine running a step
+//     its command's turn reads its request and pauses again, so a step
+//     whose engine has not heard of a request yet starts at most 100 ms
+//     after the request committed); the engine running a step
 //     of the saga (in any process) learns of it through a notification or
 //     its next poll and cancels the step's context, and the request takes
 //     the step's place: the step is rolled back, unless it returned
