@@ -37,7 +37,10 @@ type chainRig struct {
 
 func newChainRig(t *testing.T, name string) *chainRig {
 	t.Helper()
-	return newChainRigWith(t, name, &saga.Config{Workers: 1, Kafka: &saga.KafkaConfig{}}, nil)
+	// ReplyStepLimit a minute: these tests run the step after a reply in
+	// its transaction, and a loaded CI machine took the default 200 ms
+	// (the limit is TestAStepPastReplyStepLimitIsHandedToAWorker's).
+	return newChainRigWith(t, name, &saga.Config{Workers: 1, Kafka: &saga.KafkaConfig{ReplyStepLimit: time.Minute}}, nil)
 }
 
 // newChainRigWith is newChainRig with the engine's configuration cfg and,

@@ -104,7 +104,9 @@ func TestPausedTimerFiresAfterResumeAndIsNotRescued(t *testing.T) {
 	rec := func(ctx context.Context, run *saga.StepRun, _ *order) error { return recordEffect(ctx, run, b.schema) }
 	def := saga.Define("pause-timer",
 		saga.Step[order]{Name: "reserve", Action: rec},
-		saga.Step[order]{Name: "cool-off", Wait: saga.Sleep[order](300 * time.Millisecond)},
+		// Long enough that the test sees the saga asleep before the timer
+		// fires on a loaded machine (300 ms was not, in a CI run).
+		saga.Step[order]{Name: "cool-off", Wait: saga.Sleep[order](3 * time.Second)},
 		saga.Step[order]{Name: "ship", Action: rec},
 	)
 	require.NoError(t, b.engine.Register(def))
@@ -118,7 +120,7 @@ func TestPausedTimerFiresAfterResumeAndIsNotRescued(t *testing.T) {
 	}, "the saga to sleep")
 	require.NoError(t, b.engine.Pause(ctx, st.ID, ""))
 	require.Equal(t, 1, b.heldCommands(t, st.ID), "the timer is held")
-	time.Sleep(600 * time.Millisecond) // the timer's time passes
+	time.Sleep(3500 * time.Millisecond) // the timer's time passes
 	b.overdue(t, st.ID)
 	res, err := b.engine.RescueNow(ctx)
 	require.NoError(t, err)
