@@ -4,11 +4,13 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -57,10 +59,32 @@ func NewSchema(tb testing.TB) (*pgxpool.Pool, string) {
 			tb.Errorf("pgtest: drop schema %s: %v", name, err)
 		}
 	})
-	if _, err := pool.Exec(ctx, "create schema "+pgx.Identifier{name}.Sanitize()); err != nil {
+	if err := whileServerFull(ctx, func() error {
+		_, err := pool.Exec(ctx, "create schema "+pgx.Identifier{name}.Sanitize())
+		return err
+	}); err != nil {
 		tb.Fatalf("pgtest: create schema %s: %v", name, err)
 	}
 	return pool, name
+}
+
+// whileServerFull runs f, and runs it again every 200 ms while it fails
+// because the server has no connection slot left (SQLSTATE 53300: test
+// packages run side by side, each with its pools, can use up a shared
+// server's max_connections for a moment), until ctx ends.
+func whileServerFull(ctx context.Context, f func() error) error {
+	for {
+		err := f()
+		var pgErr *pgconn.PgError
+		if err == nil || !errors.As(err, &pgErr) || pgErr.Code != "53300" {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 // randomSchemaName returns "t_" and 12 random lowercase hex digits.
@@ -96,11 +120,14 @@ func closePool(pool *pgxpool.Pool, timeout time.Duration) error {
 func dropSchema(connStr, name string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), schemaTimeout)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, connStr)
-	if err != nil {
+	var conn *pgx.Conn
+	if err := whileServerFull(ctx, func() (err error) {
+		conn, err = pgx.Connect(ctx, connStr)
+		return err
+	}); err != nil {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	_, err = conn.Exec(ctx, "drop schema if exists "+pgx.Identifier{name}.Sanitize()+" cascade")
+	_, err := conn.Exec(ctx, "drop schema if exists "+pgx.Identifier{name}.Sanitize()+" cascade")
 	return err
 }
