@@ -233,7 +233,10 @@ func TestF2DeafBillCommandDoesNotFailOtherSagas(t *testing.T) {
 			require.Equal(t, saga.StatusCompleted, in.Status, "BatchSize %d, %s: %v %+v", batch, n, timeline(in), in.LastError)
 			require.Equal(t, []string{"pay", "bill"}, r.calls(t, in.ID), n)
 		}
-		require.Equal(t, int64(1), r.engine.Stats().StepsHandedOff, "BatchSize %d", batch)
+		// The deaf build is handed off; on a loaded machine a healthy step
+		// can run past the 200 ms limit too and be handed off as well (a CI
+		// run saw 2), which the docs allow: every saga still completes once.
+		require.GreaterOrEqual(t, r.engine.Stats().StepsHandedOff, int64(1), "BatchSize %d", batch)
 		require.Zero(t, r.engine.Stats().HandlersAbandoned, "BatchSize %d", batch)
 		require.Equal(t, int32(2), builds.Get("deaf"), "BatchSize %d", batch)
 	}
