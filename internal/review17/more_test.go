@@ -269,7 +269,10 @@ func TestStopWithARetryTimerPending(t *testing.T) {
 	d := testkit.NewDB(t)
 	fx := testkit.NewEffects(t, d)
 	var r runs
-	const back = 300 * time.Millisecond
+	// Long enough for the test to see the first failure and stop the
+	// engine before the retry is due: at 300 ms a loaded CI machine ran the
+	// retry before the stop.
+	const back = 3 * time.Second
 	def := chain("stp", fx, &r, backoff(3, back), func(*ord) int { return 1 })
 	e1, stop1 := testkit.StartEngine(t, d.Pool, config(d, 2), def)
 	st, err := saga.Start(ctx, e1, def, ord{ID: "s"}, nil)
