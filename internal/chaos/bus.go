@@ -82,6 +82,28 @@ func newNATSReader(js jetstream.JetStream, group string, topics []string) (*nats
 		AckTimeout: 5 * time.Second})
 }
 
+// NATSLog is the file, in the soak's directory, that receives the
+// nats-server's output across its restarts.
+const NATSLog = "nats-server.log"
+
+// natsRecovery returns what the nats-server said of its store on each start
+// (its warnings, errors and restored streams), for a report of messages
+// missing from it.
+func (e *Env) natsRecovery() []string {
+	raw, err := os.ReadFile(filepath.Join(e.Dir, NATSLog))
+	if err != nil {
+		return []string{fmt.Sprintf("no nats-server log: %v", err)}
+	}
+	var out []string
+	for _, l := range strings.Split(string(raw), "\n") {
+		if strings.HasPrefix(l, "--- natstest") || strings.Contains(l, "[WRN]") || strings.Contains(l, "[ERR]") ||
+			strings.Contains(l, "Restored") || strings.Contains(l, "Recover") {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
 // setupNATS creates the stream of every topic of the workload.
 func setupNATS(ctx context.Context, js jetstream.JetStream) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -158,18 +180,25 @@ func (e *Env) natsConsumers(ctx context.Context) string {
 // from the server's store, as a natsbus.Reader would present it (Offset is
 // the stream sequence). A message whose headers nats.go cannot decode is
 // skipped when skip says it was injected, and an error otherwise.
-func (e *Env) readNATSTopic(ctx context.Context, topic string, skip func(partition int, seq uint64) bool) ([]kafka.Message, error) {
+func (e *Env) readNATSTopic(ctx context.Context, topic string, skip func(partition int, seq uint64) bool) ([]kafka.Message, string, error) {
 	s, err := e.js.Stream(ctx, natsbus.StreamName(topic))
 	if err != nil {
-		return nil, fmt.Errorf("chaos: read stream of %s: %w", topic, err)
+		return nil, "", fmt.Errorf("chaos: read stream of %s: %w", topic, err)
 	}
 	info, err := s.Info(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("chaos: read stream of %s: %w", topic, err)
+		return nil, "", fmt.Errorf("chaos: read stream of %s: %w", topic, err)
+	}
+	// What the server says of the stream, for a report of missing
+	// messages: a server that lost messages on recovery says so in Lost.
+	state := fmt.Sprintf("stream %s: msgs=%d first=%d last=%d deleted=%d", natsbus.StreamName(topic),
+		info.State.Msgs, info.State.FirstSeq, info.State.LastSeq, info.State.NumDeleted)
+	if l := info.State.Lost; l != nil {
+		state += fmt.Sprintf(" lost=%d msgs %v (%d bytes)", len(l.Msgs), l.Msgs, l.Bytes)
 	}
 	var out []kafka.Message
 	if info.State.Msgs == 0 {
-		return nil, nil
+		return nil, state, nil
 	}
 	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
 		raw, err := s.GetMsg(ctx, seq)
@@ -186,7 +215,7 @@ func (e *Env) readNATSTopic(ctx context.Context, topic string, skip func(partiti
 			if injected {
 				continue
 			}
-			return nil, fmt.Errorf("chaos: read %s seq %d: %w", topic, seq, err)
+			return nil, "", fmt.Errorf("chaos: read %s seq %d: %w", topic, seq, err)
 		}
 		p, _ := strconv.Atoi(raw.Subject[strings.LastIndexByte(raw.Subject, '.')+1:])
 		m := kafka.Message{Topic: topic, Partition: p, Offset: int64(seq), Value: raw.Data}
@@ -197,7 +226,7 @@ func (e *Env) readNATSTopic(ctx context.Context, topic string, skip func(partiti
 		}
 		out = append(out, m)
 	}
-	return out, nil
+	return out, state, nil
 }
 
 // natsOrder puts headers in the order a natsbus.Reader returns them: by

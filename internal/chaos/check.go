@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/segmentio/kafka-go"
@@ -88,6 +89,10 @@ type Report struct {
 	NotRedelivered int
 
 	Violations []string
+	// BusState, when messages marked published are missing from NATS,
+	// holds each stream's state and what the nats-server said of its
+	// store on each start.
+	BusState []string
 }
 
 // Outcome is what became of the injected messages of one kind.
@@ -525,11 +530,14 @@ func (e *Env) checkKafka(ctx context.Context, r *Report, injected []Injected) er
 		poison[position{in.Topic, in.Partition, in.Offset}] = true
 	}
 	onTopics := map[string]bool{}
+	var streams []string
 	for _, topic := range Topics() {
 		var msgs []kafka.Message
 		var err error
 		if e.Bus == BusNATS {
-			msgs, err = e.readNATSTopic(ctx, topic, func(p int, seq uint64) bool { return poison[position{topic, int32(p), int64(seq)}] })
+			var state string
+			msgs, state, err = e.readNATSTopic(ctx, topic, func(p int, seq uint64) bool { return poison[position{topic, int32(p), int64(seq)}] })
+			streams = append(streams, state)
 		} else {
 			msgs, err = e.Kafka.ReadAll(ctx, topic)
 		}
@@ -556,24 +564,37 @@ func (e *Env) checkKafka(ctx context.Context, r *Report, injected []Injected) er
 	}
 	inOutbox := map[string]bool{}
 	for _, schema := range []string{OrdersSchema, PaymentsSchema} {
-		rows, err := e.Pool.Query(ctx, "SELECT id::text, status FROM "+schema+".outbox WHERE delivery = 'relay'")
+		rows, err := e.Pool.Query(ctx, "SELECT id::text, status, topic, created_at, published_at, attempts, coalesce(last_error, '') FROM "+schema+
+			".outbox WHERE delivery = 'relay'")
 		if err != nil {
 			return err
 		}
 		for rows.Next() {
-			var id, status string
-			if err := rows.Scan(&id, &status); err != nil {
+			var id, status, topic string
+			var created time.Time
+			var published *time.Time
+			var attempts int
+			var lastErr string
+			if err := rows.Scan(&id, &status, &topic, &created, &published, &attempts, &lastErr); err != nil {
 				return err
 			}
 			inOutbox[id] = true
 			if status == "published" && !onTopics[id] {
 				r.KafkaMissing++
-				r.violate("outbox row %s (%s) is marked published but is on no topic", id, schema)
+				at := "?"
+				if published != nil {
+					at = published.UTC().Format("15:04:05.000")
+				}
+				r.violate("outbox row %s (%s, topic %s, written %s, marked published %s after %d failed attempts, last error %q) is marked published but is on no topic",
+					id, schema, topic, created.UTC().Format("15:04:05.000"), at, attempts, safetext.Text(lastErr, 200))
 			}
 		}
 		if err := rows.Err(); err != nil {
 			return err
 		}
+	}
+	if r.KafkaMissing > 0 && e.Bus == BusNATS {
+		r.BusState = append(streams, e.natsRecovery()...)
 	}
 	var phantoms []string
 	for id := range onTopics {

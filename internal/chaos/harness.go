@@ -114,7 +114,7 @@ func NewEnv(ctx context.Context, dir string, nodeCmd NodeCommand, allSteps bool,
 		if err = os.MkdirAll(store, 0o755); err != nil {
 			return nil, err
 		}
-		if e.NATS, err = natstest.StartServer(store); err != nil {
+		if e.NATS, err = natstest.StartServerLogging(store, filepath.Join(dir, NATSLog)); err != nil {
 			return nil, err
 		}
 		if e.nc, e.js, err = ConnectNATS(e.NATS.URL(), "chaos-parent"); err != nil {

@@ -264,7 +264,7 @@ func RunSoak(ctx context.Context, dir string, nodeCmd NodeCommand, cfg SoakConfi
 		case "broker_outage":
 			if env.Bus == BusNATS {
 				d := ms(2000, 4000)
-				cfg.Logf("chaos: nats-server killed, started again in %s", d)
+				cfg.Logf("chaos: nats-server killed at %s, started again in %s", time.Now().UTC().Format("15:04:05.000"), d)
 				env.NATS.Kill()
 				time.Sleep(d)
 				if err := env.NATS.StartAgain(); err != nil {

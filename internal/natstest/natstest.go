@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -33,9 +34,15 @@ type Server struct {
 	dir  string
 	port int
 
+	// logPath, when set, receives the server's output too, appended across
+	// restarts, so that a failure's report can show what the server said
+	// when it recovered its store.
+	logPath string
+
 	mu  sync.Mutex
 	cmd *exec.Cmd
 	out *bytes.Buffer
+	log *os.File
 }
 
 // Binary returns the nats-server binary to run, or an error that says what
@@ -69,6 +76,12 @@ func Start(tb testing.TB) *Server {
 // is dir, for callers that are not tests (the chaos harness). The caller
 // kills it with Kill.
 func StartServer(dir string) (*Server, error) {
+	return StartServerLogging(dir, "")
+}
+
+// StartServerLogging is StartServer with the server's output, of this start
+// and every later one, appended to the file logPath as well.
+func StartServerLogging(dir, logPath string) (*Server, error) {
 	bin, err := Binary()
 	if err != nil {
 		return nil, err
@@ -77,7 +90,7 @@ func StartServer(dir string) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("natstest: free port: %w", err)
 	}
-	s := &Server{bin: bin, dir: dir, port: port}
+	s := &Server{bin: bin, dir: dir, port: port, logPath: logPath}
 	if err := s.start(); err != nil {
 		return nil, err
 	}
@@ -113,6 +126,15 @@ func (s *Server) Kill() {
 	_ = s.cmd.Process.Kill()
 	_ = s.cmd.Wait()
 	s.cmd = nil
+	s.closeLog()
+}
+
+// closeLog closes the log file of the last start, if any; s.mu is held.
+func (s *Server) closeLog() {
+	if s.log != nil {
+		_ = s.log.Close()
+		s.log = nil
+	}
 }
 
 // Restart kills the server and starts it again on the same port and store
@@ -130,9 +152,19 @@ func (s *Server) start() error {
 	defer s.mu.Unlock()
 	out := &bytes.Buffer{}
 	cmd := exec.Command(s.bin, "-js", "-a", "127.0.0.1", "-p", strconv.Itoa(s.port), "-sd", s.dir)
-	cmd.Stdout, cmd.Stderr = out, out
+	var w io.Writer = out
+	if s.logPath != "" {
+		f, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+		if err != nil {
+			return fmt.Errorf("natstest: open the server's log: %w", err)
+		}
+		fmt.Fprintf(f, "--- natstest: starting %s at %s\n", s.bin, time.Now().UTC().Format("15:04:05.000"))
+		s.log, w = f, io.MultiWriter(out, f)
+	}
+	cmd.Stdout, cmd.Stderr = w, w
 	cmd.SysProcAttr = sysProcAttr()
 	if err := cmd.Start(); err != nil {
+		s.closeLog()
 		return fmt.Errorf("natstest: start %s: %w", s.bin, err)
 	}
 	s.cmd, s.out = cmd, out
@@ -148,6 +180,7 @@ func (s *Server) start() error {
 	_ = cmd.Process.Kill()
 	_ = cmd.Wait()
 	s.cmd = nil
+	s.closeLog()
 	return fmt.Errorf("natstest: server on port %d not ready in %v: %v; its output:\n%s", s.port, readyTimeout, last, out.String())
 }
 
