@@ -608,6 +608,11 @@ func (r *Relay) send(ctx context.Context, b *batch) error {
 // pending, and those the broker acknowledged are published again.
 func (r *Relay) settle(ctx context.Context, b *batch, lk *lookAhead) error {
 	q := &pgx.Batch{}
+	// The commit need not wait for its WAL to reach the disk: a crash of
+	// PostgreSQL that loses it leaves the rows pending, and they are
+	// published again, which the inbox dedupes (at least once, as after a
+	// crash between the broker's acknowledgement and this commit).
+	q.Queue("SET LOCAL synchronous_commit = off")
 	r.st.QueueMarkPublished(q, b.published)
 	r.st.QueueMarkFailed(q, b.failures)
 	var l lookAhead
