@@ -832,7 +832,10 @@ type Health struct {
 
 	// Running reports whether the relay's loop is running.
 	Running bool
-	// Published is the number of rows this relay marked published.
+	// Published is the number of rows this relay marked published. A
+	// PostgreSQL crash can undo the marks of the last half second or so (see
+	// "At least once" in the package doc); their rows are published and
+	// counted again, so after a crash it can exceed the rows published.
 	Published int64
 	// Retries is the number of rows this relay put back for another
 	// attempt after a failed publish.
