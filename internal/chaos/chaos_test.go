@@ -5,9 +5,11 @@ package chaos_test
 import (
 	"context"
 	"flag"
+	"fmt"
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -98,6 +100,12 @@ func TestSoakShortNATS(t *testing.T) {
 		}
 	}
 	dir := t.TempDir()
+	if keep := os.Getenv("CHAOS_KEEP_DIR"); keep != "" {
+		// The node logs whole, kept after the test, to study a failure.
+		dir = filepath.Join(keep, fmt.Sprintf("nats-%d", time.Now().UnixNano()))
+		require.NoError(t, os.MkdirAll(dir, 0o755))
+		t.Logf("the soak's logs go to %s", dir)
+	}
 	res, err := chaos.RunSoak(context.Background(), dir, nodeCmd, chaos.SoakConfig{
 		Duration: *soak, Rate: 12, Engines: 2, Participants: 2, Seed: 1, Deadline: 3 * time.Minute, Bus: chaos.BusNATS, Logf: t.Logf,
 	})

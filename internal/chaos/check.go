@@ -563,6 +563,8 @@ func (e *Env) checkKafka(ctx context.Context, r *Report, injected []Injected) er
 		}
 	}
 	inOutbox := map[string]bool{}
+	missing := map[string]int{} // by schema and topic
+	var missingRows []string
 	for _, schema := range []string{OrdersSchema, PaymentsSchema} {
 		rows, err := e.Pool.Query(ctx, "SELECT id::text, status, topic, created_at, published_at, attempts, coalesce(last_error, '') FROM "+schema+
 			".outbox WHERE delivery = 'relay'")
@@ -585,8 +587,13 @@ func (e *Env) checkKafka(ctx context.Context, r *Report, injected []Injected) er
 				if published != nil {
 					at = published.UTC().Format("15:04:05.000")
 				}
-				r.violate("outbox row %s (%s, topic %s, written %s, marked published %s after %d failed attempts, last error %q) is marked published but is on no topic",
+				line := fmt.Sprintf("outbox row %s (%s, topic %s, written %s, marked published %s after %d failed attempts, last error %q) is marked published but is on no topic",
 					id, schema, topic, created.UTC().Format("15:04:05.000"), at, attempts, safetext.Text(lastErr, 200))
+				r.violate("%s", line)
+				missing[schema+" "+topic]++
+				if len(missingRows) < 30 {
+					missingRows = append(missingRows, line)
+				}
 			}
 		}
 		if err := rows.Err(); err != nil {
@@ -594,7 +601,12 @@ func (e *Env) checkKafka(ctx context.Context, r *Report, injected []Injected) er
 		}
 	}
 	if r.KafkaMissing > 0 && e.Bus == BusNATS {
-		r.BusState = append(streams, e.natsRecovery()...)
+		for _, k := range slices.Sorted(maps.Keys(missing)) {
+			r.BusState = append(r.BusState, fmt.Sprintf("missing from %s: %d rows", k, missing[k]))
+		}
+		r.BusState = append(r.BusState, missingRows...)
+		r.BusState = append(r.BusState, streams...)
+		r.BusState = append(r.BusState, e.natsRecovery()...)
 	}
 	var phantoms []string
 	for id := range onTopics {
