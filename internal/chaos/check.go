@@ -524,10 +524,21 @@ func (e *Env) checkCancels(ctx context.Context, r *Report, cancels map[string]Ca
 // checkKafka compares what reached the topics, read partition by partition
 // with a plain connection (over NATS: every stream, by sequence, from the
 // server's store), with the outbox rows marked published.
+//
+// The system may still be publishing (a participant answering a command
+// whose saga already ended, say), so the outbox is read twice: the rows
+// marked published before the topics are read must all be on them (a row
+// is marked only after the broker acknowledged it), and every message on
+// the topics must have a row once they have been read. Reading the outbox
+// once, after the topics, counted rows published in between as missing.
 func (e *Env) checkKafka(ctx context.Context, r *Report, injected []Injected) error {
 	poison := map[position]bool{}
 	for _, in := range injected {
 		poison[position{in.Topic, in.Partition, in.Offset}] = true
+	}
+	before, err := e.relayRows(ctx)
+	if err != nil {
+		return err
 	}
 	onTopics := map[string]bool{}
 	var streams []string
@@ -562,51 +573,32 @@ func (e *Env) checkKafka(ctx context.Context, r *Report, injected []Injected) er
 			onTopics[id] = true
 		}
 	}
-	inOutbox := map[string]bool{}
+	after, err := e.relayRows(ctx)
+	if err != nil {
+		return err
+	}
 	missing := map[string]int{} // by schema and topic
 	var missingRows []string
-	for _, schema := range []string{OrdersSchema, PaymentsSchema} {
-		rows, err := e.Pool.Query(ctx, "SELECT id::text, status, topic, created_at, published_at, attempts, coalesce(last_error, '') FROM "+schema+
-			".outbox WHERE delivery = 'relay'")
-		if err != nil {
-			return err
+	for _, row := range before {
+		if row.status != "published" || onTopics[row.id] {
+			continue
 		}
-		for rows.Next() {
-			var id, status, topic string
-			var created time.Time
-			var published *time.Time
-			var attempts int
-			var lastErr string
-			if err := rows.Scan(&id, &status, &topic, &created, &published, &attempts, &lastErr); err != nil {
-				return err
-			}
-			inOutbox[id] = true
-			if status == "published" && !onTopics[id] {
-				r.KafkaMissing++
-				at := "?"
-				if published != nil {
-					at = published.UTC().Format("15:04:05.000")
-				}
-				line := fmt.Sprintf("outbox row %s (%s, topic %s, written %s, marked published %s after %d failed attempts, last error %q) is marked published but is on no topic",
-					id, schema, topic, created.UTC().Format("15:04:05.000"), at, attempts, safetext.Text(lastErr, 200))
-				r.violate("%s", line)
-				missing[schema+" "+topic]++
-				if len(missingRows) < 30 {
-					missingRows = append(missingRows, line)
-				}
-			}
+		r.KafkaMissing++
+		at := "?"
+		if row.published != nil {
+			at = row.published.UTC().Format("15:04:05.000")
 		}
-		if err := rows.Err(); err != nil {
-			return err
+		line := fmt.Sprintf("outbox row %s (%s, topic %s, written %s, marked published %s, attempts %d, last error %q) is marked published but is on no topic",
+			row.id, row.schema, row.topic, row.created.UTC().Format("15:04:05.000"), at, row.attempts, safetext.Text(row.lastErr, 200))
+		r.violate("%s", line)
+		missing[row.schema+" "+row.topic]++
+		if len(missingRows) < 30 {
+			missingRows = append(missingRows, line)
 		}
 	}
-	if r.KafkaMissing > 0 && e.Bus == BusNATS {
-		for _, k := range slices.Sorted(maps.Keys(missing)) {
-			r.BusState = append(r.BusState, fmt.Sprintf("missing from %s: %d rows", k, missing[k]))
-		}
-		r.BusState = append(r.BusState, missingRows...)
-		r.BusState = append(r.BusState, streams...)
-		r.BusState = append(r.BusState, e.natsRecovery()...)
+	inOutbox := map[string]bool{}
+	for _, row := range after {
+		inOutbox[row.id] = true
 	}
 	var phantoms []string
 	for id := range onTopics {
@@ -619,7 +611,47 @@ func (e *Env) checkKafka(ctx context.Context, r *Report, injected []Injected) er
 	for _, id := range phantoms {
 		r.violate("message %s is on a topic but in no outbox", id)
 	}
+	if r.KafkaMissing > 0 && e.Bus == BusNATS {
+		for _, k := range slices.Sorted(maps.Keys(missing)) {
+			r.BusState = append(r.BusState, fmt.Sprintf("missing from %s: %d rows", k, missing[k]))
+		}
+		r.BusState = append(r.BusState, missingRows...)
+		r.BusState = append(r.BusState, streams...)
+		r.BusState = append(r.BusState, e.natsRecovery()...)
+	}
 	return nil
+}
+
+// relayRow is an outbox row the relays publish, as checkKafka reads it.
+type relayRow struct {
+	id, schema, topic, status, lastErr string
+	created                            time.Time
+	published                          *time.Time
+	attempts                           int
+}
+
+// relayRows reads the relay rows of both outboxes.
+func (e *Env) relayRows(ctx context.Context) ([]relayRow, error) {
+	var out []relayRow
+	for _, schema := range []string{OrdersSchema, PaymentsSchema} {
+		rows, err := e.Pool.Query(ctx, "SELECT id::text, status, topic, created_at, published_at, attempts, coalesce(last_error, '') FROM "+
+			schema+".outbox WHERE delivery = 'relay'")
+		if err != nil {
+			return nil, err
+		}
+		for rows.Next() {
+			row := relayRow{schema: schema}
+			if err := rows.Scan(&row.id, &row.status, &row.topic, &row.created, &row.published, &row.attempts, &row.lastErr); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			out = append(out, row)
+		}
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
 // foreignTrail describes what became of a foreign saga's commands, for a

@@ -182,7 +182,7 @@ func RunNode(ctx context.Context, cfg NodeConfig) error {
 		}
 		var w relay.Writer
 		if js != nil {
-			if w, err = natsbus.NewWriter(js, nil); err != nil {
+			if w, err = natsbus.NewWriter(traceAcks(js, log), nil); err != nil {
 				return err
 			}
 		} else {
