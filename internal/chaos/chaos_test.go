@@ -76,8 +76,9 @@ func TestSoakShort(t *testing.T) {
 	require.NoError(t, err, chaos.LogTails(dir, 40))
 	t.Logf("soak of %s\n%s\n%s\n%s\n%s\n%s", res.Duration.Round(time.Second), res.Report.Line(), res.Report.Detail(), res.Report.WaitLine(),
 		res.Report.PoisonLine(), res.ActionsLine())
-	require.True(t, res.Report.OK(), "invariants broken:\n%s\n%s\n%s\n%s\n%s", res.Report.Line(), res.Report.Detail(),
-		strings.Join(res.Report.Violations, "\n"), strings.Join(res.Report.BusState, "\n"), chaos.LogTails(dir, 40))
+	require.True(t, res.Report.OK(), "invariants broken:\n%s\n%s\n%s\n%s\n%s\n%s", res.Report.Line(), res.Report.Detail(),
+		strings.Join(res.Report.Violations, "\n"), strings.Join(res.Report.Failures, "\n"), strings.Join(res.Report.BusState, "\n"),
+		chaos.LogTails(dir, 40))
 	require.Positive(t, res.Actions["sigkill"]+res.Actions["pg_restart"]+res.Actions["broker_outage"]+res.Actions["sigstop"],
 		"the soak attacked nothing")
 	// Dawdling orders (see chaos.DawdleFor) reach the hand-off of a step
@@ -112,8 +113,9 @@ func TestSoakShortNATS(t *testing.T) {
 	require.NoError(t, err, chaos.LogTails(dir, 40))
 	t.Logf("NATS soak of %s\n%s\n%s\n%s\n%s\n%s", res.Duration.Round(time.Second), res.Report.Line(), res.Report.Detail(), res.Report.WaitLine(),
 		res.Report.PoisonLine(), res.ActionsLine())
-	require.True(t, res.Report.OK(), "invariants broken:\n%s\n%s\n%s\n%s\n%s", res.Report.Line(), res.Report.Detail(),
-		strings.Join(res.Report.Violations, "\n"), strings.Join(res.Report.BusState, "\n"), chaos.LogTails(dir, 40))
+	require.True(t, res.Report.OK(), "invariants broken:\n%s\n%s\n%s\n%s\n%s\n%s", res.Report.Line(), res.Report.Detail(),
+		strings.Join(res.Report.Violations, "\n"), strings.Join(res.Report.Failures, "\n"), strings.Join(res.Report.BusState, "\n"),
+		chaos.LogTails(dir, 40))
 	require.Positive(t, res.Actions["sigkill"]+res.Actions["pg_restart"]+res.Actions["broker_outage"]+res.Actions["sigstop"],
 		"the soak attacked nothing")
 	require.Positive(t, res.Actions["redelivery_kill"], "no node was killed while it held unacknowledged messages")

@@ -125,6 +125,12 @@ func soak(args []string) int {
 	for _, v := range rep.Violations {
 		fmt.Println("  " + v)
 	}
+	for _, f := range rep.Failures {
+		fmt.Println("  " + f)
+	}
+	for _, b := range rep.BusState {
+		fmt.Println("  " + b)
+	}
 	fmt.Println(rep.Line())
 	if !rep.OK() {
 		fmt.Fprintf(os.Stderr, "chaos soak: invariants broken (logs kept in %s)\n", dir)
