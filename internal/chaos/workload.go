@@ -270,7 +270,13 @@ func definition(name, topic string, x External, pid int, broken *pgxpool.Pool) *
 				}
 				return reserve(ctx, run, o)
 			}},
-		saga.Step[Order]{Name: "charge", Timeout: ChargeTimeout, Remote: &saga.Remote[Order]{
+		// A refund is sent again until its reply comes, for as long as a
+		// user would wait for one: a participant that fell behind (a
+		// partition held by a killed node until its ack wait, a starved
+		// machine) answers late, and five tries of 5 s each were spent
+		// before it did on a loaded run, failing cancelled sagas for good.
+		saga.Step[Order]{Name: "charge", Timeout: ChargeTimeout, CompensateRetry: &saga.RetryPolicy{MaxAttempts: 20,
+			Backoff: saga.ExponentialBackoff(100*time.Millisecond, 2*time.Second)}, Remote: &saga.Remote[Order]{
 			Topic: topic, Type: ChargeType, CompensateType: RefundType,
 			Command: func(_ context.Context, _ *saga.StepRun, o *Order) (any, error) {
 				return chargeCmd{Key: o.Key, Slow: o.Slow, Sent: time.Now()}, nil
