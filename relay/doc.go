@@ -109,8 +109,9 @@
 // pending, and they are published again. The commit that marks them does
 // not wait for its WAL to reach the disk (synchronous_commit off for that
 // transaction alone): a crash of PostgreSQL itself within about half a
-// second of it can undo the marks in the same way, and the rows are then
-// published again, never lost; in exchange a cycle does not wait for a disk
+// second of it can undo its marks in the same way (published, retried and
+// parked dead alike), and the rows are then claimed and published (or
+// parked) again, never lost; in exchange a cycle does not wait for a disk
 // flush (20% more rows per second on a 2-core machine whose flush takes
 // about a millisecond). kafka-go, which has no idempotent
 // producer, may also store a retried produce request twice. Every copy
