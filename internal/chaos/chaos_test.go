@@ -58,8 +58,8 @@ func TestCrashMatrix(t *testing.T) {
 			require.NoError(t, err, chaos.LogTails(dir, 40))
 			t.Logf("%s hit=%d settled=%s in %s\n%s\n%s\n%s\n%s", c, res.Hit, res.Settle.Round(time.Millisecond), res.Duration.Round(time.Millisecond),
 				res.Report.Line(), res.Report.Detail(), res.Report.WaitLine(), res.Report.PoisonLine())
-			require.True(t, res.Report.OK(), "invariants broken:\n%s\n%s\n%s\n%s", res.Report.Line(), res.Report.Detail(),
-				strings.Join(res.Report.Violations, "\n"), chaos.LogTails(dir, 40))
+			require.True(t, res.Report.OK(), "invariants broken:\n%s\n%s\n%s\n%s\n%s", res.Report.Line(), res.Report.Detail(),
+				strings.Join(res.Report.Violations, "\n"), strings.Join(res.Report.Failures, "\n"), chaos.LogTails(dir, 40))
 		})
 	}
 }

@@ -211,7 +211,7 @@ func matrix(args []string) int {
 		fmt.Printf("%-45s %4d %7.1fs  %s %s %s\n", cells[i], o.res.Hit, o.res.Settle.Seconds(), r.Line(), r.Detail(), r.WaitLine())
 		if !r.OK() {
 			failed++
-			fmt.Printf("  invariants broken (logs in %s):\n    %s\n", o.dir, strings.Join(r.Violations, "\n    "))
+			fmt.Printf("  invariants broken (logs in %s):\n    %s\n", o.dir, strings.Join(slices.Concat(r.Violations, r.Failures), "\n    "))
 		}
 		total.Sagas += r.Sagas
 		total.Terminal += r.Terminal
