@@ -85,7 +85,9 @@ type Message struct {
 	Type string
 	// AggregateType names what Key identifies, e.g. "order". Optional.
 	AggregateType string
-	// Payload is the message's value, any bytes; nil is sent as empty.
+	// Payload is the message's value, any bytes. nil or empty is sent as a
+	// value of zero bytes, never as a null value, which a compacted topic
+	// would take for a tombstone (kafka-go's reader returns it as nil).
 	Payload []byte
 	// Headers are extra Kafka headers, e.g. traceparent. Names may not start
 	// with ReservedHeaderPrefix.

@@ -86,7 +86,11 @@ func TestInsertTxRefusesWhatCannotBeStored(t *testing.T) {
 		"empty header name":    {func(m *outbox.Message) { m.Headers = map[string]string{"": "v"} }, "empty name"},
 		"NUL in header value":  {func(m *outbox.Message) { m.Headers = map[string]string{"traceparent": "\x00"} }, `header "traceparent"`},
 		"10 kB header value":   {func(m *outbox.Message) { m.Headers = map[string]string{"h": long} }, `header "h"`},
-		"negative delay":       {func(m *outbox.Message) { m.Delay = -time.Second }, "Delay"},
+		// The headers column is JSON: invalid UTF-8 would arrive as U+FFFD.
+		"invalid UTF-8 header value": {func(m *outbox.Message) { m.Headers = map[string]string{"h": "a\xffb"} }, `header "h"`},
+		"invalid UTF-8 key":          {func(m *outbox.Message) { m.Key = "\xc3" }, "Key"},
+		"NUL in header name":         {func(m *outbox.Message) { m.Headers = map[string]string{"a\x00": "v"} }, "header name"},
+		"negative delay":             {func(m *outbox.Message) { m.Delay = -time.Second }, "Delay"},
 	} {
 		m := good
 		tc.mut(&m)
@@ -100,7 +104,7 @@ func TestInsertTxRefusesWhatCannotBeStored(t *testing.T) {
 		require.NoError(t, err, name)
 	}
 	require.ErrorIs(t, ob.InsertTx(ctx, nil, good), outbox.ErrInvalidMessage)
-	require.Equal(t, 11, count(t, pool, schema), "only the good messages were written")
+	require.Equal(t, 14, count(t, pool, schema), "only the good messages were written")
 }
 
 // Two schemas are two tenants: one's messages never show in the other's.

@@ -19,6 +19,7 @@ import (
 
 	"github.com/sagaflow/sagaflow/inbox"
 	"github.com/sagaflow/sagaflow/internal/store"
+	"github.com/sagaflow/sagaflow/outbox"
 	"github.com/sagaflow/sagaflow/relay"
 )
 
@@ -202,4 +203,37 @@ func (c *countingReader) CommitMessages(ctx context.Context, msgs ...kafka.Messa
 		c.commits.Add(int64(len(msgs)))
 	}
 	return err
+}
+
+// TestKcatEmptyPayloadIsNotANull settles, with a client that shares no code
+// with kafka-go, what an empty payload becomes on the topic: a value of zero
+// bytes, never a null value. A null value is a tombstone on a compacted
+// topic, which would delete the key's earlier messages there. Both ways to
+// write nothing are tried: outbox.Message.Payload nil, and an empty slice.
+func TestKcatEmptyPayloadIsNotANull(t *testing.T) {
+	path := kcatPath(t)
+	t.Parallel()
+	e := setup(t)
+	ob, err := outbox.New(e.pool, e.schema)
+	require.NoError(t, err)
+	tx, err := e.pool.Begin(e.ctx)
+	require.NoError(t, err)
+	require.NoError(t, ob.InsertTx(e.ctx, tx, outbox.Message{Topic: topicOrders, Key: "nil-payload", Type: "t"}))
+	require.NoError(t, ob.InsertTx(e.ctx, tx, outbox.Message{Topic: topicOrders, Key: "empty-payload", Type: "t", Payload: []byte{}}))
+	require.NoError(t, tx.Commit(e.ctx))
+	r := e.relay(t, e.writer(t), relay.Config{})
+	published, failed := drain(t, e.ctx, r)
+	require.Equal(t, 2, published)
+	require.Zero(t, failed)
+
+	// The control: a null value, which kcat produces for an empty line
+	// with -Z, so that the reading below is seen telling the two apart.
+	broker := strings.Join(e.kc.Addrs(), ",")
+	kcat(t, e.ctx, path, "kcat-null\t\n", "-P", "-Z", "-K", "\t", "-b", broker, "-t", topicOrders)
+
+	// %S is the value's length, -1 for a null value.
+	out := kcat(t, e.ctx, path, "", "-C", "-b", broker, "-t", topicOrders, "-o", "beginning", "-e", "-q", "-f", `%k|%S\n`)
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	sort.Strings(lines)
+	require.Equal(t, []string{"empty-payload|0", "kcat-null|-1", "nil-payload|0"}, lines, "kcat output:\n%s", out)
 }
