@@ -72,7 +72,14 @@ func (r benchRow) message(topic string) kafka.Message {
 //   - raw_msgs/s: a writer from relay.NewKafkaWriter with the same
 //     settings sending the same messages (same keys, values and headers)
 //     in batches of the same size, one synchronous WriteMessages each;
-//   - ratio: relay ÷ raw.
+//   - ratio: relay ÷ raw;
+//   - db_msgs/s: the relay's database work alone on the same backlog,
+//     written again into the emptied table: its claim and its mark sent as
+//     it sends them, one batch after the other, with no message built or
+//     written (see dbClaimAndMark);
+//   - db_ratio: db ÷ raw, what the ratio would be if writing cost the relay
+//     nothing: on a machine where PostgreSQL, the broker and the benchmark
+//     share the cores, the ratio stays below it.
 //
 // ns/op is the relay's time per message. The backlog is filled with COPY,
 // untimed, in one of two shapes:
@@ -113,20 +120,23 @@ func benchRelayThroughput(b *testing.B, txRows int, running bool) {
 	// The fill is not measured: COPY, then ANALYZE as autovacuum would.
 	// Row i was written by transaction i/txRows; the last one committed at
 	// the database's now().
-	var dbNow time.Time
-	require.NoError(b, e.pool.QueryRow(e.ctx, "SELECT now()").Scan(&dbNow))
-	txs := (n + txRows - 1) / txRows
 	outbox := pgx.Identifier{e.schema, "outbox"}
-	copied, err := e.pool.CopyFrom(e.ctx, outbox,
-		[]string{"id", "topic", "aggregateid", "type", "payload", "available_at", "created_at"},
-		pgx.CopyFromSlice(n, func(i int) ([]any, error) {
-			at := dbNow.Add(-time.Duration(txs-1-i/txRows) * time.Millisecond)
-			return []any{rows[i].id, benchRelayTopic, rows[i].key, benchType, rows[i].payload, at, at}, nil
-		}))
-	require.NoError(b, err)
-	require.Equal(b, int64(n), copied)
-	_, err = e.pool.Exec(e.ctx, "ANALYZE "+outbox.Sanitize())
-	require.NoError(b, err)
+	fill := func() {
+		var dbNow time.Time
+		require.NoError(b, e.pool.QueryRow(e.ctx, "SELECT now()").Scan(&dbNow))
+		txs := (n + txRows - 1) / txRows
+		copied, err := e.pool.CopyFrom(e.ctx, outbox,
+			[]string{"id", "topic", "aggregateid", "type", "payload", "available_at", "created_at"},
+			pgx.CopyFromSlice(n, func(i int) ([]any, error) {
+				at := dbNow.Add(-time.Duration(txs-1-i/txRows) * time.Millisecond)
+				return []any{rows[i].id, benchRelayTopic, rows[i].key, benchType, rows[i].payload, at, at}, nil
+			}))
+		require.NoError(b, err)
+		require.Equal(b, int64(n), copied)
+		_, err = e.pool.Exec(e.ctx, "ANALYZE "+outbox.Sanitize())
+		require.NoError(b, err)
+	}
+	fill()
 
 	// Both writers have their metadata and connections before they are timed.
 	w := relay.NewKafkaWriter(e.kc.Addrs(), nil)
@@ -175,12 +185,74 @@ func benchRelayThroughput(b *testing.B, txRows int, running bool) {
 	}
 	rawDur := time.Since(start)
 
+	// The relay's database work alone, on the same backlog written again
+	// into an emptied table: its claim and its mark, as it sends them, one
+	// batch after the other, with no message built or written.
+	_, err = e.pool.Exec(e.ctx, "TRUNCATE "+outbox.Sanitize())
+	require.NoError(b, err)
+	fill()
+	runtime.GC()
+	start = time.Now()
+	var pos *store.RelayPosition
+	for claimed, claims := 0, 0; claimed < n; claims++ {
+		after := pos
+		if claims%16 == 0 {
+			after = nil // as the relay's drain: every 16th claim from the oldest due row
+		}
+		last, c, err := dbClaimAndMark(e, batch, after)
+		require.NoError(b, err)
+		require.Positive(b, c, "a claim found nothing with %d rows left", n-claimed)
+		claimed += c
+		pos = last
+	}
+	dbDur := time.Since(start)
+
 	relayRate := float64(n) / relayDur.Seconds()
 	rawRate := float64(n) / rawDur.Seconds()
+	dbRate := float64(n) / dbDur.Seconds()
 	b.ReportMetric(float64(relayDur.Nanoseconds())/float64(n), "ns/op")
 	b.ReportMetric(relayRate, "relay_msgs/s")
 	b.ReportMetric(rawRate, "raw_msgs/s")
 	b.ReportMetric(relayRate/rawRate, "ratio")
+	b.ReportMetric(dbRate, "db_msgs/s")
+	b.ReportMetric(dbRate/rawRate, "db_ratio")
+}
+
+// dbClaimAndMark does a relay's database work for one batch, its statements
+// sent as the relay sends them: BEGIN and the claim of up to limit rows
+// after after in one round trip, then the mark of every claimed row as
+// published and the COMMIT in another. It returns where the batch ended in
+// the claim order, and how many rows it claimed.
+func dbClaimAndMark(e *env, limit int, after *store.RelayPosition) (*store.RelayPosition, int, error) {
+	conn, err := e.pool.Acquire(e.ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer conn.Release()
+	var rows []store.RelayMessage
+	q := &pgx.Batch{}
+	q.BeginTx(pgx.TxOptions{})
+	e.st.QueueClaimRelayBatch(q, limit, after, &rows)
+	br := conn.SendBatch(e.ctx, q)
+	tx := br.Tx()
+	if err := br.Close(); err != nil {
+		return nil, 0, err
+	}
+	if len(rows) == 0 {
+		return nil, 0, tx.Rollback(e.ctx)
+	}
+	ids := make([]uuid.UUID, len(rows))
+	for i := range rows {
+		ids[i] = rows[i].ID
+	}
+	m := &pgx.Batch{}
+	m.Queue("SET LOCAL synchronous_commit = off")
+	e.st.QueueMarkPublished(m, ids)
+	m.Queue("COMMIT")
+	if err := tx.SendBatch(e.ctx, m).Close(); err != nil {
+		return nil, 0, err
+	}
+	return rows[len(rows)-1].Position(), len(rows), nil
 }
 
 // latencySamplesMax bounds the samples of BenchmarkCommitToKafkaLatency,
