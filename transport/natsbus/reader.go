@@ -290,31 +290,38 @@ func keyOf(m kafka.Message) position { return position{m.Topic, m.Partition, m.O
 
 // CommitMessages acknowledges msgs, each of which this reader must have
 // returned and not committed yet, and waits for the server to confirm
-// each acknowledgement. A message whose acknowledgement failed comes
-// again (to this member or another) after AckWait.
+// each acknowledgement. The acknowledgements go out at once, not one after
+// the other: they are of different partitions (a partition has one message
+// out at a time), and each partition's next message waits for its own. A
+// message whose acknowledgement failed comes again (to this member or
+// another) after AckWait.
 func (r *Reader) CommitMessages(ctx context.Context, msgs ...kafka.Message) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, r.o.AckTimeout)
 		defer cancel()
 	}
-	var errs []error
-	for _, m := range msgs {
+	errs := make([]error, len(msgs))
+	var wg sync.WaitGroup
+	for i, m := range msgs {
 		k := keyOf(m)
 		r.mu.Lock()
 		d := r.held[k]
 		delete(r.held, k)
 		r.mu.Unlock()
 		if d == nil {
-			errs = append(errs, fmt.Errorf("natsbus: commit %s/%d/%d: not a message this reader holds", m.Topic, m.Partition, m.Offset))
+			errs[i] = fmt.Errorf("natsbus: commit %s/%d/%d: not a message this reader holds", m.Topic, m.Partition, m.Offset)
 			continue
 		}
-		err := d.msg.DoubleAck(ctx)
-		d.finish()
-		if err != nil {
-			errs = append(errs, fmt.Errorf("natsbus: commit %s/%d/%d: %w", m.Topic, m.Partition, m.Offset, err))
-		}
+		wg.Go(func() {
+			err := d.msg.DoubleAck(ctx)
+			d.finish()
+			if err != nil {
+				errs[i] = fmt.Errorf("natsbus: commit %s/%d/%d: %w", m.Topic, m.Partition, m.Offset, err)
+			}
+		})
 	}
+	wg.Wait()
 	return errors.Join(errs...)
 }
 
