@@ -22,7 +22,7 @@ import (
 )
 
 // server starts a throwaway server and connects to it.
-func server(t *testing.T) (*natstest.Server, jetstream.JetStream) {
+func server(t testing.TB) (*natstest.Server, jetstream.JetStream) {
 	t.Helper()
 	srv := natstest.Start(t)
 	nc, err := nats.Connect(srv.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))

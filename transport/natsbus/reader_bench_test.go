@@ -6,12 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sagaflow/sagaflow/internal/natstest"
 	"github.com/sagaflow/sagaflow/transport/natsbus"
 	"github.com/sagaflow/sagaflow/wire"
 )
@@ -25,12 +22,7 @@ import (
 // 1), so the time a commit takes is time every partition of the batch
 // waits.
 func BenchmarkReaderDrainsInBatches(b *testing.B) {
-	srv := natstest.Start(b)
-	nc, err := nats.Connect(srv.URL())
-	require.NoError(b, err)
-	b.Cleanup(nc.Close)
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(10*time.Second))
-	require.NoError(b, err)
+	_, js := server(b)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	b.Cleanup(cancel)
 	const topic = "bench.drain"
