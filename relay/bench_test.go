@@ -76,7 +76,7 @@ func (r benchRow) message(topic string) kafka.Message {
 //   - db_msgs/s: the relay's database work alone on the same backlog,
 //     written again into the emptied table: its claim and its mark sent as
 //     it sends them, one batch after the other, with no message built or
-//     written (see dbClaimAndMark);
+//     written (see relay.DrainMarkingOnly);
 //   - db_ratio: db ÷ raw, what the ratio would be if writing cost the relay
 //     nothing: on a machine where PostgreSQL, the broker and the benchmark
 //     share the cores, the ratio stays below it.
@@ -186,25 +186,19 @@ func benchRelayThroughput(b *testing.B, txRows int, running bool) {
 	rawDur := time.Since(start)
 
 	// The relay's database work alone, on the same backlog written again
-	// into an emptied table: its claim and its mark, as it sends them, one
-	// batch after the other, with no message built or written.
+	// into an emptied table: its claims and marks, one batch after the
+	// other, with no message built or written (a relay of its own, so that
+	// its counts are apart).
 	_, err = e.pool.Exec(e.ctx, "TRUNCATE "+outbox.Sanitize())
 	require.NoError(b, err)
 	fill()
+	dbOnly, err := relay.New(e.pool, w, &relay.Config{Schema: e.schema, Logger: quiet, BatchSize: batch, Retention: -1})
+	require.NoError(b, err)
 	runtime.GC()
 	start = time.Now()
-	var pos *store.RelayPosition
-	for claimed, claims := 0, 0; claimed < n; claims++ {
-		after := pos
-		if claims%16 == 0 {
-			after = nil // as the relay's drain: every 16th claim from the oldest due row
-		}
-		last, c, err := dbClaimAndMark(e, batch, after)
-		require.NoError(b, err)
-		require.Positive(b, c, "a claim found nothing with %d rows left", n-claimed)
-		claimed += c
-		pos = last
-	}
+	marked, err := relay.DrainMarkingOnly(e.ctx, dbOnly)
+	require.NoError(b, err)
+	require.Equal(b, n, marked, "rows marked by the database-only drain")
 	dbDur := time.Since(start)
 
 	relayRate := float64(n) / relayDur.Seconds()
@@ -216,43 +210,6 @@ func benchRelayThroughput(b *testing.B, txRows int, running bool) {
 	b.ReportMetric(relayRate/rawRate, "ratio")
 	b.ReportMetric(dbRate, "db_msgs/s")
 	b.ReportMetric(dbRate/rawRate, "db_ratio")
-}
-
-// dbClaimAndMark does a relay's database work for one batch, its statements
-// sent as the relay sends them: BEGIN and the claim of up to limit rows
-// after after in one round trip, then the mark of every claimed row as
-// published and the COMMIT in another. It returns where the batch ended in
-// the claim order, and how many rows it claimed.
-func dbClaimAndMark(e *env, limit int, after *store.RelayPosition) (*store.RelayPosition, int, error) {
-	conn, err := e.pool.Acquire(e.ctx)
-	if err != nil {
-		return nil, 0, err
-	}
-	defer conn.Release()
-	var rows []store.RelayMessage
-	q := &pgx.Batch{}
-	q.BeginTx(pgx.TxOptions{})
-	e.st.QueueClaimRelayBatch(q, limit, after, &rows)
-	br := conn.SendBatch(e.ctx, q)
-	tx := br.Tx()
-	if err := br.Close(); err != nil {
-		return nil, 0, err
-	}
-	if len(rows) == 0 {
-		return nil, 0, tx.Rollback(e.ctx)
-	}
-	ids := make([]uuid.UUID, len(rows))
-	for i := range rows {
-		ids[i] = rows[i].ID
-	}
-	m := &pgx.Batch{}
-	m.Queue("SET LOCAL synchronous_commit = off")
-	e.st.QueueMarkPublished(m, ids)
-	m.Queue("COMMIT")
-	if err := tx.SendBatch(e.ctx, m).Close(); err != nil {
-		return nil, 0, err
-	}
-	return rows[len(rows)-1].Position(), len(rows), nil
 }
 
 // latencySamplesMax bounds the samples of BenchmarkCommitToKafkaLatency,
