@@ -2,7 +2,6 @@ package relay_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -107,16 +106,7 @@ func TestMarksUndoneByAPostgreSQLCrashArePublishedAgain(t *testing.T) {
 		var wg sync.WaitGroup
 		for i := range tenants {
 			wg.Go(func() {
-				for range 1000 {
-					p, f, err := rs[i].RunOnce(ctx)
-					if err != nil || p+f == 0 {
-						results[i].err = err
-						return
-					}
-					results[i].published += p
-					results[i].failed += f
-				}
-				results[i].err = errors.New("the outbox never ran dry")
+				results[i].published, results[i].failed, results[i].err = drainErr(ctx, rs[i])
 			})
 		}
 		wg.Wait()
@@ -159,4 +149,9 @@ func TestMarksUndoneByAPostgreSQLCrashArePublishedAgain(t *testing.T) {
 		t.Logf("%s: %d rows, %d messages on its topic; %d marks undone by the five crashes and published again",
 			tn.schema, len(tn.written), len(msgs), tn.undone)
 	}
+	// Without a mark undone, the test showed nothing of what it is for: the
+	// marks commit without the flush, and the crash follows the drains at
+	// once, so some are always lost (100 to 900 over both tenants in every
+	// run seen; none when the marks waited for the flush).
+	require.Positive(t, tenants[0].undone+tenants[1].undone, "no crash undid a mark: the relay's marks waited for the flush")
 }

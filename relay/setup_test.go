@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -161,17 +162,26 @@ func (e *env) read(t *testing.T, topics ...string) []kafka.Message {
 // drain runs cycles until one finds nothing to do.
 func drain(t *testing.T, ctx context.Context, r *relay.Relay) (published, failed int) {
 	t.Helper()
+	published, failed, err := drainErr(ctx, r)
+	require.NoError(t, err)
+	return published, failed
+}
+
+// drainErr is drain for a goroutine that is not the test's: it returns the
+// first error instead of failing the test.
+func drainErr(ctx context.Context, r *relay.Relay) (published, failed int, err error) {
 	for range 1000 {
 		p, f, err := r.RunOnce(ctx)
-		require.NoError(t, err)
+		if err != nil {
+			return published, failed, err
+		}
 		if p == 0 && f == 0 {
-			return published, failed
+			return published, failed, nil
 		}
 		published += p
 		failed += f
 	}
-	t.Fatal("drain: the outbox never ran dry")
-	return
+	return published, failed, errors.New("drain: the outbox never ran dry")
 }
 
 // waitFor polls cond until it holds, failing the test after timeout.
