@@ -2,6 +2,7 @@ package natsbus_test
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -209,4 +210,69 @@ func TestRelayParksWhatTheStreamRefuses(t *testing.T) {
 	require.Equal(t, "dead", status)
 	require.Contains(t, lastErr, relay.CodeTooLarge)
 	require.Contains(t, lastErr, "message size exceeds maximum")
+}
+
+// A batch committed at once, with a message given twice and one this reader
+// never returned among its messages: the two bad ones are reported by their
+// positions, and every good one is acknowledged: each partition's next
+// message comes, and nothing comes again after AckWait.
+func TestCommitOfABatchAcknowledgesEachGoodMessage(t *testing.T) {
+	t.Parallel()
+	_, js := server(t)
+	ctx := ctxT(t)
+	const topic, parts = "orders.batch", 4
+	require.NoError(t, natsbus.Setup(ctx, js, []string{topic}, &natsbus.SetupOpts{Partitions: parts}))
+	w, err := natsbus.NewWriter(js, nil)
+	require.NoError(t, err)
+	// Two messages on each partition.
+	perPart := map[int]int{}
+	var ms []kafka.Message
+	for i := 0; len(ms) < 2*parts; i++ {
+		key := []byte("order-" + strconv.Itoa(i))
+		p := wire.Partition(key, parts)
+		if perPart[p] == 2 {
+			continue
+		}
+		perPart[p]++
+		ms = append(ms, kafka.Message{Topic: topic, Key: key, Value: []byte("v"),
+			Headers: []kafka.Header{{Key: wire.HeaderMessageID, Value: []byte("m-" + strconv.Itoa(i))}}})
+	}
+	require.NoError(t, w.WriteMessages(ctx, ms...))
+
+	const ackWait = 2 * time.Second
+	r, err := natsbus.NewReader(js, "g", []string{topic}, &natsbus.ReaderOpts{AckWait: ackWait, PullWait: 200 * time.Millisecond})
+	require.NoError(t, err)
+	defer r.Close()
+	fetch := func() []kafka.Message {
+		var got []kafka.Message
+		for range parts {
+			m, err := r.FetchMessage(ctx)
+			require.NoError(t, err)
+			got = append(got, m)
+		}
+		return got
+	}
+	first := fetch()
+	forged := first[0]
+	forged.Offset = 999_999
+	err = r.CommitMessages(ctx, first[0], first[1], first[0], forged, first[2], first[3])
+	require.Error(t, err)
+	require.Equal(t, 2, strings.Count(err.Error(), "not a message this reader holds"), "%v", err)
+	require.Contains(t, err.Error(), "/999999: not a message", "the forged one named by its position")
+
+	second := fetch() // each partition's next: the acknowledgements landed
+	seen := map[int]bool{}
+	for _, m := range second {
+		seen[m.Partition] = true
+		for _, f := range first {
+			require.NotEqual(t, f.Offset, m.Offset, "partition %d gave its first message again: its acknowledgement was lost", m.Partition)
+		}
+	}
+	require.Len(t, seen, parts)
+	require.NoError(t, r.CommitMessages(ctx, second...))
+
+	quiet, cancel := context.WithTimeout(ctx, ackWait+time.Second)
+	defer cancel()
+	m, err := r.FetchMessage(quiet)
+	require.Error(t, err, "a message came again after AckWait: %s/%d/%d", m.Topic, m.Partition, m.Offset)
 }
