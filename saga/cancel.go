@@ -159,41 +159,64 @@ func (e *Engine) cancel(ctx context.Context, tx pgx.Tx, id uuid.UUID, reason, co
 // applyCancelNow applies saga id's pending cancel request in tx when this
 // engine knows the saga and no step of it runs (its execution lock is free;
 // tx then holds it). It reports whether it did.
+//
+// The saga's row and its lock come from one statement, whose snapshot is
+// taken before the lock is tried: a step that commits in between leaves the
+// row read stale while the lock is won, and the fenced update then finds a
+// newer version. The read is made again (the failed attempt, lock
+// included, is rolled back to the savepoint); a saga that keeps moving is
+// left to the cancel command, as when a step runs.
 func (e *Engine) applyCancelNow(ctx context.Context, tx pgx.Tx, id uuid.UUID) (bool, error) {
 	if _, err := tx.Exec(ctx, "SAVEPOINT sagaflow_cancel"); err != nil {
 		return false, fmt.Errorf("saga: cancel %s: %w", id, err)
 	}
+	for range 3 {
+		applied, fenced, err := e.tryCancelNow(ctx, tx, id)
+		if err != nil || fenced {
+			return applied, err
+		}
+	}
+	return false, nil
+}
+
+// tryCancelNow is one attempt of [Engine.applyCancelNow]; fenced is false
+// when the saga's row had moved on since it was read (the attempt is then
+// rolled back to the savepoint sagaflow_cancel).
+func (e *Engine) tryCancelNow(ctx context.Context, tx pgx.Tx, id uuid.UUID) (applied, fenced bool, err error) {
 	// LockSagas tries the saga's execution lock without waiting.
 	sagas, err := e.st.LockSagas(ctx, tx, []uuid.UUID{id}, "")
 	if err != nil {
-		return false, fmt.Errorf("saga: cancel %s: %w", id, err)
+		return false, false, fmt.Errorf("saga: cancel %s: %w", id, err)
 	}
 	ls := sagas[id]
 	if ls == nil || !ls.Locked || ls.CancelRequest == nil || Status(ls.Status) != StatusRunning {
-		return false, nil
+		return false, true, nil
 	}
 	def := e.lookup(&ls.Saga)
 	if def == nil {
-		return false, nil
+		return false, true, nil
 	}
 	idx, ok := def.byName[ls.StepName]
 	if !ok {
-		return false, nil
+		return false, true, nil
+	}
+	if h := e.hooks.cancelRead; h != nil {
+		h(id)
 	}
 	tr := e.transition(&ls.Saga, e.machine.cancel(&ls.Saga, def, idx, ls.CancelRequest.Reason, ls.CancelRequest.Code))
-	fenced, err := e.st.ApplyTransition(ctx, tx, tr, "sagaflow_cancel")
-	if err != nil {
-		return false, fmt.Errorf("saga: cancel %s: %w", id, err)
-	}
-	if !fenced {
-		return false, fmt.Errorf("saga: cancel %s: the saga changed while its execution lock was held", id)
+	fenced, err = e.st.ApplyTransition(ctx, tx, tr, "sagaflow_cancel")
+	if err != nil || !fenced {
+		if err != nil {
+			err = fmt.Errorf("saga: cancel %s: %w", id, err)
+		}
+		return false, false, err
 	}
 	if len(tr.Messages) > 0 {
 		if err := e.st.Notify(ctx, tx, e.cfg.CommandTopic); err != nil {
-			return false, fmt.Errorf("saga: cancel %s: %w", id, err)
+			return false, true, fmt.Errorf("saga: cancel %s: %w", id, err)
 		}
 	}
-	return true, nil
+	return true, true, nil
 }
 
 // applyCancel deals with the pending cancel request of a saga whose lock

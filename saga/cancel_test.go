@@ -175,6 +175,59 @@ func TestCancelBetweenStepsAppliesAtOnce(t *testing.T) {
 	require.ErrorIs(t, b.engine.Cancel(ctx, uuid.New(), "nobody"), saga.ErrNotFound)
 }
 
+// Cancel reads the saga and tries its execution lock in one statement,
+// whose snapshot comes before the lock: a step that commits between them
+// leaves the row read stale though the lock is won. The hook makes that
+// happen (the saga's version moves on from another connection, as the
+// step's commit would): the cancel reads again and applies at once; when
+// the saga moves on at every read, the cancel command applies it. Either
+// way Cancel succeeds and the saga compensates; it used to fail with "the
+// saga changed while its execution lock was held".
+func TestCancelWhoseReadAStepOutdates(t *testing.T) {
+	t.Parallel()
+	for _, moves := range []int{1, 3} {
+		t.Run(fmt.Sprint(moves, " moves"), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, nil)
+			var calls atomic.Int32
+			def := threeSteps(b, "outdated", map[string]saga.StepFunc[order]{
+				"charge/forward": func(context.Context, *saga.StepRun, *order) error {
+					calls.Add(1)
+					return steps.RetryAfter(time.Hour, fmt.Errorf("provider busy"))
+				},
+			})
+			require.NoError(t, b.engine.Register(def))
+			b.start(t)
+			ctx := context.Background()
+			st, err := saga.Start(ctx, b.engine, def, order{}, nil)
+			require.NoError(t, err)
+			waitFor(t, 10*time.Second, func() bool {
+				return b.count(t, "SELECT count(*) FROM "+b.table("saga_instances")+" WHERE id = $1 AND attempt = 1", st.ID) == 1
+			}, "the retry to be scheduled")
+			require.NoError(t, b.engine.WaitUnlocked(ctx, st.ID))
+			var reads atomic.Int32
+			b.engine.SetCancelRead(func(id uuid.UUID) {
+				if int(reads.Add(1)) > moves {
+					return
+				}
+				_, err := b.pool.Exec(ctx, "UPDATE "+b.table("saga_instances")+" SET version = version + 1 WHERE id = $1", id)
+				require.NoError(t, err)
+			})
+			require.NoError(t, b.engine.Cancel(ctx, st.ID, "too slow"))
+			require.Equal(t, saga.StatusCompensated, b.waitTerminal(t, st.ID).Status)
+			in, err := b.engine.Get(ctx, st.ID)
+			require.NoError(t, err)
+			require.True(t, hasEvent(in, saga.EventSagaCancelled), "%v", eventTypes(in))
+			require.EqualValues(t, 1, calls.Load(), "the retry an hour away never ran")
+			if moves == 1 {
+				require.EqualValues(t, 2, reads.Load(), "read again once")
+			} else {
+				require.EqualValues(t, 3, reads.Load(), "three reads, then the cancel command")
+			}
+		})
+	}
+}
+
 // A request left for a saga that ended before any engine applied it is
 // refused and recorded, not silently dropped.
 func TestCancelRequestForAnEndedSagaIsRecordedAsRefused(t *testing.T) {

@@ -366,6 +366,9 @@ type testHooks struct {
 	// together (see [Engine.prefetchSagas]), with the sagas it found, and
 	// before any of the messages runs.
 	readAhead func(ids []uuid.UUID)
+	// cancelRead runs when an operator's cancel has read a saga and won its
+	// execution lock, before the fenced update that applies the cancel.
+	cancelRead func(id uuid.UUID)
 }
 
 // New returns an engine on pool. A nil cfg means the defaults. The schema must

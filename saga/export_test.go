@@ -57,3 +57,10 @@ func (e *Engine) LockSaga(ctx context.Context, tx pgx.Tx, id uuid.UUID) error {
 func (e *Engine) SetReadAhead(h func(ids []uuid.UUID)) {
 	e.hooks.readAhead = h
 }
+
+// SetCancelRead installs a hook that runs when Cancel has read a saga and
+// won its execution lock, before the fenced update that applies the
+// cancel.
+func (e *Engine) SetCancelRead(h func(id uuid.UUID)) {
+	e.hooks.cancelRead = h
+}
