@@ -228,7 +228,7 @@ func TestChainedRepliesWithForgeriesDuplicatesAndPoisonInOneBacklog(t *testing.T
 				require.Equal(t, boolInt(i < 5), countOf(r.fx.List(t, ids[i]), "ship"), "saga %d: ship once or never", i)
 			}
 			st := e2.Stats()
-			t.Logf("%s: chained %d, bus batched %d, stale %d", m.name, st.Chained, st.BusBatched, st.StaleDiscarded)
+			t.Logf("%s: chained %d, bus batched %d, stale %d, handed off %d", m.name, st.Chained, st.BusBatched, st.StaleDiscarded, st.StepsHandedOff)
 			require.GreaterOrEqual(t, st.Chained, int64(5), "each genuine reply ran ship in its transaction")
 			if m.allSteps {
 				require.Positive(t, st.BusBatched, "the backlog ran several to a transaction")
