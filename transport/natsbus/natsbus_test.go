@@ -2,6 +2,7 @@ package natsbus_test
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -275,4 +276,136 @@ func TestCommitOfABatchAcknowledgesEachGoodMessage(t *testing.T) {
 	defer cancel()
 	m, err := r.FetchMessage(quiet)
 	require.Error(t, err, "a message came again after AckWait: %s/%d/%d", m.Topic, m.Partition, m.Offset)
+}
+
+// A member of the group dies (its connection closed, nothing given back)
+// between the acknowledgements of one batch: the acknowledged messages
+// never come again, each other one comes again after AckWait to another
+// member, and every partition then goes on with its next message, in
+// order. First with half the batch acknowledged; then with the connection
+// closed while the whole batch's acknowledgements are in flight, where any
+// of them may or may not have landed. Nothing is lost.
+func TestReaderDiesBetweenTheAcknowledgementsOfABatch(t *testing.T) {
+	t.Parallel()
+	srv, js := server(t)
+	ctx := ctxT(t)
+	const topic, parts, perPart = "orders.dies", 8, 4
+	require.NoError(t, natsbus.Setup(ctx, js, []string{topic}, &natsbus.SetupOpts{Partitions: parts}))
+	w, err := natsbus.NewWriter(js, nil)
+	require.NoError(t, err)
+	order := map[int][]string{} // each partition's message ids, as written
+	var ms []kafka.Message
+	for i := 0; len(ms) < perPart*parts; i++ {
+		key := []byte("order-" + strconv.Itoa(i))
+		p := wire.Partition(key, parts)
+		if len(order[p]) == perPart {
+			continue
+		}
+		id := "m-" + strconv.Itoa(i)
+		order[p] = append(order[p], id)
+		ms = append(ms, kafka.Message{Topic: topic, Key: key, Value: []byte(id),
+			Headers: []kafka.Header{{Key: wire.HeaderMessageID, Value: []byte(id)}}})
+	}
+	for _, m := range ms { // one at a time: each partition's order is the written one
+		require.NoError(t, w.WriteMessages(ctx, m))
+	}
+	pos := func(p int, m kafka.Message) int {
+		i := slices.Index(order[p], string(m.Value))
+		require.GreaterOrEqual(t, i, 0, "partition %d gave %q, not one of its messages", p, m.Value)
+		return i
+	}
+
+	const ackWait = time.Second
+	member := func() (*natsbus.Reader, *nats.Conn) {
+		nc, err := nats.Connect(srv.URL())
+		require.NoError(t, err)
+		t.Cleanup(nc.Close)
+		mjs, err := jetstream.New(nc)
+		require.NoError(t, err)
+		r, err := natsbus.NewReader(mjs, "g", []string{topic}, &natsbus.ReaderOpts{AckWait: ackWait, PullWait: 200 * time.Millisecond})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = r.Close() }) // a dead member's goroutines stop with the test
+		return r, nc
+	}
+	// batch fetches one message of each partition, as positions in order.
+	batch := func(r *natsbus.Reader) (map[int]int, []kafka.Message) {
+		at := map[int]int{}
+		var got []kafka.Message
+		for len(at) < parts {
+			m, err := r.FetchMessage(ctx)
+			require.NoError(t, err)
+			_, again := at[m.Partition]
+			require.False(t, again, "partition %d gave a second message while its first was held", m.Partition)
+			at[m.Partition] = pos(m.Partition, m)
+			got = append(got, m)
+		}
+		return at, got
+	}
+
+	a, anc := member()
+	first, got := batch(a)
+	var half []kafka.Message
+	for _, m := range got {
+		require.Zero(t, first[m.Partition], "partition %d did not start with its first message", m.Partition)
+		if m.Partition < parts/2 {
+			half = append(half, m)
+		}
+	}
+	require.NoError(t, a.CommitMessages(ctx, half...))
+	anc.Close() // dies: the other half is neither acknowledged nor given back
+
+	b, bnc := member()
+	t0 := time.Now()
+	second, got := batch(b)
+	for p := range parts {
+		want := 1 // acknowledged: the next one
+		if p >= parts/2 {
+			want = 0 // not: the same one again
+		}
+		require.Equal(t, want, second[p], "partition %d", p)
+	}
+	require.GreaterOrEqual(t, time.Since(t0), ackWait/2, "the unacknowledged half came before AckWait: something gave it back")
+
+	// b dies with the whole batch's acknowledgements in flight.
+	done := make(chan error, 1)
+	go func() { done <- b.CommitMessages(ctx, got...) }()
+	time.Sleep(300 * time.Microsecond) // some acknowledgements go out, if not all
+	bnc.Close()
+	t.Logf("the commit that the closed connection cut: %v", <-done)
+
+	c, _ := member()
+	landed := 0
+	third, got := batch(c)
+	for p := range parts {
+		switch third[p] {
+		case second[p] + 1:
+			landed++
+		case second[p]:
+		default:
+			require.Fail(t, "out of order", "partition %d: after position %d came %d", p, second[p], third[p])
+		}
+	}
+	require.NoError(t, c.CommitMessages(ctx, got...))
+	second = third
+	t.Logf("acknowledgements that landed before the connection closed: %d of %d", landed, parts)
+	// The rest, to the end of each partition: nothing lost, nothing again.
+	left := 0
+	for p := range parts {
+		left += perPart - 1 - second[p]
+	}
+	for range left {
+		m, err := c.FetchMessage(ctx)
+		require.NoError(t, err)
+		p := m.Partition
+		require.Equal(t, second[p]+1, pos(p, m), "partition %d out of order", p)
+		second[p]++
+		require.NoError(t, c.CommitMessages(ctx, m))
+	}
+	for p := range parts {
+		require.Equal(t, perPart-1, second[p], "partition %d did not reach its last message", p)
+	}
+	quiet, cancel := context.WithTimeout(ctx, ackWait+time.Second)
+	defer cancel()
+	m, err := c.FetchMessage(quiet)
+	require.Error(t, err, "a message came again after every one was acknowledged: %s/%d/%q", m.Topic, m.Partition, m.Value)
 }
