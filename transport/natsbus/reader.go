@@ -294,7 +294,10 @@ func keyOf(m kafka.Message) position { return position{m.Topic, m.Partition, m.O
 // the other: they are of different partitions (a partition has one message
 // out at a time), and each partition's next message waits for its own. A
 // message whose acknowledgement failed comes again (to this member or
-// another) after AckWait.
+// another) after AckWait, unless the acknowledgement reached the server
+// before the confirmation was lost (a connection that closed meanwhile): an
+// error says that a message may come again, not that it will. The inbox
+// dedupes it either way.
 func (r *Reader) CommitMessages(ctx context.Context, msgs ...kafka.Message) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
