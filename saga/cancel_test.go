@@ -137,13 +137,14 @@ func TestCancelRequestWithoutNotificationIsFoundByPolling(t *testing.T) {
 	require.Equal(t, saga.ErrorInfo{Code: saga.CodeCancelled, Message: "silent"}, *in.LastError)
 }
 
-// A cancel of a saga waiting on a retry's backoff (no step running) is
-// applied at once, in Cancel's transaction; a second cancel is refused.
-func TestCancelBetweenStepsAppliesAtOnce(t *testing.T) {
-	t.Parallel()
+// retryingAnHourAway starts, on an engine of its own, a saga whose charge
+// step fails once and retries an hour later, and returns once that retry is
+// written and no step of the saga runs; calls counts charge's runs.
+func retryingAnHourAway(t *testing.T, name string) (*bundle, saga.Started, *atomic.Int32) {
+	t.Helper()
 	b := setup(t, nil)
-	var calls atomic.Int32
-	def := threeSteps(b, "backoff", map[string]saga.StepFunc[order]{
+	calls := &atomic.Int32{}
+	def := threeSteps(b, name, map[string]saga.StepFunc[order]{
 		"charge/forward": func(context.Context, *saga.StepRun, *order) error {
 			calls.Add(1)
 			return steps.RetryAfter(time.Hour, fmt.Errorf("provider busy"))
@@ -161,7 +162,15 @@ func TestCancelBetweenStepsAppliesAtOnce(t *testing.T) {
 	// The worker's commit is visible a moment before it lets go of the
 	// saga's lock: wait for that, so that no step runs at the Cancel.
 	require.NoError(t, b.engine.WaitUnlocked(ctx, st.ID))
+	return b, st, calls
+}
 
+// A cancel of a saga waiting on a retry's backoff (no step running) is
+// applied at once, in Cancel's transaction; a second cancel is refused.
+func TestCancelBetweenStepsAppliesAtOnce(t *testing.T) {
+	t.Parallel()
+	b, st, _ := retryingAnHourAway(t, "backoff")
+	ctx := context.Background()
 	require.NoError(t, b.engine.Cancel(ctx, st.ID, "too slow"))
 	// Applied in Cancel's own transaction: when Cancel returns, the cancel
 	// is in the timeline and the saga no longer runs forward (a worker may
@@ -188,23 +197,8 @@ func TestCancelWhoseReadAStepOutdates(t *testing.T) {
 	for _, moves := range []int{1, 3} {
 		t.Run(fmt.Sprint(moves, " moves"), func(t *testing.T) {
 			t.Parallel()
-			b := setup(t, nil)
-			var calls atomic.Int32
-			def := threeSteps(b, "outdated", map[string]saga.StepFunc[order]{
-				"charge/forward": func(context.Context, *saga.StepRun, *order) error {
-					calls.Add(1)
-					return steps.RetryAfter(time.Hour, fmt.Errorf("provider busy"))
-				},
-			})
-			require.NoError(t, b.engine.Register(def))
-			b.start(t)
+			b, st, calls := retryingAnHourAway(t, "outdated")
 			ctx := context.Background()
-			st, err := saga.Start(ctx, b.engine, def, order{}, nil)
-			require.NoError(t, err)
-			waitFor(t, 10*time.Second, func() bool {
-				return b.count(t, "SELECT count(*) FROM "+b.table("saga_instances")+" WHERE id = $1 AND attempt = 1", st.ID) == 1
-			}, "the retry to be scheduled")
-			require.NoError(t, b.engine.WaitUnlocked(ctx, st.ID))
 			var reads atomic.Int32
 			b.engine.SetCancelRead(func(id uuid.UUID) {
 				if int(reads.Add(1)) > moves {
