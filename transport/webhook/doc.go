@@ -21,8 +21,8 @@
 //     a captured request cannot be replayed under a new key past the
 //     receiver's deduplication. Keys are at least 16 bytes, on both sides.
 //
-// A receiver in any language recomputes the HMAC of timestamp "." body with
-// its key, compares it in constant time with each v1= entry, and refuses a
+// A receiver in any language recomputes the HMAC of timestamp "."
+// idempotencyKey "." body with its key, compares it in constant time with each v1= entry, and refuses a
 // timestamp too far from its clock (a replay). [Verify] and [Handler] do so
 // in Go. Signing with two keys while receivers move from the old to the new
 // one rotates keys without refusing anything.
