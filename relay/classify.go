@@ -29,6 +29,9 @@ const (
 	// an illegal topic, a malformed record). Retrying can never succeed:
 	// the row is parked at once.
 	classPermanent
+	// classNotSent: the writer held the message back behind a failed
+	// earlier message of its key (see PublishError.NotSent).
+	classNotSent
 )
 
 func (c errorClass) String() string {
@@ -37,6 +40,8 @@ func (c errorClass) String() string {
 		return "outage"
 	case classPermanent:
 		return "permanent"
+	case classNotSent:
+		return "not sent"
 	default:
 		return "retry"
 	}
@@ -61,6 +66,8 @@ func classify(err error) (errorClass, string) {
 			return classPermanent, pub.Code
 		case pub.Outage:
 			return classOutage, ""
+		case pub.NotSent:
+			return classNotSent, ""
 		}
 		return classRetry, ""
 	}

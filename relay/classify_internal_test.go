@@ -94,6 +94,7 @@ func TestClassifyPublishError(t *testing.T) {
 		{&PublishError{Permanent: true, Code: "http_410", Err: errors.New("gone")}, classPermanent, "http_410"},
 		{fmt.Errorf("wrapped: %w", &PublishError{Permanent: true, Err: errors.New("x")}), classPermanent, CodeRejected},
 		{&PublishError{Outage: true, Err: errors.New("503")}, classOutage, ""},
+		{&PublishError{NotSent: true, Err: errors.New("behind a failure")}, classNotSent, ""},
 		{&PublishError{Err: io.EOF}, classRetry, ""}, // its verdict wins over the EOF inside
 	}
 	for _, c := range cases {

@@ -92,8 +92,10 @@ type Config struct {
 	MaxMessageBytes int
 	// PublishTimeout bounds one cycle's write to the broker; the batch's
 	// rows are locked meanwhile. A write that times out is a broker outage:
-	// the batch's rows wait, without spending an attempt. Defaults to
-	// PublishTimeoutDefault.
+	// the batch's rows wait, without spending an attempt, unless the writer
+	// judges its own timeouts otherwise (a [PublishError]: package webhook
+	// counts a request that timed out as an attempt, since the endpoint may
+	// have acted on it). Defaults to PublishTimeoutDefault.
 	PublishTimeout time.Duration
 	// Retention is how long published rows are kept (the window in which
 	// they can be replayed): a running relay deletes older ones every

@@ -15,7 +15,15 @@ var ErrInvalidConfig = errors.New("relay: invalid config")
 //     once, with Code and the error's text.
 //   - Outage: the target could not be reached or could not take writes now.
 //     The row spends no attempt and waits, however long the outage lasts.
-//   - neither: the row spends an attempt and is retried after Backoff.
+//   - NotSent: the writer did not send this message, to keep its key's
+//     order, because an earlier message of the same key in the same write
+//     failed. The row spends no attempt and is not parked: it is due again
+//     with that earlier message (after it, in claim order), or at once when
+//     that one was parked as dead. A NotSent message whose key has no other
+//     failure in the write is taken as a plain failure (an attempt spent),
+//     so that a writer that says it wrongly cannot make a row spin.
+//   - none of these: the row spends an attempt and is retried after
+//     Backoff.
 //
 // Wrapped errors are looked through (errors.As).
 type PublishError struct {
@@ -23,6 +31,7 @@ type PublishError struct {
 	Code      string
 	Permanent bool
 	Outage    bool
+	NotSent   bool
 	Err       error
 }
 

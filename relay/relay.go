@@ -266,7 +266,11 @@ type batch struct {
 	dead      []*store.RelayMessage // parallel to the Dead entries of failures
 	// unpublished holds the ordering keys (see holdBack) of the rows that
 	// were not published: failed, dead or held back.
-	unpublished    map[string]struct{}
+	unpublished map[string]struct{}
+	// deferred are the rows the writer held back behind a failed earlier
+	// message of their key (PublishError.NotSent): due again with it,
+	// spending no attempt.
+	deferred       []store.RelayFailure
 	retries, waits int
 	outage         bool
 	pause          time.Duration
@@ -578,14 +582,25 @@ func (r *Relay) send(ctx context.Context, b *batch) error {
 	} else {
 		r.stats.outageStreak.Store(0)
 	}
+	// What each key's failure made its rows wait (see PublishError.NotSent).
+	var keyWait map[string]time.Duration
+	var notSent []int
 	for i, e := range errs {
 		if e == nil {
 			b.published = append(b.published, b.owners[i].ID)
 			continue
 		}
 		b.notPublished(b.owners[i])
+		if c, _ := classify(e); c == classNotSent {
+			notSent = append(notSent, i)
+			continue
+		}
 		f := r.failure(b.owners[i], e, r.outageDelay(int(streak)))
 		b.failures = append(b.failures, f)
+		if keyWait == nil {
+			keyWait = map[string]time.Duration{}
+		}
+		keyWait[b.owners[i].AggregateID] = max(keyWait[b.owners[i].AggregateID], f.Delay)
 		switch {
 		case f.Dead:
 			b.dead = append(b.dead, b.owners[i])
@@ -594,6 +609,25 @@ func (r *Relay) send(ctx context.Context, b *batch) error {
 		default:
 			b.retries++
 		}
+	}
+	for _, i := range notSent {
+		row := b.owners[i]
+		wait, ok := keyWait[row.AggregateID]
+		if !ok {
+			// No earlier message of its key failed: not a reason to hold
+			// it back; a plain failure, so that it cannot spin.
+			f := r.failure(row, fmt.Errorf("relay: the writer held the message back with no failed message of its key before it: %w", errs[i]), 0)
+			b.failures = append(b.failures, f)
+			if f.Dead {
+				b.dead = append(b.dead, row)
+			} else {
+				b.retries++
+			}
+			continue
+		}
+		// Held back behind the failure: no attempt spent, due with it.
+		b.deferred = append(b.deferred, store.RelayFailure{ID: row.ID, Err: truncate(errs[i].Error()), Delay: wait, Outage: true})
+		b.held++
 	}
 	b.outage = b.waits > 0 && len(b.published) == 0
 	if b.outage {
@@ -614,7 +648,7 @@ func (r *Relay) settle(ctx context.Context, b *batch, lk *lookAhead) error {
 	// crash between the broker's acknowledgement and this commit).
 	q.Queue("SET LOCAL synchronous_commit = off")
 	r.st.QueueMarkPublished(q, b.published)
-	r.st.QueueMarkFailed(q, b.failures)
+	r.st.QueueMarkFailed(q, slices.Concat(b.failures, b.deferred))
 	var l lookAhead
 	if lk != nil {
 		// After the marks, so that this batch's retries count.
@@ -691,6 +725,9 @@ func (r *Relay) failure(row *store.RelayMessage, err error, outageDelay time.Dur
 		f.Dead, f.Err = true, reason(code, "the broker refused topic %q: %v", row.Topic, err)
 	case class == classPermanent && code == CodeTooLarge:
 		f.Dead, f.Err = true, reason(code, "the broker refused the message as too large: %v", err)
+	case class == classPermanent && errors.As(err, new(*PublishError)):
+		// A writer that is not Kafka's: its error says who refused.
+		f.Dead, f.Err = true, reason(code, "refused for good: %v", err)
 	case class == classPermanent:
 		f.Dead, f.Err = true, reason(code, "the broker refused the message: %v", err)
 	case class == classOutage:

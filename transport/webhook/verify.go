@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -83,7 +84,17 @@ func Verify(r *http.Request, opts *VerifyOpts, keys ...[]byte) ([]byte, error) {
 		return nil, fmt.Errorf("%w: %s is %q, not Unix seconds", ErrNoSignature, HeaderTimestamp, clip(ts))
 	}
 	if d := o.Now().Sub(time.Unix(sent, 0)); d > o.Tolerance || d < -o.Tolerance {
-		return nil, fmt.Errorf("%w: sent %s, %s from now (tolerance %s)", ErrStale, time.Unix(sent, 0).UTC().Format(time.RFC3339), d.Round(time.Second), o.Tolerance)
+		// Sub saturates: a timestamp centuries away (milliseconds sent as
+		// seconds) has no duration to show.
+		away := d.Round(time.Second).String() + " from now"
+		if d == math.MaxInt64 || d == math.MinInt64 {
+			away = "centuries from now"
+		}
+		hint := ""
+		if sent > 100_000_000_000 || sent < -100_000_000_000 {
+			hint = "; it must be Unix seconds (milliseconds?)"
+		}
+		return nil, fmt.Errorf("%w: %s %d is %s (tolerance %s)%s", ErrStale, HeaderTimestamp, sent, away, o.Tolerance, hint)
 	}
 	var sigs [][]byte
 	for _, part := range strings.Split(r.Header.Get(HeaderSignature), ",") {

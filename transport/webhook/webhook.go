@@ -39,8 +39,9 @@ const (
 	// HeaderKey carries the message's key (the outbox row's aggregateid),
 	// when it has one HTTP can carry.
 	HeaderKey = "Sagaflow-Key"
-	// HeaderPrefix prefixes the message's own headers: sagaflow-type
-	// travels as Sagaflow-Type, traceparent as Sagaflow-Traceparent.
+	// HeaderPrefix prefixes the message's own headers, whose names keep
+	// their own prefix: sagaflow-type travels as Sagaflow-Sagaflow-Type,
+	// traceparent as Sagaflow-Traceparent.
 	HeaderPrefix = "Sagaflow-"
 )
 
@@ -74,7 +75,10 @@ type Config struct {
 	// receiver can rotate keys. At least one, each at least 16 bytes.
 	Keys [][]byte
 	// Client sends the requests. Defaults to an http.Client with Timeout
-	// TimeoutDefault.
+	// TimeoutDefault. Redirects are never followed, whatever the Client's
+	// CheckRedirect (the publisher uses a copy of it): a redirected POST
+	// may go on as a GET without its body, so a 3xx parks the message
+	// (http_<status>), its Location in the error.
 	Client *http.Client
 	// Concurrency bounds the requests in flight per batch: messages of
 	// different keys go at once, messages of one key one after the other,
@@ -122,6 +126,12 @@ func New(cfg Config) (*Publisher, error) {
 	if cfg.Client == nil {
 		cfg.Client = &http.Client{Timeout: TimeoutDefault}
 	}
+	// Redirects are not followed: a redirected POST may go on as a GET
+	// without its body, and its 2xx would mark a message published that
+	// never arrived. The 3xx itself is the answer (a permanent refusal).
+	c := *cfg.Client
+	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	cfg.Client = &c
 	if cfg.Concurrency == 0 {
 		cfg.Concurrency = ConcurrencyDefault
 	}
@@ -168,9 +178,11 @@ func (p *Publisher) WriteMessages(ctx context.Context, msgs ...kafka.Message) er
 				errs[i] = p.post(ctx, msgs[i])
 				if errs[i] != nil {
 					// Later messages of the key wait for the next try, after
-					// this one, so that the key's order holds.
+					// this one, so that the key's order holds: not sent,
+					// they spend no attempt and are not parked with it.
 					for _, j := range idx[n+1:] {
-						errs[j] = fmt.Errorf("webhook: not sent: an earlier message of its key failed: %w", errs[i])
+						errs[j] = &relay.PublishError{NotSent: true,
+							Err: fmt.Errorf("webhook: not sent: an earlier message of its key failed: %v", errs[i])}
 					}
 					return
 				}
@@ -206,22 +218,42 @@ func (p *Publisher) post(ctx context.Context, m kafka.Message) error {
 			idem = string(h.Value)
 		}
 	}
-	if idem == "" || strings.Contains(idem, ".") || !validHeaderValue(idem) {
+	if idem == "" || strings.Contains(idem, ".") || validHeaderValue(idem) != "" {
 		return &relay.PublishError{Permanent: true, Code: CodeBadHeader,
 			Err: fmt.Errorf("webhook: the message id %q cannot be the signed Idempotency-Key (missing, or holds a dot or bytes HTTP cannot carry)",
 				safetext.Text(idem, 100))}
 	}
 	req.Header.Set(HeaderSignature, Sign(ts, idem, m.Value, p.cfg.Keys...))
-	if k := string(m.Key); k != "" && validHeaderValue(k) {
+	if k := string(m.Key); k != "" && validHeaderValue(k) == "" {
 		req.Header.Set(HeaderKey, k)
 	}
+	// The names the publisher sets, and those of the headers set so far:
+	// HTTP names are case-insensitive, so a header whose prefixed name
+	// matches one of them would replace it (a header named "key" would
+	// forge Sagaflow-Key).
+	taken := map[string]bool{}
+	for name := range req.Header {
+		taken[name] = true
+	}
+	taken[http.CanonicalHeaderKey(HeaderKey)] = true
+	taken[http.CanonicalHeaderKey(HeaderIdempotencyKey)] = true
 	for _, h := range m.Headers {
 		name, value := h.Key, string(h.Value)
-		if !validHeaderName(name) || !validHeaderValue(value) {
-			return &relay.PublishError{Permanent: true, Code: CodeBadHeader,
-				Err: fmt.Errorf("webhook: header %q cannot travel over HTTP as it is (a control character, invalid UTF-8 or a name that is not a token)",
-					safetext.Text(name, 100))}
+		why := ""
+		switch {
+		case !validHeaderName(name):
+			why = "its name is not an HTTP token of at most 256 bytes"
+		case validHeaderValue(value) != "":
+			why = "its value " + validHeaderValue(value)
+		case taken[http.CanonicalHeaderKey(HeaderPrefix+name)]:
+			why = fmt.Sprintf("as %s it would replace a header the request carries already (HTTP names ignore case)",
+				http.CanonicalHeaderKey(HeaderPrefix+name))
 		}
+		if why != "" {
+			return &relay.PublishError{Permanent: true, Code: CodeBadHeader,
+				Err: fmt.Errorf("webhook: header %q cannot travel over HTTP as it is: %s", safetext.Text(name, 100), why)}
+		}
+		taken[http.CanonicalHeaderKey(HeaderPrefix+name)] = true
 		if name == wire.HeaderMessageID {
 			req.Header.Set(HeaderIdempotencyKey, value)
 		}
@@ -237,6 +269,10 @@ func (p *Publisher) post(ctx context.Context, m kafka.Message) error {
 	switch s := resp.StatusCode; {
 	case s >= 200 && s < 300:
 		return nil
+	case s >= 300 && s < 400:
+		return &relay.PublishError{Permanent: true, Code: "http_" + strconv.Itoa(s),
+			Err: fmt.Errorf("webhook: %s answered %d (to %q): redirects are not followed; configure the final URL",
+				safetext.Text(req.URL.Host, 200), s, safetext.Text(resp.Header.Get("Location"), 300))}
 	case s == http.StatusRequestTimeout || s == http.StatusTooManyRequests || s >= 500:
 		return &relay.PublishError{Err: fmt.Errorf("webhook: %s answered %d: %s", safetext.Text(req.URL.Host, 200), s,
 			safetext.Text(string(snippet), p.cfg.MaxResponseBytes))}
@@ -303,14 +339,27 @@ func validHeaderName(s string) bool {
 	return true
 }
 
-func validHeaderValue(s string) bool {
-	if len(s) > 8192 || !utf8.ValidString(s) {
-		return false
+// MaxHeaderValueBytes is the longest header value a publisher sends (the
+// outbox refuses longer ones too); a longer one parks its message
+// (CodeBadHeader).
+const MaxHeaderValueBytes = 8192
+
+// validHeaderValue says why s cannot travel as an HTTP header value as it
+// is, or "" when it can. A receiver's HTTP stack drops blanks at either
+// end, so a value with them would arrive changed.
+func validHeaderValue(s string) string {
+	switch {
+	case len(s) > MaxHeaderValueBytes:
+		return fmt.Sprintf("has %d bytes, more than %d", len(s), MaxHeaderValueBytes)
+	case !utf8.ValidString(s):
+		return "is not valid UTF-8"
+	case s != strings.Trim(s, " \t"):
+		return "starts or ends with a blank, which HTTP drops"
 	}
 	for i := 0; i < len(s); i++ {
 		if c := s[i]; (c < ' ' && c != '\t') || c == 0x7f {
-			return false
+			return "holds a control character"
 		}
 	}
-	return true
+	return ""
 }
