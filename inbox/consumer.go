@@ -35,6 +35,18 @@ type Reader interface {
 
 var _ consume.Reader = Reader(nil)
 
+// OffsetsNotKept is implemented by a [Reader] whose messages get a new
+// Offset when they are delivered again (package rabbitbus: RabbitMQ tells
+// a consumer no position). A message without a sagaflow-message-id header
+// is known to the inbox by its topic, partition and offset; over such a
+// reader that identity does not survive a redelivery, so the message could
+// be processed twice. A [Consumer] of such a reader dead-letters a message
+// without an id instead, with that reason (requeued from the dead letters,
+// it gets an id).
+type OffsetsNotKept interface {
+	OffsetsNotKept() bool
+}
+
 // Retry defaults of a [Consumer].
 const (
 	RetryInitialDefault = 100 * time.Millisecond
@@ -123,6 +135,9 @@ type Consumer struct {
 	tel  *consumerTelemetry
 	// batched counts the messages dealt with several to a transaction.
 	batched atomic.Int64
+	// idRequired: the reader's offsets do not survive a redelivery (see
+	// [OffsetsNotKept]), so a message without an id is poison.
+	idRequired bool
 }
 
 // batchMax bounds ConsumerConfig.BatchSize.
@@ -173,6 +188,9 @@ func (in *Inbox) NewConsumer(r Reader, cfg *ConsumerConfig) (*Consumer, error) {
 		return nil, fmt.Errorf("inbox: consumer %s: telemetry: %w", logText(in.consumer), err)
 	}
 	cons := &Consumer{in: in, r: r, cfg: c, tel: tel}
+	if nk, ok := r.(OffsetsNotKept); ok && nk.OffsetsNotKept() {
+		cons.idRequired = true
+	}
 	cons.loop = &consume.Loop{
 		Reader: r, Log: in.log, What: "sagaflow inbox", Attrs: []any{slog.String("consumer", in.consumer)},
 		Handle: func(fetch, work context.Context, m kafka.Message) bool {
@@ -338,6 +356,10 @@ func (c *Consumer) handler(msg Message) (HandlerFunc, string) {
 	}
 	if name := repeatedOwnHeader(msg.RawHeaders); name != "" {
 		return nil, fmt.Sprintf("ambiguous: header %q appears more than once", logText(name))
+	}
+	if c.idRequired && msg.Headers[store.HeaderMessageID] == "" {
+		return nil, "no " + store.HeaderMessageID + " header (nor a message id of the broker's): this reader's " +
+			"offsets change when a message is delivered again, so it could not be deduplicated"
 	}
 	h := c.cfg.Handlers[msg.Type]
 	if h == nil {

@@ -28,7 +28,11 @@
 //
 // A message's id is its sagaflow-message-id header, which the relay sets
 // from the outbox row; a message from another producer without that header
-// is identified by topic/partition/offset, which a redelivery keeps.
+// is identified by topic/partition/offset, which a redelivery keeps on
+// Kafka and NATS. A reader whose redeliveries get a new offset (package
+// rabbitbus; see [OffsetsNotKept]) gives such a message no identity that
+// lasts, so a [Consumer] of it dead-letters the message instead of risking
+// a second effect.
 //
 // # Consumer
 //

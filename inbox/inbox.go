@@ -220,7 +220,9 @@ func (in *Inbox) DeadLetter(ctx context.Context, msg Message, reason string) (bo
 
 // deadLetterAt stores msg with the reason it cannot be processed, without
 // recording its id: what a [Consumer] does with poison. The dead letter is
-// stored once per Kafka position, so a redelivery adds no second row; and a
+// stored once per position (topic, partition, offset), so a redelivery
+// adds no second row where the transport keeps positions (Kafka, NATS; not
+// RabbitMQ, whose redeliveries get a new offset); and a
 // message that may be forged (its id copied from a genuine message still to
 // come) cannot make the genuine one look like a duplicate.
 func (in *Inbox) deadLetterAt(ctx context.Context, msg Message, reason string) error {

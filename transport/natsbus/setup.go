@@ -68,7 +68,8 @@ type SetupOpts struct {
 	MaxMsgSize int32
 	// Duplicates is the deduplication window: a message whose
 	// sagaflow-message-id was published within it is stored once. Defaults
-	// to DuplicatesDefault.
+	// to DuplicatesDefault, or to MaxAge when that is shorter; a window set
+	// longer than MaxAge is refused.
 	Duplicates time.Duration
 	// Groups are consumer groups whose durable consumers Setup creates
 	// too, with AckWait. A [Reader] creates its group's consumers itself,
@@ -93,7 +94,11 @@ func (o *SetupOpts) withDefaults() (SetupOpts, error) {
 	setDefault(&out.Partitions, PartitionsDefault)
 	setDefault(&out.Replicas, ReplicasDefault)
 	setDefault(&out.MaxAge, MaxAgeDefault)
-	setDefault(&out.Duplicates, DuplicatesDefault)
+	if out.Duplicates == 0 {
+		// The default window, but never longer than the retention a
+		// caller chose: a short MaxAge alone is not an error.
+		out.Duplicates = min(DuplicatesDefault, out.MaxAge)
+	}
 	setDefault(&out.AckWait, AckWaitDefault)
 	setDefault(&out.MaxBytes, Unlimited)
 	if out.MaxMsgSize == 0 {

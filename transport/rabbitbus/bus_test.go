@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -237,6 +238,46 @@ func TestDuplicatePublishHasOneEffect(t *testing.T) {
 	require.Equal(t, []effectRow{{"m-1", "k", "one", 1}, {"m-2", "k", "one", 2}, {"m-3", "k", "one", 3}}, rows)
 }
 
+// A message with neither a sagaflow-message-id header nor an AMQP
+// message-id has no identity that survives a redelivery over RabbitMQ (its
+// Offset changes): an inbox consumer dead-letters it with that reason
+// rather than risk a second effect, and the messages behind it go on (one
+// with only the AMQP message-id is processed once). Found by review23 (F2):
+// it was processed, and a redelivered copy processed again.
+func TestAMessageWithoutAnIDIsDeadLetteredNotDoubled(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 1)
+	topic, group := e.name("t"), e.name("g")
+	e.setupGroups(t, []string{topic}, group)
+	e.effects(t)
+	ch, err := e.admin.Channel()
+	require.NoError(t, err)
+	defer ch.Close()
+	for _, p := range []amqp.Publishing{
+		{Body: []byte(`{"seq":1}`), Headers: amqp.Table{rabbitbus.KeyHeader: []byte("k")}},
+		{MessageId: "m-2", Body: []byte(`{"seq":2}`), Headers: amqp.Table{rabbitbus.KeyHeader: []byte("k")}},
+	} {
+		require.NoError(t, ch.PublishWithContext(e.ctx, e.topo.Exchange, rabbitbus.RoutingKey(topic, 0), true, false, p))
+	}
+	r := e.reader(t, group, []string{topic}, nil)
+	c, err := e.inbox(t, "svc").NewConsumer(r, &inbox.ConsumerConfig{Default: e.effect("one")})
+	require.NoError(t, err)
+	start(t, c)
+	waitFor(t, 15*time.Second, "the message with an id", func() bool {
+		return e.count(t, "SELECT count(*) FROM "+e.table("effects")) >= 1
+	})
+	waitFor(t, 15*time.Second, "the dead letter", func() bool {
+		return e.count(t, "SELECT count(*) FROM "+e.table("dead_letters")+" WHERE consumer = 'svc'") >= 1
+	})
+	require.Equal(t, []effectRow{{"m-2", "k", "one", 2}}, e.effectRows(t))
+	var reason string
+	var value []byte
+	require.NoError(t, e.pool.QueryRow(e.ctx, "SELECT reason, msg_value FROM "+e.table("dead_letters")+
+		" WHERE consumer = 'svc'").Scan(&reason, &value))
+	require.Contains(t, reason, "could not be deduplicated")
+	require.Equal(t, `{"seq":1}`, string(value), "the raw bytes kept")
+}
+
 // poisons are the three kinds of string PostgreSQL refuses: a NUL byte,
 // invalid UTF-8, and a 10 kB value past the btree index limit.
 var poisons = []struct{ name, s string }{
@@ -325,6 +366,12 @@ func TestPoisonIsDeadLetteredAndNeverHoldsBackThePartition(t *testing.T) {
 	var want []string
 	for i, c := range cases {
 		c.msg.Topic = topic
+		if !slices.ContainsFunc(c.msg.Headers, func(h kafka.Header) bool { return h.Key == wire.HeaderMessageID }) {
+			// An id-less message is parked for that alone over RabbitMQ
+			// (TestAMessageWithoutAnIDIsDeadLetteredNotDoubled): each
+			// poison here has an id, so that its own reason is what parks it.
+			c.msg.Headers = append(c.msg.Headers, hdr(wire.HeaderMessageID, fmt.Sprintf("p-%d", i)))
+		}
 		v := fmt.Sprintf("after %d", i)
 		want = append(want, v)
 		msgs = append(msgs, c.msg, kafka.Message{Topic: topic, Value: []byte(v),
@@ -368,20 +415,30 @@ func TestPoisonIsDeadLetteredAndNeverHoldsBackThePartition(t *testing.T) {
 	waitFor(t, 10*time.Second, "the dead letters", func() bool {
 		return e.count(t, "SELECT count(*) FROM "+e.table("dead_letters")+" WHERE consumer = 'svc'") == wantDead
 	})
-	for i, c := range cases {
-		// One reader, one partition: its offsets count the messages in
-		// order, the poison at 2i.
-		var reason string
-		var value []byte
-		err := e.pool.QueryRow(e.ctx, "SELECT reason, msg_value FROM "+e.table("dead_letters")+
-			" WHERE consumer = 'svc' AND kafka_offset = $1", int64(2*i)).Scan(&reason, &value)
+	// One reader, one partition: the offsets grow with the messages, so
+	// the dead letters in offset order are the dead cases in order.
+	rows, err := e.pool.Query(e.ctx, "SELECT reason, msg_value FROM "+e.table("dead_letters")+
+		" WHERE consumer = 'svc' ORDER BY kafka_offset")
+	require.NoError(t, err)
+	type dl struct {
+		reason string
+		value  []byte
+	}
+	dead, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (dl, error) {
+		var d dl
+		return d, r.Scan(&d.reason, &d.value)
+	})
+	require.NoError(t, err)
+	n := 0
+	for _, c := range cases {
 		if !c.dead {
-			require.ErrorIs(t, err, pgx.ErrNoRows, "%s: processed, not dead-lettered", c.name)
 			continue
 		}
-		require.NoError(t, err, "%s: dead-lettered", c.name)
-		require.Equal(t, c.msg.Value, value, "%s: the raw value kept", c.name)
-		require.NotEmpty(t, reason)
+		require.Less(t, n, len(dead), "%s: dead-lettered", c.name)
+		require.Equal(t, c.msg.Value, dead[n].value, "%s: the raw value kept", c.name)
+		require.NotEmpty(t, dead[n].reason)
+		require.NotContains(t, dead[n].reason, "could not be deduplicated", "%s: parked for its own reason", c.name)
+		n++
 	}
 }
 

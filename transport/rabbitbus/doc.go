@@ -86,8 +86,15 @@
 // The fields of a fetched kafka.Message: Topic and Partition from the
 // queue; Key from [KeyHeader] (nil when the publisher sent none); Value
 // and Headers as published; Time the publisher's timestamp; Offset is the
-// reader's own count of the messages it fetched from that partition, not a
-// position in the queue: a message delivered again gets a new one.
+// reader's own, taken from the clock in nanoseconds and growing per
+// partition, so that no two deliveries share one, even across readers (dead
+// letters are recorded once per position); it is not a position in the
+// queue: a message delivered again gets a new one. So a message with neither
+// a sagaflow-message-id header nor an AMQP message-id has no identity that
+// survives a redelivery, and an inbox consumer dead-letters it rather than
+// process it twice (Reader.OffsetsNotKept); a dead letter requeued gets an
+// id. For the same reason a poison message delivered again (its
+// acknowledgement lost) can be dead-lettered twice.
 // HighWaterMark is 0 (RabbitMQ does not tell a consumer how far behind it
 // is), so the consumers' lag gauges stay empty. A message from a producer
 // that set the AMQP message-id but no sagaflow-message-id header gets that

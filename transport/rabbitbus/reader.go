@@ -147,10 +147,11 @@ func NewReader(dial DialFunc, group string, topics []string, opts *ReaderOpts) (
 
 // FetchMessage returns the next message of any of the reader's partitions,
 // in each partition's order. Topic and Partition say where it came from;
-// Offset is this reader's count of the messages it fetched from that
-// partition (0, 1, 2, ...): it identifies the message for CommitMessages,
-// and is not a position in the queue (a redelivered message gets a new
-// one). Key, Headers and Value are as written (see the package
+// Offset identifies the message for CommitMessages: it grows with each
+// message fetched from that partition, and does not repeat across readers
+// (it is taken from the clock, in nanoseconds), so that no two deliveries
+// share one; it is not a position in the queue (a redelivered message gets
+// a new one). Key, Headers and Value are as written (see the package
 // documentation), Time is the publisher's timestamp.
 //
 // A lost connection is reconnected; if that fails, the error is returned
@@ -188,8 +189,14 @@ func (r *Reader) accept(s *session, d delivery) kafka.Message {
 	}
 	tp := topicPartition{d.topic, d.partition}
 	r.mu.Lock()
-	off := r.offsets[tp]
-	r.offsets[tp] = off + 1
+	// Not a count from 0: a reader started later (a restart, a standby
+	// taking over) must not give an offset that an earlier reader gave,
+	// since dead letters are recorded once per position and a message
+	// without an id is known by its position. The clock's nanoseconds,
+	// made strictly increasing, do not repeat across the readers of a
+	// partition, which hold it one after the other.
+	off := max(r.offsets[tp]+1, time.Now().UnixNano())
+	r.offsets[tp] = off
 	r.pending[position{tp, off}] = unacked{sess: s, tag: d.DeliveryTag}
 	r.mu.Unlock()
 	return kafka.Message{Topic: d.topic, Partition: d.partition, Offset: off, Key: key, Value: d.Body,
@@ -413,3 +420,8 @@ func (s *session) subscribe(group string, tp topicPartition) error {
 	}()
 	return nil
 }
+
+// OffsetsNotKept reports true: a message delivered again gets a new Offset
+// (see [Reader.FetchMessage]), so an inbox.Consumer dead-letters a message
+// that has no id rather than process it twice (see inbox.OffsetsNotKept).
+func (r *Reader) OffsetsNotKept() bool { return true }
