@@ -352,3 +352,17 @@ func deref[T any](p *T) any {
 	}
 	return *p
 }
+
+// onlyFrom requires that the effects fx come from the messages ids only
+// (nothing crossed from another tenant), n of them in key order.
+func onlyFrom(t *testing.T, fx []effect, ids []uuid.UUID, n int) {
+	t.Helper()
+	want := map[string]bool{}
+	for _, id := range ids {
+		want[id.String()] = true
+	}
+	for _, x := range fx {
+		require.True(t, want[x.ID], "message %s of key %s crossed tenants", x.ID, x.Key)
+	}
+	checkOrder(t, fx, n)
+}
