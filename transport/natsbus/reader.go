@@ -17,8 +17,9 @@ import (
 // Reader defaults.
 const (
 	// PullWaitDefault is how long one pull request waits on the server for
-	// a partition's next message.
-	PullWaitDefault = 5 * time.Second
+	// a partition's next message (and the longest Close waits for the
+	// pulls in flight).
+	PullWaitDefault = time.Second
 	// AckTimeoutDefault bounds a commit's wait for the server to confirm
 	// an acknowledgement, when the caller's context has no deadline.
 	AckTimeoutDefault = 10 * time.Second
@@ -34,7 +35,8 @@ type ReaderOpts struct {
 	// Every member of a group should use the same value; the last reader
 	// to start sets it. Defaults to AckWaitDefault.
 	AckWait time.Duration
-	// PullWait is how long one pull request waits on the server. Defaults
+	// PullWait is how long one pull request waits on the server, and the
+	// longest [Reader.Close] waits for the pulls in flight to end. Defaults
 	// to PullWaitDefault.
 	PullWait time.Duration
 	// AckTimeout bounds a commit when its context has no deadline.
@@ -201,6 +203,10 @@ func (r *Reader) runPartition(topic string, p int) {
 		if m == nil {
 			continue // the pull expired empty
 		}
+		if r.ctx.Err() != nil {
+			_ = m.Nak() // came after Close: another member takes it now
+			return
+		}
 		d := &delivery{msg: m, km: toKafka(topic, p, m), done: make(chan struct{})}
 		if !r.hand(d) {
 			return
@@ -211,7 +217,13 @@ func (r *Reader) runPartition(topic string, p int) {
 // pull waits up to PullWait for the partition's next message; nil when
 // none came.
 func (r *Reader) pull(cons jetstream.Consumer) (jetstream.Msg, error) {
-	ctx, cancel := context.WithTimeout(r.ctx, r.o.PullWait)
+	// Not r.ctx: a pull cut short by Close would leave the server's
+	// request open until its expiry, and a message delivered to it
+	// meanwhile would reach an inbox nobody reads and be held until
+	// AckWait, its partition with it. The pull runs to its end (the
+	// server's expiry comes first: FetchContext gives it 90% of the
+	// time), and what it brings after Close is given back.
+	ctx, cancel := context.WithTimeout(context.Background(), r.o.PullWait)
 	defer cancel()
 	batch, err := cons.Fetch(1, jetstream.FetchContext(ctx))
 	if err != nil {
@@ -330,8 +342,11 @@ func (r *Reader) CommitMessages(ctx context.Context, msgs ...kafka.Message) erro
 
 // Close stops the reader and gives back at once (a negative
 // acknowledgement) every message it held and had not committed, so another
-// member of the group takes it without waiting for AckWait. It does not
-// close the connection. Calling it again does nothing.
+// member of the group takes it without waiting for AckWait. It waits for
+// the partitions' pulls in flight to end (at most PullWait), giving back
+// what they bring: a message the server sent to a pull that was no longer
+// read would be held until AckWait. It does not close the connection.
+// Calling it again does nothing.
 func (r *Reader) Close() error {
 	r.mu.Lock()
 	if r.shut {
