@@ -77,7 +77,10 @@
 //     blanks, nor a name that is not a token; the writer refuses such a
 //     message for good (relay.CodeMalformedHeaders) rather than let NATS
 //     alter it, and refuses headers named Nats-…, which would steer the
-//     server.
+//     server. A message another producer published with a header block the
+//     client cannot parse arrives with no headers at all (nats.go drops the
+//     block): the inbox dead-letters it as having no type, without those
+//     header bytes; the stored original stays in the stream until MaxAge.
 //   - Delivery. Kafka redelivers from the last committed offset after a
 //     rebalance; JetStream redelivers each unacknowledged message on its own
 //     after AckWait, or at once when a [Reader] is closed (it gives back

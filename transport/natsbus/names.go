@@ -18,12 +18,15 @@ const maxNameBytes = 200
 
 // StreamName returns the name of the stream that holds topic's messages:
 // "sagaflow_" and the topic, each byte outside [A-Za-z0-9-] written as "_"
-// and two hex digits ("orders.events" → "sagaflow_orders_2eevents"). Two
-// topics never share a stream.
+// and two hex digits ("orders.events" → "sagaflow_orders_2eevents"). A
+// name longer than 200 bytes is cut to its first 182, followed by "_h" and
+// the first 16 hex digits of the SHA-256 of the whole name. Two topics never
+// share a stream.
 func StreamName(topic string) string { return bounded(streamPrefix + escape(topic)) }
 
 // ConsumerName returns the name of group's durable consumer of one
-// partition: the group escaped as in [StreamName], "_p" and the partition.
+// partition: the group escaped (and, when long, cut) as in [StreamName],
+// "_p" and the partition.
 func ConsumerName(group string, partition int) string {
 	return bounded(escape(group)) + "_p" + strconv.Itoa(partition)
 }

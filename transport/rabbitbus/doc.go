@@ -70,7 +70,10 @@
 //     channel; the writer parks it as too large and the others wait.
 //
 // Headers become an AMQP table of byte values; a name used more than once
-// becomes an array of its values. A [Reader] gives them back sorted by
+// becomes an array of its values. A table from another producer may hold
+// other types: a Reader gives them as text (numbers in decimal, booleans as
+// true or false, times in RFC 3339 UTC, nil as empty, tables and anything
+// else as Go's %v formats them, e.g. "map[k:v]"). A [Reader] gives them back sorted by
 // name (a table has no order), repeated names in their order.
 //
 // # Reading
