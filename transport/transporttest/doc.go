@@ -1,7 +1,8 @@
 // Package transporttest is the conformance suite every sagaflow transport
 // must pass: Kafka (kafka-go on kfake, in this package's own tests), NATS
-// JetStream (package natsbus) and any transport of your own behind the
-// relay's writer and the consumers' reader seams.
+// JetStream (package natsbus), RabbitMQ (package rabbitbus) and any
+// transport of your own behind the relay's writer and the consumers' reader
+// seams.
 //
 // [Run] runs each case end to end through the real seams: rows written to
 // an outbox in a real PostgreSQL schema, a relay publishing them with the
@@ -25,7 +26,12 @@
 //     before committing them; another member gets them again, and nothing is
 //     lost or doubled;
 //  7. redelivery after the ack wait: a member that fetched a message and
-//     hangs; after [Bus].RedeliveryAfter another member processes it, once.
+//     hangs; after [Bus].RedeliveryAfter another member processes it, once;
+//  8. a new reader after a restart: a consumer and its reader stop and a new
+//     reader of the group takes over; no message is skipped as a duplicate
+//     of one the earlier reader saw, and a poison message is dead-lettered
+//     even where an earlier one was (readers whose offsets restart from 0
+//     fail it).
 //
 // Describe a transport with a [Bus]: how to start a broker for one case,
 // and, through the [Broker] it returns, how to create a topic, make writers

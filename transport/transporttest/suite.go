@@ -98,6 +98,7 @@ func Run(t *testing.T, b Bus) {
 		{"BrokerRestart", brokerRestart},
 		{"ConsumerKilledMidBatch", consumerKilled},
 		{"RedeliveryAfterAckWait", redelivery},
+		{"NewReaderAfterARestart", newReaderAfterARestart},
 	}
 	for _, c := range cases {
 		t.Run(b.Name+"/"+c.name, func(t *testing.T) {
@@ -667,5 +668,39 @@ func redelivery(t *testing.T, e *env) {
 	got := e.checkEffects(2)
 	if got[0].Body != "held" || got[1].Body != "behind" {
 		t.Fatalf("transporttest: effects %+v", got)
+	}
+}
+
+// 8. A service restarted: its consumer and reader stop, and a new reader of
+// the group takes over. Each message is processed once or dead-lettered,
+// whatever the transport's positions do across readers: none is skipped as
+// a duplicate of one the earlier reader saw, and a poison message is not
+// lost because an earlier one was parked at the same position (a reader
+// that counted its offsets from 0 again did both).
+func newReaderAfterARestart(t *testing.T, e *env) {
+	e.broker.CreateTopic(t, e.topic, 1)
+	e.startRelay()
+	const k = "restarted"
+	r := e.reader(nil)
+	c := e.consume(r)
+	e.write(msg{key: k, seq: 1, body: "ok"}, msg{key: k, seq: 2, body: "poison"})
+	e.waitEffects(1)
+	e.waitUntil(waitTimeout, "the first poison message dead-lettered", func() bool { return len(e.deadReasons()) >= 1 })
+	settle() // its offset committed
+	stop(t, "the first consumer", c.Stop)
+	if err := r.Close(); err != nil {
+		t.Fatalf("transporttest: close the first reader: %v", err)
+	}
+	e.consume(e.reader(nil))
+	e.write(msg{key: k, seq: 3, body: "ok"}, msg{key: k, seq: 4, body: "poison"})
+	e.waitEffects(2)
+	e.waitUntil(waitTimeout, "the second poison message dead-lettered", func() bool { return len(e.deadReasons()) >= 2 })
+	settle()
+	got := e.checkEffects(2)
+	if got[0].Seq != 1 || got[1].Seq != 3 {
+		t.Fatalf("transporttest: effects %+v, want seqs 1 and 3", got)
+	}
+	if reasons := e.deadReasons(); len(reasons) != 2 {
+		t.Fatalf("transporttest: dead letters %q, want the two poison messages", reasons)
 	}
 }
