@@ -50,8 +50,7 @@ func TestStartedRelayLosesNothingAcrossFiveCrashes(t *testing.T) {
 	crashWhileDraining(t, r, 5, 120)
 	r.waitSettled(t, 20*time.Second)
 
-	h, err := rl.Health(r.ctx)
-	require.NoError(t, err)
+	h := r.healthAfterCrashes(t, rl)
 	require.True(t, h.Running, "the relay's loop stopped after the crashes")
 	dups := r.requireAllDelivered(t, topicOrders, nil)
 
@@ -93,8 +92,7 @@ func TestTwoStartedRelaysLoseNothingAcrossCrashes(t *testing.T) {
 	r.waitSettled(t, 20*time.Second)
 	var published int64
 	for i, rl := range relays {
-		h, err := rl.Health(r.ctx)
-		require.NoError(t, err)
+		h := r.healthAfterCrashes(t, rl)
 		require.True(t, h.Running, "relay %d's loop stopped after the crashes", i)
 		published += h.Published
 	}

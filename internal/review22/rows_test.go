@@ -193,8 +193,7 @@ func TestRetentionAcrossCrashes(t *testing.T) {
 	dups := r.requireAllDelivered(t, topicOrders, map[uuid.UUID]bool{deadID: true})
 	var left int
 	require.NoError(t, r.pool.QueryRow(r.ctx, `SELECT count(*) FROM sagaflow.outbox WHERE status = 'published'`).Scan(&left))
-	h, err := rl.Health(r.ctx)
-	require.NoError(t, err)
+	h := r.healthAfterCrashes(t, rl)
 	require.True(t, h.Running)
 	t.Logf("%d rows, %d ids delivered more than once, %d published rows not yet deleted", len(r.written), dups, left)
 }

@@ -212,6 +212,23 @@ func (r *rig) waitSettled(t *testing.T, timeout time.Duration) {
 	}
 }
 
+// healthAfterCrashes is rl.Health once it answers: the first query on a
+// pooled connection that a crash broke fails (unexpected EOF) before the
+// pool drops it, which says nothing about the relay.
+func (r *rig) healthAfterCrashes(t *testing.T, rl *relay.Relay) relay.Health {
+	t.Helper()
+	var h relay.Health
+	var err error
+	for range 20 {
+		if h, err = rl.Health(r.ctx); err == nil {
+			return h
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	require.NoError(t, err, "Health after the crashes")
+	return h
+}
+
 func header(m kafka.Message, key string) (string, bool) {
 	for _, h := range m.Headers {
 		if h.Key == key {
