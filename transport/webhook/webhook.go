@@ -218,42 +218,36 @@ func (p *Publisher) post(ctx context.Context, m kafka.Message) error {
 			idem = string(h.Value)
 		}
 	}
-	if idem == "" || strings.Contains(idem, ".") || validHeaderValue(idem) != "" {
+	if idem == "" || strings.Contains(idem, ".") || headerValueProblem(idem) != "" {
 		return &relay.PublishError{Permanent: true, Code: CodeBadHeader,
 			Err: fmt.Errorf("webhook: the message id %q cannot be the signed Idempotency-Key (missing, or holds a dot or bytes HTTP cannot carry)",
 				safetext.Text(idem, 100))}
 	}
 	req.Header.Set(HeaderSignature, Sign(ts, idem, m.Value, p.cfg.Keys...))
-	if k := string(m.Key); k != "" && validHeaderValue(k) == "" {
+	if k := string(m.Key); k != "" && headerValueProblem(k) == "" {
 		req.Header.Set(HeaderKey, k)
 	}
-	// The names the publisher sets, and those of the headers set so far:
-	// HTTP names are case-insensitive, so a header whose prefixed name
+	// Prefixed names already on the request: Sagaflow-Key, and the headers
+	// set so far. HTTP names ignore case, so a header whose prefixed name
 	// matches one of them would replace it (a header named "key" would
-	// forge Sagaflow-Key).
-	taken := map[string]bool{}
-	for name := range req.Header {
-		taken[name] = true
-	}
-	taken[http.CanonicalHeaderKey(HeaderKey)] = true
-	taken[http.CanonicalHeaderKey(HeaderIdempotencyKey)] = true
+	// forge Sagaflow-Key). No other name the publisher sets has the prefix.
+	taken := map[string]bool{http.CanonicalHeaderKey(HeaderKey): true}
 	for _, h := range m.Headers {
 		name, value := h.Key, string(h.Value)
+		prefixed := http.CanonicalHeaderKey(HeaderPrefix + name)
 		why := ""
-		switch {
-		case !validHeaderName(name):
+		if !validHeaderName(name) {
 			why = "its name is not an HTTP token of at most 256 bytes"
-		case validHeaderValue(value) != "":
-			why = "its value " + validHeaderValue(value)
-		case taken[http.CanonicalHeaderKey(HeaderPrefix+name)]:
-			why = fmt.Sprintf("as %s it would replace a header the request carries already (HTTP names ignore case)",
-				http.CanonicalHeaderKey(HeaderPrefix+name))
+		} else if problem := headerValueProblem(value); problem != "" {
+			why = "its value " + problem
+		} else if taken[prefixed] {
+			why = "as " + prefixed + " it would replace a header the request carries already (HTTP names ignore case)"
 		}
 		if why != "" {
 			return &relay.PublishError{Permanent: true, Code: CodeBadHeader,
 				Err: fmt.Errorf("webhook: header %q cannot travel over HTTP as it is: %s", safetext.Text(name, 100), why)}
 		}
-		taken[http.CanonicalHeaderKey(HeaderPrefix+name)] = true
+		taken[prefixed] = true
 		if name == wire.HeaderMessageID {
 			req.Header.Set(HeaderIdempotencyKey, value)
 		}
@@ -344,10 +338,10 @@ func validHeaderName(s string) bool {
 // (CodeBadHeader).
 const MaxHeaderValueBytes = 8192
 
-// validHeaderValue says why s cannot travel as an HTTP header value as it
-// is, or "" when it can. A receiver's HTTP stack drops blanks at either
+// headerValueProblem says why s cannot travel as an HTTP header value as
+// it is, or "" when it can. A receiver's HTTP stack drops blanks at either
 // end, so a value with them would arrive changed.
-func validHeaderValue(s string) string {
+func headerValueProblem(s string) string {
 	switch {
 	case len(s) > MaxHeaderValueBytes:
 		return fmt.Sprintf("has %d bytes, more than %d", len(s), MaxHeaderValueBytes)
