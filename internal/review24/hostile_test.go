@@ -133,8 +133,8 @@ func TestKeyHTTPCannotCarryIsNotInjected(t *testing.T) {
 	}
 }
 
-// F4: values HTTP cannot carry as they are, yet sent altered instead of
-// parked: leading and trailing blanks are trimmed (the key's too), and two
+// F4 (fixed in this session; the test fails without the fix): values HTTP
+// cannot carry as they are were sent altered instead of parked: leading and trailing blanks are trimmed (the key's too), and two
 // headers whose names differ only in case arrive as one, the other lost.
 func TestHeadersAreNotAlteredSilently(t *testing.T) {
 	t.Parallel()
