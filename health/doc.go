@@ -7,6 +7,10 @@
 // restarted (it runs, but its goroutines died), and ready when every check
 // passes (the schema is migrated to this build's version, the workers run,
 // the last claim succeeded, LISTEN is connected, the broker is reachable).
+// The database reads of a check go again on another connection when the
+// one they got was broken (by a database restart, say, before the pool
+// noticed), so that the first probe after a restart reports the database,
+// not a dead pooled connection.
 //
 //	mux.Handle("/healthz/", health.Handler(engine.Health, rel.Check, consumer.Health))
 //

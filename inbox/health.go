@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/sagaflow/sagaflow/health"
+	"github.com/sagaflow/sagaflow/internal/pgerr"
 )
 
 // Health reports the consumer's health in the shape every sagaflow part
@@ -15,7 +16,7 @@ func (c *Consumer) Health(ctx context.Context) health.Report {
 		running.Detail = "the consumer is not running"
 	}
 	db := health.Check{Name: "database", OK: true, Detail: "answers"}
-	if err := c.in.pool.Ping(ctx); err != nil {
+	if err := pgerr.RetryRead(ctx, c.in.pool.Ping); err != nil {
 		db = health.Check{Name: "database", Detail: err.Error()}
 	}
 	return health.NewReport("inbox consumer "+logText(c.in.consumer), false, running, db)

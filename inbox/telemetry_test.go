@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sagaflow/sagaflow/inbox"
+	"github.com/sagaflow/sagaflow/internal/pgtest"
 )
 
 // The consumer continues the trace a message carries; a malformed
@@ -134,4 +135,21 @@ func TestConsumerHealth(t *testing.T) {
 	require.True(t, rep.Ready, "%+v", rep)
 	require.NoError(t, c.Stop(ctx))
 	require.False(t, c.Health(ctx).Ready)
+}
+
+// Right after a database restart the pool still holds connections the
+// restart broke, used too recently to be pinged: the database check asks
+// again on the next connection instead of reporting the broken one.
+func TestConsumerHealthAfterTheDatabaseBrokeThePoolsConnections(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pool := pgtest.RecentPool(t, 3)
+	in, err := inbox.New(pool, &inbox.Config{Consumer: "payments", Schema: b.schema})
+	require.NoError(t, err)
+	c, err := in.NewConsumer(&memReader{}, &inbox.ConsumerConfig{Default: func(context.Context, pgx.Tx, inbox.Message) error { return nil }})
+	require.NoError(t, err)
+	require.Equal(t, 3, pgtest.BreakIdle(t, pool))
+	rep := c.Health(context.Background())
+	require.Equal(t, "database", rep.Checks[1].Name)
+	require.True(t, rep.Checks[1].OK, "%+v", rep)
 }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/sagaflow/sagaflow/health"
+	"github.com/sagaflow/sagaflow/internal/pgerr"
+	"github.com/sagaflow/sagaflow/internal/store"
 )
 
 // Check reports the relay's health in the shape every sagaflow part uses
@@ -23,7 +25,11 @@ func (r *Relay) Check(ctx context.Context) health.Report {
 		broker.Detail = fmt.Sprintf("unreachable for the last %d cycles", outages)
 	}
 	outbox := health.Check{Name: "outbox", OK: true}
-	if st, err := r.st.RelayOutboxStatus(ctx, r.pool); err != nil {
+	var st store.OutboxStatus
+	if err := pgerr.RetryRead(ctx, func(ctx context.Context) (err error) {
+		st, err = r.st.RelayOutboxStatus(ctx, r.pool)
+		return err
+	}); err != nil {
 		outbox = health.Check{Name: "outbox", Detail: err.Error()}
 	} else {
 		outbox.Detail = fmt.Sprintf("%d pending, the oldest %s old; %d dead", st.Pending, st.OldestPendingAge, st.Dead)

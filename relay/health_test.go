@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagaflow/sagaflow/health"
+	"github.com/sagaflow/sagaflow/internal/pgtest"
 	"github.com/sagaflow/sagaflow/relay"
 )
 
@@ -42,5 +43,28 @@ func TestRelayCheck(t *testing.T) {
 	require.Eventually(t, func() bool { rep = r.Check(e.ctx); return !reportChecks(rep)["broker"] }, 30*time.Second, 10*time.Millisecond, "%+v", rep)
 	require.False(t, rep.Ready)
 	require.True(t, rep.Live)
+	require.Contains(t, rep.Checks[2].Detail, "1 pending")
+}
+
+// Right after a database restart the pool still holds connections the
+// restart broke, used too recently to be pinged: Health and Check read the
+// outbox again on the next connection instead of reporting the broken one
+// (review22 saw Health fail so after a crash).
+func TestHealthAfterTheDatabaseBrokeThePoolsConnections(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	pool := pgtest.RecentPool(t, 3)
+	r, err := relay.New(pool, &outageWriter{}, &relay.Config{Schema: e.schema, Logger: quiet})
+	require.NoError(t, err)
+	e.insert(t, topicOrders, "k", 1)
+
+	require.Equal(t, 3, pgtest.BreakIdle(t, pool))
+	h, err := r.Health(e.ctx)
+	require.NoError(t, err, "Health on a pool whose connections a restart broke")
+	require.Equal(t, int64(1), h.Pending)
+
+	require.Equal(t, 1, pgtest.BreakIdle(t, pool), "the pool opened one connection after the broken ones")
+	rep := r.Check(e.ctx)
+	require.True(t, reportChecks(rep)["outbox"], "%+v", rep)
 	require.Contains(t, rep.Checks[2].Detail, "1 pending")
 }

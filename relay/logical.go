@@ -22,6 +22,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/sagaflow/sagaflow/health"
+	"github.com/sagaflow/sagaflow/internal/pgerr"
 	"github.com/sagaflow/sagaflow/internal/store"
 	"github.com/sagaflow/sagaflow/internal/telemetry"
 	"github.com/sagaflow/sagaflow/migrations"
@@ -209,8 +210,10 @@ func (r *LogicalRelay) Setup(ctx context.Context) error {
 // current position minus the slot's confirmed flush position.
 func (r *LogicalRelay) SlotLag(ctx context.Context) (int64, error) {
 	var lag *int64
-	err := r.pool.QueryRow(ctx, `SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::int8
+	err := pgerr.RetryRead(ctx, func(ctx context.Context) error {
+		return r.pool.QueryRow(ctx, `SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::int8
 		FROM pg_replication_slots WHERE slot_name = $1`, r.cfg.Slot).Scan(&lag)
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, fmt.Errorf("relay: slot %s does not exist", r.cfg.Slot)
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/sagaflow/sagaflow/internal/fault"
 	"github.com/sagaflow/sagaflow/internal/lifecycle"
+	"github.com/sagaflow/sagaflow/internal/pgerr"
 	"github.com/sagaflow/sagaflow/internal/store"
 	"github.com/sagaflow/sagaflow/internal/telemetry"
 	"github.com/sagaflow/sagaflow/outbox"
@@ -912,7 +913,11 @@ func (r *Relay) Health(ctx context.Context) (Health, error) {
 		h.AvgPublishLatency = time.Duration(r.stats.latencyTotal.Load() / h.Writes)
 	}
 	h.Running = r.life.Running()
-	st, err := r.st.RelayOutboxStatus(ctx, r.pool)
+	var st store.OutboxStatus
+	err := pgerr.RetryRead(ctx, func(ctx context.Context) (err error) {
+		st, err = r.st.RelayOutboxStatus(ctx, r.pool)
+		return err
+	})
 	if err != nil {
 		return h, err
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sagaflow/sagaflow/health"
+	"github.com/sagaflow/sagaflow/internal/pgerr"
 	"github.com/sagaflow/sagaflow/migrations"
 )
 
@@ -59,7 +60,7 @@ func (e *Engine) Health(ctx context.Context) health.Report {
 	}
 	h := &e.hstate
 	schema := health.Check{Name: "schema", OK: true, Detail: "migrated"}
-	if err := migrations.Check(ctx, e.pool, e.cfg.Schema); err != nil {
+	if err := pgerr.RetryRead(ctx, func(ctx context.Context) error { return migrations.Check(ctx, e.pool, e.cfg.Schema) }); err != nil {
 		schema = health.Check{Name: "schema", Detail: err.Error()}
 	}
 	running := e.life.Running()

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagaflow/sagaflow/health"
+	"github.com/sagaflow/sagaflow/internal/pgtest"
 	"github.com/sagaflow/sagaflow/saga"
 )
 
@@ -53,4 +54,19 @@ func TestEngineHealth(t *testing.T) {
 
 	var nilEngine *saga.Engine
 	require.False(t, nilEngine.Health(ctx).Ready)
+}
+
+// Right after a database restart the pool still holds connections the
+// restart broke, used too recently to be pinged: the schema check reads
+// again on the next connection instead of reporting the broken one.
+func TestEngineHealthAfterTheDatabaseBrokeThePoolsConnections(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx := context.Background()
+	pool := pgtest.RecentPool(t, 3)
+	e, err := saga.New(pool, &saga.Config{Schema: b.schema, Logger: testLogger(t)})
+	require.NoError(t, err)
+	require.Equal(t, 3, pgtest.BreakIdle(t, pool))
+	r := e.Health(ctx)
+	require.True(t, checks(r)["schema"], "%+v", r)
 }

@@ -52,3 +52,47 @@ func incompressible(n int) string {
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
 }
+
+// A connection whose backend a restart ended fails its next query; Broken
+// says so, and RetryRead goes on to the pool's next connection until one
+// works. A statement PostgreSQL refuses, or a cancelled context, is not
+// retried.
+func TestRetryReadGoesPastBrokenConnections(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.RecentPool(t, 3)
+	require.Equal(t, 3, pgtest.BreakIdle(t, pool))
+	var one int
+	err := pool.QueryRow(ctx, "SELECT 1").Scan(&one)
+	require.Error(t, err, "a query on a connection whose backend ended")
+	require.True(t, pgerr.Broken(err), "%v", err)
+
+	require.Equal(t, 2, pgtest.BreakIdle(t, pool), "the failed connection left the pool")
+	calls := 0
+	require.NoError(t, pgerr.RetryRead(ctx, func(ctx context.Context) error {
+		calls++
+		return pool.QueryRow(ctx, "SELECT 1").Scan(&one)
+	}))
+	require.Equal(t, 3, calls, "two broken connections, then a new one")
+
+	calls = 0
+	err = pgerr.RetryRead(ctx, func(ctx context.Context) error {
+		calls++
+		_, err := pool.Exec(ctx, "SELECT * FROM no_such_table_here")
+		return err
+	})
+	require.Error(t, err)
+	require.False(t, pgerr.Broken(err), "%v", err)
+	require.Equal(t, 1, calls, "a refused statement is not retried")
+
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	calls = 0
+	err = pgerr.RetryRead(cctx, func(ctx context.Context) error {
+		calls++
+		return pool.QueryRow(ctx, "SELECT 1").Scan(&one)
+	})
+	require.ErrorIs(t, err, context.Canceled)
+	require.Equal(t, 1, calls)
+	require.False(t, pgerr.Broken(nil))
+}

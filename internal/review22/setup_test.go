@@ -212,9 +212,9 @@ func (r *rig) waitSettled(t *testing.T, timeout time.Duration) {
 	}
 }
 
-// healthAfterCrashes is rl.Health once it answers: the first query on a
-// pooled connection that a crash broke fails (unexpected EOF) before the
-// pool drops it, which says nothing about the relay.
+// healthAfterCrashes is rl.Health once it answers. Health reads again on
+// another connection when a crash broke the pooled one (pgerr.RetryRead),
+// but right after a crash the server itself may still be recovering.
 func (r *rig) healthAfterCrashes(t *testing.T, rl *relay.Relay) relay.Health {
 	t.Helper()
 	var h relay.Health
