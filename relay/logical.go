@@ -585,11 +585,39 @@ func (r *LogicalRelay) publishTx(ctx context.Context, rows []store.RelayMessage)
 			}
 		}
 	}
-	if err := r.st.MarkPublished(ctx, r.pool, acked); err != nil {
+	if err := r.settle(ctx, acked, dead); err != nil {
 		return err
 	}
 	r.published.Add(int64(len(acked)))
-	return r.st.MarkFailed(ctx, r.pool, dead)
+	return nil
+}
+
+// settle marks a transaction's published rows and parks its dead ones in
+// one transaction and one round trip, whose commit does not wait for its
+// WAL to reach the disk (as the polling relay's, see the package doc): a
+// crash of PostgreSQL that undoes the marks leaves the rows pending, and
+// the slot, confirmed only after the marks, is never saved past them (a
+// checkpoint writes the WAL before it), so they are streamed, found
+// pending and published again.
+func (r *LogicalRelay) settle(ctx context.Context, acked []uuid.UUID, dead []store.RelayFailure) error {
+	if len(acked) == 0 && len(dead) == 0 {
+		return nil
+	}
+	q := &pgx.Batch{}
+	q.Queue("BEGIN")
+	q.Queue("SET LOCAL synchronous_commit = off")
+	r.st.QueueMarkPublished(q, acked)
+	r.st.QueueMarkFailed(q, dead)
+	q.Queue("COMMIT").Exec(func(ct pgconn.CommandTag) error {
+		if ct.String() != "COMMIT" {
+			return fmt.Errorf("the transaction was rolled back (%s)", ct)
+		}
+		return nil
+	})
+	if err := r.pool.SendBatch(ctx, q).Close(); err != nil {
+		return fmt.Errorf("relay: mark %d published and %d dead: %w", len(acked), len(dead), err)
+	}
+	return nil
 }
 
 // decodeOutboxRow reads an outbox insert from pgoutput's text tuple. It

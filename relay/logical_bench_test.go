@@ -114,3 +114,61 @@ func BenchmarkCommitToPublish(b *testing.B) {
 		})
 	})
 }
+
+// BenchmarkLogicalDrain measures the log-based relay's rate on a backlog of
+// b.N rows written one per transaction before it starts: each transaction
+// is published and then marked, so the marks' cost per transaction shows.
+// Reported as msgs/s.
+func BenchmarkLogicalDrain(b *testing.B) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	b.Cleanup(cancel)
+	srv, err := pgtest.StartLogicalServer(ctx)
+	if err != nil {
+		b.Skipf("no throwaway PostgreSQL with wal_level=logical: %v", err)
+	}
+	b.Cleanup(func() { _ = srv.Stop(context.Background()) })
+	pool, err := pgxpool.New(ctx, srv.ConnString())
+	require.NoError(b, err)
+	b.Cleanup(pool.Close)
+	kc := kafkatest.New(b, kafkatest.SeedTopics(3, topicOrders))
+	schema := "bench_drain_" + strconv.Itoa(b.N)
+	_, err = migrations.Migrate(ctx, pool, schema)
+	require.NoError(b, err)
+	ob, err := outbox.New(pool, schema)
+	require.NoError(b, err)
+	kw := relay.NewKafkaWriter(kc.Addrs(), nil)
+	defer kw.Close()
+	lr, err := relay.NewLogical(pool, srv.ConnString(), kw, &relay.LogicalConfig{
+		Schema: schema, Slot: schema, Publication: schema, Logger: quiet})
+	require.NoError(b, err)
+	require.NoError(b, lr.Setup(ctx))
+	defer func() { _, _ = pool.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, schema) }()
+	for i := 0; i < b.N; i++ {
+		tx, err := pool.Begin(ctx)
+		require.NoError(b, err)
+		require.NoError(b, ob.InsertTx(ctx, tx, outbox.Message{Topic: topicOrders, Key: "k" + strconv.Itoa(i%64), Type: "bench",
+			Payload: []byte(strconv.Itoa(i))}))
+		require.NoError(b, tx.Commit(ctx))
+	}
+	b.ResetTimer()
+	start := time.Now()
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = lr.Run(rctx) }()
+	for {
+		var pending int
+		require.NoError(b, pool.QueryRow(ctx, `SELECT count(*) FROM `+schema+`.outbox WHERE status = 'pending'`).Scan(&pending))
+		if pending == 0 {
+			break
+		}
+		if ctx.Err() != nil {
+			b.Fatalf("%d rows still pending", pending)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	elapsed := time.Since(start)
+	b.StopTimer()
+	stop()
+	<-done
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "msgs/s")
+}
