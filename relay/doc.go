@@ -188,9 +188,11 @@
 // # The log-based relay
 //
 // [LogicalRelay] reads the outbox's relay inserts from a pgoutput
-// replication slot instead of claiming them, publishes each committed
-// transaction through the same [Writer], message building and dead-letter
-// codes, marks it published, and only then confirms the slot. It needs
+// replication slot instead of claiming them, publishes committed
+// transactions (consecutive ones that stream in together gathered into one
+// write of up to LogicalConfig.BatchSize rows) through the same [Writer],
+// message building and dead-letter codes, marks them published, and only
+// then confirms the slot. It needs
 // wal_level=logical, a slot, a publication with a row filter and the
 // REPLICATION privilege ([LogicalRelay.Setup] creates the publication and
 // the slot); rows due later and requeued rows are left to a polling relay.

@@ -41,6 +41,11 @@ const (
 	// StatusIntervalDefault is how often the relay reports its position to
 	// the server when nothing else happens.
 	StatusIntervalDefault = 10 * time.Second
+	// LogicalGatherWait is the longest a [LogicalRelay] holds the rows it
+	// gathered while it waits for more of the stream. The server usually
+	// says sooner that it has sent everything (a keepalive that asks for
+	// the relay's position), and then they are written at once.
+	LogicalGatherWait = 2 * time.Millisecond
 )
 
 // LogicalConfig configures a [LogicalRelay]. A nil *LogicalConfig, and
@@ -65,6 +70,12 @@ type LogicalConfig struct {
 	OutageBackoffMax time.Duration
 	// StatusInterval: see StatusIntervalDefault.
 	StatusInterval time.Duration
+	// BatchSize is how many rows the relay gathers, from consecutive
+	// committed transactions that stream in together, before it writes
+	// them with one call (a transaction is never split, so a larger one
+	// goes as one write). Defaults to BatchSizeDefault; at most
+	// BatchSizeMax.
+	BatchSize int
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// MeterProvider makes the relay's metrics: sagaflow.outbox.slot.lag
@@ -77,12 +88,17 @@ type LogicalConfig struct {
 // LogicalRelay publishes the outbox's relay rows from PostgreSQL's logical
 // replication stream (pgoutput) instead of claiming them: see
 // docs/relays.md for what it does and what it leaves to the polling
-// [Relay]. It reads one transaction at a time, in commit order, waits until
-// other sessions can see it, writes the transaction's rows with one
-// WriteMessages call, marks them published (or parks bad rows dead) with
-// one statement each, and only then confirms the transaction's end to the
-// slot. A crash before the confirmation streams
-// the transaction again: consumers deduplicate on sagaflow-message-id.
+// [Relay]. It reads transactions in commit order and waits until other
+// sessions can see each one. Consecutive transactions that stream in
+// together (a backlog, or a busy writer) are gathered, up to
+// LogicalConfig.BatchSize rows; the gathered rows are written with one
+// WriteMessages call, in commit order, as soon as the stream has nothing
+// more to give at once (the server, having sent all it has, asks for the
+// relay's position, or nothing came for [LogicalGatherWait]), then
+// marked published (or bad rows parked dead) in one transaction, and only
+// then is the last transaction's end confirmed to the slot. A crash before
+// the confirmation streams those transactions again: consumers deduplicate
+// on sagaflow-message-id.
 type LogicalRelay struct {
 	pool      *pgxpool.Pool
 	connStr   string
@@ -126,6 +142,9 @@ func NewLogical(pool *pgxpool.Pool, replConnString string, w Writer, cfg *Logica
 	if c.StatusInterval == 0 {
 		c.StatusInterval = StatusIntervalDefault
 	}
+	if c.BatchSize == 0 {
+		c.BatchSize = BatchSizeDefault
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -136,6 +155,8 @@ func NewLogical(pool *pgxpool.Pool, replConnString string, w Writer, cfg *Logica
 		return nil, errors.New("relay: NewLogical: writer is nil")
 	case c.MaxMessageBytes < 0:
 		return nil, fmt.Errorf("relay: LogicalConfig.MaxMessageBytes %d is negative", c.MaxMessageBytes)
+	case c.BatchSize < 0 || c.BatchSize > BatchSizeMax:
+		return nil, fmt.Errorf("relay: LogicalConfig.BatchSize %d is outside 1..%d", c.BatchSize, BatchSizeMax)
 	}
 	if err := migrations.ValidateSchema(c.Schema); err != nil {
 		return nil, fmt.Errorf("relay: LogicalConfig.Schema: %w", err)
@@ -277,8 +298,29 @@ func (r *LogicalRelay) stream(ctx context.Context) error {
 		return fmt.Errorf("relay: start replication on slot %s: %w", r.cfg.Slot, err)
 	}
 	relations := map[uint32]*pglogrepl.RelationMessage{}
+	nextStatus := time.Now().Add(r.cfg.StatusInterval)
 	var txRows []store.RelayMessage
 	var confirmed pglogrepl.LSN
+	// The rows of committed transactions gathered for one write, and the
+	// end of the last of those transactions (0: nothing gathered).
+	var group []store.RelayMessage
+	var groupEnd pglogrepl.LSN
+	var groupSince time.Time
+	flush := func() error {
+		if groupEnd == 0 {
+			return nil
+		}
+		if err := r.publishTx(ctx, group); err != nil {
+			return err
+		}
+		group, confirmed, groupEnd = group[:0], groupEnd, 0
+		r.confirms.Store(uint64(confirmed))
+		if err := r.confirm(ctx, conn, confirmed); err != nil {
+			return err
+		}
+		nextStatus = time.Now().Add(r.cfg.StatusInterval)
+		return nil
+	}
 	// Before PostgreSQL 17 a restart may forget confirmations made since
 	// the last checkpoint, and a relay killed after its mark replays what
 	// it marked: until the first transaction still pending, rows already
@@ -287,7 +329,6 @@ func (r *LogicalRelay) stream(ctx context.Context) error {
 	inTx := false
 	var xid uint32  // the transaction being read
 	var seen string // the last snapshot awaitVisible read
-	nextStatus := time.Now().Add(r.cfg.StatusInterval)
 	for {
 		if time.Now().After(nextStatus) && confirmed != 0 {
 			if err := r.confirm(ctx, conn, confirmed); err != nil {
@@ -295,11 +336,22 @@ func (r *LogicalRelay) stream(ctx context.Context) error {
 			}
 			nextStatus = time.Now().Add(r.cfg.StatusInterval)
 		}
-		rctx, cancel := context.WithDeadline(ctx, nextStatus)
+		deadline := nextStatus
+		if gathered := groupSince.Add(LogicalGatherWait); groupEnd != 0 && gathered.Before(deadline) {
+			deadline = gathered
+		}
+		rctx, cancel := context.WithDeadline(ctx, deadline)
 		raw, err := conn.ReceiveMessage(rctx)
 		cancel()
 		if err != nil {
 			if ctx.Err() == nil && pgconn.Timeout(err) {
+				if groupEnd != 0 && !time.Now().Before(groupSince.Add(LogicalGatherWait)) {
+					// Nothing more came at once: write what was gathered.
+					if err := flush(); err != nil {
+						return err
+					}
+					continue
+				}
 				nextStatus = time.Now() // report and go on
 				continue
 			}
@@ -317,6 +369,11 @@ func (r *LogicalRelay) stream(ctx context.Context) error {
 			ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(cd.Data[1:])
 			if err != nil {
 				return fmt.Errorf("relay: keepalive: %w", err)
+			}
+			// The server sends one when it has sent everything and waits
+			// for the relay's position: what was gathered goes now.
+			if err := flush(); err != nil {
+				return err
 			}
 			// Between transactions, everything the server sent up to
 			// ServerWALEnd has been handled: confirming it lets an idle slot
@@ -375,17 +432,24 @@ func (r *LogicalRelay) stream(ctx context.Context) error {
 					}
 					replaying = len(txRows) < n
 				}
-				if err := r.publishTx(ctx, txRows); err != nil {
-					return err
+				if groupEnd == 0 {
+					groupSince = time.Now()
 				}
+				group = append(group, txRows...)
+				groupEnd = m.TransactionEndLSN
 				txRows = txRows[:0]
 				inTx = false
-				confirmed = m.TransactionEndLSN
-				r.confirms.Store(uint64(confirmed))
-				if err := r.confirm(ctx, conn, confirmed); err != nil {
-					return err
+				// Written at once when the batch is full; else when the
+				// stream pauses: the server, having sent all it has, asks
+				// for the relay's position (a keepalive), or nothing new
+				// comes for LogicalGatherWait. (A logical stream's headers
+				// carry the record's position, not the server's end of WAL,
+				// so they cannot tell that this commit was the last.)
+				if len(group) >= r.cfg.BatchSize {
+					if err := flush(); err != nil {
+						return err
+					}
 				}
-				nextStatus = time.Now().Add(r.cfg.StatusInterval)
 			}
 		}
 	}

@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -462,4 +463,78 @@ func (e *logicalEnv) publishedMetric(t *testing.T) int64 {
 		}
 	}
 	return 0
+}
+
+// A backlog of one-row transactions is published in writes of several
+// transactions each, at most LogicalConfig.BatchSize rows, in commit order
+// per key, each row once; a row written once the backlog is gone, with
+// nothing after it, is published too (the relay does not wait for a full
+// batch). One write's per-message failure parks only its own row.
+func TestLogicalRelayGathersTransactions(t *testing.T) {
+	e := setupLogical(t)
+	ctx := e.ctx
+	kw := relay.NewKafkaWriter(e.kc.Addrs(), &relay.WriterOpts{MaxAttempts: 1, MetadataTTL: 500 * time.Millisecond})
+	t.Cleanup(func() { _ = kw.Close() })
+	w := &hookWriter{inner: kw}
+	const batch = 10
+	lr, err := relay.NewLogical(e.pool, e.srv.ConnString(), w, &relay.LogicalConfig{
+		Schema: cdcSchema, Slot: "cdc_gather", Publication: "cdc_gather", BatchSize: batch, Logger: testLogger(t)})
+	require.NoError(t, err)
+	require.NoError(t, lr.Setup(ctx))
+	_, err = relay.NewLogical(e.pool, e.srv.ConnString(), w, &relay.LogicalConfig{BatchSize: relay.BatchSizeMax + 1})
+	require.ErrorContains(t, err, "BatchSize")
+
+	const rows = 300
+	var want []uuid.UUID
+	for i := 1; i <= rows; i++ {
+		id := uuid.New()
+		_, err := e.pool.Exec(ctx, `INSERT INTO cdc.outbox (id, topic, aggregateid, type, payload) VALUES ($1, $2, $3, 'test', $4)`,
+			id, topicOrders, "k"+strconv.Itoa(i%3), []byte(strconv.Itoa(i)))
+		require.NoError(t, err)
+		want = append(want, id)
+		if i == 150 {
+			// One row in the middle the broker refuses for good.
+			_, err := e.pool.Exec(ctx, `INSERT INTO cdc.outbox (id, topic, aggregateid, type, payload) VALUES ($1, 'no/such topic', 'k0', 'test', '\x00')`, uuid.New())
+			require.NoError(t, err)
+		}
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- lr.Run(rctx) }()
+	defer func() { cancel(); require.NoError(t, <-done) }()
+	waitFor(t, time.Minute, "the backlog published", func() bool { return e.published(t) == rows })
+
+	last := uuid.New()
+	_, err = e.pool.Exec(ctx, `INSERT INTO cdc.outbox (id, topic, aggregateid, type, payload) VALUES ($1, $2, 'k0', 'test', $3)`,
+		last, topicOrders, []byte(strconv.Itoa(rows+1)))
+	require.NoError(t, err)
+	waitFor(t, time.Minute, "a lone row published", func() bool { return e.published(t) == rows+1 })
+	var dead int
+	require.NoError(t, e.pool.QueryRow(ctx, `SELECT count(*) FROM cdc.outbox WHERE status = 'dead'`).Scan(&dead))
+	require.Equal(t, 1, dead, "the refused row is parked, the rest published")
+
+	w.mu.Lock()
+	writes := slices.Clone(w.writes)
+	w.mu.Unlock()
+	most := 0
+	for _, ws := range writes {
+		most = max(most, len(ws))
+	}
+	require.LessOrEqual(t, most, batch, "a write holds at most BatchSize one-row transactions")
+	require.Less(t, len(writes), rows/2, "the backlog's transactions were written together: %d writes for %d rows", len(writes), rows)
+
+	msgs, err := e.kc.ReadAll(ctx, topicOrders)
+	require.NoError(t, err)
+	n := copies(t, msgs)
+	for _, id := range append(want, last) {
+		require.Equal(t, 1, n[id.String()], "message %s", id)
+	}
+	lastOf := map[string]int{}
+	for _, m := range msgs {
+		s, err := strconv.Atoi(string(m.Value))
+		require.NoError(t, err)
+		require.Greater(t, s, lastOf[string(m.Key)], "key %s: %d published after %d", m.Key, s, lastOf[string(m.Key)])
+		lastOf[string(m.Key)] = s
+	}
+	t.Logf("%d rows in %d writes (the largest %d)", rows+1, len(writes), most)
 }
