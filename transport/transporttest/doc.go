@@ -31,7 +31,11 @@
 //     reader of the group takes over; no message is skipped as a duplicate
 //     of one the earlier reader saw, and a poison message is dead-lettered
 //     even where an earlier one was (readers whose offsets restart from 0
-//     fail it).
+//     fail it);
+//  9. an unroutable message: one for a topic the broker does not have,
+//     written among others, is refused by the writer for itself alone and
+//     parked dead by the relay after its attempts; the others, written
+//     before, with and after it, each have their effect, in order per key.
 //
 // Describe a transport with a [Bus]: how to start a broker for one case,
 // and, through the [Broker] it returns, how to create a topic, make writers

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -99,6 +100,7 @@ func Run(t *testing.T, b Bus) {
 		{"ConsumerKilledMidBatch", consumerKilled},
 		{"RedeliveryAfterAckWait", redelivery},
 		{"NewReaderAfterARestart", newReaderAfterARestart},
+		{"UnroutableMessageParked", unroutable},
 	}
 	for _, c := range cases {
 		t.Run(b.Name+"/"+c.name, func(t *testing.T) {
@@ -248,10 +250,11 @@ func (e *env) handle(ctx context.Context, tx pgx.Tx, msg inbox.Message) error {
 
 // msg is a message the case writes to its outbox.
 type msg struct {
-	key  string
-	seq  int
-	body string
-	id   uuid.UUID // zero: a new one
+	key   string
+	seq   int
+	body  string
+	id    uuid.UUID // zero: a new one
+	topic string    // "": the case's topic
 }
 
 // write inserts msgs into the outbox in one transaction, in order.
@@ -260,7 +263,11 @@ func (e *env) write(msgs ...msg) {
 	ctx := context.Background()
 	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
 		for _, m := range msgs {
-			if err := e.ob.InsertTx(ctx, tx, outbox.Message{ID: m.id, Topic: e.topic, Key: m.key, Type: effectType,
+			topic := m.topic
+			if topic == "" {
+				topic = e.topic
+			}
+			if err := e.ob.InsertTx(ctx, tx, outbox.Message{ID: m.id, Topic: topic, Key: m.key, Type: effectType,
 				Payload: []byte(strconv.Itoa(m.seq) + "|" + m.body)}); err != nil {
 				return err
 			}
@@ -703,4 +710,46 @@ func newReaderAfterARestart(t *testing.T, e *env) {
 	if reasons := e.deadReasons(); len(reasons) != 2 {
 		t.Fatalf("transporttest: dead letters %q, want the two poison messages", reasons)
 	}
+}
+
+// 9. A message for a topic the broker does not have (no topic, stream or
+// queue: a typo in a producer's topic) is refused by the writer for that
+// message alone: the relay parks its row dead after its attempts, and every
+// message written with it, before it, after it and while it is retried, has
+// its effect, in order per key.
+func unroutable(t *testing.T, e *env) {
+	e.broker.CreateTopic(t, e.topic, 2)
+	e.consume(e.reader(nil))
+	e.startRelay()
+	missing := e.topic + ".missing"
+	all := interleaved(keys(4), 10)
+	first := append(slices.Clone(all[:20]), msg{key: "key-1", seq: 1000, body: "unroutable", topic: missing})
+	e.write(first...)
+	e.write(all[20:]...)
+	e.waitEffects(len(all))
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	var status, lastErr string
+	e.waitUntil(waitTimeout, "the unroutable row parked dead", func() bool {
+		err := e.pool.QueryRow(ctx, "SELECT status, coalesce(last_error, '') FROM "+e.table("outbox")+" WHERE topic = $1", missing).
+			Scan(&status, &lastErr)
+		return err == nil && status == "dead"
+	})
+	if lastErr == "" {
+		t.Fatal("transporttest: the unroutable row is dead with no last_error")
+	}
+	settle()
+	got := e.checkEffects(len(all))
+	perKey := map[string][]int{}
+	for _, f := range got {
+		perKey[f.Key] = append(perKey[f.Key], f.Seq)
+	}
+	for k, seqs := range perKey {
+		for i, s := range seqs {
+			if s != i+1 {
+				t.Fatalf("transporttest: key %s: effects in order %v", k, seqs)
+			}
+		}
+	}
+	t.Logf("the unroutable row: %s", lastErr)
 }
