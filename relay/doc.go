@@ -169,6 +169,12 @@
 // them back with `sagaflow dead requeue` (saga.Engine.RequeueDead): a dead
 // row becomes pending again with its attempts reset.
 //
+// The outbox's attempts column counts a relay row's publish attempts,
+// the one that succeeded included: a row published at the first try shows
+// 1, and a row parked after MaxAttempts failures shows MaxAttempts. Waits
+// for a broker outage count none. (An engine's direct command counts its
+// deferrals there instead.)
+//
 // Requeued dead letters. A row whose headers column holds only the key
 // "sagaflow-raw-headers" carries another producer's headers, byte for byte: the
 // relay publishes it with exactly those headers, in order, and adds none of
