@@ -81,8 +81,9 @@
 // Requests of safe methods (GET, HEAD, OPTIONS, TRACE) pass through
 // untouched. For the others, with keys partitioned by identity and scope:
 //
-//   - No key: 400 Bad Request when [Config.Required], else the handler runs
-//     without protection. A key longer than [Config.MaxKeyLength], sent twice,
+//   - No key (an empty header counts as none): 400 Bad Request when
+//     [Config.Required], else the handler runs without protection. Keys are
+//     compared byte for byte, never trimmed or folded. A key longer than [Config.MaxKeyLength], sent twice,
 //     or not printable UTF-8 (a NUL, a control character, invalid UTF-8):
 //     400. An identity error, or an empty identity: 401 Unauthorized. A body
 //     larger than [Config.MaxBodyBytes]: 413 Content Too Large. The handler
@@ -94,19 +95,25 @@
 //     by [Config.ReplayHeaders] are stored with the key, which is kept for
 //     [Config.TTL] from then.
 //   - The same key and the same request (a SHA-256 of the method, path,
-//     query and body) after the first response was stored: that response
-//     again (status, headers, body) with the header Idempotent-Replayed: true.
-//     The handler does not run.
+//     query and body; the path and query as sent, so a client that encodes
+//     or orders its query differently on a retry sends another request)
+//     after the first response was stored: that response again (status,
+//     headers, body) with the header Idempotent-Replayed: true. Header
+//     values come back byte for byte, obs-text included. The handler does
+//     not run.
 //   - The same, when the first response's body was not kept (see below): 410
 //     Gone with Idempotent-Replayed: true and the first response's Location,
 //     if it had one. The handler does not run.
-//   - The same key with a different request: 422 Unprocessable Entity.
-//   - The same key while the first request is still in flight: 409 Conflict
-//     with Retry-After: 1.
+//   - The same key with a different request: 422 Unprocessable Entity, also
+//     while the first request is still in flight.
+//   - The same key and the same request while the first is still in
+//     flight: 409 Conflict with Retry-After: 1.
 //   - A key whose expiry has passed, by the database's clock, counts as
 //     absent: the request runs again and its key replaces the old row.
 //   - The database cannot be reached before the handler: 503 Service
-//     Unavailable with Retry-After: 1; the handler does not run.
+//     Unavailable with Retry-After: 1; the handler does not run. So does a
+//     schema that was never migrated (the log says so): migrate it before
+//     the middleware takes requests.
 //
 // The errors are JSON objects, {"error": "..."}, with Content-Type
 // application/json.
@@ -146,12 +153,19 @@
 // The handler's database work is not in the transaction that records the
 // key: the key commits before the handler runs and the response is stored
 // after it returned. If the process dies in between, or the response cannot
-// be stored, the key stays in flight, and retries get 409, until it expires;
-// the handler does not run twice. A client may also see its response before
-// the response is stored and get 409 on an immediate retry.
+// be stored, the key stays in flight, and retries get 409, until its lease
+// ends ([Config.InFlightTimeout], a minute by default and at most the TTL:
+// a TTL under a minute shortens it); a retry after that runs the handler
+// again, which the handler must make safe as above. A client may also see
+// its response before the response is stored and get 409 on an immediate
+// retry.
 //
 // The stored body is what the handler wrote, whatever reached the client.
-// The request body is read whole to be hashed before the handler runs.
+// The stored headers are those named by [Config.ReplayHeaders] as they were
+// when the status was written, found under their canonical names (a value
+// set with w.Header()["location"] is sent but not kept); trailers are not
+// kept. The request body is read whole to be hashed before the handler
+// runs.
 //
 // # Stores
 //

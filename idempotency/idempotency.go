@@ -21,6 +21,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/sagaflow/sagaflow/internal/pgerr"
 	"github.com/sagaflow/sagaflow/internal/safetext"
 )
 
@@ -507,7 +508,12 @@ func (m *Middleware) release(reqCtx context.Context, scope, key string, claimedA
 }
 
 func (m *Middleware) unavailable(ctx context.Context, w http.ResponseWriter, err error) {
-	m.log.ErrorContext(ctx, "idempotency: key not checked", "error", err)
+	msg := "idempotency: key not checked"
+	if pgerr.Undefined(err) {
+		// No retry mends this one: say what will.
+		msg += "; the schema is not migrated (run migrations.Migrate, or `sagaflow migrate`)"
+	}
+	m.log.ErrorContext(ctx, msg, "error", err)
 	w.Header().Set("Retry-After", "1")
 	writeError(w, http.StatusServiceUnavailable, "the "+m.header+" could not be checked; the request was not processed, retry later")
 }

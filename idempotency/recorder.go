@@ -6,8 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"strings"
-	"unicode/utf8"
+	"slices"
 )
 
 // recorder writes a handler's response through to the client and keeps a
@@ -107,15 +106,11 @@ func (rec *recorder) snapshotHeaders() {
 	rec.headers = map[string][]string{}
 	h := rec.w.Header()
 	for _, name := range rec.replayHeaders {
-		var vs []string
-		for _, v := range h[name] {
-			// Stored as jsonb, which holds valid UTF-8 without NUL only.
-			if utf8.ValidString(v) && !strings.ContainsRune(v, 0) {
-				vs = append(vs, v)
-			}
-		}
-		if len(vs) > 0 {
-			rec.headers[name] = vs
+		// Every byte of every value is kept (the stores escape what they
+		// cannot hold as it is): a replay without its ETag or Location, or
+		// with another Content-Type, is another response.
+		if vs := h[name]; len(vs) > 0 {
+			rec.headers[name] = slices.Clone(vs)
 		}
 	}
 }

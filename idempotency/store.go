@@ -29,8 +29,9 @@ type Store interface {
 	// when the key is free (never claimed, released, lapsed or expired).
 	Get(ctx context.Context, scope, key string) (*Record, error)
 	// Complete stores resp with the key held by claim and keeps it for
-	// ttl. It reports false, and changes nothing, when claim no longer
-	// holds the key.
+	// ttl, every byte of its header values included (see
+	// [HeaderValuesAsText]). It reports false, and changes nothing, when
+	// claim no longer holds the key.
 	Complete(ctx context.Context, scope, key string, claim Claim, resp *Response, ttl time.Duration) (bool, error)
 	// Release frees the key held by claim. It reports false when claim no
 	// longer holds it.
@@ -58,6 +59,21 @@ type Response struct {
 	Body    []byte
 	// BodyOmitted: the body was not kept (too large); a retry gets 410.
 	BodyOmitted bool
+}
+
+// HeaderValuesAsText returns h with every value that JSON text cannot carry
+// exactly (a value that is not valid UTF-8, or holds a NUL: HTTP allows
+// both) escaped, for a [Store] that keeps headers as JSON; Go's
+// encoding/json would replace such bytes, and PostgreSQL's jsonb refuses a
+// NUL. [HeaderValuesFromText] gives the values back byte for byte. Both
+// stores of this module use them. h is not changed.
+func HeaderValuesAsText(h map[string][]string) map[string][]string {
+	return store.EncodeHeaderValues(h)
+}
+
+// HeaderValuesFromText reverses [HeaderValuesAsText].
+func HeaderValuesFromText(h map[string][]string) map[string][]string {
+	return store.DecodeHeaderValues(h)
 }
 
 // ErrKeyNotFound is wrapped by [Store.Get] for a key that is free.
@@ -88,16 +104,23 @@ type pgStore struct {
 
 func pgClaim(t time.Time) Claim { return Claim(t.UTC().Format(time.RFC3339Nano)) }
 
-func (p *pgStore) claimedAt(c Claim) (time.Time, error) {
+// claimedAt reads a claim this store made; a claim it did not make holds
+// no key of it (ok false).
+func (p *pgStore) claimedAt(c Claim) (t time.Time, ok bool) {
 	t, err := time.Parse(time.RFC3339Nano, string(c))
-	if err != nil {
-		return time.Time{}, fmt.Errorf("idempotency: claim %q is not this store's", c)
-	}
-	return t, nil
+	return t, err == nil
+}
+
+// text makes scope or key storable in a text column, keeping every two
+// apart: a NUL or invalid UTF-8, which PostgreSQL refuses in text, is
+// escaped (the middleware itself hands over none; a direct user of the
+// store may).
+func text(s string) string {
+	return store.EncodeText(s)
 }
 
 func (p *pgStore) Claim(ctx context.Context, scope, key string, hash []byte, lease time.Duration) (Claim, bool, error) {
-	at, ok, err := p.st.ClaimIdempotencyKey(ctx, p.pool, scope, key, hash, lease)
+	at, ok, err := p.st.ClaimIdempotencyKey(ctx, p.pool, text(scope), text(key), hash, lease)
 	if err != nil || !ok {
 		return "", ok, err
 	}
@@ -105,7 +128,7 @@ func (p *pgStore) Claim(ctx context.Context, scope, key string, hash []byte, lea
 }
 
 func (p *pgStore) Get(ctx context.Context, scope, key string) (*Record, error) {
-	row, err := p.st.GetIdempotencyKey(ctx, p.pool, scope, key)
+	row, err := p.st.GetIdempotencyKey(ctx, p.pool, text(scope), text(key))
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, fmt.Errorf("%w: %w", ErrKeyNotFound, err)
 	}
@@ -121,20 +144,20 @@ func (p *pgStore) Get(ctx context.Context, scope, key string) (*Record, error) {
 }
 
 func (p *pgStore) Complete(ctx context.Context, scope, key string, c Claim, resp *Response, ttl time.Duration) (bool, error) {
-	at, err := p.claimedAt(c)
-	if err != nil {
-		return false, err
+	at, ok := p.claimedAt(c)
+	if !ok {
+		return false, nil
 	}
-	return p.st.CompleteIdempotencyKey(ctx, p.pool, scope, key, at,
+	return p.st.CompleteIdempotencyKey(ctx, p.pool, text(scope), text(key), at,
 		&store.IdempotencyResponse{Status: resp.Status, Headers: resp.Headers, Body: resp.Body, BodyOmitted: resp.BodyOmitted}, ttl)
 }
 
 func (p *pgStore) Release(ctx context.Context, scope, key string, c Claim) (bool, error) {
-	at, err := p.claimedAt(c)
-	if err != nil {
-		return false, err
+	at, ok := p.claimedAt(c)
+	if !ok {
+		return false, nil
 	}
-	return p.st.ReleaseIdempotencyKey(ctx, p.pool, scope, key, at)
+	return p.st.ReleaseIdempotencyKey(ctx, p.pool, text(scope), text(key), at)
 }
 
 func (p *pgStore) DeleteExpired(ctx context.Context, limit int) (int64, error) {

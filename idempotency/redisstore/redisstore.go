@@ -130,14 +130,17 @@ func (s *Store) Get(ctx context.Context, scope, key string) (*idempotency.Record
 		if r.Body == nil {
 			r.Body = []byte{}
 		}
-		rec.Response = &idempotency.Response{Status: r.Status, Headers: r.Headers, Body: r.Body, BodyOmitted: r.BodyOmitted}
+		rec.Response = &idempotency.Response{Status: r.Status, Headers: idempotency.HeaderValuesFromText(r.Headers), Body: r.Body,
+			BodyOmitted: r.BodyOmitted}
 	}
 	return rec, nil
 }
 
 // Complete stores resp with the key held by claim, for ttl.
 func (s *Store) Complete(ctx context.Context, scope, key string, claim idempotency.Claim, resp *idempotency.Response, ttl time.Duration) (bool, error) {
-	r := response{Status: resp.Status, Headers: resp.Headers, Body: resp.Body, BodyOmitted: resp.BodyOmitted}
+	// JSON text cannot carry every byte a header value may hold (encoding/json
+	// would replace invalid UTF-8): such values are stored escaped.
+	r := response{Status: resp.Status, Headers: idempotency.HeaderValuesAsText(resp.Headers), Body: resp.Body, BodyOmitted: resp.BodyOmitted}
 	if r.BodyOmitted {
 		r.Body = nil
 	}

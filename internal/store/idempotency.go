@@ -2,9 +2,12 @@ package store
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -32,7 +35,9 @@ type IdempotencyKey struct {
 
 // IdempotencyResponse is the response stored with a done key.
 type IdempotencyResponse struct {
-	Status  int
+	Status int
+	// Headers come back byte for byte: values jsonb cannot hold are
+	// stored escaped (see [EncodeHeaderValues]).
 	Headers map[string][]string
 	Body    []byte
 	// BodyOmitted records that the response's body was not kept (it was
@@ -96,7 +101,7 @@ func (s *Store) GetIdempotencyKey(ctx context.Context, db DBTX, scope, key strin
 		return nil, fmt.Errorf("store: load idempotency key %q in scope %q: %w", key, scope, err)
 	}
 	if k.Status == IdempotencyDone && status != nil {
-		k.Response = &IdempotencyResponse{Status: int(*status), Headers: headers, Body: body}
+		k.Response = &IdempotencyResponse{Status: int(*status), Headers: DecodeHeaderValues(headers), Body: body}
 		if body == nil {
 			k.Response.Body = []byte{}
 			k.Response.BodyOmitted = true
@@ -111,7 +116,7 @@ func (s *Store) GetIdempotencyKey(ctx context.Context, db DBTX, scope, key strin
 // nothing, when that claim no longer holds the key (it expired and another
 // request claimed the key again, or it was released).
 func (s *Store) CompleteIdempotencyKey(ctx context.Context, db DBTX, scope, key string, claimedAt time.Time, resp *IdempotencyResponse, ttl time.Duration) (bool, error) {
-	headers := resp.Headers
+	headers := EncodeHeaderValues(resp.Headers)
 	if headers == nil {
 		headers = map[string][]string{}
 	}
@@ -157,4 +162,60 @@ func (s *Store) DeleteExpiredIdempotencyKeys(ctx context.Context, db DBTX, limit
 		return 0, fmt.Errorf("store: delete expired idempotency keys: %w", err)
 	}
 	return tag.RowsAffected(), nil
+}
+
+// headerEscape begins a stored header value that holds the value's bytes
+// in base64: a value jsonb cannot hold (invalid UTF-8, a NUL), or one that
+// begins with headerEscape itself, so that every value comes back exactly.
+const headerEscape = "\x01b64:"
+
+// EncodeText returns s as it is when PostgreSQL text and JSON text can hold
+// it exactly (valid UTF-8 without NUL) and it does not begin with the
+// escape, else the escape and its bytes in base64: two different strings
+// never encode alike.
+func EncodeText(s string) string {
+	if utf8.ValidString(s) && !strings.ContainsRune(s, 0) && !strings.HasPrefix(s, headerEscape) {
+		return s
+	}
+	return headerEscape + base64.StdEncoding.EncodeToString([]byte(s))
+}
+
+// EncodeHeaderValues returns h with every value that JSON text cannot carry
+// exactly (invalid UTF-8, a NUL) written as headerEscape and its bytes in
+// base64; [DecodeHeaderValues] reverses it. h is not changed.
+func EncodeHeaderValues(h map[string][]string) map[string][]string {
+	if h == nil {
+		return nil
+	}
+	out := make(map[string][]string, len(h))
+	for name, vs := range h {
+		enc := make([]string, len(vs))
+		for i, v := range vs {
+			enc[i] = EncodeText(v)
+		}
+		out[name] = enc
+	}
+	return out
+}
+
+// DecodeHeaderValues reverses [EncodeHeaderValues]. A value that begins
+// with the escape but does not decode (not written by it) is kept as it is.
+func DecodeHeaderValues(h map[string][]string) map[string][]string {
+	if h == nil {
+		return nil
+	}
+	out := make(map[string][]string, len(h))
+	for name, vs := range h {
+		dec := make([]string, len(vs))
+		for i, v := range vs {
+			dec[i] = v
+			if rest, ok := strings.CutPrefix(v, headerEscape); ok {
+				if b, err := base64.StdEncoding.DecodeString(rest); err == nil {
+					dec[i] = string(b)
+				}
+			}
+		}
+		out[name] = dec
+	}
+	return out
 }
