@@ -39,12 +39,10 @@ func (w *ackWriter) WriteMessages(ctx context.Context, msgs ...kafka.Message) er
 	return nil
 }
 
-// BenchmarkCommitToPublish measures, in one run on one server, the time
-// from an outbox row's commit to the broker's acknowledgement of its
-// message, for the polling relay (woken by NOTIFY) and the log-based relay.
-// Rows are written one per transaction, one at a time, so the numbers are
-// latency without a queue. Reported as p50 and p99 in microseconds.
-func BenchmarkCommitToPublish(b *testing.B) {
+// logicalBench starts what a log-based relay's benchmark needs: a throwaway
+// server with wal_level=logical, a pool on it and a kfake cluster with
+// topicOrders. It skips the benchmark where no such server can start.
+func logicalBench(b *testing.B) (context.Context, *pgtest.Server, *pgxpool.Pool, *kafkatest.Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	b.Cleanup(cancel)
 	srv, err := pgtest.StartLogicalServer(ctx)
@@ -55,7 +53,16 @@ func BenchmarkCommitToPublish(b *testing.B) {
 	pool, err := pgxpool.New(ctx, srv.ConnString())
 	require.NoError(b, err)
 	b.Cleanup(pool.Close)
-	kc := kafkatest.New(b, kafkatest.SeedTopics(3, topicOrders))
+	return ctx, srv, pool, kafkatest.New(b, kafkatest.SeedTopics(3, topicOrders))
+}
+
+// BenchmarkCommitToPublish measures, in one run on one server, the time
+// from an outbox row's commit to the broker's acknowledgement of its
+// message, for the polling relay (woken by NOTIFY) and the log-based relay.
+// Rows are written one per transaction, one at a time, so the numbers are
+// latency without a queue. Reported as p50 and p99 in microseconds.
+func BenchmarkCommitToPublish(b *testing.B) {
+	ctx, srv, pool, kc := logicalBench(b)
 
 	run := func(b *testing.B, schema string, start func(w relay.Writer) func()) {
 		_, err := migrations.Migrate(ctx, pool, schema)
@@ -120,19 +127,9 @@ func BenchmarkCommitToPublish(b *testing.B) {
 // is published and then marked, so the marks' cost per transaction shows.
 // Reported as msgs/s.
 func BenchmarkLogicalDrain(b *testing.B) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	b.Cleanup(cancel)
-	srv, err := pgtest.StartLogicalServer(ctx)
-	if err != nil {
-		b.Skipf("no throwaway PostgreSQL with wal_level=logical: %v", err)
-	}
-	b.Cleanup(func() { _ = srv.Stop(context.Background()) })
-	pool, err := pgxpool.New(ctx, srv.ConnString())
-	require.NoError(b, err)
-	b.Cleanup(pool.Close)
-	kc := kafkatest.New(b, kafkatest.SeedTopics(3, topicOrders))
+	ctx, srv, pool, kc := logicalBench(b)
 	schema := "bench_drain_" + strconv.Itoa(b.N)
-	_, err = migrations.Migrate(ctx, pool, schema)
+	_, err := migrations.Migrate(ctx, pool, schema)
 	require.NoError(b, err)
 	ob, err := outbox.New(pool, schema)
 	require.NoError(b, err)

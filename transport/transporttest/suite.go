@@ -428,17 +428,7 @@ func perKeyOrder(t *testing.T, e *env) {
 	e.waitEffects(len(all))
 	settle()
 	got := e.checkEffects(len(all))
-	perKey := map[string][]int{}
-	for _, f := range got {
-		perKey[f.Key] = append(perKey[f.Key], f.Seq)
-	}
-	for k, seqs := range perKey {
-		for i, s := range seqs {
-			if s != i+1 {
-				t.Fatalf("transporttest: key %s: effects in order %v", k, seqs)
-			}
-		}
-	}
+	inKeyOrder(t, got)
 }
 
 // 3. The same message published twice by a producer, and once more by an
@@ -712,6 +702,23 @@ func newReaderAfterARestart(t *testing.T, e *env) {
 	}
 }
 
+// inKeyOrder fails the test unless each key's effects have the sequence
+// numbers 1, 2, 3, … in that order.
+func inKeyOrder(t *testing.T, got []effect) {
+	t.Helper()
+	perKey := map[string][]int{}
+	for _, f := range got {
+		perKey[f.Key] = append(perKey[f.Key], f.Seq)
+	}
+	for k, seqs := range perKey {
+		for i, s := range seqs {
+			if s != i+1 {
+				t.Fatalf("transporttest: key %s: effects in order %v", k, seqs)
+			}
+		}
+	}
+}
+
 // 9. A message for a topic the broker does not have (no topic, stream or
 // queue: a typo in a producer's topic) is refused by the writer for that
 // message alone: the relay parks its row dead after its attempts, and every
@@ -740,16 +747,6 @@ func unroutable(t *testing.T, e *env) {
 	}
 	settle()
 	got := e.checkEffects(len(all))
-	perKey := map[string][]int{}
-	for _, f := range got {
-		perKey[f.Key] = append(perKey[f.Key], f.Seq)
-	}
-	for k, seqs := range perKey {
-		for i, s := range seqs {
-			if s != i+1 {
-				t.Fatalf("transporttest: key %s: effects in order %v", k, seqs)
-			}
-		}
-	}
+	inKeyOrder(t, got)
 	t.Logf("the unroutable row: %s", lastErr)
 }
