@@ -853,6 +853,15 @@ func (c *statCounters) add(o *statCounters, sign int64) {
 	}
 }
 
+// Schema returns the schema that holds the engine's tables (Config.Schema,
+// or its default); "" for a nil engine.
+func (e *Engine) Schema() string {
+	if e == nil {
+		return ""
+	}
+	return e.cfg.Schema
+}
+
 // Stats returns the engine's counters; zero for a nil engine.
 func (e *Engine) Stats() Stats {
 	if e == nil {

@@ -1,6 +1,7 @@
 package ui
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -8,6 +9,7 @@ import (
 	"strconv"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/sagaflow/sagaflow/saga"
 )
@@ -37,8 +39,21 @@ func (h *Handler) previewAction(w http.ResponseWriter, r *http.Request) {
 		if !ok {
 			return
 		}
-		h.render(w, r, http.StatusOK, "preview", map[string]any{"Title": action + " " + inst.ID.String(), "S": inst,
-			"Action": action, "Simple": what})
+		data := map[string]any{"Title": action + " " + inst.ID.String(), "S": inst, "Action": action, "Simple": what}
+		// Offer the confirmation only where it applies (review26 O2).
+		switch {
+		case action == ActionPause && inst.Status.Terminal():
+			data["Error"] = "the saga has ended: there is nothing to pause"
+		case action == ActionPause && inst.Paused != nil:
+			data["Error"] = "the saga is paused already"
+		case action == ActionUnpause && (inst.Paused == nil || inst.Paused.Type):
+			data["Error"] = "the saga is not paused on its own (a pause of its whole type is lifted with the type's)"
+		}
+		status := http.StatusOK
+		if data["Error"] != nil {
+			status = http.StatusConflict
+		}
+		h.render(w, r, status, "preview", data)
 		return
 	}
 	pa, ok := planAction[action]
@@ -87,6 +102,29 @@ func (h *Handler) doAction(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, status, err)
 		return
 	}
+	if action == ActionRerun && r.PostFormValue("from") == "" {
+		h.fail(w, r, http.StatusBadRequest, errors.New("from: a rerun needs the step to run from"))
+		return
+	}
+	if _, err := uuid.Parse(r.PathValue("id")); err != nil {
+		h.fail(w, r, http.StatusBadRequest, fmt.Errorf("%q is not a saga id", visible(r.PathValue("id"))))
+		return
+	}
+	ctx := r.Context()
+	// One confirmation posted twice (a double click, a resent form) must
+	// act once: the UI's actions on one saga take turns, across processes,
+	// under a lock held until the action committed, and each checks the
+	// version it was confirmed at once it has its turn.
+	tx, err := h.pool.Begin(ctx)
+	if err != nil {
+		h.fail(w, r, http.StatusInternalServerError, err)
+		return
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, "sagaflow-ui/"+h.cfg.Schema+"/"+r.PathValue("id")); err != nil {
+		h.fail(w, r, http.StatusInternalServerError, err)
+		return
+	}
 	inst, ok := h.loadSaga(w, r)
 	if !ok {
 		return
@@ -98,12 +136,19 @@ func (h *Handler) doAction(w http.ResponseWriter, r *http.Request) {
 			visible(v), inst.Version))
 		return
 	}
-	ctx := r.Context()
 	reason := h.reason(r, action)
-	var err error
 	switch action {
 	case ActionResume:
-		err = h.engine.Resume(ctx, inst.ID, reason)
+		// Resume of a paused saga lifts its pause, which is unpause's to
+		// do and to be allowed (review26 F2); resume is for failed sagas.
+		switch {
+		case inst.Paused != nil:
+			err = fmt.Errorf("saga %s is paused: unpause it (a resume would lift the pause): %w", inst.ID, saga.ErrNotReplayable)
+		case inst.Status != saga.StatusFailed:
+			err = fmt.Errorf("saga %s is %s, not failed: %w", inst.ID, inst.Status, saga.ErrNotReplayable)
+		default:
+			err = h.engine.Resume(ctx, inst.ID, reason)
+		}
 	case ActionRerun:
 		err = h.engine.Rerun(ctx, inst.ID, r.PostFormValue("from"), reason)
 	case ActionPause:
@@ -115,11 +160,23 @@ func (h *Handler) doAction(w http.ResponseWriter, r *http.Request) {
 			err = h.engine.Resume(ctx, inst.ID, reason)
 		}
 	case ActionCancel:
-		if _, known := h.engine.DefinitionSteps(inst.Name); known {
-			err = h.engine.Cancel(ctx, inst.ID, reason)
-		} else {
-			err = h.engine.RequestCancel(ctx, inst.ID, reason)
+		// A cancel recorded and not yet applied (a step runs) leaves the
+		// version as it was: a second confirmation finds the request.
+		var pending bool
+		if err = tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+pgx.Identifier{h.cfg.Schema, "saga_cancel_requests"}.Sanitize()+
+			` WHERE saga_id = $1)`, inst.ID).Scan(&pending); err == nil && pending {
+			err = fmt.Errorf("a cancel of saga %s is already requested; it is applied when its running step ends: %w", inst.ID, saga.ErrNotRunning)
 		}
+		if err == nil {
+			if _, known := h.engine.DefinitionSteps(inst.Name); known {
+				err = h.engine.CancelTx(ctx, tx, inst.ID, reason)
+			} else {
+				err = h.engine.RequestCancelTx(ctx, tx, inst.ID, reason)
+			}
+		}
+	}
+	if err == nil {
+		err = tx.Commit(ctx)
 	}
 	if err != nil {
 		status := http.StatusInternalServerError
@@ -281,7 +338,7 @@ func (h *Handler) doRequeue(w http.ResponseWriter, r *http.Request) {
 		h.render(w, r, http.StatusBadRequest, "requeue", data)
 		return
 	}
-	o.Reason = "requeued from the web UI by " + h.actor(r)
+	o.Reason = h.reason(r, "requeue")
 	res, err := h.engine.RequeueDead(r.Context(), o)
 	if err != nil && res == nil {
 		h.fail(w, r, http.StatusInternalServerError, err)
@@ -291,7 +348,8 @@ func (h *Handler) doRequeue(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		data["Error"] = err.Error()
 	}
-	h.cfg.Logger.Info("ui: requeued dead items", "by", h.actor(r), "messages", len(res.Messages), "letters", len(res.Letters))
+	h.cfg.Logger.Info("ui: requeued dead items", "by", h.actor(r), "messages", len(res.Messages), "letters", len(res.Letters),
+		"message_ids", o.MessageIDs, "letter_ids", o.LetterIDs)
 	h.render(w, r, http.StatusOK, "requeue", data)
 }
 

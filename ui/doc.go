@@ -22,7 +22,10 @@
 // allows each action only when Authorize returns nil for the request. Every
 // write is a POST that carries a per-browser token (a SameSite=Strict cookie
 // and a form field that must match) and comes from the same origin
-// (Origin and Sec-Fetch-Site are checked); a GET never writes. Every
+// (Origin and Sec-Fetch-Site are checked, and a POST with neither is
+// refused); a GET never writes. One confirmation posted twice acts once.
+// [Config.Hosts] names the hosts the UI answers, against DNS rebinding.
+// Every
 // stored string is escaped, control characters are shown as escapes, and
 // the pages carry a Content-Security-Policy that runs no inline script.
 // Saga state and message payloads are shown only through the redaction

@@ -179,7 +179,10 @@ func filterQuery(q url.Values) url.Values {
 
 func (h *Handler) list(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	data := map[string]any{"Title": "Sagas", "Statuses": statusNames, "F": q, "Filter": filterQuery(q).Encode(),
+	// The whole query, "?" included: after the path, html/template keeps
+	// its = and & (inside the query part it would escape them, and the
+	// bulk replay would lose its filter: review26 F1).
+	data := map[string]any{"Title": "Sagas", "Statuses": statusNames, "F": q, "BulkQuery": "?" + filterQuery(q).Encode(),
 		"CanReplay": h.allowed(r, ActionReplay)}
 	opts, err := listOpts(q)
 	if err != nil {

@@ -12,12 +12,13 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sagaflow/sagaflow/internal/store"
-	"github.com/sagaflow/sagaflow/migrations"
 	"github.com/sagaflow/sagaflow/saga"
 )
 
@@ -50,10 +51,10 @@ const PageSizeDefault = 50
 const PreviewBytesDefault = 256
 
 // Config configures the handler. The zero value serves a read-only UI of
-// the default schema, with state and payloads hidden.
+// the engine's schema, with state and payloads hidden.
 type Config struct {
-	// Schema holds sagaflow's tables; it must be the engine's. Defaults to
-	// migrations.SchemaDefault.
+	// Schema holds sagaflow's tables; it must be the engine's ([New]
+	// refuses another). Defaults to the engine's.
 	Schema string
 	// Prefix is the path the handler is mounted at ("/ops/sagas"), without
 	// a trailing slash; links and forms start with it. Mount the handler
@@ -83,6 +84,14 @@ type Config struct {
 	// Logger receives the errors behind 500 responses. Defaults to
 	// slog.Default().
 	Logger *slog.Logger
+	// Hosts, when set, are the only Host header values the handler answers
+	// (host or host:port, compared without regard to case); any other gets
+	// 421 Misdirected Request. Set it when the UI listens where a browser
+	// can reach it by an address of its own (a loopback port): a web page
+	// whose name an attacker points at that address (DNS rebinding) then
+	// gets nothing, since the browser sends the attacker's name as Host.
+	// `sagaflow ui` sets it to the address it listens on.
+	Hosts []string
 }
 
 // Handler serves the UI. Make one with [New].
@@ -113,10 +122,26 @@ func New(pool *pgxpool.Pool, engine *saga.Engine, cfg *Config) (*Handler, error)
 		c = *cfg
 	}
 	if c.Schema == "" {
-		c.Schema = migrations.SchemaDefault
+		c.Schema = engine.Schema()
+	}
+	if c.Schema != engine.Schema() {
+		// The pages read some tables of Schema directly and act through the
+		// engine: two schemas would mix two tenants (review26 O5).
+		return nil, fmt.Errorf("ui: Schema %q is not the engine's (%q)", c.Schema, engine.Schema())
 	}
 	if c.Prefix != "" && (!strings.HasPrefix(c.Prefix, "/") || strings.HasSuffix(c.Prefix, "/")) {
 		return nil, fmt.Errorf("ui: Prefix %q must start with '/' and not end with one", c.Prefix)
+	}
+	if i := strings.IndexFunc(c.Prefix, func(r rune) bool { return !prefixRune(r) }); i >= 0 || strings.Contains(c.Prefix, "//") {
+		// A cookie's path and the links must say the prefix as the
+		// browser sends it; other bytes would be escaped in one and not
+		// the other (review26 F6).
+		return nil, fmt.Errorf("ui: Prefix %q may hold only letters, digits, '-', '.', '_', '~' and single '/' (ASCII)", c.Prefix)
+	}
+	for _, host := range c.Hosts {
+		if host == "" || strings.ContainsAny(host, "/ \t") {
+			return nil, fmt.Errorf("ui: Hosts: %q is not a host (or host:port)", host)
+		}
 	}
 	if c.PreviewBytes < 0 {
 		return nil, fmt.Errorf("ui: PreviewBytes %d is negative", c.PreviewBytes)
@@ -172,6 +197,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	hdr.Set("X-Content-Type-Options", "nosniff")
 	hdr.Set("Referrer-Policy", "same-origin")
 	hdr.Set("X-Frame-Options", "DENY")
+	if len(h.cfg.Hosts) > 0 && !slices.ContainsFunc(h.cfg.Hosts, func(host string) bool { return strings.EqualFold(host, r.Host) }) {
+		http.Error(w, "ui: this server does not answer for host "+strconv.Quote(visible(r.Host)), http.StatusMisdirectedRequest)
+		return
+	}
 	// Mounted as it is, or inside http.StripPrefix: the prefix is there
 	// or it is not.
 	path := r.URL.Path
@@ -207,6 +236,12 @@ func (h *Handler) csrfToken(w http.ResponseWriter, r *http.Request) string {
 	return tok
 }
 
+// prefixRune reports whether r may appear in Config.Prefix: URL path
+// bytes that need no escaping.
+func prefixRune(r rune) bool {
+	return r < 0x80 && (r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-._~/", r))
+}
+
 func validToken(s string) bool {
 	if len(s) != 64 {
 		return false
@@ -221,10 +256,16 @@ func (h *Handler) checkWrite(r *http.Request, action string) (int, error) {
 	if err := h.authorize(r, action); err != nil {
 		return http.StatusForbidden, err
 	}
-	if site := r.Header.Get("Sec-Fetch-Site"); site != "" && site != "same-origin" {
-		return http.StatusForbidden, fmt.Errorf("cross-site request refused (Sec-Fetch-Site: %s)", site)
+	site, origin := r.Header.Get("Sec-Fetch-Site"), r.Header.Get("Origin")
+	if site == "" && origin == "" {
+		// Browsers send at least one of them with a form's POST: a request
+		// with neither did not come from this UI's page (review26 F4).
+		return http.StatusForbidden, errors.New("a write must say where it comes from (Origin or Sec-Fetch-Site): send it from the UI's page")
 	}
-	if origin := r.Header.Get("Origin"); origin != "" {
+	if site != "" && site != "same-origin" {
+		return http.StatusForbidden, fmt.Errorf("cross-site request refused (Sec-Fetch-Site: %s)", visible(site))
+	}
+	if origin != "" {
 		u, err := url.Parse(origin)
 		if err != nil || u.Host != r.Host {
 			return http.StatusForbidden, errors.New("cross-origin request refused (Origin does not match Host)")

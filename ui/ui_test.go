@@ -177,6 +177,8 @@ func TestUI(t *testing.T) {
 			"cross-site fetch": {good, map[string]string{"Sec-Fetch-Site": "cross-site"}, c},
 			"other origin":     {good, map[string]string{"Origin": "https://evil.example"}, c},
 			"null origin":      {good, map[string]string{"Origin": "null"}, c},
+			// A browser sends at least one of them with a form's POST.
+			"neither origin nor fetch site": {good, map[string]string{"Origin": "", "Sec-Fetch-Site": ""}, c},
 		} {
 			code, body, _ := post(t, tc.client, target, tc.form, tc.headers)
 			require.Equal(t, http.StatusForbidden, code, name)
@@ -188,9 +190,10 @@ func TestUI(t *testing.T) {
 		code, body, _ := post(t, c, target, stale, nil)
 		require.Equal(t, http.StatusConflict, code)
 		require.Contains(t, body, "changed since the preview")
-		// The good one goes through, without Origin or Sec-Fetch-Site too
-		// (older browsers, same-origin form posts).
-		code, _, hdr := post(t, c, target, good, map[string]string{"Origin": "", "Sec-Fetch-Site": ""})
+		// The good one goes through, with either header alone too.
+		code, _, _ = post(t, c, target, good, map[string]string{"Sec-Fetch-Site": "", "Origin": "http://127.0.0.1:1"})
+		require.Equal(t, http.StatusForbidden, code, "an Origin of another port")
+		code, _, hdr := post(t, c, target, good, map[string]string{"Sec-Fetch-Site": ""})
 		require.Equal(t, http.StatusSeeOther, code)
 		require.Equal(t, "/sagas/"+f.completed.String()+"?done=rerun", hdr.Get("Location"))
 		inst := f.waitStatus(t, f.completed, saga.StatusCompleted)
@@ -334,6 +337,25 @@ func TestUI(t *testing.T) {
 		require.Contains(t, body, `href="/ops/sagas"`)
 		_, err = ui.New(f.pool, f.engine, &ui.Config{Prefix: "ops/"})
 		require.Error(t, err)
+		// A prefix a cookie path and a link would spell differently
+		// (review26 F6), and another schema than the engine's (O5).
+		for _, p := range []string{"/ops/s\u00e4gas", "/ops//x", "/o ps", "/ops/%41"} {
+			_, err = ui.New(f.pool, f.engine, &ui.Config{Prefix: p})
+			require.ErrorContains(t, err, "Prefix", p)
+		}
+		_, err = ui.New(f.pool, f.engine, &ui.Config{Schema: f.schema + "x"})
+		require.ErrorContains(t, err, "is not the engine's")
+		// Hosts: another Host header gets 421 (a DNS-rebinding page).
+		h, err = ui.New(f.pool, f.engine, &ui.Config{Hosts: []string{"ops.example:8080"}})
+		require.NoError(t, err)
+		for host, want := range map[string]int{"ops.example:8080": http.StatusOK, "OPS.example:8080": http.StatusOK,
+			"evil.example:8080": http.StatusMisdirectedRequest, "ops.example": http.StatusMisdirectedRequest} {
+			rec := httptest.NewRecorder()
+			req := httptest.NewRequest(http.MethodGet, "/sagas", nil)
+			req.Host = host
+			h.ServeHTTP(rec, req)
+			require.Equal(t, want, rec.Code, host)
+		}
 	})
 
 	t.Run("pause and unpause", func(t *testing.T) {

@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -35,6 +37,9 @@ func setupUI(fs *flag.FlagSet) runFunc {
 	showState := fs.Bool("show-state", false, "show saga state (otherwise hidden)")
 	showPayloads := fs.Bool("show-payloads", false, "show the first bytes of dead payloads, escaped and in hex (otherwise hidden)")
 	prefix := fs.String("prefix", "", "serve under this `path` (\"/sagaflow\"), for a proxy that forwards it")
+	hosts := fs.String("hosts", "", "comma-separated `names` (host or host:port) browsers may reach the UI by, besides a loopback\n"+
+		"--listen address's own; other Host headers get 421 (this keeps a web page whose name an attacker points\n"+
+		"at this address from using the UI); with a non-loopback --listen and no --hosts, every Host is answered")
 	return func(ctx context.Context, c *cli, args []string) error {
 		if err := noArgs("ui", args); err != nil {
 			return err
@@ -61,13 +66,15 @@ func setupUI(fs *flag.FlagSet) runFunc {
 		if *showPayloads {
 			cfg.RedactPayload = func(_ string, p []byte) []byte { return p }
 		}
-		h, err := ui.New(c.pool, engine, cfg)
-		if err != nil {
-			return usageErrorf("ui: %s", err)
-		}
 		ln, err := net.Listen("tcp", *listen)
 		if err != nil {
 			return &cliError{code: exitFailed, msg: fmt.Sprintf("ui: listen on %s: %s", *listen, err)}
+		}
+		cfg.Hosts = uiHosts(ln.Addr(), *hosts)
+		h, err := ui.New(c.pool, engine, cfg)
+		if err != nil {
+			_ = ln.Close()
+			return usageErrorf("ui: %s", err)
 		}
 		mux := http.NewServeMux()
 		mux.Handle(*prefix+"/", h)
@@ -97,4 +104,22 @@ func setupUI(fs *flag.FlagSet) runFunc {
 		}
 		return nil
 	}
+}
+
+// uiHosts is what the UI answers as Host when it listens on addr: for a
+// loopback address, the address itself and localhost with its port; then
+// the names given (comma-separated). Nil (any Host) for another address
+// with no names given: a proxy in front names the host.
+func uiHosts(addr net.Addr, names string) []string {
+	var out []string
+	if ta, ok := addr.(*net.TCPAddr); ok && ta.IP.IsLoopback() {
+		port := strconv.Itoa(ta.Port)
+		out = append(out, net.JoinHostPort(ta.IP.String(), port), "localhost:"+port)
+	}
+	for _, n := range strings.Split(names, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			out = append(out, n)
+		}
+	}
+	return out
 }

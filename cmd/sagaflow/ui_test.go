@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/url"
 	"regexp"
 	"strings"
 	"testing"
@@ -51,6 +52,20 @@ func TestUICommand(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Contains(t, string(body), "read-only")
+	// A page whose name points at this address (DNS rebinding) sends its
+	// own name as Host: refused. localhost with the port is answered.
+	u, err := url.Parse(base)
+	require.NoError(t, err)
+	for host, want := range map[string]int{"evil.example:" + u.Port(): http.StatusMisdirectedRequest,
+		"evil.example": http.StatusMisdirectedRequest, "localhost:" + u.Port(): http.StatusOK, u.Host: http.StatusOK} {
+		req, err := http.NewRequest(http.MethodGet, base+"sagas", nil)
+		require.NoError(t, err)
+		req.Host = host
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, want, resp.StatusCode, "Host %s", host)
+	}
 	cancel()
 	code := testkit.Recv(t, done, 30*time.Second, "ui to stop when its context was cancelled")
 	require.Equal(t, exitOK, code, stderr.String())
