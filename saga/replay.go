@@ -246,6 +246,11 @@ type BulkReplayOpts struct {
 	// ([Engine.Rerun]); when empty, each failed saga resumes where it failed
 	// ([Engine.Resume]).
 	FromStep string
+	// IDs, when set, keeps only these sagas of those the filter selects:
+	// the ones a dry run listed, so that the replay confirmed after it acts
+	// on what was shown and on no saga that came to match since (the web
+	// UI's confirmation carries them). At most BulkReplayMaxLimit.
+	IDs []uuid.UUID
 	// Max caps how many sagas are replayed. Defaults to BulkReplayMaxDefault;
 	// at most BulkReplayMaxLimit.
 	Max int
@@ -292,9 +297,12 @@ func (e *Engine) ReplayBulk(ctx context.Context, opts BulkReplayOpts) (*BulkRepl
 		inputField{"BulkReplayOpts.ErrorCode", opts.ErrorCode, 0}, inputField{"BulkReplayOpts.FromStep", opts.FromStep, 0}); err != nil {
 		return nil, err
 	}
+	if len(opts.IDs) > BulkReplayMaxLimit {
+		return nil, fmt.Errorf("saga: bulk replay: %d IDs, at most %d: %w", len(opts.IDs), BulkReplayMaxLimit, ErrInvalidInput)
+	}
 	f := store.ListFilter{Name: opts.Name, CreatedAfter: opts.CreatedAfter, CreatedBefore: opts.CreatedBefore,
 		EndedAfter: opts.EndedAfter, EndedBefore: opts.EndedBefore, FailedStep: opts.FailedStep,
-		ErrorCode: opts.ErrorCode, Limit: opts.Max}
+		ErrorCode: opts.ErrorCode, Limit: opts.Max, IDs: opts.IDs}
 	for _, s := range opts.Statuses {
 		f.Statuses = append(f.Statuses, string(s))
 	}

@@ -215,6 +215,20 @@ func bulkOpts(v url.Values) (saga.BulkReplayOpts, error) {
 		}
 		o.Max = n
 	}
+	// The sagas the preview listed: the confirmation replays those (that
+	// the filter still selects), not what the filter selects by then.
+	if ids := v["id"]; len(ids) > 0 {
+		if len(ids) > saga.BulkReplayMaxLimit {
+			return o, fmt.Errorf("id: at most %d sagas at once", saga.BulkReplayMaxLimit)
+		}
+		for _, s := range ids {
+			id, err := uuid.Parse(s)
+			if err != nil {
+				return o, fmt.Errorf("id: %q is not a saga id", visible(s))
+			}
+			o.IDs = append(o.IDs, id)
+		}
+	}
 	return o, nil
 }
 
@@ -241,7 +255,16 @@ func (h *Handler) previewBulk(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	data["Result"] = res
-	data["Hidden"] = hiddenFields(q, append(filterFields, "from", "max"))
+	limit := o.Max
+	if limit == 0 {
+		limit = saga.BulkReplayMaxDefault
+	}
+	data["Cap"], data["Capped"] = limit, len(res.Matched)+len(res.Errors) >= limit
+	hidden := hiddenFields(q, append(filterFields, "from", "max"))
+	for _, id := range res.Matched {
+		hidden = append(hidden, hiddenField{"id", id.String()})
+	}
+	data["Hidden"] = hidden
 	h.render(w, r, http.StatusOK, "bulk", data)
 }
 

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -295,6 +296,27 @@ func TestUI(t *testing.T) {
 		after := f.waitStatus(t, f.completed, saga.StatusCompleted)
 		require.Greater(t, after.Epoch, inst.Epoch)
 		require.True(t, hasReason(after, saga.EventSagaRerun, "bulk replay by alice"))
+
+		// The confirmation replays what its preview listed, not a saga that
+		// came to match the filter in between (review26 O7).
+		code, page, _ = get(t, c, rw.URL+"/replay?status=completed&from=ship&name=checkout&key=")
+		require.Equal(t, http.StatusOK, code)
+		ids := regexp.MustCompile(`name="id" value="([0-9a-f-]{36})"`).FindAllStringSubmatch(page, -1)
+		require.NotEmpty(t, ids, page)
+		late := f.start(t, "order-late", "")
+		lateBefore := f.waitStatus(t, late, saga.StatusCompleted)
+		form = url.Values{"csrf": {formToken(t, page)}, "status": {"completed"}, "from": {"ship"}, "name": {"checkout"}}
+		for _, m := range ids {
+			require.NotEqual(t, late.String(), m[1])
+			form.Add("id", m[1])
+		}
+		code, body, _ = post(t, c, rw.URL+"/replay", form, nil)
+		require.Equal(t, http.StatusOK, code, body)
+		require.NotContains(t, body, late.String(), "the saga that completed after the preview was replayed")
+		lateAfter, err := f.engine.Get(context.Background(), late)
+		require.NoError(t, err)
+		require.Equal(t, lateBefore.Epoch, lateAfter.Epoch)
+		require.Equal(t, lateBefore.Version, lateAfter.Version)
 	})
 
 	t.Run("requeue", func(t *testing.T) {

@@ -1279,6 +1279,8 @@ type ListFilter struct {
 	Paused         bool   // only sagas paused, by themselves or by their type
 	Cursor         string // from a previous page's NextCursor
 	Limit          int
+	// IDs, when set, keeps only these sagas.
+	IDs []uuid.UUID
 }
 
 // ListSagas returns sagas matching f, newest first, and the cursor of the next
@@ -1292,6 +1294,9 @@ func (s *Store) ListSagas(ctx context.Context, db DBTX, f ListFilter) ([]Saga, s
 	}
 	if f.Name != "" {
 		where = append(where, "saga_name = "+arg(f.Name))
+	}
+	if f.IDs != nil {
+		where = append(where, "id = ANY("+arg(binaryUUIDs(f.IDs))+"::uuid[])")
 	}
 	if len(f.Statuses) > 0 {
 		where = append(where, "status = ANY("+arg(f.Statuses)+")")
