@@ -11,7 +11,6 @@ import (
 	"net/http/cookiejar"
 	"net/http/httptest"
 	"net/url"
-	"os"
 	"regexp"
 	"sort"
 	"strings"
@@ -31,15 +30,6 @@ import (
 )
 
 func TestMain(m *testing.M) { pgtest.MainParallel(m, 8) }
-
-// finding skips a test that demonstrates a documented promise that does not
-// hold, unless REVIEW26_FINDINGS=1.
-func finding(t *testing.T, id, what string) {
-	t.Helper()
-	if os.Getenv("REVIEW26_FINDINGS") != "1" {
-		t.Skip("FINDING " + id + ": " + what)
-	}
-}
 
 // allow is an Authorize hook that allows every action.
 func allow(*http.Request, string) error { return nil }
