@@ -180,7 +180,7 @@ func (e *Engine) replay(ctx context.Context, id uuid.UUID, what string, expect i
 // definition when this engine has it, else among the steps its history
 // shows (an operator tool has no definitions); -1 then stands for an index
 // the running engine fills in.
-func (e *Engine) stepIndex(ctx context.Context, tx pgx.Tx, sg *store.Saga, name string) (idx int, first string, err error) {
+func (e *Engine) stepIndex(ctx context.Context, tx store.DBTX, sg *store.Saga, name string) (idx int, first string, err error) {
 	if def := e.lookup(sg); def != nil {
 		if idx, ok := def.byName[name]; ok {
 			return idx, def.steps[0].name, nil
@@ -325,6 +325,14 @@ func (e *Engine) ReplayBulk(ctx context.Context, opts BulkReplayOpts) (*BulkRepl
 			res.Errors = append(res.Errors, BulkReplayError{ID: r.ID,
 				Err: fmt.Errorf("saga: rerun %s: status is %s, and only ended sagas re-run: %w", r.ID, st, ErrNotReplayable)})
 			continue
+		}
+		if opts.FromStep != "" {
+			// A step the saga does not have fails its rerun: the dry run
+			// says so too, instead of listing it as one that would re-run.
+			if _, _, err := e.stepIndex(ctx, e.pool, &r, opts.FromStep); err != nil {
+				res.Errors = append(res.Errors, BulkReplayError{ID: r.ID, Err: fmt.Errorf("saga: rerun %s: %w", r.ID, err)})
+				continue
+			}
 		}
 		res.Matched = append(res.Matched, r.ID)
 		versions[r.ID] = r.Version

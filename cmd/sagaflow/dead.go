@@ -316,8 +316,9 @@ func deadRequeue(ctx context.Context, c *cli, f *deadFlags, fs *flag.FlagSet) er
 		}
 	case f.kind == "" && f.consumer == "":
 		return usageErrorf("dead requeue --all: give --kind (%s or %s)", saga.DeadOutbox, saga.DeadLetters)
-	case f.maxN < 0 || f.maxN > saga.RequeueMaxLimit:
-		return usageErrorf("dead requeue: --max %d is outside 0..%d", f.maxN, saga.RequeueMaxLimit)
+	}
+	if err := checkMax("dead requeue", fs, f.maxN, saga.RequeueMaxLimit); err != nil {
+		return err
 	}
 	engine, err := c.connect(ctx)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -120,13 +121,25 @@ func noArgs(cmd string, args []string) error {
 }
 
 // checkLimits checks the --max and --rate flags of the bulk commands
-// against the engine's limits.
-func checkLimits(cmd string, maxN int, rate float64) error {
-	if maxN < 0 || maxN > saga.BulkReplayMaxLimit {
-		return usageErrorf("%s: --max %d is outside 0..%d", cmd, maxN, saga.BulkReplayMaxLimit)
+// against the engine's limits. A --max given is at least 1 (0 would mean
+// the default, which is not what "--max 0" says); a --rate given is a
+// positive number.
+func checkLimits(cmd string, fs *flag.FlagSet, maxN int, rate float64) error {
+	if err := checkMax(cmd, fs, maxN, saga.BulkReplayMaxLimit); err != nil {
+		return err
 	}
-	if rate < 0 {
-		return usageErrorf("%s: --rate %g is negative", cmd, rate)
+	given := len(setFlags(fs, []string{"rate"})) > 0
+	if rate < 0 || math.IsNaN(rate) || math.IsInf(rate, 0) || given && rate == 0 {
+		return usageErrorf("%s: --rate %g: give a positive number of items per second (leave it out for the default)", cmd, rate)
+	}
+	return nil
+}
+
+// checkMax checks a --max flag: from 1 to limit when given.
+func checkMax(cmd string, fs *flag.FlagSet, maxN, limit int) error {
+	given := len(setFlags(fs, []string{"max"})) > 0
+	if maxN < 0 || maxN > limit || given && maxN == 0 {
+		return usageErrorf("%s: --max %d is outside 1..%d (leave it out for the default)", cmd, maxN, limit)
 	}
 	return nil
 }

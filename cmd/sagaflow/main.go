@@ -42,6 +42,9 @@ type globals struct {
 	databaseURL string
 	urlFromEnv  bool // databaseURL is $DATABASE_URL
 	schema      string
+	// urlSet and schemaSet: the flag was given (perhaps empty: an unset
+	// shell variable), which must not fall back to the environment.
+	urlSet, schemaSet bool
 	json        bool
 	timeout     time.Duration
 }
@@ -49,8 +52,8 @@ type globals struct {
 // register defines the global flags on fs, bound to g, so that they are
 // accepted before the command and after it.
 func (g *globals) register(fs *flag.FlagSet) {
-	fs.StringVar(&g.databaseURL, "database-url", g.databaseURL, "PostgreSQL connection `URL` (default $DATABASE_URL)")
-	fs.StringVar(&g.schema, "schema", g.schema, "`name` of the schema of sagaflow's tables (default $SAGAFLOW_SCHEMA, else sagaflow)")
+	fs.Var(&givenString{&g.databaseURL, &g.urlSet}, "database-url", "PostgreSQL connection `URL` (default $DATABASE_URL)")
+	fs.Var(&givenString{&g.schema, &g.schemaSet}, "schema", "`name` of the schema of sagaflow's tables (default $SAGAFLOW_SCHEMA, else sagaflow)")
 	fs.BoolVar(&g.json, "json", g.json, "machine output: one JSON document on stdout")
 	fs.DurationVar(&g.timeout, "timeout", g.timeout, "limit for the whole `duration` of the command")
 }
@@ -58,6 +61,15 @@ func (g *globals) register(fs *flag.FlagSet) {
 // resolve fills what the flags left empty from the environment and checks
 // the result.
 func (g *globals) resolve(getenv func(string) string) error {
+	// An empty value given on purpose is most likely a variable that was
+	// not set ("--schema $TENANT"): acting on the default schema or
+	// $DATABASE_URL instead would act on another tenant or database.
+	if g.urlSet && g.databaseURL == "" {
+		return usageErrorf("--database-url is empty: give a URL, or leave the flag out to use $DATABASE_URL")
+	}
+	if g.schemaSet && g.schema == "" {
+		return usageErrorf("--schema is empty: give a schema name, or leave the flag out for $SAGAFLOW_SCHEMA, else %s", store.SchemaDefault)
+	}
 	if g.databaseURL == "" {
 		g.databaseURL = getenv("DATABASE_URL")
 		g.urlFromEnv = g.databaseURL != ""
@@ -227,4 +239,22 @@ func paceOf(fs *flag.FlagSet) time.Duration {
 		rate = saga.ReplayRateDefault
 	}
 	return time.Duration(float64(n)/rate*float64(time.Second)) + timeoutDefault
+}
+
+// givenString is a string flag that records that it was given.
+type givenString struct {
+	p   *string
+	set *bool
+}
+
+func (v *givenString) String() string {
+	if v == nil || v.p == nil {
+		return ""
+	}
+	return *v.p
+}
+
+func (v *givenString) Set(s string) error {
+	*v.p, *v.set = s, true
+	return nil
 }

@@ -59,7 +59,7 @@ func setupOutboxReplay(fs *flag.FlagSet) runFunc {
 		if err := noArgs("outbox replay", args); err != nil {
 			return err
 		}
-		if err := checkLimits("outbox replay", o.Max, o.RatePerSecond); err != nil {
+		if err := checkLimits("outbox replay", fs, o.Max, o.RatePerSecond); err != nil {
 			return err
 		}
 		engine, err := c.connect(ctx)

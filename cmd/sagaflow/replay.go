@@ -44,7 +44,7 @@ func setupReplay(fs *flag.FlagSet) runFunc {
 			if err := noArgs("replay --bulk", args); err != nil {
 				return err
 			}
-			if err := checkLimits("replay --bulk", o.Max, o.RatePerSecond); err != nil {
+			if err := checkLimits("replay --bulk", fs, o.Max, o.RatePerSecond); err != nil {
 				return err
 			}
 			if err := checkBulkStatuses(o.Statuses, o.FromStep); err != nil {
@@ -162,23 +162,26 @@ func replayBulk(ctx context.Context, c *cli, o saga.BulkReplayOpts) error {
 		}
 		// Stopped early (a database error, --timeout): say what was done
 		// before saying why it stopped.
+		err = c.opError(fmt.Errorf("%w (stopped after replaying %d of %d matched sagas)", err, len(res.Replayed), len(res.Matched)),
+			"replay --bulk")
 		if !c.g.json {
 			printBulk(c, res, o.FromStep)
+			return err
 		}
-		err = fmt.Errorf("%w (stopped after replaying %d of %d matched sagas)", err, len(res.Replayed), len(res.Matched))
-		return c.opError(err, "replay --bulk")
+		// One document: what was done, and why it stopped.
+		doc := bulkJSON(res)
+		var ce *cliError
+		if !errors.As(err, &ce) {
+			ce = &cliError{code: exitFailed, msg: err.Error()}
+		}
+		doc.Error, doc.Code = c.secrets.redact(ce.msg), ce.code
+		if werr := writeJSON(c.stdout, doc); werr != nil {
+			return err
+		}
+		return &silentError{code: ce.code}
 	}
 	if c.g.json {
-		errs := make([]bulkErrorJSON, 0, len(res.Errors))
-		for _, e := range res.Errors {
-			errs = append(errs, bulkErrorJSON{ID: e.ID, Error: e.Err.Error()})
-		}
-		if err := writeJSON(c.stdout, struct {
-			Matched  []uuid.UUID     `json:"matched"`
-			Replayed []uuid.UUID     `json:"replayed"`
-			Errors   []bulkErrorJSON `json:"errors"`
-			DryRun   bool            `json:"dry_run"`
-		}{nonNil(res.Matched), nonNil(res.Replayed), errs, res.DryRun}); err != nil {
+		if err := writeJSON(c.stdout, bulkJSON(res)); err != nil {
 			return err
 		}
 	} else {
@@ -237,4 +240,23 @@ func nonNil(ids []uuid.UUID) []uuid.UUID {
 		return []uuid.UUID{}
 	}
 	return ids
+}
+
+// bulkResultJSON is a bulk replay's --json document; Error and Code are set
+// when it stopped early.
+type bulkResultJSON struct {
+	Matched  []uuid.UUID     `json:"matched"`
+	Replayed []uuid.UUID     `json:"replayed"`
+	Errors   []bulkErrorJSON `json:"errors"`
+	DryRun   bool            `json:"dry_run"`
+	Error    string          `json:"error,omitempty"`
+	Code     int             `json:"code,omitempty"`
+}
+
+func bulkJSON(res *saga.BulkReplayResult) bulkResultJSON {
+	errs := make([]bulkErrorJSON, 0, len(res.Errors))
+	for _, e := range res.Errors {
+		errs = append(errs, bulkErrorJSON{ID: e.ID, Error: e.Err.Error()})
+	}
+	return bulkResultJSON{Matched: nonNil(res.Matched), Replayed: nonNil(res.Replayed), Errors: errs, DryRun: res.DryRun}
 }

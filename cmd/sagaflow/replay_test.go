@@ -159,14 +159,16 @@ func TestReplayBulk(t *testing.T) {
 		r := f.cli(t, "replay", "--bulk", "--status", "completed", "--name", "ping", "--from-step", "refund")
 		require.Equal(t, exitFailed, r.code, r.stderr)
 		require.Empty(t, r.stderr)
-		require.Contains(t, r.stdout, "matched 1, replayed 0, errors 1")
+		require.Contains(t, r.stdout, "matched 0, replayed 0, errors 1")
 		require.Contains(t, r.stdout, "error  "+s.ping.String())
 		require.Contains(t, r.stdout, `step "refund"`)
 		require.Equal(t, before, f.statuses(t))
 
-		// Its dry run changes nothing and fails nothing: exit 0.
+		// Its dry run changes nothing and fails nothing (exit 0), and says
+		// that the saga would be skipped, as the real run skips it.
 		out := f.cli(t, "replay", "--bulk", "--dry-run", "--status", "completed", "--name", "ping", "--from-step", "refund").ok(t)
-		require.Contains(t, out, "dry run: 1 sagas match; nothing was changed")
+		require.Contains(t, out, "dry run: 0 sagas match, 1 would be skipped; nothing was changed")
+		require.Contains(t, out, `step "refund"`)
 	})
 
 	t.Run("replay", func(t *testing.T) {

@@ -71,6 +71,10 @@ func setupUI(fs *flag.FlagSet) runFunc {
 			return &cliError{code: exitFailed, msg: fmt.Sprintf("ui: listen on %s: %s", *listen, err)}
 		}
 		cfg.Hosts = uiHosts(ln.Addr(), *hosts)
+		if ta, ok := ln.Addr().(*net.TCPAddr); ok && *allowWrites && !ta.IP.IsLoopback() {
+			fmt.Fprintf(c.stderr, "sagaflow ui: warning: actions are allowed to everyone who can reach %s; "+
+				"keep it behind a proxy that authenticates\n", ln.Addr())
+		}
 		h, err := ui.New(c.pool, engine, cfg)
 		if err != nil {
 			_ = ln.Close()
