@@ -45,8 +45,8 @@ type globals struct {
 	// urlSet and schemaSet: the flag was given (perhaps empty: an unset
 	// shell variable), which must not fall back to the environment.
 	urlSet, schemaSet bool
-	json        bool
-	timeout     time.Duration
+	json              bool
+	timeout           time.Duration
 }
 
 // register defines the global flags on fs, bound to g, so that they are
