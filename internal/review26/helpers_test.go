@@ -283,7 +283,7 @@ type client struct {
 
 func (r *rig) client() *client {
 	jar, _ := cookiejar.New(nil)
-	return &client{t: r.t, r: r, jar: jar, c: &http.Client{Jar: jar, Timeout: 15 * time.Second,
+	return &client{t: r.t, r: r, jar: jar, c: &http.Client{Jar: jar, Timeout: 2 * hangBound,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
 }
 
