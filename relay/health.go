@@ -25,11 +25,7 @@ func (r *Relay) Check(ctx context.Context) health.Report {
 		broker.Detail = fmt.Sprintf("unreachable for the last %d cycles", outages)
 	}
 	outbox := health.Check{Name: "outbox", OK: true}
-	var st store.OutboxStatus
-	if err := pgerr.RetryRead(ctx, func(ctx context.Context) (err error) {
-		st, err = r.st.RelayOutboxStatus(ctx, r.pool)
-		return err
-	}); err != nil {
+	if st, err := r.outboxStatus(ctx); err != nil {
 		outbox = health.Check{Name: "outbox", Detail: err.Error()}
 	} else {
 		outbox.Detail = fmt.Sprintf("%d pending, the oldest %s old; %d dead", st.Pending, st.OldestPendingAge, st.Dead)
@@ -42,4 +38,14 @@ func (r *Relay) Check(ctx context.Context) health.Report {
 		listen.Detail = "not connected: the relay polls every PollInterval"
 	}
 	return health.NewReport("relay", false, running, broker, outbox, listen)
+}
+
+// outboxStatus reads the outbox's backlog for Health and Check, again on
+// another connection when the one it got was broken (a database restart).
+func (r *Relay) outboxStatus(ctx context.Context) (st store.OutboxStatus, err error) {
+	err = pgerr.RetryRead(ctx, func(ctx context.Context) error {
+		st, err = r.st.RelayOutboxStatus(ctx, r.pool)
+		return err
+	})
+	return st, err
 }

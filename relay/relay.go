@@ -19,7 +19,6 @@ import (
 
 	"github.com/sagaflow/sagaflow/internal/fault"
 	"github.com/sagaflow/sagaflow/internal/lifecycle"
-	"github.com/sagaflow/sagaflow/internal/pgerr"
 	"github.com/sagaflow/sagaflow/internal/store"
 	"github.com/sagaflow/sagaflow/internal/telemetry"
 	"github.com/sagaflow/sagaflow/outbox"
@@ -913,11 +912,7 @@ func (r *Relay) Health(ctx context.Context) (Health, error) {
 		h.AvgPublishLatency = time.Duration(r.stats.latencyTotal.Load() / h.Writes)
 	}
 	h.Running = r.life.Running()
-	var st store.OutboxStatus
-	err := pgerr.RetryRead(ctx, func(ctx context.Context) (err error) {
-		st, err = r.st.RelayOutboxStatus(ctx, r.pool)
-		return err
-	})
+	st, err := r.outboxStatus(ctx)
 	if err != nil {
 		return h, err
 	}
