@@ -658,11 +658,13 @@ func (r *LogicalRelay) publishTx(ctx context.Context, rows []store.RelayMessage)
 
 // settle marks a transaction's published rows and parks its dead ones in
 // one transaction and one round trip, whose commit does not wait for its
-// WAL to reach the disk (as the polling relay's, see the package doc): a
-// crash of PostgreSQL that undoes the marks leaves the rows pending, and
-// the slot, confirmed only after the marks, is never saved past them (a
-// checkpoint writes the WAL before it), so they are streamed, found
-// pending and published again.
+// WAL to reach the disk (as the polling relay's, see the package doc). A
+// crash of PostgreSQL that undoes the marks loses no message (the broker
+// acknowledged each before it was marked): the rows are left pending, and
+// are streamed and published again from the slot's saved position, which
+// is confirmed only after the marks and saved at checkpoints; should it
+// ever be saved past marks the crash undid, those rows stay pending and a
+// sweeper publishes them again after SweepAfter.
 func (r *LogicalRelay) settle(ctx context.Context, acked []uuid.UUID, dead []store.RelayFailure) error {
 	if len(acked) == 0 && len(dead) == 0 {
 		return nil
@@ -672,12 +674,7 @@ func (r *LogicalRelay) settle(ctx context.Context, acked []uuid.UUID, dead []sto
 	q.Queue("SET LOCAL synchronous_commit = off")
 	r.st.QueueMarkPublished(q, acked)
 	r.st.QueueMarkFailed(q, dead)
-	q.Queue("COMMIT").Exec(func(ct pgconn.CommandTag) error {
-		if ct.String() != "COMMIT" {
-			return fmt.Errorf("the transaction was rolled back (%s)", ct)
-		}
-		return nil
-	})
+	store.QueueCommit(q, nil)
 	if err := r.pool.SendBatch(ctx, q).Close(); err != nil {
 		return fmt.Errorf("relay: mark %d published and %d dead: %w", len(acked), len(dead), err)
 	}

@@ -13,7 +13,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
@@ -654,12 +653,7 @@ func (r *Relay) settle(ctx context.Context, b *batch, lk *lookAhead) error {
 		// After the marks, so that this batch's retries count.
 		r.st.QueueNextRelayDueInClaim(q, &l.d, &l.ok)
 	}
-	q.Queue("COMMIT").Exec(func(ct pgconn.CommandTag) error {
-		if ct.String() != "COMMIT" {
-			return fmt.Errorf("the transaction was rolled back (%s)", ct)
-		}
-		return nil
-	})
+	store.QueueCommit(q, nil)
 	if err := b.tx.SendBatch(ctx, q).Close(); err != nil {
 		b.release(ctx)
 		return fmt.Errorf("relay: mark and commit batch of %d: %w", len(b.rows), err)

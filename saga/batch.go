@@ -11,7 +11,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/sagaflow/sagaflow/internal/fault"
@@ -221,13 +220,7 @@ func (e *Engine) finish(ctx context.Context, b *batch) error {
 	e.stats.add(&t.stats, 1)
 	if err := t.flushWith(func(end *pgx.Batch) {
 		tail(end)
-		end.Queue("COMMIT").Exec(func(ct pgconn.CommandTag) error {
-			if ct.String() != "COMMIT" {
-				return fmt.Errorf("the transaction was rolled back (%s)", ct)
-			}
-			t.committed = true
-			return nil
-		})
+		store.QueueCommit(end, func() { t.committed = true })
 	}); err != nil {
 		e.stats.add(&t.stats, -1)
 		return fmt.Errorf("saga: commit batch: %w", err)

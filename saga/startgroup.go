@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/sagaflow/sagaflow/internal/store"
 )
@@ -230,12 +229,7 @@ func (g *startGroup) commitTogether(ctx context.Context, e *Engine, group []*sta
 	for i, r := range sent {
 		e.st.QueueStartSaga(b, r.sg, r.check, r.deadline, r.rows, e.cfg.CommandTopic, &inserted[i])
 	}
-	b.Queue("COMMIT").Exec(func(ct pgconn.CommandTag) error {
-		if ct.String() != "COMMIT" {
-			return fmt.Errorf("the transaction was rolled back (%s)", ct)
-		}
-		return nil
-	})
+	store.QueueCommit(b, nil)
 	br := conn.SendBatch(ctx, b)
 	tx := br.Tx()
 	if err := br.Close(); err != nil {

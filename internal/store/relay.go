@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
@@ -311,4 +312,20 @@ func dueIn(secs *float64) (time.Duration, bool) {
 		return 0, false
 	}
 	return time.Duration(*secs * float64(time.Second)), true
+}
+
+// QueueCommit queues COMMIT on b, ending a transaction begun on the same
+// batch or before it, and makes the batch fail when the server answered
+// with a rollback instead (a transaction an earlier statement aborted);
+// committed, when not nil, runs once the commit is confirmed.
+func QueueCommit(b *pgx.Batch, committed func()) {
+	b.Queue("COMMIT").Exec(func(ct pgconn.CommandTag) error {
+		if ct.String() != "COMMIT" {
+			return fmt.Errorf("the transaction was rolled back (%s)", ct)
+		}
+		if committed != nil {
+			committed()
+		}
+		return nil
+	})
 }
