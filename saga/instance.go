@@ -202,10 +202,31 @@ func (e *Engine) Get(ctx context.Context, id uuid.UUID) (*Instance, error) {
 	}
 	// One snapshot: the row, its timeline, its key's slot and its pause
 	// agree with each other.
+	return e.get(ctx, id, func(fn func(pgx.Tx) error) error {
+		return pgx.BeginTxFunc(ctx, e.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, fn)
+	})
+}
+
+// GetTx is [Engine.Get] inside the caller's transaction: it sees what tx
+// sees (its own writes too). Its reads agree with each other when tx is
+// REPEATABLE READ or SERIALIZABLE; in a READ COMMITTED one, a step that
+// commits between them can show in some and not in others.
+func (e *Engine) GetTx(ctx context.Context, tx pgx.Tx, id uuid.UUID) (*Instance, error) {
+	if err := e.ready("Engine.GetTx"); err != nil {
+		return nil, err
+	}
+	if tx == nil {
+		return nil, fmt.Errorf("saga: get %s: tx is nil", id)
+	}
+	return e.get(ctx, id, func(fn func(pgx.Tx) error) error { return pgx.BeginFunc(ctx, tx, fn) })
+}
+
+// get reads saga id and its timeline in the transaction in gives it.
+func (e *Engine) get(ctx context.Context, id uuid.UUID, in func(func(pgx.Tx) error) error) (*Instance, error) {
 	var sg *store.Saga
 	var hist []store.History
 	one := make([]Instance, 1)
-	err := pgx.BeginTxFunc(ctx, e.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+	err := in(func(tx pgx.Tx) error {
 		var err error
 		if sg, err = e.st.GetSaga(ctx, tx, id, false); err != nil {
 			return err
@@ -225,16 +246,16 @@ func (e *Engine) Get(ctx context.Context, id uuid.UUID) (*Instance, error) {
 	if err != nil {
 		return nil, err
 	}
-	in := one[0]
-	in.History = make([]Event, 0, len(hist))
+	inst := one[0]
+	inst.History = make([]Event, 0, len(hist))
 	for _, h := range hist {
-		in.History = append(in.History, Event{
+		inst.History = append(inst.History, Event{
 			At: h.At, Type: h.Event, Step: deref(h.StepName), Direction: steps.Direction(deref(h.Direction)),
 			Epoch: deref(h.Epoch), Attempt: deref(h.Attempt), Error: deref(h.Error), ErrorCode: deref(h.ErrorCode),
 			Detail: h.Detail,
 		})
 	}
-	return &in, nil
+	return &inst, nil
 }
 
 // List limits.

@@ -63,11 +63,25 @@ func pauseInfo(p *store.Pause) *PauseInfo {
 // PostgreSQL accepts: a NUL becomes the two characters \0, invalid UTF-8
 // becomes U+FFFD, and it is cut to at most 2000 bytes.
 func (e *Engine) Pause(ctx context.Context, id uuid.UUID, reason string) error {
-	if err := e.ready("Engine.Pause"); err != nil {
+	return e.pause(ctx, nil, "Engine.Pause", id, reason)
+}
+
+// PauseTx is [Engine.Pause] inside the caller's transaction, which should
+// be READ COMMITTED (pgx's default): the pause counts from when tx commits,
+// and an error undoes only its own work (it runs under a savepoint).
+func (e *Engine) PauseTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, reason string) error {
+	if tx == nil {
+		return fmt.Errorf("saga: pause %s: tx is nil", id)
+	}
+	return e.pause(ctx, tx, "Engine.PauseTx", id, reason)
+}
+
+func (e *Engine) pause(ctx context.Context, tx pgx.Tx, what string, id uuid.UUID, reason string) error {
+	if err := e.ready(what); err != nil {
 		return err
 	}
 	reason = safetext.Text(reason, maxReasonBytes)
-	err := pgx.BeginTxFunc(ctx, e.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+	err := e.within(ctx, tx, func(tx pgx.Tx) error {
 		// Not the row lock: a step that runs now holds it until it commits,
 		// and the pause must not wait for that step.
 		sg, err := e.st.GetSaga(ctx, tx, id, false)

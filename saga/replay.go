@@ -43,11 +43,28 @@ import (
 // Resume needs no definition: an operator tool can call it on an engine
 // that registered none; an engine that knows the saga runs it.
 func (e *Engine) Resume(ctx context.Context, id uuid.UUID, reason string) error {
-	if err := e.ready("resume"); err != nil {
+	return e.resumeOrUnpause(ctx, nil, "Engine.Resume", id, reason)
+}
+
+// ResumeTx is [Engine.Resume] inside the caller's transaction, which should
+// be READ COMMITTED (pgx's default): it takes effect when tx commits, and an
+// error undoes only its own work (it runs under a savepoint). tx holds the
+// saga's row from the call to its commit, and waits for a step of the saga
+// whose outcome is being committed.
+func (e *Engine) ResumeTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, reason string) error {
+	if tx == nil {
+		return fmt.Errorf("saga: resume %s: tx is nil", id)
+	}
+	return e.resumeOrUnpause(ctx, tx, "Engine.ResumeTx", id, reason)
+}
+
+// resumeOrUnpause lifts the saga's own pause, or else resumes it, in tx
+// (nil: a transaction of its own).
+func (e *Engine) resumeOrUnpause(ctx context.Context, tx pgx.Tx, what string, id uuid.UUID, reason string) error {
+	if err := e.ready(what); err != nil {
 		return err
 	}
-	lifted := false
-	err := pgx.BeginTxFunc(ctx, e.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+	err := e.within(ctx, tx, func(tx pgx.Tx) error {
 		// Not the row lock: a step that ran when the saga was paused may
 		// still run, and holds it.
 		sg, err := e.st.GetSaga(ctx, tx, id, false)
@@ -57,36 +74,42 @@ func (e *Engine) Resume(ctx context.Context, id uuid.UUID, reason string) error 
 		if err != nil {
 			return err
 		}
-		if lifted, err = e.unpause(ctx, tx, sg, safetext.Text(reason, maxReasonBytes)); err != nil || lifted {
-			return err
+		lifted, err := e.unpause(ctx, tx, sg, safetext.Text(reason, maxReasonBytes))
+		if err != nil || lifted {
+			return err // a paused saga has not ended: there is nothing to replay
 		}
-		if Status(sg.Status).Terminal() {
-			return nil
+		if !Status(sg.Status).Terminal() {
+			// Not paused on its own: a pause of its whole type, which only
+			// ResumeType lifts, is what holds it, if anything.
+			ps, err := e.st.Pauses(ctx, tx, []uuid.UUID{sg.ID})
+			if err != nil {
+				return err
+			}
+			if p := ps[sg.ID]; p != nil && p.Kind == store.PauseType {
+				return fmt.Errorf("%w: it is held by the pause of its type %q, which Engine.ResumeType (sagaflow unpause --type) lifts",
+					ErrNotReplayable, sg.Name)
+			}
 		}
-		// Not paused on its own: a pause of its whole type, which only
-		// ResumeType lifts, is what holds it, if anything.
-		ps, err := e.st.Pauses(ctx, tx, []uuid.UUID{sg.ID})
-		if err != nil {
-			return err
-		}
-		if p := ps[sg.ID]; p != nil && p.Kind == store.PauseType {
-			return fmt.Errorf("%w: it is held by the pause of its type %q, which Engine.ResumeType (sagaflow unpause --type) lifts",
-				ErrNotReplayable, sg.Name)
-		}
-		return nil
+		return e.resume(ctx, tx, id, reason, 0)
 	})
 	if err != nil {
 		return fmt.Errorf("saga: resume %s: %w", id, err)
 	}
-	if lifted {
-		return nil // a paused saga has not ended: there is nothing to replay
-	}
-	return e.resume(ctx, id, reason, 0)
+	return nil
 }
 
-func (e *Engine) resume(ctx context.Context, id uuid.UUID, reason string, expect int64) error {
+// within runs fn in tx, under a savepoint so that an error undoes only fn's
+// work, or, when tx is nil, in a READ COMMITTED transaction of its own.
+func (e *Engine) within(ctx context.Context, tx pgx.Tx, fn func(pgx.Tx) error) error {
+	if tx == nil {
+		return pgx.BeginTxFunc(ctx, e.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, fn)
+	}
+	return pgx.BeginFunc(ctx, tx, fn)
+}
+
+func (e *Engine) resume(ctx context.Context, tx pgx.Tx, id uuid.UUID, reason string, expect int64) error {
 	reason = safetext.Text(reason, maxReasonBytes)
-	return e.replay(ctx, id, "resume", expect, func(tx pgx.Tx, sg *store.Saga) (*store.Transition, error) {
+	return e.replay(ctx, tx, id, expect, func(tx pgx.Tx, sg *store.Saga) (*store.Transition, error) {
 		var hist []store.History
 		if Status(sg.Status) == StatusFailed && steps.Direction(sg.Direction) == steps.Compensate {
 			// What made it compensate becomes its last error again.
@@ -110,15 +133,36 @@ func (e *Engine) resume(ctx context.Context, id uuid.UUID, reason string, expect
 // a saga that has not ended, and an error naming the step when the saga has
 // no such step.
 func (e *Engine) Rerun(ctx context.Context, id uuid.UUID, from, reason string) error {
-	return e.rerun(ctx, id, from, reason, 0)
+	return e.rerunOp(ctx, nil, "Engine.Rerun", id, from, reason)
 }
 
-func (e *Engine) rerun(ctx context.Context, id uuid.UUID, from, reason string, expect int64) error {
-	reason = safetext.Text(reason, maxReasonBytes)
+// RerunTx is [Engine.Rerun] inside the caller's transaction, which should
+// be READ COMMITTED (pgx's default): it takes effect when tx commits, and an
+// error undoes only its own work (it runs under a savepoint). tx holds the
+// saga's row from the call to its commit.
+func (e *Engine) RerunTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, from, reason string) error {
+	if tx == nil {
+		return fmt.Errorf("saga: rerun %s: tx is nil", id)
+	}
+	return e.rerunOp(ctx, tx, "Engine.RerunTx", id, from, reason)
+}
+
+func (e *Engine) rerunOp(ctx context.Context, tx pgx.Tx, what string, id uuid.UUID, from, reason string) error {
+	if err := e.ready(what); err != nil {
+		return err
+	}
 	if err := checkInput("rerun", inputField{"from step", from, 0}); err != nil {
 		return err
 	}
-	return e.replay(ctx, id, "rerun", expect, func(tx pgx.Tx, sg *store.Saga) (*store.Transition, error) {
+	if err := e.rerun(ctx, tx, id, from, reason, 0); err != nil {
+		return fmt.Errorf("saga: rerun %s: %w", id, err)
+	}
+	return nil
+}
+
+func (e *Engine) rerun(ctx context.Context, tx pgx.Tx, id uuid.UUID, from, reason string, expect int64) error {
+	reason = safetext.Text(reason, maxReasonBytes)
+	return e.replay(ctx, tx, id, expect, func(tx pgx.Tx, sg *store.Saga) (*store.Transition, error) {
 		// A saga that has not ended is refused before its step is looked
 		// for, which may read its history.
 		if err := rerunnable(sg); err != nil {
@@ -137,13 +181,10 @@ func (e *Engine) rerun(ctx context.Context, id uuid.UUID, from, reason string, e
 }
 
 // replay applies the transition plan returns for saga id, under the saga's
-// row lock. A non-zero expect refuses a saga whose version changed since
-// the caller selected it.
-func (e *Engine) replay(ctx context.Context, id uuid.UUID, what string, expect int64, plan func(pgx.Tx, *store.Saga) (*store.Transition, error)) error {
-	if err := e.ready(what); err != nil {
-		return err
-	}
-	err := pgx.BeginTxFunc(ctx, e.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+// row lock, in tx (nil: a transaction of its own). A non-zero expect
+// refuses a saga whose version changed since the caller selected it.
+func (e *Engine) replay(ctx context.Context, tx pgx.Tx, id uuid.UUID, expect int64, plan func(pgx.Tx, *store.Saga) (*store.Transition, error)) error {
+	return e.within(ctx, tx, func(tx pgx.Tx) error {
 		sg, err := e.st.GetSaga(ctx, tx, id, true)
 		if errors.Is(err, store.ErrNotFound) {
 			return ErrNotFound
@@ -170,10 +211,6 @@ func (e *Engine) replay(ctx context.Context, id uuid.UUID, what string, expect i
 		}
 		return e.st.Notify(ctx, tx, e.cfg.CommandTopic)
 	})
-	if err != nil {
-		return fmt.Errorf("saga: %s %s: %w", what, id, err)
-	}
-	return nil
 }
 
 // stepIndex finds step name of the saga, and the saga's first step: in its
@@ -346,9 +383,11 @@ func (e *Engine) ReplayBulk(ctx context.Context, opts BulkReplayOpts) (*BulkRepl
 		// Each saga is replayed only as it was selected: one that changed
 		// meanwhile (replayed by someone else, say) is reported, not touched.
 		if opts.FromStep != "" {
-			err = e.rerun(ctx, id, opts.FromStep, opts.Reason, versions[id])
-		} else {
-			err = e.resume(ctx, id, opts.Reason, versions[id])
+			if err = e.rerun(ctx, nil, id, opts.FromStep, opts.Reason, versions[id]); err != nil {
+				err = fmt.Errorf("saga: rerun %s: %w", id, err)
+			}
+		} else if err = e.resume(ctx, nil, id, opts.Reason, versions[id]); err != nil {
+			err = fmt.Errorf("saga: resume %s: %w", id, err)
 		}
 		if err != nil {
 			res.Errors = append(res.Errors, BulkReplayError{ID: id, Err: err})

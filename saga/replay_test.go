@@ -435,3 +435,110 @@ func TestBulkReplayDryRunListsOnlyWhatItCanReplay(t *testing.T) {
 	require.Equal(t, st.ID, res.Errors[0].ID)
 	require.ErrorIs(t, res.Errors[0].Err, saga.ErrNotReplayable)
 }
+
+// TestOperatorActionsInTheCallersTransaction: ResumeTx, RerunTx, PauseTx
+// and GetTx act in the caller's transaction: nothing happens unless it
+// commits, a refused action leaves it usable, and GetTx sees its writes.
+func TestOperatorActionsInTheCallersTransaction(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	var fixed atomic.Bool
+	def := threeSteps(b, "intx", map[string]saga.StepFunc[order]{
+		"ship/forward": func(context.Context, *saga.StepRun, *order) error {
+			return steps.Permanent(errors.New("no carrier"))
+		},
+		"charge/compensate": func(context.Context, *saga.StepRun, *order) error {
+			if !fixed.Load() {
+				return steps.Permanent(errors.New("refunds down"))
+			}
+			return nil
+		},
+	})
+	require.NoError(t, b.engine.Register(def))
+	blocked := threeStepsBlocked(t, b)
+	defer blocked.release()
+	b.start(t)
+	ctx := context.Background()
+	st, err := saga.Start(ctx, b.engine, def, order{}, nil)
+	require.NoError(t, err)
+	require.Equal(t, saga.StatusFailed, b.waitTerminal(t, st.ID).Status)
+	fixed.Store(true)
+
+	// Rolled back: nothing happened.
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, b.engine.ResumeTx(ctx, tx, st.ID, "in a tx"))
+	require.NoError(t, tx.Rollback(ctx))
+	time.Sleep(300 * time.Millisecond) // an engine that saw a resume would have moved it
+	in, err := b.engine.Get(ctx, st.ID)
+	require.NoError(t, err)
+	require.Equal(t, saga.StatusFailed, in.Status)
+	require.NotContains(t, eventTypes(in), "saga_resumed:charge")
+
+	// A second resume in the same transaction is refused (the first one's
+	// write shows in it), and the transaction goes on to commit the first.
+	tx, err = b.pool.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, b.engine.ResumeTx(ctx, tx, st.ID, "in a tx"))
+	inTx, err := b.engine.GetTx(ctx, tx, st.ID)
+	require.NoError(t, err)
+	require.Equal(t, saga.StatusCompensating, inTx.Status)
+	require.ErrorIs(t, b.engine.ResumeTx(ctx, tx, st.ID, "twice"), saga.ErrNotReplayable)
+	require.NoError(t, tx.Commit(ctx))
+	require.Equal(t, saga.StatusCompensated, b.waitTerminal(t, st.ID).Status)
+
+	// Rerun: a step the saga lacks is refused, the transaction stays usable.
+	tx, err = b.pool.Begin(ctx)
+	require.NoError(t, err)
+	require.ErrorContains(t, b.engine.RerunTx(ctx, tx, st.ID, "refund", "x"), `has no step "refund"`)
+	require.NoError(t, b.engine.RerunTx(ctx, tx, st.ID, "reserve", "again"))
+	inTx, err = b.engine.GetTx(ctx, tx, st.ID)
+	require.NoError(t, err)
+	require.Equal(t, 1, inTx.Epoch)
+	out, err := b.engine.Get(ctx, st.ID)
+	require.NoError(t, err)
+	require.Equal(t, 0, out.Epoch, "not committed yet")
+	require.NoError(t, tx.Commit(ctx))
+	waitFor(t, 30*time.Second, func() bool {
+		in, err = b.engine.Get(ctx, st.ID)
+		require.NoError(t, err)
+		return in.Epoch == 1 && in.Status.Terminal()
+	}, "the rerun to end")
+	require.Contains(t, eventTypes(in), "saga_rerun:reserve")
+
+	// Pause a running saga: rolled back, it runs on; committed, it is paused.
+	running, err := saga.Start(ctx, b.engine, blocked.def, order{}, nil)
+	require.NoError(t, err)
+	<-blocked.entered
+	tx, err = b.pool.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, b.engine.PauseTx(ctx, tx, running.ID, "hold on"))
+	require.NoError(t, tx.Rollback(ctx))
+	in, err = b.engine.Get(ctx, running.ID)
+	require.NoError(t, err)
+	require.Nil(t, in.Paused)
+	tx, err = b.pool.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, b.engine.PauseTx(ctx, tx, running.ID, "hold on"))
+	require.NoError(t, tx.Commit(ctx))
+	in, err = b.engine.Get(ctx, running.ID)
+	require.NoError(t, err)
+	require.NotNil(t, in.Paused)
+	require.Equal(t, "hold on", in.Paused.Reason)
+	tx, err = b.pool.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, b.engine.ResumeTx(ctx, tx, running.ID, "go on"))
+	require.NoError(t, tx.Commit(ctx))
+	in, err = b.engine.Get(ctx, running.ID)
+	require.NoError(t, err)
+	require.Nil(t, in.Paused)
+
+	for _, err := range []error{
+		b.engine.ResumeTx(ctx, nil, st.ID, "x"), b.engine.RerunTx(ctx, nil, st.ID, "reserve", "x"),
+		b.engine.PauseTx(ctx, nil, st.ID, "x"),
+	} {
+		require.ErrorContains(t, err, "tx is nil")
+	}
+	_, err = b.engine.GetTx(ctx, nil, st.ID)
+	require.ErrorContains(t, err, "tx is nil")
+}

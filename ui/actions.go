@@ -114,7 +114,9 @@ func (h *Handler) doAction(w http.ResponseWriter, r *http.Request) {
 	// One confirmation posted twice (a double click, a resent form) must
 	// act once: the UI's actions on one saga take turns, across processes,
 	// under a lock held until the action committed, and each checks the
-	// version it was confirmed at once it has its turn.
+	// version it was confirmed at once it has its turn. Everything happens
+	// in the lock's transaction: an action that held one connection and
+	// waited for another could starve the pool.
 	tx, err := h.pool.Begin(ctx)
 	if err != nil {
 		h.fail(w, r, http.StatusInternalServerError, err)
@@ -125,7 +127,7 @@ func (h *Handler) doAction(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, http.StatusInternalServerError, err)
 		return
 	}
-	inst, ok := h.loadSaga(w, r)
+	inst, ok := h.loadSagaTx(w, r, tx)
 	if !ok {
 		return
 	}
@@ -147,17 +149,17 @@ func (h *Handler) doAction(w http.ResponseWriter, r *http.Request) {
 		case inst.Status != saga.StatusFailed:
 			err = fmt.Errorf("saga %s is %s, not failed: %w", inst.ID, inst.Status, saga.ErrNotReplayable)
 		default:
-			err = h.engine.Resume(ctx, inst.ID, reason)
+			err = h.engine.ResumeTx(ctx, tx, inst.ID, reason)
 		}
 	case ActionRerun:
-		err = h.engine.Rerun(ctx, inst.ID, r.PostFormValue("from"), reason)
+		err = h.engine.RerunTx(ctx, tx, inst.ID, r.PostFormValue("from"), reason)
 	case ActionPause:
-		err = h.engine.Pause(ctx, inst.ID, reason)
+		err = h.engine.PauseTx(ctx, tx, inst.ID, reason)
 	case ActionUnpause:
 		if inst.Paused == nil || inst.Paused.Type {
 			err = fmt.Errorf("saga %s is not paused on its own: %w", inst.ID, saga.ErrNotReplayable)
 		} else {
-			err = h.engine.Resume(ctx, inst.ID, reason)
+			err = h.engine.ResumeTx(ctx, tx, inst.ID, reason)
 		}
 	case ActionCancel:
 		// A cancel recorded and not yet applied (a step runs) leaves the

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/sagaflow/sagaflow/internal/store"
 	"github.com/sagaflow/sagaflow/outbox"
@@ -245,12 +246,22 @@ type timelineRow struct {
 }
 
 func (h *Handler) loadSaga(w http.ResponseWriter, r *http.Request) (*saga.Instance, bool) {
+	return h.loadSagaTx(w, r, nil)
+}
+
+// loadSagaTx is loadSaga in tx, when not nil.
+func (h *Handler) loadSagaTx(w http.ResponseWriter, r *http.Request, tx pgx.Tx) (*saga.Instance, bool) {
 	id, err := uuid.Parse(r.PathValue("id"))
 	if err != nil {
 		h.fail(w, r, http.StatusBadRequest, fmt.Errorf("%q is not a saga id", visible(r.PathValue("id"))))
 		return nil, false
 	}
-	inst, err := h.engine.Get(r.Context(), id)
+	var inst *saga.Instance
+	if tx != nil {
+		inst, err = h.engine.GetTx(r.Context(), tx, id)
+	} else {
+		inst, err = h.engine.Get(r.Context(), id)
+	}
 	if errors.Is(err, saga.ErrNotFound) {
 		h.fail(w, r, http.StatusNotFound, fmt.Errorf("no saga %s", id))
 		return nil, false
