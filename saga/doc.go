@@ -296,8 +296,9 @@
 // saga of a type (including those started while the pause lasts). A paused
 // saga starts no new step, compensation, retry, timer or signal delivery; a
 // step that runs when the pause commits finishes and records its outcome,
-// and the command it writes next waits. [Engine.Resume] (or
-// [Engine.ResumeType]) lifts the pause: each held command becomes due when
+// and the command it writes next waits. [Engine.Unpause] (or
+// [Engine.ResumeType]) lifts the pause, as [Engine.Resume] does (Resume also
+// replays a failed saga; Unpause never does): each held command becomes due when
 // it was due before, or at once when that time has passed, so a timer that
 // fell due during the pause fires once, after it. A pause is a row in the
 // database, not a status: [Instance.Paused] shows it, [ListOpts.Paused]

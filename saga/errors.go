@@ -52,6 +52,11 @@ var (
 	// ErrNotReplayable is returned when a replay does not fit the saga's
 	// status: only failed sagas resume, only ended sagas re-run.
 	ErrNotReplayable = errors.New("saga: not replayable")
+
+	// ErrNotPaused is wrapped by the error of [Engine.Unpause] for a saga
+	// that is not paused on its own (not paused, or held only by its
+	// type's pause).
+	ErrNotPaused = errors.New("saga: not paused")
 )
 
 // ErrConcurrencyLimit is returned by a start with [StartOpts.NoWait] whose

@@ -170,6 +170,55 @@ func (e *Engine) ResumeType(ctx context.Context, name string) (bool, error) {
 	return lifted, nil
 }
 
+// Unpause lifts the pause of a saga paused on its own ([Engine.Pause], or a
+// step's Step.PauseWhenExhausted), as [Engine.Resume] does, and does
+// nothing else: for a saga that is not paused on its own it returns an
+// error wrapping [ErrNotPaused], where Resume would replay a failed one. Of
+// two operators who unpause a saga at once, one lifts the pause and the
+// other gets that error.
+func (e *Engine) Unpause(ctx context.Context, id uuid.UUID, reason string) error {
+	return e.unpauseOp(ctx, nil, "Engine.Unpause", id, reason)
+}
+
+// UnpauseTx is [Engine.Unpause] inside the caller's transaction, which
+// should be READ COMMITTED (pgx's default), under a savepoint.
+func (e *Engine) UnpauseTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, reason string) error {
+	if tx == nil {
+		return fmt.Errorf("saga: unpause %s: tx is nil", id)
+	}
+	return e.unpauseOp(ctx, tx, "Engine.UnpauseTx", id, reason)
+}
+
+func (e *Engine) unpauseOp(ctx context.Context, tx pgx.Tx, what string, id uuid.UUID, reason string) error {
+	if err := e.ready(what); err != nil {
+		return err
+	}
+	err := e.within(ctx, tx, func(tx pgx.Tx) error {
+		sg, err := e.st.GetSaga(ctx, tx, id, false)
+		if errors.Is(err, store.ErrNotFound) {
+			return ErrNotFound
+		}
+		if err != nil {
+			return err
+		}
+		lifted, err := e.unpause(ctx, tx, sg, safetext.Text(reason, maxReasonBytes))
+		if err != nil || lifted {
+			return err
+		}
+		if ps, err := e.st.Pauses(ctx, tx, []uuid.UUID{sg.ID}); err != nil {
+			return err
+		} else if p := ps[sg.ID]; p != nil && p.Kind == store.PauseType {
+			return fmt.Errorf("%w on its own: it is held by the pause of its type %q, which Engine.ResumeType (sagaflow unpause --type) lifts",
+				ErrNotPaused, sg.Name)
+		}
+		return fmt.Errorf("%w (status %s)", ErrNotPaused, sg.Status)
+	})
+	if err != nil {
+		return fmt.Errorf("saga: unpause %s: %w", id, err)
+	}
+	return nil
+}
+
 // PausedTypes returns the saga types paused as a whole.
 func (e *Engine) PausedTypes(ctx context.Context) (map[string]PauseInfo, error) {
 	if err := e.ready("Engine.PausedTypes"); err != nil {

@@ -38,7 +38,9 @@ import (
 // that moment (not for a handler that runs), so that the command it wrote is
 // released too. Resume
 // of such a saga, not paused on its own, returns an error wrapping
-// [ErrNotReplayable] that says so.
+// [ErrNotReplayable] that says so. To lift a pause and do nothing else (an
+// operator's unpause: a saga that failed while paused must not be replayed
+// by it), use [Engine.Unpause].
 //
 // Resume needs no definition: an operator tool can call it on an engine
 // that registered none; an engine that knows the saga runs it.

@@ -542,3 +542,48 @@ func TestOperatorActionsInTheCallersTransaction(t *testing.T) {
 	_, err = b.engine.GetTx(ctx, nil, st.ID)
 	require.ErrorContains(t, err, "tx is nil")
 }
+
+// TestUnpauseOnlyLiftsPauses: Unpause of a saga that is not paused on its
+// own is refused; it never replays a failed saga as Resume would (two
+// operators unpausing at once: the second would have replayed it).
+func TestUnpauseOnlyLiftsPauses(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	def := threeSteps(b, "unpause", map[string]saga.StepFunc[order]{
+		"ship/forward":      func(context.Context, *saga.StepRun, *order) error { return steps.Permanent(errors.New("no")) },
+		"charge/compensate": func(context.Context, *saga.StepRun, *order) error { return steps.Permanent(errors.New("no")) },
+	})
+	require.NoError(t, b.engine.Register(def))
+	blocked := threeStepsBlocked(t, b)
+	defer blocked.release()
+	b.start(t)
+	ctx := context.Background()
+	failed, err := saga.Start(ctx, b.engine, def, order{}, nil)
+	require.NoError(t, err)
+	require.Equal(t, saga.StatusFailed, b.waitTerminal(t, failed.ID).Status)
+	err = b.engine.Unpause(ctx, failed.ID, "x")
+	require.ErrorIs(t, err, saga.ErrNotPaused)
+	require.ErrorContains(t, err, "status failed")
+	in, err := b.engine.Get(ctx, failed.ID)
+	require.NoError(t, err)
+	require.Equal(t, saga.StatusFailed, in.Status)
+	require.NotContains(t, eventTypes(in), "saga_resumed:charge")
+	require.ErrorIs(t, b.engine.Unpause(ctx, uuid.New(), "x"), saga.ErrNotFound)
+
+	running, err := saga.Start(ctx, b.engine, blocked.def, order{}, nil)
+	require.NoError(t, err)
+	<-blocked.entered
+	require.NoError(t, b.engine.Pause(ctx, running.ID, "hold"))
+	require.NoError(t, b.engine.Unpause(ctx, running.ID, "go"))
+	err = b.engine.Unpause(ctx, running.ID, "again")
+	require.ErrorIs(t, err, saga.ErrNotPaused)
+	paused, err := b.engine.PauseType(ctx, blocked.def.Name(), "all")
+	require.NoError(t, err)
+	require.True(t, paused)
+	err = b.engine.Unpause(ctx, running.ID, "type")
+	require.ErrorIs(t, err, saga.ErrNotPaused)
+	require.ErrorContains(t, err, "pause of its type")
+	in, err = b.engine.Get(ctx, running.ID)
+	require.NoError(t, err)
+	require.Contains(t, eventTypes(in), "saga_unpaused:reserve")
+}

@@ -156,11 +156,7 @@ func (h *Handler) doAction(w http.ResponseWriter, r *http.Request) {
 	case ActionPause:
 		err = h.engine.PauseTx(ctx, tx, inst.ID, reason)
 	case ActionUnpause:
-		if inst.Paused == nil || inst.Paused.Type {
-			err = fmt.Errorf("saga %s is not paused on its own: %w", inst.ID, saga.ErrNotReplayable)
-		} else {
-			err = h.engine.ResumeTx(ctx, tx, inst.ID, reason)
-		}
+		err = h.engine.UnpauseTx(ctx, tx, inst.ID, reason)
 	case ActionCancel:
 		// A cancel recorded and not yet applied (a step runs) leaves the
 		// version as it was: a second confirmation finds the request.
@@ -182,7 +178,8 @@ func (h *Handler) doAction(w http.ResponseWriter, r *http.Request) {
 	}
 	if err != nil {
 		status := http.StatusInternalServerError
-		if errors.Is(err, saga.ErrNotReplayable) || errors.Is(err, saga.ErrNotRunning) || errors.Is(err, saga.ErrInvalidInput) {
+		if errors.Is(err, saga.ErrNotReplayable) || errors.Is(err, saga.ErrNotRunning) || errors.Is(err, saga.ErrNotPaused) ||
+			errors.Is(err, saga.ErrInvalidInput) {
 			status = http.StatusConflict
 		} else if errors.Is(err, saga.ErrNotFound) {
 			status = http.StatusNotFound

@@ -34,7 +34,7 @@ const (
 	ActionRerun   = "rerun"   // re-run an ended saga from a step (saga.Engine.Rerun)
 	ActionCancel  = "cancel"  // cancel a running saga (saga.Engine.Cancel)
 	ActionPause   = "pause"   // pause a saga that has not ended (saga.Engine.Pause)
-	ActionUnpause = "unpause" // lift a saga's own pause (saga.Engine.Resume)
+	ActionUnpause = "unpause" // lift a saga's own pause (saga.Engine.Unpause)
 	ActionReplay  = "replay"  // bulk replay (saga.Engine.ReplayBulk)
 	ActionRequeue = "requeue" // requeue dead messages and letters (saga.Engine.RequeueDead)
 )

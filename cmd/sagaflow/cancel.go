@@ -35,7 +35,10 @@ func setupCancel(fs *flag.FlagSet) runFunc {
 		if err := engine.RequestCancel(ctx, id, *reason); err != nil {
 			return c.opError(err, "cancel %s", id)
 		}
-		msg := fmt.Sprintf("cancel of saga %s requested: an engine that knows the saga will compensate it", id)
+		// Not "will compensate": past its pivot, or ended before an engine
+		// applies it, the request is refused (review27 O6).
+		msg := fmt.Sprintf("cancel of saga %s requested: an engine that knows the saga compensates it, "+
+			"or refuses the request if the saga is past its pivot or ends first (its timeline says which)", id)
 		if c.g.json {
 			return writeJSON(c.stdout, struct {
 				ID      uuid.UUID `json:"id"`

@@ -28,7 +28,8 @@ func TestCancel(t *testing.T) {
 	}
 
 	out := f.cli(t, "cancel", id.String(), "--reason", "customer asked").ok(t)
-	require.Equal(t, "cancel of saga "+id.String()+" requested: an engine that knows the saga will compensate it\n", out)
+	require.Equal(t, "cancel of saga "+id.String()+" requested: an engine that knows the saga compensates it, "+
+		"or refuses the request if the saga is past its pivot or ends first (its timeline says which)\n", out)
 	require.Equal(t, 1, cancels())
 	require.Equal(t, saga.StatusRunning, f.status(t, id), "the CLI only records the request")
 

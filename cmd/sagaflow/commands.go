@@ -24,12 +24,13 @@ type command struct {
 
 func commands() []command {
 	return []command{
-		{name: "migrate", args: "[--print | --print-grants ROLE]", setup: setupMigrate,
+		{name: "migrate", args: "[--print | --print-grants ROLE | --export DIR]", setup: setupMigrate,
 			summary: "apply the schema migrations, print their SQL, or the grants of a run-time role",
 			about: "Apply the migrations that --schema lacks, each in its own transaction, under an advisory lock,\n" +
 				"and say which were applied. With --print, print the SQL of every migration instead, for your\n" +
 				"own migration tool; with --print-grants ROLE, the GRANT statements that give ROLE what sagaflow\n" +
-				"needs at run time, without DDL. Neither needs a database."},
+				"needs at run time, without DDL; with --export DIR, one SQL file per migration in DIR. These\n" +
+				"three exclude each other, and none of them needs a database."},
 		{name: "list", args: "[flags]", setup: setupList,
 			summary: "list sagas, newest first",
 			about: "List sagas, newest first, one page at a time: id, name, status, current step, direction,\n" +
@@ -76,7 +77,8 @@ func commands() []command {
 				"pause), or with --type of every saga of that name: each held command is due when it was due\n" +
 				"before, or now when that has passed; a step that paused runs again with its attempts counted\n" +
 				"afresh. A saga paused on its own stays paused when its type's pause is lifted. A saga that is\n" +
-				"not paused is refused (exit code 1)."},
+				"not paused on its own, or a type that is not paused, is refused (exit code 1); unpause never\n" +
+				"replays a failed saga (that is replay's)."},
 		{name: "signal", args: "<id> <signal> | --saga NAME --key K <signal> [--payload JSON] [--id ID]", setup: setupSignal,
 			summary: "send a signal to a saga, for a step that awaits it",
 			about: "Send a signal to a saga, addressed by its id or by its name and business key: a step that\n" +

@@ -42,5 +42,5 @@ func TestConcurrencyKeyShown(t *testing.T) {
 	require.Contains(t, out, "cust-7 (1/1 running)")
 
 	out = f.cli(t, "list", "--concurrency-key", "bad\xff").failed(t, 2)
-	require.True(t, strings.Contains(out, "ListOpts.ConcurrencyKey"), out)
+	require.True(t, strings.Contains(out, "--concurrency-key is not valid UTF-8"), out)
 }

@@ -30,8 +30,8 @@ const (
 		"through the outbox, with its original key, value and headers (so consumers that processed it\n" +
 		"skip it by its message id), and its consumer's inbox forgets it, so that consumer processes it.\n" +
 		"A relay must run for them to be published. What cannot be requeued is printed with the reason\n" +
-		"and the rest go on; the exit code is then 1. --dry-run does the same in a transaction that is\n" +
-		"rolled back, and changes nothing."
+		"and the rest go on; the exit code is then 1. --dry-run reports the same from a transaction that\n" +
+		"is rolled back, changes nothing, and exits 0 whatever it found, as every dry run."
 )
 
 // deadListOnly and deadRequeueOnly are the flags of one subcommand only.
@@ -89,7 +89,7 @@ func setupDead(fs *flag.FlagSet) runFunc {
 		case "requeue":
 			wrong = setFlags(fs, deadListOnly)
 		default:
-			return usageErrorf("dead: unknown subcommand %q: want list or requeue (run 'sagaflow help dead')", sub)
+			return usageErrorf("dead: unknown subcommand %q: want %s (run 'sagaflow help dead')", sub, strings.Join(deadSubcommands, " or "))
 		}
 		if len(wrong) > 0 {
 			return usageErrorf("dead %s: %s do not apply (run 'sagaflow help dead')", sub, strings.Join(wrong, ", "))
@@ -383,3 +383,6 @@ func printRequeue(c *cli, res *saga.RequeueResult) {
 	}
 	tw.Flush()
 }
+
+// deadSubcommands are dead's subcommands.
+var deadSubcommands = []string{"list", "requeue"}

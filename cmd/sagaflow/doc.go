@@ -14,17 +14,22 @@
 //
 // Commands:
 //
-//	migrate [--print | --print-grants R]  apply the migrations, print their SQL, or the run-time grants for role R
+//	migrate [--print | --print-grants R | --export D]  apply the migrations, print their SQL or the run-time
+//	                                  grants for role R, or export one SQL file per migration into D
 //	list [filters]                    sagas, newest first, one page at a time (--waiting: those that wait)
 //	show <id>                         a saga: header, wait, deadline, parent, timeline, signals, state
 //	replay <id> [--from-step S]       resume a failed saga, or re-run an ended one from a step
 //	replay --bulk [filters]           the same for every matching saga, capped and rate limited
 //	cancel <id> [--reason R]          cancel a running saga
+//	versions                          sagas counted by definition version
+//	pause <id> | --type N             pause a saga, or every saga of a type: no new step starts
+//	unpause <id> | --type N           lift that pause: the saga continues where it paused
 //	signal <id> <name> [--payload J]  send a signal to a saga (or --saga N --key K <name>), deduplicated by --id
 //	outbox status                     pending, dead and published messages, and dead letters
 //	dead list [filters]               dead outbox messages, or consumers' dead letters
 //	dead requeue (--id I | --all)     send dead messages or dead letters again, once their cause is fixed
 //	outbox replay [filters]           publish already published messages again
+//	ui [--listen A] [--allow-writes]  serve the web UI for operators (default 127.0.0.1:8080, read-only)
 //	help [command]                    usage of the CLI or of a command
 //
 // Global flags, accepted before or after the command:
@@ -47,10 +52,11 @@
 //	   early, the command was interrupted, or the database returned an
 //	   error
 //	2  bad usage: unknown command or flag, a missing or malformed argument
-//	   (a saga id that is not a UUID, a time that is not RFC 3339), an
-//	   invalid schema name, no database URL or one that does not parse, a
-//	   bulk replay of statuses that never replay (--status completed
-//	   without --from-step)
+//	   (a saga id that is not a UUID, a time that is not RFC 3339, a flag
+//	   value that is not UTF-8, a --listen that is not host:port), flags
+//	   that exclude each other, an invalid schema name, no database URL or
+//	   one that does not parse, a bulk replay of statuses that never replay
+//	   (--status completed without --from-step)
 //	3  not found: no saga with that id (or name and key; a signal to it is
 //	   recorded as rejected)
 //	4  the database is unreachable or refused the connection (a wrong

@@ -8,9 +8,11 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -144,6 +146,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	if errors.Is(err, flag.ErrHelp) {
 		return c.printHelp(commandUsage(cmd))
 	}
+	if err == nil {
+		err = validFlags(fs, top)
+	}
 	if err != nil {
 		return c.fail(&cliError{code: exitUsage, msg: cmd.name + ": " + err.Error(), usage: commandUsage(cmd)})
 	}
@@ -164,9 +169,27 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	return exitOK
 }
 
+// validFlags refuses a flag value that is not UTF-8 text, naming the flag
+// (not its bytes): no command can store or match it, and the engine's own
+// refusal would name a Go field rather than the flag. (Each command checks
+// its arguments; --reason is free text, which the engine cleans.)
+func validFlags(fs, top *flag.FlagSet) error {
+	var err error
+	check := func(f *flag.Flag) {
+		// A reason is free text, stored cleaned (U+FFFD for what is not
+		// UTF-8), as the engine documents.
+		if err == nil && f.Name != "reason" && !utf8.ValidString(f.Value.String()) {
+			err = fmt.Errorf("--%s is not valid UTF-8", f.Name)
+		}
+	}
+	top.Visit(check)
+	fs.Visit(check)
+	return err
+}
+
 // help runs `sagaflow help [command]`.
 func (c *cli) help(args []string) int {
-	if len(args) == 0 {
+	if len(args) == 0 || (len(args) == 1 && args[0] == "help") {
 		return c.printHelp(mainUsage())
 	}
 	if args[0] == "outbox" && len(args) == 1 {
@@ -176,7 +199,8 @@ func (c *cli) help(args []string) int {
 	if err != nil {
 		return c.fail(err)
 	}
-	if len(rest) > 0 {
+	// `help dead list`: dead's usage covers its subcommands.
+	if len(rest) > 0 && (cmd.name != "dead" || len(rest) > 1 || !slices.Contains(deadSubcommands, rest[0])) {
 		return c.fail(usageErrorf("help: unexpected argument %q", rest[0]))
 	}
 	return c.printHelp(commandUsage(cmd))

@@ -48,6 +48,37 @@ func TestUsage(t *testing.T) {
 
 	doc := decode[struct{ Usage string }](t, runCLI(t, nil, "--json", "help", "show"))
 	require.Contains(t, doc.Usage, "Usage: sagaflow show <id>")
+
+	// help of help, and of a dead subcommand (review27 O1).
+	require.Equal(t, runCLI(t, nil, "help").ok(t), runCLI(t, nil, "help", "help").ok(t))
+	require.Equal(t, runCLI(t, nil, "help", "dead").ok(t), runCLI(t, nil, "help", "dead", "list").ok(t))
+	require.Contains(t, runCLI(t, nil, "help", "dead", "purge").failed(t, exitUsage), `unexpected argument "purge"`)
+	require.Contains(t, runCLI(t, nil, "help", "migrate").ok(t), "--export DIR")
+	require.Contains(t, runCLI(t, nil, "help", "ui").ok(t), "(default 127.0.0.1:8080)")
+}
+
+// TestMalformedUsageExitsTwoBeforeTheDatabase: what is wrong with the
+// command line is bad usage (exit 2), named by its flag, and found before a
+// database is needed (review27 O3, O4, O10).
+func TestMalformedUsageExitsTwoBeforeTheDatabase(t *testing.T) {
+	t.Parallel()
+	db := map[string]string{"DATABASE_URL": "postgres://nobody@127.0.0.1:1/none"}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"migrate", "--print", "--print-grants", "r"}, "--print and --print-grants exclude each other"},
+		{[]string{"migrate", "--print-grants", "r", "--export", t.TempDir()}, "--print-grants and --export exclude each other"},
+		{[]string{"migrate", "--print", "--export", t.TempDir()}, "--print and --export exclude each other"},
+		{[]string{"list", "--name", "bad\xff"}, "list: --name is not valid UTF-8"},
+		{[]string{"replay", "--bulk", "--failed-step", "\xfe"}, "replay: --failed-step is not valid UTF-8"},
+		{[]string{"--schema", "s\xff", "list"}, "list: --schema is not valid UTF-8"},
+		{[]string{"ui", "--listen", "nonsense"}, `--listen "nonsense" is not a host:port address`},
+	} {
+		msg := runCLI(t, db, tc.args...).failed(t, exitUsage)
+		require.Contains(t, msg, tc.want, tc.args)
+		require.NotContains(t, msg, "\xff", "the bytes are not echoed")
+	}
 }
 
 func TestDatabaseErrors(t *testing.T) {

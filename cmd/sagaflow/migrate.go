@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/sagaflow/sagaflow/migrations"
 )
@@ -23,6 +24,20 @@ func setupMigrate(fs *flag.FlagSet) runFunc {
 	return func(ctx context.Context, c *cli, args []string) error {
 		if err := noArgs("migrate", args); err != nil {
 			return err
+		}
+		// Each of these replaces applying the migrations with its own
+		// output; two at once would silently print only one.
+		var modes []string
+		for _, m := range []struct {
+			name string
+			on   bool
+		}{{"--print", *printSQL}, {"--print-grants", grantsFor != nil}, {"--export", *exportDir != ""}} {
+			if m.on {
+				modes = append(modes, m.name)
+			}
+		}
+		if len(modes) > 1 {
+			return usageErrorf("migrate: %s exclude each other: give one", strings.Join(modes, " and "))
 		}
 		schema := c.g.schema
 		if grantsFor != nil {

@@ -4,14 +4,12 @@ import (
 	"context"
 	"flag"
 	"fmt"
-
-	"github.com/sagaflow/sagaflow/saga"
 )
 
 // pauseResult is the JSON of pause and unpause.
 type pauseResult struct {
 	Target  string `json:"target"` // a saga id, or "type:" + name
-	Result  string `json:"result"` // paused, already_paused, unpaused, not_paused
+	Result  string `json:"result"` // paused, already_paused, unpaused
 	Message string `json:"message"`
 }
 
@@ -73,26 +71,20 @@ func setupUnpause(fs *flag.FlagSet) runFunc {
 			if err != nil {
 				return c.opError(err, "unpause type %q", *typ)
 			}
+			if !lifted {
+				// As for a saga that is not paused (review27 O7).
+				return &cliError{code: exitFailed, msg: fmt.Sprintf("unpause type %q: sagas named %q are not paused as a type", *typ, *typ)}
+			}
 			r = pauseResult{Target: "type:" + *typ, Result: "unpaused",
 				Message: fmt.Sprintf("sagas named %q continue (those paused on their own stay paused)", *typ)}
-			if !lifted {
-				r.Result, r.Message = "not_paused", fmt.Sprintf("sagas named %q were not paused as a type", *typ)
-			}
 		} else {
 			id, err := parseID("unpause", args)
 			if err != nil {
 				return err
 			}
-			in, err := engine.Get(ctx, id)
-			if err != nil {
-				return c.opError(err, "unpause %s", id)
-			}
-			if in.Paused == nil || in.Paused.Type {
-				// Resume would replay a failed saga: unpause only lifts pauses.
-				return c.opError(fmt.Errorf("saga %s is not paused on its own (status %s): %w", id, in.Status, saga.ErrNotReplayable),
-					"unpause %s", id)
-			}
-			if err := engine.Resume(ctx, id, *reason); err != nil {
+			// Not Resume, which would replay a failed saga (one whose
+			// pause another operator lifted a moment ago).
+			if err := engine.Unpause(ctx, id, *reason); err != nil {
 				return c.opError(err, "unpause %s", id)
 			}
 			r = pauseResult{Target: id.String(), Result: "unpaused",

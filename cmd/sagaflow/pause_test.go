@@ -47,6 +47,9 @@ func TestPauseAndUnpause(t *testing.T) {
 	doc = decode[pauseResult](t, f.cli(t, "--json", "unpause", "--type", orderDef.Name()))
 	require.Equal(t, "unpaused", doc.Result)
 	require.Zero(t, held())
+	// A type that is not paused is refused as a saga that is not is.
+	msg = f.cli(t, "unpause", "--type", orderDef.Name()).failed(t, exitFailed)
+	require.Contains(t, msg, "not paused as a type")
 
 	// The engine then runs the saga to its end; an ended saga cannot be paused.
 	testkit.Start(t, e)

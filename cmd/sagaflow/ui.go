@@ -31,7 +31,7 @@ var uiCommand = command{name: "ui", args: "[--listen ADDR] [--allow-writes] [fla
 		"and --show-payloads. --timeout bounds connecting to the database, not serving."}
 
 func setupUI(fs *flag.FlagSet) runFunc {
-	listen := fs.String("listen", uiListenDefault, "`address` to listen on")
+	listen := fs.String("listen", uiListenDefault, "`address` to listen on (default "+uiListenDefault+")")
 	allowWrites := fs.Bool("allow-writes", false, "allow actions (resume, rerun, cancel, bulk replay, requeue), after a preview")
 	actor := fs.String("actor", "", "`name` recorded in the history of actions (default $USER, else \"sagaflow ui\")")
 	showState := fs.Bool("show-state", false, "show saga state (otherwise hidden)")
@@ -43,6 +43,11 @@ func setupUI(fs *flag.FlagSet) runFunc {
 	return func(ctx context.Context, c *cli, args []string) error {
 		if err := noArgs("ui", args); err != nil {
 			return err
+		}
+		// A malformed address is bad usage; one that cannot be bound
+		// (taken, not this host's) is a failure, found when listening.
+		if _, port, err := net.SplitHostPort(*listen); err != nil || port == "" {
+			return usageErrorf("ui: --listen %q is not a host:port address (such as %s)", *listen, uiListenDefault)
 		}
 		engine, err := c.connect(ctx)
 		if err != nil {
