@@ -32,8 +32,13 @@ const (
 // CodeCancelRefused is the error code of an [EventCancelRefused] entry.
 const CodeCancelRefused = "cancel_refused"
 
-// maxReasonBytes bounds a stored cancel or replay reason.
-const maxReasonBytes = 2000
+// MaxReasonBytes bounds a stored operator reason (of a cancel, pause,
+// unpause, resume or rerun). Every such reason is stored as text PostgreSQL
+// accepts: a NUL becomes the two characters \0, invalid UTF-8 becomes
+// U+FFFD, and it is cut to at most MaxReasonBytes bytes.
+const MaxReasonBytes = 2000
+
+const maxReasonBytes = MaxReasonBytes
 
 // Cancel stops a running saga: the steps that completed are compensated in
 // reverse order, and the saga ends compensated. The request is durable once

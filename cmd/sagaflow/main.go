@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 	"unicode/utf8"
@@ -151,6 +152,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	}
 	if err != nil {
 		return c.fail(&cliError{code: exitUsage, msg: cmd.name + ": " + err.Error(), usage: commandUsage(cmd)})
+	}
+	if f := fs.Lookup("reason"); f != nil && flagSet(fs, "reason") {
+		if r := f.Value.String(); !utf8.ValidString(r) || strings.ContainsRune(r, 0) || len(r) > saga.MaxReasonBytes {
+			// The engine stores it cleaned; say so rather than let the
+			// operator find a different text in the timeline (review27 O8).
+			fmt.Fprintf(stderr, "sagaflow: note: --reason is stored cleaned: invalid UTF-8 becomes U+FFFD, a NUL \\0, and it is cut to %d bytes\n",
+				saga.MaxReasonBytes)
+		}
 	}
 	if err := c.g.resolve(getenv); err != nil {
 		return c.fail(err)

@@ -190,3 +190,18 @@ func TestInterrupted(t *testing.T) {
 	require.Contains(t, errOut.String(), "sagaflow: interrupted while connecting to database ")
 	require.NotContains(t, errOut.String(), "unreachable")
 }
+
+// TestACleanedReasonIsNoted: a reason the engine stores changed (invalid
+// UTF-8, a NUL, too long) is noted on stderr; a plain one is not (review27
+// O8).
+func TestACleanedReasonIsNoted(t *testing.T) {
+	t.Parallel()
+	id := "00000000-0000-4000-8000-000000000001"
+	for _, reason := range []string{"bad \xff", "nul \x00", strings.Repeat("r", 2001)} {
+		msg := runCLI(t, nil, "cancel", id, "--reason", reason).failed(t, exitUsage)
+		require.Contains(t, msg, "--reason is stored cleaned", "%q", reason)
+		require.Contains(t, msg, "no database")
+	}
+	msg := runCLI(t, nil, "pause", id, "--reason", "card processor incident").failed(t, exitUsage)
+	require.NotContains(t, msg, "stored cleaned")
+}
