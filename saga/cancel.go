@@ -69,7 +69,9 @@ func (e *Engine) Cancel(ctx context.Context, id uuid.UUID, reason string) error 
 // and a saga that ends before then has the request refused
 // ([EventCancelRefused]). When no step of the saga runs at the call, tx
 // holds the saga until it ends, so that no step starts meanwhile, and the
-// request is applied with tx's commit.
+// request is applied with tx's commit. Like Cancel, it needs the saga's
+// definition registered on this engine (an error wrapping [ErrNotRegistered]
+// otherwise): a tool without definitions uses [Engine.RequestCancelTx].
 func (e *Engine) CancelTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, reason string) error {
 	if err := e.ready("Engine.CancelTx"); err != nil {
 		return err

@@ -67,7 +67,8 @@ func (e *Engine) Pause(ctx context.Context, id uuid.UUID, reason string) error {
 }
 
 // PauseTx is [Engine.Pause] inside the caller's transaction, which should
-// be READ COMMITTED (pgx's default): the pause counts from when tx commits,
+// be READ COMMITTED (pgx's default; see [Engine.ResumeTx] for the others):
+// the pause counts from when tx commits,
 // and an error undoes only its own work (it runs under a savepoint).
 func (e *Engine) PauseTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, reason string) error {
 	if tx == nil {
@@ -181,7 +182,10 @@ func (e *Engine) Unpause(ctx context.Context, id uuid.UUID, reason string) error
 }
 
 // UnpauseTx is [Engine.Unpause] inside the caller's transaction, which
-// should be READ COMMITTED (pgx's default), under a savepoint.
+// should be READ COMMITTED (pgx's default), under a savepoint. In a
+// REPEATABLE READ or SERIALIZABLE transaction whose snapshot predates
+// another operator's pause, it answers [ErrNotPaused] for a saga that is
+// paused by now.
 func (e *Engine) UnpauseTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, reason string) error {
 	if tx == nil {
 		return fmt.Errorf("saga: unpause %s: tx is nil", id)

@@ -50,7 +50,10 @@ func (e *Engine) Resume(ctx context.Context, id uuid.UUID, reason string) error 
 
 // ResumeTx is [Engine.Resume] inside the caller's transaction, which should
 // be READ COMMITTED (pgx's default): it takes effect when tx commits, and an
-// error undoes only its own work (it runs under a savepoint). tx holds the
+// error undoes only its own work (it runs under a savepoint). In a
+// REPEATABLE READ or SERIALIZABLE transaction it reads the transaction's
+// snapshot, which can predate another operator's action: its answer can then
+// be stale (a pause lifted meanwhile, say) rather than an error. tx holds the
 // saga's row from the call to its commit, and waits for a step of the saga
 // whose outcome is being committed.
 func (e *Engine) ResumeTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, reason string) error {
@@ -139,8 +142,9 @@ func (e *Engine) Rerun(ctx context.Context, id uuid.UUID, from, reason string) e
 }
 
 // RerunTx is [Engine.Rerun] inside the caller's transaction, which should
-// be READ COMMITTED (pgx's default): it takes effect when tx commits, and an
-// error undoes only its own work (it runs under a savepoint). tx holds the
+// be READ COMMITTED (pgx's default; see [Engine.ResumeTx] for the others):
+// it takes effect when tx commits, and an error undoes only its own work (it
+// runs under a savepoint). tx holds the
 // saga's row from the call to its commit.
 func (e *Engine) RerunTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, from, reason string) error {
 	if tx == nil {

@@ -135,7 +135,8 @@ const globalFlagsUsage = `Global flags (before or after the command):
 const exitCodesUsage = `Exit codes:
   0  success, also when nothing matched (a listing, a replay or a dry run with nothing to do)
   1  the operation failed (not replayable, not running, a rejected signal, bulk replay errors, interrupted, a database error)
-  2  bad usage (unknown command or flag, malformed id or time, invalid schema, no or malformed database URL)
+  2  bad usage (unknown command or flag, malformed id or time, a flag value that is not UTF-8 (but --reason, which
+     is stored cleaned), flags that exclude each other, invalid schema, no or malformed database URL)
   3  not found (no saga with that id)
   4  the database is unreachable or refused the connection
 `

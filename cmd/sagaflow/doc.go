@@ -53,7 +53,9 @@
 //	   error
 //	2  bad usage: unknown command or flag, a missing or malformed argument
 //	   (a saga id that is not a UUID, a time that is not RFC 3339, a flag
-//	   value that is not UTF-8, a --listen that is not host:port), flags
+//	   value that is not UTF-8 (but --reason: a reason is free text, stored
+//	   cleaned, with a note on stderr), a --listen that is not host:port
+//	   with a port number or service name), flags
 //	   that exclude each other, an invalid schema name, no database URL or
 //	   one that does not parse, a bulk replay of statuses that never replay
 //	   (--status completed without --from-step)

@@ -37,16 +37,17 @@ func setupUI(fs *flag.FlagSet) runFunc {
 	showState := fs.Bool("show-state", false, "show saga state (otherwise hidden)")
 	showPayloads := fs.Bool("show-payloads", false, "show the first bytes of dead payloads, escaped and in hex (otherwise hidden)")
 	prefix := fs.String("prefix", "", "serve under this `path` (\"/sagaflow\"), for a proxy that forwards it")
-	hosts := fs.String("hosts", "", "comma-separated `names` (host or host:port) browsers may reach the UI by, besides a loopback\n"+
-		"--listen address's own; other Host headers get 421 (this keeps a web page whose name an attacker points\n"+
-		"at this address from using the UI); with a non-loopback --listen and no --hosts, every Host is answered")
+	hosts := fs.String("hosts", "", "comma-separated `names` (host or host:port) browsers may reach the UI by, besides the\n"+
+		"own address of a loopback --listen; other Host headers get 421 (this keeps a web page whose name an\n"+
+		"attacker points at this address from using the UI); with a non-loopback --listen and no --hosts, every\n"+
+		"Host is answered")
 	return func(ctx context.Context, c *cli, args []string) error {
 		if err := noArgs("ui", args); err != nil {
 			return err
 		}
 		// A malformed address is bad usage; one that cannot be bound
 		// (taken, not this host's) is a failure, found when listening.
-		if _, port, err := net.SplitHostPort(*listen); err != nil || port == "" {
+		if _, port, err := net.SplitHostPort(*listen); err != nil || port == "" || !validPort(port) {
 			return usageErrorf("ui: --listen %q is not a host:port address (such as %s)", *listen, uiListenDefault)
 		}
 		engine, err := c.connect(ctx)
@@ -131,4 +132,14 @@ func uiHosts(addr net.Addr, names string) []string {
 		}
 	}
 	return out
+}
+
+// validPort reports whether port is a TCP port number (0 to 65535) or a
+// service name this host knows, as net.Listen takes.
+func validPort(port string) bool {
+	if n, err := strconv.Atoi(port); err == nil {
+		return n >= 0 && n <= 65535
+	}
+	_, err := net.LookupPort("tcp", port)
+	return err == nil
 }
