@@ -198,27 +198,46 @@ func (e *Engine) unpauseOp(ctx context.Context, tx pgx.Tx, what string, id uuid.
 		return err
 	}
 	err := e.within(ctx, tx, func(tx pgx.Tx) error {
-		sg, err := e.st.GetSaga(ctx, tx, id, false)
-		if errors.Is(err, store.ErrNotFound) {
-			return ErrNotFound
-		}
-		if err != nil {
-			return err
-		}
-		lifted, err := e.unpause(ctx, tx, sg, safetext.Text(reason, maxReasonBytes))
+		sg, lifted, err := e.liftPause(ctx, tx, id, reason)
 		if err != nil || lifted {
 			return err
 		}
-		if ps, err := e.st.Pauses(ctx, tx, []uuid.UUID{sg.ID}); err != nil {
+		if err := e.heldByType(ctx, tx, sg, ErrNotPaused); err != nil {
 			return err
-		} else if p := ps[sg.ID]; p != nil && p.Kind == store.PauseType {
-			return fmt.Errorf("%w on its own: it is held by the pause of its type %q, which Engine.ResumeType (sagaflow unpause --type) lifts",
-				ErrNotPaused, sg.Name)
 		}
 		return fmt.Errorf("%w (status %s)", ErrNotPaused, sg.Status)
 	})
 	if err != nil {
 		return fmt.Errorf("saga: unpause %s: %w", id, err)
+	}
+	return nil
+}
+
+// liftPause lifts saga id's own pause in tx, and returns the saga as read
+// (not under its row lock: a step that ran when the saga was paused may
+// still run, and holds it) and whether it had a pause.
+func (e *Engine) liftPause(ctx context.Context, tx pgx.Tx, id uuid.UUID, reason string) (*store.Saga, bool, error) {
+	sg, err := e.st.GetSaga(ctx, tx, id, false)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, false, ErrNotFound
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	lifted, err := e.unpause(ctx, tx, sg, safetext.Text(reason, maxReasonBytes))
+	return sg, lifted, err
+}
+
+// heldByType returns an error wrapping sentinel when the pause of sg's
+// type holds it, which only ResumeType lifts.
+func (e *Engine) heldByType(ctx context.Context, tx pgx.Tx, sg *store.Saga, sentinel error) error {
+	ps, err := e.st.Pauses(ctx, tx, []uuid.UUID{sg.ID})
+	if err != nil {
+		return err
+	}
+	if p := ps[sg.ID]; p != nil && p.Kind == store.PauseType {
+		return fmt.Errorf("%w: it is held by the pause of its type %q, which Engine.ResumeType (sagaflow unpause --type) lifts",
+			sentinel, sg.Name)
 	}
 	return nil
 }

@@ -70,29 +70,15 @@ func (e *Engine) resumeOrUnpause(ctx context.Context, tx pgx.Tx, what string, id
 		return err
 	}
 	err := e.within(ctx, tx, func(tx pgx.Tx) error {
-		// Not the row lock: a step that ran when the saga was paused may
-		// still run, and holds it.
-		sg, err := e.st.GetSaga(ctx, tx, id, false)
-		if errors.Is(err, store.ErrNotFound) {
-			return ErrNotFound
-		}
-		if err != nil {
-			return err
-		}
-		lifted, err := e.unpause(ctx, tx, sg, safetext.Text(reason, maxReasonBytes))
+		sg, lifted, err := e.liftPause(ctx, tx, id, reason)
 		if err != nil || lifted {
 			return err // a paused saga has not ended: there is nothing to replay
 		}
 		if !Status(sg.Status).Terminal() {
-			// Not paused on its own: a pause of its whole type, which only
-			// ResumeType lifts, is what holds it, if anything.
-			ps, err := e.st.Pauses(ctx, tx, []uuid.UUID{sg.ID})
-			if err != nil {
+			// Not paused on its own: a pause of its whole type is what
+			// holds it, if anything.
+			if err := e.heldByType(ctx, tx, sg, ErrNotReplayable); err != nil {
 				return err
-			}
-			if p := ps[sg.ID]; p != nil && p.Kind == store.PauseType {
-				return fmt.Errorf("%w: it is held by the pause of its type %q, which Engine.ResumeType (sagaflow unpause --type) lifts",
-					ErrNotReplayable, sg.Name)
 			}
 		}
 		return e.resume(ctx, tx, id, reason, 0)
