@@ -79,7 +79,9 @@
 //
 // signal sends a signal like [saga.Engine.Signal]. Its id (--id, else a
 // new UUID, printed) deduplicates: sending the same id again reports a
-// duplicate and writes nothing. Every argument is checked before the
+// duplicate and writes nothing. --payload-file reads the payload from a
+// file (or stdin, "-") instead, for one longer than a command-line argument
+// holds (128 KiB on Linux). Every argument is checked before the
 // database is reached: a NUL byte, invalid UTF-8, a value longer than the
 // engine stores, a payload that is not one JSON document, or a saga given
 // both by id and by --saga and --key is refused with exit code 2, naming

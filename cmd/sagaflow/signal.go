@@ -6,6 +6,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"os"
 
 	"github.com/google/uuid"
 
@@ -16,17 +18,35 @@ import (
 
 // signalFlags are the flags of `sagaflow signal`.
 type signalFlags struct {
-	saga, key, id, payload string
+	saga, key, id, payload, payloadFile string
+	payloadFlag                         string // the flag the payload came from, for errors
 }
+
+// maxPayloadFileBytes bounds what --payload-file reads; the engine refuses a
+// payload over its MaxStateBytes (1 MiB by default) with its own error.
+const maxPayloadFileBytes = 64 << 20
 
 func setupSignal(fs *flag.FlagSet) runFunc {
 	f := &signalFlags{}
 	fs.StringVar(&f.saga, "saga", "", "with --key: address the saga by its definition's `name` instead of its id")
 	fs.StringVar(&f.key, "key", "", "with --saga: the business `key` the saga was started with")
 	fs.StringVar(&f.payload, "payload", "", "the signal's content, a `JSON` document (default null)")
+	fs.StringVar(&f.payloadFile, "payload-file", "", "read the signal's JSON document from `path` (- for stdin) instead of --payload:\n"+
+		"for one longer than a command line holds (128 KiB per argument on Linux)")
 	fs.StringVar(&f.id, "id", "", "signal `id`: a second signal with the same id to the same saga has no effect (default a new UUID)")
 	return func(ctx context.Context, c *cli, args []string) error {
-		sig, err := f.signal(args, func(name string) bool { return flagSet(fs, name) })
+		if flagSet(fs, "payload-file") {
+			if flagSet(fs, "payload") {
+				return usageErrorf("signal: give --payload or --payload-file, not both")
+			}
+			p, err := readPayloadFile(f.payloadFile)
+			if err != nil {
+				return err
+			}
+			f.payload, f.payloadFlag = p, "--payload-file"
+		}
+		given := func(name string) bool { return flagSet(fs, name) || (name == "payload" && flagSet(fs, "payload-file")) }
+		sig, err := f.signal(args, given)
 		if err != nil {
 			return err
 		}
@@ -82,7 +102,7 @@ func (f *signalFlags) signal(args []string, given func(flag string) bool) (saga.
 		{"--id", sig.ID, safetext.MaxKeyBytes},
 		{"--saga", sig.Saga, wire.MaxNameBytes},
 		{"--key", sig.BusinessKey, safetext.MaxKeyBytes},
-		{"--payload", f.payload, 0},
+		{f.payloadName(), f.payload, 0},
 	} {
 		if p := safetext.Problem(in.value, in.limit); p != "" {
 			return sig, usageErrorf("signal: %s %s", in.field, p)
@@ -96,11 +116,39 @@ func (f *signalFlags) signal(args []string, given func(flag string) bool) (saga.
 	}
 	if given("payload") {
 		if err := checkJSON(f.payload); err != nil {
-			return sig, usageErrorf("signal: --payload is not a JSON document: %v", err)
+			return sig, usageErrorf("signal: %s is not a JSON document: %v", f.payloadName(), err)
 		}
 		sig.Payload = json.RawMessage(f.payload)
 	}
 	return sig, nil
+}
+
+func (f *signalFlags) payloadName() string {
+	if f.payloadFlag != "" {
+		return f.payloadFlag
+	}
+	return "--payload"
+}
+
+// readPayloadFile reads --payload-file: a file, or stdin for "-".
+func readPayloadFile(path string) (string, error) {
+	var r io.Reader = os.Stdin
+	if path != "-" {
+		f, err := os.Open(path)
+		if err != nil {
+			return "", usageErrorf("signal: --payload-file: %v", err)
+		}
+		defer f.Close()
+		r = f
+	}
+	b, err := io.ReadAll(io.LimitReader(r, maxPayloadFileBytes+1))
+	switch {
+	case err != nil:
+		return "", usageErrorf("signal: --payload-file: %v", err)
+	case len(b) > maxPayloadFileBytes:
+		return "", usageErrorf("signal: --payload-file holds more than %d bytes", maxPayloadFileBytes)
+	}
+	return string(b), nil
 }
 
 // missingSignalArg names what the positional arguments lack.

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -247,4 +249,38 @@ func TestSignalBadInput(t *testing.T) {
 	require.Contains(t, msg, "Payload")
 	require.Zero(t, written())
 	require.Equal(t, saga.StatusRunning, f.status(t, ids[0]))
+}
+
+// TestSignalPayloadFromAFile: --payload-file takes a payload longer than one
+// command-line argument holds (128 KiB on Linux; review27 O5), and what is
+// wrong with it is named by that flag.
+func TestSignalPayloadFromAFile(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	e, ids := f.startFulfil(t, "pf-1")
+	dir := t.TempDir()
+	big := filepath.Join(dir, "big.json")
+	require.NoError(t, os.WriteFile(big, []byte(`{"by":"anna","note":"`+strings.Repeat("n", 200_000)+`"}`), 0o600))
+	bad := filepath.Join(dir, "bad.json")
+	require.NoError(t, os.WriteFile(bad, []byte(`{"by":`), 0o600))
+
+	msg := f.cli(t, "signal", ids[0].String(), "picked", "--payload-file", bad).failed(t, exitUsage)
+	require.Contains(t, msg, "--payload-file is not a JSON document")
+	msg = f.cli(t, "signal", ids[0].String(), "picked", "--payload-file", filepath.Join(dir, "none.json")).failed(t, exitUsage)
+	require.Contains(t, msg, "--payload-file: open")
+	msg = f.cli(t, "signal", ids[0].String(), "picked", "--payload-file", big, "--payload", "{}").failed(t, exitUsage)
+	require.Contains(t, msg, "not both")
+
+	f.cli(t, "signal", ids[0].String(), "picked", "--payload-file", big, "--id", "file-1").ok(t)
+	testkit.WaitStatus(t, f.DB, ids[0], saga.StatusCompleted)
+	got, err := e.Get(ctx, ids[0])
+	require.NoError(t, err)
+	var p parcel
+	require.NoError(t, got.DecodeState(&p))
+	require.Equal(t, "anna", p.PickedBy)
+	sigs, err := e.Signals(ctx, ids[0])
+	require.NoError(t, err)
+	require.Len(t, sigs, 1)
+	require.Greater(t, len(sigs[0].Payload), 200_000, "the payload is stored whole")
 }
