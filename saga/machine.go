@@ -1,7 +1,6 @@
 package saga
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -319,7 +318,7 @@ func (m machine) checkState(step string, state []byte) error {
 		return steps.Permanent(steps.WithCode(CodeTooLarge,
 			fmt.Errorf("state is %d bytes after step %q, more than MaxStateBytes (%d)", len(state), step, m.maxState)))
 	}
-	if bytes.Contains(state, []byte(`\u0000`)) {
+	if safetext.JSONHasNUL(state) {
 		return steps.Permanent(steps.WithCode(CodeStateEncode,
 			errors.New("state contains a NUL character (\\u0000), which PostgreSQL jsonb cannot store")))
 	}

@@ -619,3 +619,15 @@ func TestMachineParks(t *testing.T) {
 		require.Equal(t, "no step gone", *d.tr.LastError)
 	})
 }
+
+// TestMachineStoresTheTextOfANULEscape: the six characters \u0000 in a
+// string are text jsonb stores; only a NUL character is refused.
+func TestMachineStoresTheTextOfANULEscape(t *testing.T) {
+	t.Parallel()
+	raw, err := json.Marshal(map[string]string{"path": `C:\u0000dir`})
+	require.NoError(t, err)
+	require.NoError(t, testMachine.checkState("charge", raw))
+	raw, err = json.Marshal(map[string]string{"path": "C:\x00dir"})
+	require.NoError(t, err)
+	require.Equal(t, CodeStateEncode, steps.Code(testMachine.checkState("charge", raw)))
+}

@@ -587,3 +587,24 @@ func TestUnpauseOnlyLiftsPauses(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, eventTypes(in), "saga_unpaused:reserve")
 }
+
+// TestAStateHoldingTheTextOfANULEscapeRuns: a state whose string holds the
+// six characters \u0000 (not a NUL) starts, runs and is stored as it is;
+// the check for a NUL once refused it.
+func TestAStateHoldingTheTextOfANULEscapeRuns(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	def := threeSteps(b, "nultext", nil)
+	require.NoError(t, b.engine.Register(def))
+	b.start(t)
+	ctx := context.Background()
+	st, err := saga.Start(ctx, b.engine, def, order{OrderID: `C:\u0000dir`}, nil)
+	require.NoError(t, err)
+	in := b.waitTerminal(t, st.ID)
+	require.Equal(t, saga.StatusCompleted, in.Status)
+	var o order
+	require.NoError(t, in.DecodeState(&o))
+	require.Equal(t, `C:\u0000dir`, o.OrderID)
+	_, err = saga.Start(ctx, b.engine, def, order{OrderID: "C:\x00dir"}, nil)
+	require.ErrorIs(t, err, saga.ErrInvalidInput)
+}

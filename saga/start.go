@@ -1,7 +1,6 @@
 package saga
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -258,7 +257,7 @@ func (e *Engine) checkState(name string, raw []byte) error {
 		return fmt.Errorf("saga: start %s: state is %d bytes, more than MaxStateBytes (%d): %w",
 			name, len(raw), e.cfg.MaxStateBytes, ErrPayloadTooLarge)
 	}
-	if bytes.Contains(raw, []byte(`\u0000`)) {
+	if safetext.JSONHasNUL(raw) {
 		return fmt.Errorf("%w: start %s: state contains a NUL character (\\u0000), which PostgreSQL jsonb cannot store", ErrInvalidInput, name)
 	}
 	if !utf8.Valid(raw) {

@@ -91,6 +91,8 @@ func NewClock(pool *pgxpool.Pool, schema string, engines ...*saga.Engine) *Clock
 // running steps that hold them (a step's own timeout bounds that wait):
 // time cannot pass in the middle of a running step.
 //
+// d must be positive (an error otherwise): time only moves forward.
+//
 // Rows written after Advance read them are not moved: wait until the engine
 // has written what should come due (say, Wait for Event("step_failed:charge")
 // before advancing past its retry's backoff), then Advance.

@@ -102,6 +102,15 @@ type CrashOpts struct {
 	// Crossing is the crossing of the boundary, counted from the engine's
 	// start, at which it crashes. Defaults to the middle one: half as many
 	// as the round without a crash made, rounded up.
+	//
+	// One crossing per boundary is crashed, and a boundary is crossed once
+	// per step (or per batch of steps): with several sagas, the middle
+	// crossing falls among their first steps, and a later step is never
+	// crashed (review29 F3: a second step that writes with the pool passes
+	// the defaults). To crash each step, run the matrix once per Crossing
+	// from 1 to the count the round without a crash logs (or with one saga,
+	// Crossing 1, 2, … up to its number of steps), each run with business
+	// data of its own.
 	Crossing int
 	// Timeout is how long the sagas of a round have to end, before and
 	// after the crash. Defaults to WaitTimeoutDefault.

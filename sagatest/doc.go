@@ -82,7 +82,10 @@
 //
 // [CrashMatrix] runs your saga with a crash of the engine at each of its
 // commit boundaries ([AfterClaim], [AfterHandler], [BeforeCommit],
-// [AfterCommit], and in Kafka mode [AfterHold]), restarts it, and fails the
+// [AfterCommit], and in Kafka mode [AfterHold]), once per boundary at the
+// [CrashOpts].Crossing-th time an engine worker reaches it (by default the
+// middle one, which falls among the sagas' first steps: vary Crossing to
+// crash later steps), restarts it, and fails the
 // test unless every saga ends as it does without a crash and every effect
 // your [CrashOpts].Effects counts in the database is there exactly as often
 // as the saga's timeline says its step, or its compensation, completed: an

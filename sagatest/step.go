@@ -3,12 +3,14 @@ package sagatest
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"testing"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/sagaflow/sagaflow/internal/safetext"
 	"github.com/sagaflow/sagaflow/saga"
 	"github.com/sagaflow/sagaflow/steps"
 )
@@ -33,6 +35,10 @@ type StepOpts struct {
 	Epoch       int
 	// Attempt is StepRun.Attempt. Defaults to 1.
 	Attempt int
+	// MaxStateBytes is your engine's saga.Config.MaxStateBytes: a state
+	// larger than this after the step fails it, as in the engine. Defaults
+	// to saga.MaxStateBytesDefault.
+	MaxStateBytes int
 }
 
 // StepResult is what one [RunStep] did.
@@ -53,11 +59,32 @@ type StepResult[S any] struct {
 	Run *saga.StepRun
 }
 
+// storable refuses, as the engine does after a step, an encoded state that
+// PostgreSQL cannot store or that is over maxBytes: the step fails for
+// good with the engine's code (review29 F1, F2).
+func storable(step string, state []byte, maxBytes int) error {
+	if maxBytes <= 0 {
+		maxBytes = saga.MaxStateBytesDefault
+	}
+	if len(state) > maxBytes {
+		return steps.Permanent(steps.WithCode(saga.CodeTooLarge,
+			fmt.Errorf("state is %d bytes after step %q, more than MaxStateBytes (%d)", len(state), step, maxBytes)))
+	}
+	if safetext.JSONHasNUL(state) {
+		return steps.Permanent(steps.WithCode(saga.CodeStateEncode,
+			errors.New("state contains a NUL character (\\u0000), which PostgreSQL jsonb cannot store")))
+	}
+	return nil
+}
+
 // RunStep runs one step of a saga, outside any engine, in a test
 // transaction, the way the engine would: the state goes through JSON, the
 // handler gets a [saga.StepRun] whose Tx is that transaction and whose
 // context ends at the step's Timeout, the step runs under a savepoint so
-// that a failed step's writes are rolled back, and a successful step's state is encoded again.
+// that a failed step's writes are rolled back, and a successful step's state is encoded again
+// and checked as the engine checks it: a NUL character, which PostgreSQL
+// cannot store, or more than [StepOpts].MaxStateBytes fails the step for
+// good (saga.CodeStateEncode, saga.CodeTooLarge).
 // For a step with a Remote, it builds the command the step would send
 // (Remote.Command, or Remote.CompensateCommand when compensating) instead.
 //
@@ -176,6 +203,8 @@ func RunStep[S any](tb testing.TB, db Beginner, step saga.Step[S], state S, opts
 		}
 		if err != nil {
 			err = steps.Permanent(steps.WithCode(saga.CodeStateEncode, fmt.Errorf("encode state: %w", err)))
+		} else {
+			err = storable(step.Name, out, o.MaxStateBytes)
 		}
 	}
 	if err == nil {

@@ -15,7 +15,7 @@ import (
 // of a step. saga_started and the events that end a saga name no step:
 //
 //	[]string{"saga_started", "step_completed:reserve", "step_failed:charge",
-//		"compensation_completed:reserve", "saga_compensated"}
+//		"compensation_started:reserve", "compensation_completed:reserve", "saga_compensated"}
 //
 // The event types are saga's Event… constants.
 func Timeline(in *saga.Instance) []string {

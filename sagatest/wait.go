@@ -107,6 +107,10 @@ func Wait(tb testing.TB, g Getter, id uuid.UUID, u Until, opts *WaitOpts) *saga.
 		tb.Fatalf("sagatest: wait for saga %s: the zero Until waits for nothing; use Ended, Status, Step, Event or Cond", id)
 		return nil
 	}
+	if g == nil {
+		tb.Fatalf("sagatest: wait for saga %s: the Getter is nil (pass the engine, or a client engine made by saga.New)", id)
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), o.Timeout)
 	defer cancel()
 	ticker := time.NewTicker(o.Poll)

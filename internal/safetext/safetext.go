@@ -10,6 +10,7 @@
 package safetext
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -126,4 +127,21 @@ func Escape(s string) string {
 		i += size
 	}
 	return b.String()
+}
+
+// JSONHasNUL reports whether the JSON text b holds a NUL character (the
+// escape \u0000, which PostgreSQL's jsonb refuses). A backslash that is
+// itself escaped does not start one: the text `\u0000` (six characters)
+// is stored as it is.
+func JSONHasNUL(b []byte) bool {
+	for i := 0; i < len(b); i++ {
+		if b[i] != '\\' {
+			continue
+		}
+		if bytes.HasPrefix(b[i+1:], []byte("u0000")) {
+			return true
+		}
+		i++ // the escaped character
+	}
+	return false
 }

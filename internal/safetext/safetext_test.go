@@ -73,3 +73,20 @@ func TestCheckNamesTheField(t *testing.T) {
 	require.EqualError(t, Check("step key", "a\x00", 10), "step key contains a NUL byte")
 	require.EqualError(t, Check("header name", strings.Repeat("x", 11), 10), "header name is 11 bytes, more than 10")
 }
+
+func TestJSONHasNUL(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]bool{
+		`{"a":"x\u0000y"}`:     true,
+		`"\u0000"`:             true,
+		`{"a":"\\\u0000"}`:     true, // an escaped backslash, then a NUL
+		`{"a":"C:\\u0000dir"}`: false, // the six characters \u0000
+		`{"a":"\\\\u0000"}`:    false,
+		`{"a":"\u00001"}`:      true,
+		`{"a":"\u0001"}`:       false,
+		`{"a":"x"}`:            false,
+		`\`:                    false,
+	} {
+		require.Equal(t, want, JSONHasNUL([]byte(in)), in)
+	}
+}
