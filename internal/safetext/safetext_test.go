@@ -79,7 +79,7 @@ func TestJSONHasNUL(t *testing.T) {
 	for in, want := range map[string]bool{
 		`{"a":"x\u0000y"}`:     true,
 		`"\u0000"`:             true,
-		`{"a":"\\\u0000"}`:     true, // an escaped backslash, then a NUL
+		`{"a":"\\\u0000"}`:     true,  // an escaped backslash, then a NUL
 		`{"a":"C:\\u0000dir"}`: false, // the six characters \u0000
 		`{"a":"\\\\u0000"}`:    false,
 		`{"a":"\u00001"}`:      true,
