@@ -130,8 +130,8 @@ func (e *Engine) Rerun(ctx context.Context, id uuid.UUID, from, reason string) e
 // RerunTx is [Engine.Rerun] inside the caller's transaction, which should
 // be READ COMMITTED (pgx's default; see [Engine.ResumeTx] for the others):
 // it takes effect when tx commits, and an error undoes only its own work (it
-// runs under a savepoint). tx holds the
-// saga's row from the call to its commit.
+// runs under a savepoint). tx holds the saga's row from the call to its
+// commit.
 func (e *Engine) RerunTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, from, reason string) error {
 	if tx == nil {
 		return fmt.Errorf("saga: rerun %s: tx is nil", id)
