@@ -584,7 +584,7 @@ func (b *batch) send(ctx context.Context, sg *store.Saga, def *compiled, idx int
 			return rerr
 		}
 		if req != nil && req.Epoch == sg.Epoch {
-			b.interrupted(sg, def, idx, sp, last, safetext.Text(req.Reason, maxReasonBytes), req.Code)
+			b.interrupted(sg, def, idx, sp, last, safetext.Text(req.Reason, MaxReasonBytes), req.Code)
 			return nil
 		}
 	}

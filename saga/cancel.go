@@ -38,8 +38,6 @@ const CodeCancelRefused = "cancel_refused"
 // U+FFFD, and it is cut to at most MaxReasonBytes bytes.
 const MaxReasonBytes = 2000
 
-const maxReasonBytes = MaxReasonBytes
-
 // Cancel stops a running saga: the steps that completed are compensated in
 // reverse order, and the saga ends compensated. The request is durable once
 // Cancel returns nil:
@@ -108,7 +106,7 @@ func (e *Engine) cancel(ctx context.Context, tx pgx.Tx, id uuid.UUID, reason, co
 	if tx == nil {
 		return fmt.Errorf("saga: cancel %s: tx is nil", id)
 	}
-	reason = safetext.Text(strings.TrimSpace(reason), maxReasonBytes)
+	reason = safetext.Text(strings.TrimSpace(reason), MaxReasonBytes)
 	if reason == "" {
 		reason = "cancelled"
 	}

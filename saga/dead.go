@@ -403,7 +403,7 @@ func (e *Engine) requeueLetter(ctx context.Context, id int64, dryRun bool, reaso
 
 // requeueReason is the stored reason of a requeue.
 func requeueReason(reason string) string {
-	reason = safetext.Text(strings.TrimSpace(reason), maxReasonBytes)
+	reason = safetext.Text(strings.TrimSpace(reason), MaxReasonBytes)
 	if reason == "" {
 		return "requeued"
 	}

@@ -474,7 +474,7 @@ func (m machine) leaveWait(tr *store.Transition, sg *store.Saga, def *compiled, 
 	if err != nil {
 		return
 	}
-	tr.CancelChild = &store.ChildCancel{ID: child, Reason: safetext.Text("the parent saga "+sg.ID.String()+" stopped waiting: "+reason, maxReasonBytes), Code: code}
+	tr.CancelChild = &store.ChildCancel{ID: child, Reason: safetext.Text("the parent saga "+sg.ID.String()+" stopped waiting: "+reason, MaxReasonBytes), Code: code}
 }
 
 // parked is the decision that makes sg wait at its step idx for kind
@@ -540,7 +540,7 @@ func cancelRefusal(sg *store.Saga, r *store.CancelRequest) string {
 func interruptedBy(herr error, sg *store.Saga, dir steps.Direction) (reason, code string, ok bool) {
 	var cr *cancelRequested
 	if errors.As(herr, &cr) && dir == steps.Forward && Status(sg.Status) == StatusRunning && cr.epoch == sg.Epoch {
-		return safetext.Text(cr.reason, maxReasonBytes), cr.code, true
+		return safetext.Text(cr.reason, MaxReasonBytes), cr.code, true
 	}
 	return "", "", false
 }

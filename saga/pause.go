@@ -81,7 +81,7 @@ func (e *Engine) pause(ctx context.Context, tx pgx.Tx, what string, id uuid.UUID
 	if err := e.ready(what); err != nil {
 		return err
 	}
-	reason = safetext.Text(reason, maxReasonBytes)
+	reason = safetext.Text(reason, MaxReasonBytes)
 	err := e.within(ctx, tx, func(tx pgx.Tx) error {
 		// Not the row lock: a step that runs now holds it until it commits,
 		// and the pause must not wait for that step.
@@ -130,7 +130,7 @@ func (e *Engine) PauseType(ctx context.Context, name, reason string) (bool, erro
 	if name == "" {
 		return false, fmt.Errorf("saga: pause type: %w: empty saga name", ErrInvalidInput)
 	}
-	reason = safetext.Text(reason, maxReasonBytes)
+	reason = safetext.Text(reason, MaxReasonBytes)
 	var paused bool
 	err := pgx.BeginTxFunc(ctx, e.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		var err error
@@ -224,7 +224,7 @@ func (e *Engine) liftPause(ctx context.Context, tx pgx.Tx, id uuid.UUID, reason 
 	if err != nil {
 		return nil, false, err
 	}
-	lifted, err := e.unpause(ctx, tx, sg, safetext.Text(reason, maxReasonBytes))
+	lifted, err := e.unpause(ctx, tx, sg, safetext.Text(reason, MaxReasonBytes))
 	return sg, lifted, err
 }
 

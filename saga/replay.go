@@ -99,7 +99,7 @@ func (e *Engine) within(ctx context.Context, tx pgx.Tx, fn func(pgx.Tx) error) e
 }
 
 func (e *Engine) resume(ctx context.Context, tx pgx.Tx, id uuid.UUID, reason string, expect int64) error {
-	reason = safetext.Text(reason, maxReasonBytes)
+	reason = safetext.Text(reason, MaxReasonBytes)
 	return e.replay(ctx, tx, id, expect, func(tx pgx.Tx, sg *store.Saga) (*store.Transition, error) {
 		var hist []store.History
 		if Status(sg.Status) == StatusFailed && steps.Direction(sg.Direction) == steps.Compensate {
@@ -153,7 +153,7 @@ func (e *Engine) rerunOp(ctx context.Context, tx pgx.Tx, what string, id uuid.UU
 }
 
 func (e *Engine) rerun(ctx context.Context, tx pgx.Tx, id uuid.UUID, from, reason string, expect int64) error {
-	reason = safetext.Text(reason, maxReasonBytes)
+	reason = safetext.Text(reason, MaxReasonBytes)
 	return e.replay(ctx, tx, id, expect, func(tx pgx.Tx, sg *store.Saga) (*store.Transition, error) {
 		// A saga that has not ended is refused before its step is looked
 		// for, which may read its history.

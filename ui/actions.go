@@ -9,8 +9,8 @@ import (
 	"strconv"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
+	"github.com/sagaflow/sagaflow/internal/store"
 	"github.com/sagaflow/sagaflow/saga"
 )
 
@@ -106,7 +106,8 @@ func (h *Handler) doAction(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, http.StatusBadRequest, errors.New("from: a rerun needs the step to run from"))
 		return
 	}
-	if _, err := uuid.Parse(r.PathValue("id")); err != nil {
+	id, err := uuid.Parse(r.PathValue("id"))
+	if err != nil {
 		h.fail(w, r, http.StatusBadRequest, fmt.Errorf("%q is not a saga id", visible(r.PathValue("id"))))
 		return
 	}
@@ -123,7 +124,9 @@ func (h *Handler) doAction(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, "sagaflow-ui/"+h.cfg.Schema+"/"+r.PathValue("id")); err != nil {
+	// The lock is the saga's, not its spelling's (uuid.Parse takes upper
+	// case, braces and urn:uuid: too).
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, "sagaflow-ui/"+h.cfg.Schema+"/"+id.String()); err != nil {
 		h.fail(w, r, http.StatusInternalServerError, err)
 		return
 	}
@@ -160,9 +163,8 @@ func (h *Handler) doAction(w http.ResponseWriter, r *http.Request) {
 	case ActionCancel:
 		// A cancel recorded and not yet applied (a step runs) leaves the
 		// version as it was: a second confirmation finds the request.
-		var pending bool
-		if err = tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+pgx.Identifier{h.cfg.Schema, "saga_cancel_requests"}.Sanitize()+
-			` WHERE saga_id = $1)`, inst.ID).Scan(&pending); err == nil && pending {
+		var pending map[uuid.UUID]store.CancelRequest
+		if pending, err = h.st.CancelRequests(ctx, tx, []uuid.UUID{inst.ID}); err == nil && len(pending) > 0 {
 			err = fmt.Errorf("a cancel of saga %s is already requested; it is applied when its running step ends: %w", inst.ID, saga.ErrNotRunning)
 		}
 		if err == nil {

@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -83,4 +85,46 @@ func TestActionsOnAOneConnectionPool(t *testing.T) {
 		act(t, s.ID.String(), "cancel", nil)
 		f.waitStatus(t, s.ID, saga.StatusCompensated)
 	})
+}
+
+// TestOneSagaSpelledTwoWaysActsOnce: the per-saga lock is the saga's, not
+// the spelling of its id in the path (upper case and urn:uuid: parse as
+// the same saga): confirmations of one preview posted at once under
+// several spellings act once.
+func TestOneSagaSpelledTwoWaysActsOnce(t *testing.T) {
+	f := newFixture(t)
+	srv := f.server(t, writable())
+	s, err := saga.Start(context.Background(), f.engine, f.approve, order{ID: "sp"}, &saga.StartOpts{BusinessKey: "spelled"})
+	require.NoError(t, err)
+	f.waitUntil(t, s.ID, func(in *saga.Instance) bool { return in.Wait != nil }, "waiting")
+	c := client(t)
+	code, page, _ := get(t, c, srv.URL+"/sagas/"+s.ID.String()+"/cancel")
+	require.Equal(t, http.StatusOK, code, page)
+	form := url.Values{"csrf": {formToken(t, page)}, "version": {formVersion(t, page)}}
+	spellings := []string{s.ID.String(), strings.ToUpper(s.ID.String()), "urn:uuid:" + s.ID.String(), strings.ToUpper(s.ID.String())}
+	codes := make([]int, len(spellings))
+	var wg sync.WaitGroup
+	for i, sp := range spellings {
+		wg.Go(func() { codes[i], _, _ = post(t, c, srv.URL+"/sagas/"+sp+"/cancel", form, nil) })
+	}
+	wg.Wait()
+	acted := 0
+	for _, code := range codes {
+		switch code {
+		case http.StatusSeeOther:
+			acted++
+		case http.StatusConflict:
+		default:
+			t.Fatalf("a confirmation got %d (all: %v)", code, codes)
+		}
+	}
+	require.Equal(t, 1, acted, "codes %v", codes)
+	inst := f.waitStatus(t, s.ID, saga.StatusCompensated)
+	n := 0
+	for _, ev := range inst.History {
+		if ev.Type == saga.EventCancelRequested {
+			n++
+		}
+	}
+	require.Equal(t, 1, n, "one cancel recorded: %v", inst.History)
 }

@@ -128,8 +128,7 @@ func checkLimits(cmd string, fs *flag.FlagSet, maxN int, rate float64) error {
 	if err := checkMax(cmd, fs, maxN, saga.BulkReplayMaxLimit); err != nil {
 		return err
 	}
-	given := len(setFlags(fs, []string{"rate"})) > 0
-	if rate < 0 || math.IsNaN(rate) || math.IsInf(rate, 0) || given && rate == 0 {
+	if rate < 0 || math.IsNaN(rate) || math.IsInf(rate, 0) || flagSet(fs, "rate") && rate == 0 {
 		return usageErrorf("%s: --rate %g: give a positive number of items per second (leave it out for the default)", cmd, rate)
 	}
 	return nil
@@ -137,8 +136,7 @@ func checkLimits(cmd string, fs *flag.FlagSet, maxN int, rate float64) error {
 
 // checkMax checks a --max flag: from 1 to limit when given.
 func checkMax(cmd string, fs *flag.FlagSet, maxN, limit int) error {
-	given := len(setFlags(fs, []string{"max"})) > 0
-	if maxN < 0 || maxN > limit || given && maxN == 0 {
+	if maxN < 0 || maxN > limit || flagSet(fs, "max") && maxN == 0 {
 		return usageErrorf("%s: --max %d is outside 1..%d (leave it out for the default)", cmd, maxN, limit)
 	}
 	return nil

@@ -10,13 +10,13 @@ import (
 	"os/signal"
 	"slices"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/sagaflow/sagaflow/internal/safetext"
 	"github.com/sagaflow/sagaflow/internal/store"
 	"github.com/sagaflow/sagaflow/saga"
 )
@@ -154,7 +154,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		return c.fail(&cliError{code: exitUsage, msg: cmd.name + ": " + err.Error(), usage: commandUsage(cmd)})
 	}
 	if f := fs.Lookup("reason"); f != nil && flagSet(fs, "reason") {
-		if r := f.Value.String(); !utf8.ValidString(r) || strings.ContainsRune(r, 0) || len(r) > saga.MaxReasonBytes {
+		if r := f.Value.String(); safetext.Text(r, saga.MaxReasonBytes) != r {
 			// The engine stores it cleaned; say so rather than let the
 			// operator find a different text in the timeline (review27 O8).
 			fmt.Fprintf(stderr, "sagaflow: note: --reason is stored cleaned: invalid UTF-8 becomes U+FFFD, a NUL \\0, and it is cut to %d bytes\n",
