@@ -314,15 +314,14 @@ func (m machine) pauseExhausted(d decision, sg *store.Saga, failed store.History
 // checkState refuses state a handler left that cannot be stored: the step
 // fails for good instead.
 func (m machine) checkState(step string, state []byte) error {
-	if len(state) > m.maxState {
-		return steps.Permanent(steps.WithCode(CodeTooLarge,
-			fmt.Errorf("state is %d bytes after step %q, more than MaxStateBytes (%d)", len(state), step, m.maxState)))
+	problem, tooLarge := safetext.StateProblem(step, state, m.maxState)
+	switch {
+	case problem == "":
+		return nil
+	case tooLarge:
+		return steps.Permanent(steps.WithCode(CodeTooLarge, errors.New(problem)))
 	}
-	if safetext.JSONHasNUL(state) {
-		return steps.Permanent(steps.WithCode(CodeStateEncode,
-			errors.New("state contains a NUL character (\\u0000), which PostgreSQL jsonb cannot store")))
-	}
-	return nil
+	return steps.Permanent(steps.WithCode(CodeStateEncode, errors.New(problem)))
 }
 
 // sent is the decision after a remote step's command msg was built: the saga

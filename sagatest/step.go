@@ -66,15 +66,14 @@ func storable(step string, state []byte, maxBytes int) error {
 	if maxBytes <= 0 {
 		maxBytes = saga.MaxStateBytesDefault
 	}
-	if len(state) > maxBytes {
-		return steps.Permanent(steps.WithCode(saga.CodeTooLarge,
-			fmt.Errorf("state is %d bytes after step %q, more than MaxStateBytes (%d)", len(state), step, maxBytes)))
+	problem, tooLarge := safetext.StateProblem(step, state, maxBytes)
+	switch {
+	case problem == "":
+		return nil
+	case tooLarge:
+		return steps.Permanent(steps.WithCode(saga.CodeTooLarge, errors.New(problem)))
 	}
-	if safetext.JSONHasNUL(state) {
-		return steps.Permanent(steps.WithCode(saga.CodeStateEncode,
-			errors.New("state contains a NUL character (\\u0000), which PostgreSQL jsonb cannot store")))
-	}
-	return nil
+	return steps.Permanent(steps.WithCode(saga.CodeStateEncode, errors.New(problem)))
 }
 
 // RunStep runs one step of a saga, outside any engine, in a test

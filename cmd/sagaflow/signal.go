@@ -27,7 +27,7 @@ type signalFlags struct {
 const maxPayloadFileBytes = 64 << 20
 
 func setupSignal(fs *flag.FlagSet) runFunc {
-	f := &signalFlags{}
+	f := &signalFlags{payloadFlag: "--payload"}
 	fs.StringVar(&f.saga, "saga", "", "with --key: address the saga by its definition's `name` instead of its id")
 	fs.StringVar(&f.key, "key", "", "with --saga: the business `key` the saga was started with")
 	fs.StringVar(&f.payload, "payload", "", "the signal's content, a `JSON` document (default null)")
@@ -102,7 +102,7 @@ func (f *signalFlags) signal(args []string, given func(flag string) bool) (saga.
 		{"--id", sig.ID, safetext.MaxKeyBytes},
 		{"--saga", sig.Saga, wire.MaxNameBytes},
 		{"--key", sig.BusinessKey, safetext.MaxKeyBytes},
-		{f.payloadName(), f.payload, 0},
+		{f.payloadFlag, f.payload, 0},
 	} {
 		if p := safetext.Problem(in.value, in.limit); p != "" {
 			return sig, usageErrorf("signal: %s %s", in.field, p)
@@ -116,18 +116,11 @@ func (f *signalFlags) signal(args []string, given func(flag string) bool) (saga.
 	}
 	if given("payload") {
 		if err := checkJSON(f.payload); err != nil {
-			return sig, usageErrorf("signal: %s is not a JSON document: %v", f.payloadName(), err)
+			return sig, usageErrorf("signal: %s is not a JSON document: %v", f.payloadFlag, err)
 		}
 		sig.Payload = json.RawMessage(f.payload)
 	}
 	return sig, nil
-}
-
-func (f *signalFlags) payloadName() string {
-	if f.payloadFlag != "" {
-		return f.payloadFlag
-	}
-	return "--payload"
 }
 
 // readPayloadFile reads --payload-file: a file, or stdin for "-".

@@ -145,3 +145,17 @@ func JSONHasNUL(b []byte) bool {
 	}
 	return false
 }
+
+// StateProblem says why a saga's encoded state, after step, cannot be
+// stored ("" when it can): larger than maxBytes (tooLarge), or holding a
+// NUL character, which PostgreSQL's jsonb refuses. The engine and the test
+// kit's RunStep judge a step's state by it.
+func StateProblem(step string, state []byte, maxBytes int) (problem string, tooLarge bool) {
+	if len(state) > maxBytes {
+		return fmt.Sprintf("state is %d bytes after step %q, more than MaxStateBytes (%d)", len(state), step, maxBytes), true
+	}
+	if JSONHasNUL(state) {
+		return "state contains a NUL character (\\u0000), which PostgreSQL jsonb cannot store", false
+	}
+	return "", false
+}
