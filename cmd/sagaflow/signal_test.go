@@ -269,6 +269,13 @@ func TestSignalPayloadFromAFile(t *testing.T) {
 	require.Contains(t, msg, "--payload-file is not a JSON document")
 	msg = f.cli(t, "signal", ids[0].String(), "picked", "--payload-file", filepath.Join(dir, "none.json")).failed(t, exitUsage)
 	require.Contains(t, msg, "--payload-file: open")
+	// Bytes PostgreSQL refuses, from a file: refused, naming the flag.
+	for name, content := range map[string]string{"nul.json": "\"a\x00b\"", "bad.utf8.json": "\"a\xffb\""} {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, []byte(content), 0o600))
+		msg = f.cli(t, "signal", ids[0].String(), "picked", "--payload-file", p).failed(t, exitUsage)
+		require.Contains(t, msg, "signal: --payload-file ", name)
+	}
 	msg = f.cli(t, "signal", ids[0].String(), "picked", "--payload-file", big, "--payload", "{}").failed(t, exitUsage)
 	require.Contains(t, msg, "not both")
 
