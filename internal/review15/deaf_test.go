@@ -282,11 +282,20 @@ func (r *rig) completedOrTimedOut(t *testing.T, n string, in *saga.Instance, mus
 }
 
 // A cancel (or a pause) committed while bill's Command runs deaf in pay's
-// reply's transaction: the Command ignores the cancelled ctx for 2 s (past
-// Timeout 1 s + HandlerGrace) and is abandoned, taking the reply with it;
-// the reply's message runs again. Cancel: bill is never sent, pay refunded,
-// pick undone, "paid" at most once. Pause: bill is not sent until Resume,
-// then once, and the saga completes with "paid" once.
+// reply's transaction: the Command ignores the cancelled ctx until the
+// operator's call has returned and past Timeout 3 s + HandlerGrace, and is
+// abandoned, taking the reply with it; the reply's message runs again.
+// Cancel: bill is never sent, pay refunded, pick undone, "paid" at most
+// once. Pause: bill is not sent until Resume, then once, and the saga
+// completes with "paid" once.
+//
+// No ReplyStepLimit: with its default (200 ms) the reply worker gives the
+// Command up at once and an engine worker builds bill again, which on a
+// loaded machine can happen before the operator's call commits (bill then
+// goes out legitimately, before the pause: one CI run saw it), and the
+// test would no longer be about an operator acting while the step runs.
+// The Command also waits for the operator's call to return, for the same
+// reason: a fixed sleep raced the call under load.
 func TestOperatorWhileBillCommandIsDeaf(t *testing.T) {
 	t.Parallel()
 	for _, op := range []string{"cancel", "pause"} {
@@ -297,23 +306,34 @@ func TestOperatorWhileBillCommandIsDeaf(t *testing.T) {
 			var sleepers testkit.Stragglers
 			t.Cleanup(sleepers.Wait)
 			entered := make(chan struct{}, 1)
-			r.billTime = time.Second
+			acted := make(chan struct{})
+			r.billTime = 3 * time.Second
 			r.billCmd = func(_ context.Context, _ *saga.StepRun, o *ord) (any, error) {
 				if builds.Add(o.ID) == 1 {
 					defer sleepers.Enter()()
+					began := time.Now()
 					entered <- struct{}{}
-					time.Sleep(2 * time.Second)
+					select {
+					case <-acted:
+					case <-time.After(wait):
+					}
+					// Past Timeout + HandlerGrace, ignoring the context.
+					time.Sleep(time.Until(began.Add(4 * time.Second)))
 				}
 				return cmd{ID: o.ID}, nil
 			}
 			def := r.def(3)
-			r.start(t, func(cfg *saga.Config) { cfg.HandlerGrace = 200 * time.Millisecond }, def)
+			r.start(t, func(cfg *saga.Config) {
+				cfg.HandlerGrace = 200 * time.Millisecond
+				cfg.Kafka.ReplyStepLimit = -1
+			}, def)
 			ctx := context.Background()
 			st, err := saga.Start(ctx, r.engine, def, ord{ID: "o"}, nil)
 			require.NoError(t, err)
 			testkit.Recv(t, entered, wait, "bill's deaf Command")
 			if op == "cancel" {
 				require.NoError(t, r.engine.Cancel(ctx, st.ID, "stop"))
+				close(acted)
 				in := r.ended(t, st.ID)
 				require.Equal(t, saga.StatusCompensated, in.Status, "%v %+v", timeline(in), in.LastError)
 				require.Equal(t, saga.CodeCancelled, in.LastError.Code, "%v %+v", timeline(in), in.LastError)
@@ -326,6 +346,7 @@ func TestOperatorWhileBillCommandIsDeaf(t *testing.T) {
 				return
 			}
 			require.NoError(t, r.engine.Pause(ctx, st.ID, "look"))
+			close(acted)
 			sagatest.Wait(t, r.engine, st.ID, sagatest.Event("step_completed:pay"), &sagatest.WaitOpts{Timeout: wait})
 			testkit.Hold(t, 1500*time.Millisecond, "bill held while paused", func() bool { return r.sent(t, st.ID, "bill") == 0 })
 			require.NotNil(t, r.get(t, st.ID).Paused)
