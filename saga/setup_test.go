@@ -35,12 +35,13 @@ type bundle struct {
 func setup(t *testing.T, cfg *saga.Config) *bundle {
 	t.Helper()
 	ctx := context.Background()
-	pool, schema := pgtest.NewSchema(t)
-	_, err := migrations.Migrate(ctx, pool, schema)
-	require.NoError(t, err)
+	pool, schema := pgtest.PreparedSchema(t, "migrated", []string{"sagaflow_migrations"}, func(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+		_, err := migrations.Migrate(ctx, pool, schema)
+		return err
+	})
 	// effects is the handlers' own table: no unique key, so a doubled effect
 	// shows up as a second row instead of an error.
-	_, err = pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s.effects (
+	_, err := pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s.effects (
 		seq bigint GENERATED ALWAYS AS IDENTITY, saga_id uuid, step text, direction text, key text)`,
 		pgx.Identifier{schema}.Sanitize()))
 	require.NoError(t, err)

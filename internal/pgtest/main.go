@@ -36,14 +36,22 @@ func MainParallel(m *testing.M, n int) {
 //
 //	func TestMain(m *testing.M) { pgtest.Main(m) }
 //
-// After the tests it stops the throwaway server or container that
-// [ConnString] started in this process, if any. Then, if the tests passed,
+// After the tests it drops the schemas [PreparedSchema] kept for reuse and
+// stops the throwaway server or container that [ConnString] started in this
+// process, if any. Then, if the tests passed,
 // it checks with go.uber.org/goleak that they left no goroutine running
 // (goroutines that existed before the tests started are ignored) and fails
 // with goleak's report on stderr if they did.
 func Main(m *testing.M) {
 	before := goleak.IgnoreCurrent()
+	kept.startMain()
 	code := m.Run()
+	if err := kept.dropAll(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		if code == 0 {
+			code = 1
+		}
+	}
 	if err := stopOwned(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		if code == 0 {
