@@ -27,7 +27,6 @@ import (
 	"github.com/sagaflow/sagaflow/idempotency"
 	"github.com/sagaflow/sagaflow/idempotency/redisstore"
 	"github.com/sagaflow/sagaflow/internal/pgtest"
-	"github.com/sagaflow/sagaflow/migrations"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -50,10 +49,7 @@ type bundle struct {
 // is refused; b.send sends X-User: alice unless told otherwise.
 func setup(t *testing.T, cfg *idempotency.Config, handler func(b *bundle, w http.ResponseWriter, r *http.Request)) *bundle {
 	t.Helper()
-	ctx := context.Background()
-	pool, schema := pgtest.NewSchema(t)
-	_, err := migrations.Migrate(ctx, pool, schema)
-	require.NoError(t, err)
+	pool, schema := pgtest.Migrated(t)
 	c := idempotency.Config{}
 	if cfg != nil {
 		c = *cfg

@@ -21,7 +21,6 @@ import (
 	"github.com/sagaflow/sagaflow/internal/kafkatest"
 	"github.com/sagaflow/sagaflow/internal/pgtest"
 	"github.com/sagaflow/sagaflow/internal/testkit"
-	"github.com/sagaflow/sagaflow/migrations"
 	"github.com/sagaflow/sagaflow/participant"
 	"github.com/sagaflow/sagaflow/relay"
 	"github.com/sagaflow/sagaflow/saga"
@@ -51,9 +50,7 @@ type providers struct {
 func newService(t *testing.T, kc *kafkatest.Cluster, pv providers) *service {
 	t.Helper()
 	ctx := context.Background()
-	pool, schema := pgtest.NewSchema(t)
-	_, err := migrations.Migrate(ctx, pool, schema)
-	require.NoError(t, err)
+	pool, schema := pgtest.Migrated(t)
 	w := relay.NewKafkaWriter(kc.Addrs(), nil)
 	r, err := relay.New(pool, w, &relay.Config{Schema: schema, PollInterval: 50 * time.Millisecond, Logger: quiet,
 		TracerProvider: pv.tp, MeterProvider: pv.mp})

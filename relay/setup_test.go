@@ -19,7 +19,6 @@ import (
 	"github.com/sagaflow/sagaflow/internal/kafkatest"
 	"github.com/sagaflow/sagaflow/internal/pgtest"
 	"github.com/sagaflow/sagaflow/internal/store"
-	"github.com/sagaflow/sagaflow/migrations"
 	"github.com/sagaflow/sagaflow/relay"
 )
 
@@ -45,9 +44,7 @@ func setup(t *testing.T) *env {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
 	t.Cleanup(cancel)
-	pool, schema := pgtest.NewSchema(t)
-	_, err := migrations.Migrate(ctx, pool, schema)
-	require.NoError(t, err)
+	pool, schema := pgtest.Migrated(t)
 	st, err := store.New(schema)
 	require.NoError(t, err)
 	kc := kafkatest.New(t, kafkatest.SeedTopics(3, topicOrders, topicPayments), kafkatest.SeedTopics(1, topicBroken))

@@ -16,7 +16,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagaflow/sagaflow/internal/pgtest"
-	"github.com/sagaflow/sagaflow/migrations"
 	"github.com/sagaflow/sagaflow/saga"
 	"github.com/sagaflow/sagaflow/sagatest"
 )
@@ -35,10 +34,7 @@ type bundle struct {
 func setup(t *testing.T, cfg *saga.Config) *bundle {
 	t.Helper()
 	ctx := context.Background()
-	pool, schema := pgtest.PreparedSchema(t, "migrated", []string{"sagaflow_migrations"}, func(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-		_, err := migrations.Migrate(ctx, pool, schema)
-		return err
-	})
+	pool, schema := pgtest.Migrated(t)
 	// effects is the handlers' own table: no unique key, so a doubled effect
 	// shows up as a second row instead of an error.
 	_, err := pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s.effects (

@@ -16,7 +16,6 @@ import (
 
 	"github.com/sagaflow/sagaflow/internal/kafkatest"
 	"github.com/sagaflow/sagaflow/internal/pgtest"
-	"github.com/sagaflow/sagaflow/migrations"
 	"github.com/sagaflow/sagaflow/relay"
 	"github.com/sagaflow/sagaflow/saga"
 )
@@ -34,9 +33,7 @@ type bundle struct {
 // migrated returns a fresh migrated schema.
 func migrated(t *testing.T) (*pgxpool.Pool, string) {
 	t.Helper()
-	pool, schema := pgtest.NewSchema(t)
-	_, err := migrations.Migrate(context.Background(), pool, schema)
-	require.NoError(t, err)
+	pool, schema := pgtest.Migrated(t)
 	return pool, schema
 }
 

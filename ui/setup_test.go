@@ -22,7 +22,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagaflow/sagaflow/internal/pgtest"
-	"github.com/sagaflow/sagaflow/migrations"
 	"github.com/sagaflow/sagaflow/saga"
 	"github.com/sagaflow/sagaflow/steps"
 	"github.com/sagaflow/sagaflow/ui"
@@ -62,9 +61,7 @@ type fixture struct {
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
 	ctx := context.Background()
-	pool, schema := pgtest.NewSchema(t)
-	_, err := migrations.Migrate(ctx, pool, schema)
-	require.NoError(t, err)
+	pool, schema := pgtest.Migrated(t)
 	f := &fixture{pool: pool, schema: schema}
 	nop := func(context.Context, *saga.StepRun, *order) error { return nil }
 	f.def = saga.Define("checkout",
@@ -91,6 +88,7 @@ func newFixture(t *testing.T) *fixture {
 	)
 	f.approve = saga.Define("approve", saga.Step[order]{Name: "approval",
 		Wait: saga.OnSignal("approved", func(context.Context, *saga.StepRun, *order, string) error { return nil })})
+	var err error
 	f.engine, err = saga.New(pool, &saga.Config{Schema: schema, PollInterval: 50 * time.Millisecond,
 		Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)

@@ -45,6 +45,7 @@ func MainParallel(m *testing.M, n int) {
 func Main(m *testing.M) {
 	before := goleak.IgnoreCurrent()
 	kept.startMain()
+	startAdmin()
 	code := m.Run()
 	if err := kept.dropAll(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -52,6 +53,7 @@ func Main(m *testing.M) {
 			code = 1
 		}
 	}
+	stopAdmin()
 	if err := stopOwned(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		if code == 0 {

@@ -12,6 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sagaflow/sagaflow/migrations"
 )
 
 // reuseOffEnv, set to 0, makes PreparedSchema prepare a new schema for every
@@ -216,14 +218,11 @@ func (s *keptSchema) record(ctx context.Context, pool *pgxpool.Pool, keep []stri
 func giveBack(connStr string, s *keptSchema, keep []string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), schemaTimeout)
 	defer cancel()
-	var conn *pgx.Conn
-	if err := whileServerFull(ctx, func() (err error) {
-		conn, err = pgx.Connect(ctx, connStr)
-		return err
-	}); err != nil {
-		return err
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
+	return withAdminConn(ctx, connStr, func(conn *pgx.Conn) error { return emptyFor(ctx, conn, s, keep) })
+}
+
+// emptyFor empties s over conn, in one transaction, as giveBack says.
+func emptyFor(ctx context.Context, conn *pgx.Conn, s *keptSchema, keep []string) error {
 	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		// A session of the test still in a transaction on these tables
 		// would hold the TRUNCATE up: then the schema is dropped instead.
@@ -413,4 +412,15 @@ func fingerprint(ctx context.Context, conn *pgx.Conn, schema string, keep []stri
 		out.WriteString(" " + t + ":" + rows)
 	}
 	return out.String(), nil
+}
+
+// Migrated is [PreparedSchema] for a schema with sagaflow's migrations
+// applied: a migrated schema that holds no rows but the record of the
+// migrations, and a pool to reach it.
+func Migrated(tb testing.TB) (*pgxpool.Pool, string) {
+	tb.Helper()
+	return PreparedSchema(tb, "migrated", []string{"sagaflow_migrations"}, func(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+		_, err := migrations.Migrate(ctx, pool, schema)
+		return err
+	})
 }

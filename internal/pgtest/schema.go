@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -115,11 +116,56 @@ func closePool(pool *pgxpool.Pool, timeout time.Duration) error {
 	}
 }
 
-// dropSchema drops the schema name and everything in it, over its own
-// connection.
+// dropSchema drops the schema name and everything in it, over a connection
+// of its own (see withAdminConn).
 func dropSchema(connStr, name string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), schemaTimeout)
 	defer cancel()
+	return withAdminConn(ctx, connStr, func(conn *pgx.Conn) error {
+		_, err := conn.Exec(ctx, "drop schema if exists "+pgx.Identifier{name}.Sanitize()+" cascade")
+		return err
+	})
+}
+
+// admin is a small pool, kept while Main runs the tests, for dropping and
+// emptying the tests' schemas: a new connection costs the server a backend
+// (tens of milliseconds of CPU on a small virtual machine), once or twice
+// per test otherwise.
+var admin struct {
+	mu   sync.Mutex
+	main bool
+	pool *pgxpool.Pool
+}
+
+// withAdminConn runs f on a connection of the admin pool while Main runs
+// the tests, or on a connection of its own otherwise, which it closes.
+func withAdminConn(ctx context.Context, connStr string, f func(conn *pgx.Conn) error) error {
+	admin.mu.Lock()
+	if admin.main && admin.pool == nil {
+		cfg, err := pgxpool.ParseConfig(connStr)
+		if err != nil {
+			admin.mu.Unlock()
+			return err
+		}
+		cfg.MaxConns = 4
+		if admin.pool, err = pgxpool.NewWithConfig(context.WithoutCancel(ctx), cfg); err != nil {
+			admin.mu.Unlock()
+			return err
+		}
+	}
+	pool := admin.pool
+	admin.mu.Unlock()
+	if pool != nil {
+		var c *pgxpool.Conn
+		if err := whileServerFull(ctx, func() (err error) {
+			c, err = pool.Acquire(ctx)
+			return err
+		}); err != nil {
+			return err
+		}
+		defer c.Release()
+		return f(c.Conn())
+	}
 	var conn *pgx.Conn
 	if err := whileServerFull(ctx, func() (err error) {
 		conn, err = pgx.Connect(ctx, connStr)
@@ -128,6 +174,22 @@ func dropSchema(connStr, name string) error {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	_, err := conn.Exec(ctx, "drop schema if exists "+pgx.Identifier{name}.Sanitize()+" cascade")
-	return err
+	return f(conn)
+}
+
+// startAdmin lets withAdminConn keep its pool; stopAdmin closes it.
+func startAdmin() {
+	admin.mu.Lock()
+	defer admin.mu.Unlock()
+	admin.main = true
+}
+
+func stopAdmin() {
+	admin.mu.Lock()
+	defer admin.mu.Unlock()
+	admin.main = false
+	if admin.pool != nil {
+		admin.pool.Close()
+		admin.pool = nil
+	}
 }

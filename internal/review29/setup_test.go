@@ -13,17 +13,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/sagaflow/sagaflow/internal/pgtest"
-	"github.com/sagaflow/sagaflow/migrations"
 	"github.com/sagaflow/sagaflow/saga"
 )
 
 // db is a fresh migrated schema.
 func db(t *testing.T) (*pgxpool.Pool, string) {
 	t.Helper()
-	pool, schema := pgtest.NewSchema(t)
-	if _, err := migrations.Migrate(context.Background(), pool, schema); err != nil {
-		t.Fatalf("migrate: %v", err)
-	}
+	pool, schema := pgtest.Migrated(t)
 	return pool, schema
 }
 

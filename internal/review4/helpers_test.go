@@ -20,7 +20,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sagaflow/sagaflow/internal/pgtest"
-	"github.com/sagaflow/sagaflow/migrations"
 	"github.com/sagaflow/sagaflow/saga"
 	"github.com/sagaflow/sagaflow/sagatest"
 )
@@ -42,10 +41,8 @@ var wopts = &sagatest.WaitOpts{Timeout: 30 * time.Second}
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	ctx := context.Background()
-	pool, schema := pgtest.NewSchema(t)
-	_, err := migrations.Migrate(ctx, pool, schema)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s.effects (saga_id uuid, what text)`,
+	pool, schema := pgtest.Migrated(t)
+	_, err := pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s.effects (saga_id uuid, what text)`,
 		pgx.Identifier{schema}.Sanitize()))
 	require.NoError(t, err)
 	return &env{pool: pool, schema: schema, e: newEngine(t, pool, schema)}

@@ -21,9 +21,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // its name.
 func newStore(t *testing.T) (*pgxpool.Pool, *store.Store, string) {
 	t.Helper()
-	pool, schema := pgtest.NewSchema(t)
-	_, err := migrations.Migrate(context.Background(), pool, schema)
-	require.NoError(t, err)
+	pool, schema := pgtest.Migrated(t)
 	st, err := store.New(schema)
 	require.NoError(t, err)
 	return pool, st, schema

@@ -20,22 +20,14 @@ type DB struct {
 }
 
 // NewDB returns a migrated schema that holds no rows, with
-// [pgtest.PreparedSchema]: one that an earlier test of the package
-// migrated and gave back emptied, or a new one, migrated here. Its pool is
-// closed when the test ends, and the schema emptied for the next test or
-// dropped.
+// [pgtest.Migrated]: one that an earlier test of the package migrated and
+// gave back emptied, or a new one, migrated here. Its pool is closed when
+// the test ends, and the schema emptied for the next test or dropped.
 func NewDB(tb testing.TB) *DB {
 	tb.Helper()
-	pool, schema := pgtest.PreparedSchema(tb, "migrated", MigrationsTables, func(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-		_, err := migrations.Migrate(ctx, pool, schema)
-		return err
-	})
+	pool, schema := pgtest.Migrated(tb)
 	return &DB{Pool: pool, Schema: schema}
 }
-
-// MigrationsTables are the tables whose rows the migrations write and a
-// reused schema keeps: the record of the migrations applied.
-var MigrationsTables = []string{"sagaflow_migrations"}
 
 // Migrate applies the migrations to schema, which the caller created (and
 // drops), and returns it with pool.

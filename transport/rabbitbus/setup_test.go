@@ -20,7 +20,6 @@ import (
 
 	"github.com/sagaflow/sagaflow/internal/pgtest"
 	"github.com/sagaflow/sagaflow/internal/store"
-	"github.com/sagaflow/sagaflow/migrations"
 	"github.com/sagaflow/sagaflow/transport/rabbitbus"
 	"github.com/sagaflow/sagaflow/transport/transporttest"
 )
@@ -113,9 +112,7 @@ func setup(t *testing.T, partitions int) *env {
 		}
 		_ = admin.Close()
 	})
-	e.pool, e.schema = pgtest.NewSchema(t)
-	_, err = migrations.Migrate(ctx, e.pool, e.schema)
-	require.NoError(t, err)
+	e.pool, e.schema = pgtest.Migrated(t)
 	e.st, err = store.New(e.schema)
 	require.NoError(t, err)
 	return e
