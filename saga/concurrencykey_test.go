@@ -429,9 +429,9 @@ func TestConcurrencyKeyCrashMatrix(t *testing.T) {
 	sagatest.CrashMatrix(t, b.pool, def, &sagatest.CrashOpts{
 		Config: &saga.Config{Schema: b.schema, PollInterval: 50 * time.Millisecond},
 		Sagas:  12,
-		Start: func(ctx context.Context, e *saga.Engine, bd sagatest.Boundary, i int) (uuid.UUID, error) {
+		Start: func(ctx context.Context, e *saga.Engine, bd sagatest.Round, i int) (uuid.UUID, error) {
 			st, err := saga.Start(ctx, e, def, order{OrderID: fmt.Sprintf("%s-%d", bd, i)},
-				&saga.StartOpts{ConcurrencyKey: "key-" + string(bd)})
+				&saga.StartOpts{ConcurrencyKey: "key-" + bd.String()})
 			return st.ID, err
 		},
 		Effects: func(ctx context.Context, in *saga.Instance) (map[sagatest.Effect]int, error) {

@@ -47,6 +47,24 @@ const (
 	AfterHold Boundary = "engine.after-hold"
 )
 
+// Round names one round of [CrashMatrix]: the boundary it crashes at and
+// the crossing of it at which it crashes. The zero Round is the round
+// without a crash.
+type Round struct {
+	Boundary Boundary
+	Crossing int
+}
+
+// String names the round, for business data and logs: "no-crash", or the
+// boundary and the crossing, as "engine.after-handler.12". Each round of a
+// matrix has a name of its own.
+func (r Round) String() string {
+	if r.Boundary == "" {
+		return "no-crash"
+	}
+	return fmt.Sprintf("%s.%d", r.Boundary, r.Crossing)
+}
+
 // Defaults of [CrashOpts].
 const (
 	// CrashSagasDefault is how many sagas each round of the matrix starts.
@@ -80,13 +98,13 @@ type CrashOpts struct {
 	// Sagas is how many sagas each round starts. Defaults to
 	// CrashSagasDefault.
 	Sagas int
-	// Start starts saga i (0 ≤ i < Sagas) of the round that crashes at b
-	// ("" for the round without a crash), with saga.Start or saga.StartTx on
-	// e, and returns its ID. Saga i must end the same way in every round
-	// (completed, compensated or failed): the matrix compares each round
-	// with the round without a crash. Give each saga its own business data
-	// (an order ID made of b and i, say), so that rounds do not meet.
-	Start func(ctx context.Context, e *saga.Engine, b Boundary, i int) (uuid.UUID, error)
+	// Start starts saga i (0 ≤ i < Sagas) of round r with saga.Start or
+	// saga.StartTx on e, and returns its ID. Saga i must end the same way
+	// in every round (completed, compensated or failed): the matrix
+	// compares each round with the round without a crash. Give each saga
+	// its own business data, made of r's name and i (an order ID such as
+	// fmt.Sprintf("%s-%d", r, i), say), so that rounds do not meet.
+	Start func(ctx context.Context, e *saga.Engine, r Round, i int) (uuid.UUID, error)
 	// Effects counts, in the database, the writes of saga in's handlers,
 	// by step: for each Effect, how many times its writes are there (rows
 	// a step inserted with run.Tx, a participant's rows for a remote step).
@@ -99,19 +117,20 @@ type CrashOpts struct {
 	// Boundaries are where to crash, one round each. Defaults to
 	// AfterClaim, AfterHandler, BeforeCommit, AfterCommit.
 	Boundaries []Boundary
-	// Crossing is the crossing of the boundary, counted from the engine's
-	// start, at which it crashes. Defaults to the middle one: half as many
-	// as the round without a crash made, rounded up.
-	//
-	// One crossing per boundary is crashed, and a boundary is crossed once
-	// per step (or per batch of steps): with several sagas, the middle
-	// crossing falls among their first steps, and a later step is never
-	// crashed (review29 F3: a second step that writes with the pool passes
-	// the defaults). To crash each step, run the matrix once per Crossing
-	// from 1 to the count the round without a crash logs (or with one saga,
-	// Crossing 1, 2, … up to its number of steps), each run with business
-	// data of its own.
-	Crossing int
+	// Crossings are the crossings of each boundary, counted from the
+	// engine's start, at which to crash, one round each. A boundary is
+	// crossed once per step (AfterHandler) or per batch of steps (the
+	// others). By default two rounds per boundary: at its first crossing,
+	// which falls among the sagas' first steps, and at the crossing three
+	// quarters of the way through the crossings that the round without a
+	// crash made, among their later steps (not the last one: a boundary
+	// crossed per batch is crossed a different number of times from round
+	// to round, and a round that ends before its crossing crashes nothing).
+	Crossings []int
+	// EveryCrossing crashes at every crossing of each boundary that the
+	// round without a crash made, one round each, instead of Crossings: the
+	// thorough matrix, as many rounds as there are crossings.
+	EveryCrossing bool
 	// Timeout is how long the sagas of a round have to end, before and
 	// after the crash. Defaults to WaitTimeoutDefault.
 	Timeout time.Duration
@@ -123,10 +142,13 @@ type CrashOpts struct {
 // (0 lost, 0 doubled), compensations included, and each saga ends as it
 // does without a crash.
 //
-// It first runs a round without a crash, then one round per boundary, as
-// subtests named after the boundaries when tb is a *testing.T. A round
-// starts [CrashOpts].Sagas sagas with Start, then an engine, whose process
-// "dies" at the Crossing-th time one of its workers reaches the boundary:
+// It first runs a round without a crash, then, for each boundary, one round
+// per crossing of [CrashOpts].Crossings (by default two: the first crossing
+// and one three quarters of the way), as subtests named after the
+// boundaries and the crossings ("engine.after-handler/crossing-12") when tb
+// is a *testing.T. A round starts [CrashOpts].Sagas sagas with Start, then
+// an engine, whose process "dies" at the round's crossing of the boundary
+// (the n-th time one of its workers reaches it):
 // that worker and every other one that reaches a boundary after it stop
 // there for good, the engine's connections to PostgreSQL are terminated
 // (pg_terminate_backend, as the pool's role; what was not committed is
@@ -150,17 +172,55 @@ func CrashMatrix(tb testing.TB, pool *pgxpool.Pool, def saga.AnyDefinition, opts
 	}
 	var base *outcome
 	if !m.run(tb, "no-crash", func(tb testing.TB) bool {
-		base = m.round(tb, "", nil)
+		base = m.round(tb, Round{}, nil)
 		return true
 	}) || base == nil {
 		tb.Errorf("sagatest: crash matrix of saga %s: the round without a crash failed; no crash was tried", def.Name())
 		return
 	}
 	for _, b := range m.o.Boundaries {
+		crossings := m.crossings(b, base.crossings[string(b)])
+		if len(crossings) == 0 {
+			m.run(tb, string(b), func(tb testing.TB) bool {
+				tb.Logf("sagatest: crash matrix of saga %s: its sagas never cross boundary %s: nothing to crash there", m.def.Name(), b)
+				return false
+			})
+			continue
+		}
 		m.run(tb, string(b), func(tb testing.TB) bool {
-			return m.round(tb, b, base) != nil
+			crashed := false
+			for _, c := range crossings {
+				m.run(tb, fmt.Sprintf("crossing-%d", c), func(tb testing.TB) bool {
+					out := m.round(tb, Round{Boundary: b, Crossing: c}, base)
+					crashed = crashed || out != nil
+					return out != nil
+				})
+			}
+			return crashed
 		})
 	}
+}
+
+// crossings lists the crossings of boundary b to crash at, given that the
+// round without a crash crossed it n times.
+func (m *matrix) crossings(b Boundary, n int) []int {
+	switch {
+	case len(m.o.Crossings) > 0:
+		return m.o.Crossings
+	case n == 0:
+		return nil
+	case m.o.EveryCrossing:
+		out := make([]int, n)
+		for i := range out {
+			out[i] = i + 1
+		}
+		return out
+	}
+	late := (3*n + 3) / 4
+	if late <= 1 {
+		return []int{1}
+	}
+	return []int{1, late}
 }
 
 // outcome is what a round saw: how each saga ended and, in the round
@@ -202,6 +262,11 @@ func newMatrix(pool *pgxpool.Pool, def saga.AnyDefinition, opts *CrashOpts) (*ma
 	for _, b := range o.Boundaries {
 		if !slices.Contains([]Boundary{AfterClaim, AfterHandler, BeforeCommit, AfterCommit, AfterHold}, b) {
 			return nil, fmt.Errorf("CrashOpts.Boundaries: unknown boundary %q", b)
+		}
+	}
+	for _, c := range o.Crossings {
+		if c <= 0 {
+			return nil, fmt.Errorf("CrashOpts.Crossings: %d: a crossing is counted from 1", c)
 		}
 	}
 	if o.Timeout <= 0 {
@@ -252,34 +317,26 @@ func (m *matrix) engine(pool *pgxpool.Pool, log *slog.Logger) (*saga.Engine, err
 	return e, nil
 }
 
-// round runs one round: at boundary b, or without a crash (and counting
-// the crossings of each boundary) when b is "". It returns what it saw, or
-// nil when the round could not be run or crashed nothing.
-func (m *matrix) round(tb testing.TB, b Boundary, base *outcome) *outcome {
+// round runs round r: without a crash (and counting the crossings of each
+// boundary) when r is the zero Round. It returns what it saw, or nil when
+// the round could not be run or crashed nothing.
+func (m *matrix) round(tb testing.TB, r Round, base *outcome) *outcome {
 	tb.Helper()
 	ctx := context.Background()
+	b := r.Boundary
 	name := "the round without a crash"
 	if b != "" {
-		name = "boundary " + string(b)
+		name = fmt.Sprintf("boundary %s, crossing %d", b, r.Crossing)
 	}
 	fail := func(format string, args ...any) *outcome {
 		tb.Errorf("sagatest: crash matrix of saga %s, %s: %s", m.def.Name(), name, fmt.Sprintf(format, args...))
 		return nil
 	}
 	c := &crasher{at: b, seen: map[string]int{}, crashed: make(chan struct{}), dead: make(chan struct{})}
-	if b != "" {
-		c.crossing = m.o.Crossing
-		if c.crossing == 0 {
-			c.crossing = (base.crossings[string(b)] + 1) / 2
-		}
-		if c.crossing == 0 {
-			tb.Logf("sagatest: crash matrix of saga %s: its sagas never cross boundary %s: nothing to crash there", m.def.Name(), b)
-			return nil
-		}
-	}
+	c.crossing = r.Crossing
 	ids := make([]uuid.UUID, m.o.Sagas)
 	for i := range ids {
-		id, err := m.o.Start(ctx, m.client, b, i)
+		id, err := m.o.Start(ctx, m.client, r, i)
 		if err != nil {
 			return fail("start saga %d: %v", i, err)
 		}

@@ -58,7 +58,7 @@ func ledgerOpts(t *testing.T, b *bundle, def *saga.Definition[transfer], boundar
 	return &sagatest.CrashOpts{
 		Config:     &saga.Config{Schema: b.schema, PollInterval: 100 * time.Millisecond, Logger: testLogger(t)},
 		Boundaries: boundaries,
-		Start: func(ctx context.Context, e *saga.Engine, _ sagatest.Boundary, i int) (uuid.UUID, error) {
+		Start: func(ctx context.Context, e *saga.Engine, _ sagatest.Round, i int) (uuid.UUID, error) {
 			st, err := saga.Start(ctx, e, def, transfer{Refuse: i%3 == 2}, nil)
 			return st.ID, err
 		},
@@ -99,7 +99,7 @@ func TestCrashMatrixCatchesEffectsWrittenOutsideTheStepTransaction(t *testing.T)
 	def := ledger(b, true)
 	opts := ledgerOpts(t, b, def)
 	msg := failure(t, func(tb testing.TB) { sagatest.CrashMatrix(tb, b.pool, def, opts) })
-	require.Regexp(t, `boundary engine.after-handler: 0 stuck, 0 lost, [1-9]\d* doubled, 0 ended otherwise than without a crash:\n`+
+	require.Regexp(t, `boundary engine.after-handler, crossing \d+: 0 stuck, 0 lost, [1-9]\d* doubled, 0 ended otherwise than without a crash:\n`+
 		`saga \d \([0-9a-f-]+\): (step|compensation of) [a-z]+: its effects are there twice, but it completed once \(doubled\)`, msg)
 	require.NotContains(t, msg, "round without a crash")
 }
@@ -115,6 +115,30 @@ func TestCrashMatrixRefusesMissingOptions(t *testing.T) {
 	opts := ledgerOpts(t, b, def, "engine.before-lunch")
 	msg = failure(t, func(tb testing.TB) { sagatest.CrashMatrix(tb, b.pool, def, opts) })
 	require.Equal(t, fmt.Sprintf("sagatest: crash matrix: CrashOpts.Boundaries: unknown boundary %q", "engine.before-lunch"), msg)
+	opts.Boundaries, opts.Crossings = nil, []int{3, 0}
+	msg = failure(t, func(tb testing.TB) { sagatest.CrashMatrix(tb, b.pool, def, opts) })
+	require.Equal(t, "sagatest: crash matrix: CrashOpts.Crossings: 0: a crossing is counted from 1", msg)
+}
+
+func TestRoundNames(t *testing.T) {
+	require.Equal(t, "no-crash", sagatest.Round{}.String())
+	require.Equal(t, "engine.after-handler.12", sagatest.Round{Boundary: sagatest.AfterHandler, Crossing: 12}.String())
+}
+
+// EveryCrossing crashes each step of one saga that writes outside its
+// step transaction: three rounds at after-handler (hold, debit, credit),
+// each of which doubles the effect of the step it crashed.
+func TestCrashMatrixEveryCrossingCrashesEachStep(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	def := ledger(b, true)
+	opts := ledgerOpts(t, b, def, sagatest.AfterHandler)
+	opts.Sagas, opts.EveryCrossing = 1, true
+	msg := failure(t, func(tb testing.TB) { sagatest.CrashMatrix(tb, b.pool, def, opts) })
+	for i, step := range []string{"hold", "debit", "credit"} {
+		require.Regexp(t, fmt.Sprintf(`boundary engine.after-handler, crossing %d: 0 stuck, 0 lost, 1 doubled, 0 ended otherwise than without a crash:\n`+
+			`saga 0 \([0-9a-f-]+\): step %s: its effects are there twice`, i+1, step), msg)
+	}
 }
 
 // A Postgres-only saga never crosses AfterHold: there is nothing to crash,

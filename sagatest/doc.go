@@ -82,20 +82,22 @@
 //
 // [CrashMatrix] runs your saga with a crash of the engine at each of its
 // commit boundaries ([AfterClaim], [AfterHandler], [BeforeCommit],
-// [AfterCommit], and in Kafka mode [AfterHold]), once per boundary at the
-// [CrashOpts].Crossing-th time an engine worker reaches it (by default the
-// middle one, which falls among the sagas' first steps: vary Crossing to
-// crash later steps), restarts it, and fails the
+// [AfterCommit], and in Kafka mode [AfterHold]), one round per crossing of
+// each boundary that [CrashOpts].Crossings names (by default the first
+// crossing, among the sagas' first steps, and one three quarters of the
+// way, among their later steps; [CrashOpts].EveryCrossing tries each),
+// restarts it, and fails the
 // test unless every saga ends as it does without a crash and every effect
 // your [CrashOpts].Effects counts in the database is there exactly as often
 // as the saga's timeline says its step, or its compensation, completed: an
 // effect written outside run.Tx (with the pool, say) shows up as doubled.
-// It needs no build tag, and each boundary is a subtest named after it:
+// It needs no build tag, and each round is a subtest named after its
+// boundary and crossing:
 //
 //	sagatest.CrashMatrix(t, pool, transfer, &sagatest.CrashOpts{
 //		Config: &saga.Config{Schema: schema},
-//		Start: func(ctx context.Context, e *saga.Engine, b sagatest.Boundary, i int) (uuid.UUID, error) {
-//			st, err := saga.Start(ctx, e, transfer, Transfer{ID: fmt.Sprintf("%s-%d", b, i)}, nil)
+//		Start: func(ctx context.Context, e *saga.Engine, r sagatest.Round, i int) (uuid.UUID, error) {
+//			st, err := saga.Start(ctx, e, transfer, Transfer{ID: fmt.Sprintf("%s-%d", r, i)}, nil)
 //			return st.ID, err
 //		},
 //		Effects: func(ctx context.Context, in *saga.Instance) (map[sagatest.Effect]int, error) {

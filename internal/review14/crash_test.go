@@ -52,7 +52,7 @@ func TestCrashMatrixAroundWaitEnds(t *testing.T) {
 		Config:  cfg,
 		Sagas:   8,
 		Timeout: 20 * time.Second,
-		Start: func(ctx context.Context, e *saga.Engine, b sagatest.Boundary, i int) (uuid.UUID, error) {
+		Start: func(ctx context.Context, e *saga.Engine, b sagatest.Round, i int) (uuid.UUID, error) {
 			oid := fmt.Sprintf("%s-%d", b, i)
 			if i%2 == 1 {
 				oid += "-odd"

@@ -23,7 +23,7 @@ import (
 
 // orderID is saga i's order in the round of boundary b; every odd one fails
 // at its second step and is compensated.
-func orderID(b sagatest.Boundary, i int) string {
+func orderID(b sagatest.Round, i int) string {
 	id := fmt.Sprintf("%s-%d", b, i)
 	if i%2 == 1 {
 		id += "-x"
@@ -78,7 +78,7 @@ func crashOpts(pool *pgxpool.Pool, schema, table string, def *saga.Definition[or
 		Config:  &saga.Config{Schema: schema, PollInterval: 20 * time.Millisecond},
 		Sagas:   4,
 		Timeout: 20 * time.Second,
-		Start: func(ctx context.Context, e *saga.Engine, b sagatest.Boundary, i int) (uuid.UUID, error) {
+		Start: func(ctx context.Context, e *saga.Engine, b sagatest.Round, i int) (uuid.UUID, error) {
 			st, err := saga.Start(ctx, e, def, order{ID: orderID(b, i)}, nil)
 			return st.ID, err
 		},
@@ -155,10 +155,10 @@ func TestCrashMatrixFailsSagaWritingOutsideTx(t *testing.T) {
 	opts := crashOpts(pool, schema, table, def)
 	opts.Boundaries = []sagatest.Boundary{sagatest.AfterHandler}
 	// The first handler to return is a reserve, which always writes. The
-	// middle crossing (the default) may be the ship of an order that fails
+	// other crossings (the defaults) may be the ship of an order that fails
 	// without writing, depending on the order the workers ran the handlers
 	// in: a slow CI run crashed there, and nothing was doubled.
-	opts.Crossing = 1
+	opts.Crossings = []int{1}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

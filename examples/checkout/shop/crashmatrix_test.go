@@ -74,7 +74,7 @@ func TestCheckoutUnderTheCrashMatrix(t *testing.T) {
 	opts := &sagatest.CrashOpts{
 		Config: &saga.Config{Schema: env.Orders.Schema, Workers: 2,
 			Kafka: &saga.KafkaConfig{Brokers: env.Brokers, ReplyTopic: shop.TopicReplies}},
-		Start: func(ctx context.Context, e *saga.Engine, b sagatest.Boundary, i int) (uuid.UUID, error) {
+		Start: func(ctx context.Context, e *saga.Engine, b sagatest.Round, i int) (uuid.UUID, error) {
 			o := shop.Order{ID: fmt.Sprintf("%s-%d", b, i), SKU: "book", Qty: 1, Amount: 30, Address: "1 Main St"}
 			switch i % 4 {
 			case 2:
