@@ -244,22 +244,21 @@ func TestCancelBeforeThePivotCompensates(t *testing.T) {
 // A saga that passes its deadline after its pivot is not cancelled: the
 // deadline is cleared, with a history entry, and the saga completes.
 //
-// The deadline passes by the clock, once the pivot (charge) has committed:
-// a deadline of 300 ms of real time passed, on a loaded CI machine, while
-// charge was still running, and the deadline then landed as a cancel
-// request of the running pivot, as it should (the saga then goes forward),
-// which is not what this test is about.
+// The deadline passes by sagatest.Clock once the pivot (charge) has
+// committed, while ship waits for its retry: a deadline of 300 ms of real
+// time passed, on a loaded CI machine, while charge still ran, and then
+// landed, as it should, as a cancel request of the running pivot, which is
+// not what this test is about. Ship waits between attempts, not in its
+// handler, which would hold the saga's row and the clock's move with it.
 func TestDeadlinePastThePivotIsCleared(t *testing.T) {
 	t.Parallel()
 	b := setup(t, &saga.Config{PollInterval: 20 * time.Millisecond, RescueInterval: time.Second})
-	release := make(chan struct{})
-	def := pivotSaga(b, "pivot-deadline", nil, func(ctx context.Context, _ *saga.StepRun, _ *order) error {
-		select {
-		case <-release:
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
+	var released atomic.Bool
+	def := pivotSaga(b, "pivot-deadline", nil, func(context.Context, *saga.StepRun, *order) error {
+		if !released.Load() {
+			return steps.RetryAfter(time.Hour, errors.New("not yet"))
 		}
+		return nil
 	}).WithDeadline(time.Hour)
 	require.NoError(t, b.engine.Register(def))
 	b.start(t)
@@ -267,12 +266,15 @@ func TestDeadlinePastThePivotIsCleared(t *testing.T) {
 	st, err := saga.Start(ctx, b.engine, def, order{}, nil)
 	require.NoError(t, err)
 	sagatest.Wait(t, b.engine, st.ID, sagatest.Event("step_completed:charge"), &sagatest.WaitOpts{Timeout: 10 * time.Second})
-	require.NoError(t, sagatest.NewClock(b.pool, b.schema, b.engine).Advance(ctx, 2*time.Hour))
+	clock := sagatest.NewClock(b.pool, b.schema, b.engine)
+	require.NoError(t, clock.Advance(ctx, 2*time.Hour))
 	sagatest.Wait(t, b.engine, st.ID, sagatest.Cond("have its deadline cleared", func(in *saga.Instance) bool {
 		return hasEvent(in, saga.EventDeadlineCleared)
 	}), &sagatest.WaitOpts{Timeout: 10 * time.Second})
-	close(release)
+	released.Store(true)
+	require.NoError(t, clock.Advance(ctx, 2*time.Hour)) // ship's retry falls due
 	in := b.waitTerminal(t, st.ID)
 	require.Equal(t, saga.StatusCompleted, in.Status, "history: %v", eventTypes(in))
+	require.False(t, hasEvent(in, saga.EventSagaCancelled), "history: %v", eventTypes(in))
 	require.Equal(t, []string{"reserve/forward", "charge/forward", "ship/forward"}, b.effects(t, st.ID))
 }
