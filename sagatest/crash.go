@@ -179,7 +179,7 @@ func CrashMatrix(tb testing.TB, pool *pgxpool.Pool, def saga.AnyDefinition, opts
 		return
 	}
 	for _, b := range m.o.Boundaries {
-		crossings := m.crossings(b, base.crossings[string(b)])
+		crossings := m.crossings(base.crossings[string(b)])
 		if len(crossings) == 0 {
 			m.run(tb, string(b), func(tb testing.TB) bool {
 				tb.Logf("sagatest: crash matrix of saga %s: its sagas never cross boundary %s: nothing to crash there", m.def.Name(), b)
@@ -201,9 +201,9 @@ func CrashMatrix(tb testing.TB, pool *pgxpool.Pool, def saga.AnyDefinition, opts
 	}
 }
 
-// crossings lists the crossings of boundary b to crash at, given that the
+// crossings lists the crossings of a boundary to crash at, given that the
 // round without a crash crossed it n times.
-func (m *matrix) crossings(b Boundary, n int) []int {
+func (m *matrix) crossings(n int) []int {
 	switch {
 	case len(m.o.Crossings) > 0:
 		return m.o.Crossings
