@@ -288,7 +288,12 @@
 // cancel request recorded without the definition (the operator CLI) is
 // refused and recorded ([EventCancelRefused]) when an engine applies it, and
 // never interrupts the running step; a saga deadline that passes after the
-// pivot is cleared ([EventDeadlineCleared]).
+// pivot is cleared ([EventDeadlineCleared]). A deadline that passes while
+// the pivot itself runs is a cancel of the running pivot, as an operator's
+// would be: the pivot's context is cancelled, and a pivot that returns its
+// error is rolled back and the steps before it compensated, while one that
+// completes anyway (the charge went through) commits, the request is
+// refused at the next step ([EventCancelRefused]) and the saga goes forward.
 //
 // # Pause
 //

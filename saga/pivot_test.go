@@ -278,3 +278,47 @@ func TestDeadlinePastThePivotIsCleared(t *testing.T) {
 	require.False(t, hasEvent(in, saga.EventSagaCancelled), "history: %v", eventTypes(in))
 	require.Equal(t, []string{"reserve/forward", "charge/forward", "ship/forward"}, b.effects(t, st.ID))
 }
+
+// A deadline that passes while the pivot itself runs lands as a cancel of
+// the running pivot: the pivot's context is cancelled. A pivot that honours
+// it is rolled back and the steps before it are compensated (as
+// TestCancelBeforeThePivotCompensates shows for an operator's cancel); one
+// that completes anyway (the charge went through) commits, and the saga
+// goes forward: the request is refused at the next step, nothing is
+// compensated.
+func TestDeadlineWhileThePivotRunsGoesForwardIfThePivotCompletes(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &saga.Config{PollInterval: 20 * time.Millisecond, RescueInterval: time.Second})
+	rec := func(ctx context.Context, run *saga.StepRun, _ *order) error { return recordEffect(ctx, run, b.schema) }
+	interrupted := make(chan struct{})
+	def := saga.Define("pivot-deadline-running",
+		saga.Step[order]{Name: "reserve", Action: rec, Compensate: rec},
+		saga.Step[order]{Name: "charge", Pivot: true, Action: func(ctx context.Context, run *saga.StepRun, o *order) error {
+			select {
+			case <-ctx.Done():
+				close(interrupted)
+			case <-time.After(30 * time.Second):
+				return errors.New("the deadline's cancel never reached the running pivot")
+			}
+			// The charge went through regardless: record it outside the
+			// cancelled context, in the step's transaction.
+			return rec(context.WithoutCancel(ctx), run, o)
+		}},
+		saga.Step[order]{Name: "ship", Retriable: true, Action: rec},
+	).WithDeadline(300 * time.Millisecond)
+	require.NoError(t, b.engine.Register(def))
+	b.start(t)
+	st, err := saga.Start(context.Background(), b.engine, def, order{}, nil)
+	require.NoError(t, err)
+	in := b.waitTerminal(t, st.ID)
+	select {
+	case <-interrupted:
+	default:
+		t.Fatalf("the pivot was not interrupted by the deadline; history: %v", eventTypes(in))
+	}
+	require.Equal(t, saga.StatusCompleted, in.Status, "history: %v", eventTypes(in))
+	require.Equal(t, []string{"reserve/forward", "charge/forward", "ship/forward"}, b.effects(t, st.ID))
+	require.True(t, hasEvent(in, saga.EventCancelRefused), "the deadline's request was refused past the pivot: %v", eventTypes(in))
+	require.False(t, hasEvent(in, saga.EventSagaCancelled), "history: %v", eventTypes(in))
+	require.Zero(t, b.count(t, "SELECT count(*) FROM "+b.table("saga_cancel_requests")+" WHERE saga_id = $1", st.ID))
+}

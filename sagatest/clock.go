@@ -89,7 +89,10 @@ func NewClock(pool *pgxpool.Pool, schema string, engines ...*saga.Engine) *Clock
 //
 // Advance takes the rows it moves, so it waits for the transactions of
 // running steps that hold them (a step's own timeout bounds that wait):
-// time cannot pass in the middle of a running step.
+// time cannot pass in the middle of a running step. So a step handler must
+// not block until the test advances the clock: Advance waits for it as long
+// as ctx allows. Let such a handler return steps.RetryAfter until the test
+// is ready, then advance past the retry.
 //
 // d must be positive (an error otherwise): time only moves forward.
 //

@@ -78,10 +78,14 @@ func PreparedSchema(tb testing.TB, kind string, keep []string,
 			tb.Errorf("pgtest: close pool of schema %s: %v", s.name, err)
 		}
 		if !tb.Failed() && s.print != "" {
-			if err := giveBack(connStr, s, keep); err == nil {
+			err := giveBack(connStr, s, keep)
+			if err == nil {
 				kept.put(kind, s)
 				return
 			}
+			// Shown with -v or when the package fails: why a package's
+			// tests stopped reusing schemas (and migrate each again).
+			tb.Logf("pgtest: schema %s is dropped, not kept for the next test: %v", s.name, err)
 		}
 		if err := dropSchema(connStr, s.name); err != nil {
 			tb.Errorf("pgtest: drop schema %s: %v", s.name, err)
