@@ -63,3 +63,29 @@ func TestHoldMessageCountsFromTheFirstHoldInDatabaseTime(t *testing.T) {
 	_, delay3 := row(capped)
 	require.Equal(t, 2*time.Second, delay3)
 }
+
+// A grace of days is counted as such: the grace and the delays are
+// microseconds in 64 bits (a grace over 2^31 microseconds, under 36
+// minutes, failed the statement).
+func TestHoldMessageTakesAGraceOfDays(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, st, _ := newStore(t)
+	hold := func(since *time.Time, grace time.Duration) (bool, time.Duration) {
+		h := &store.Held{ID: uuid.New(), Topic: "t", AggregateType: "sagaflow.held", AggregateID: "k", Type: "sagaflow.step",
+			Payload: []byte("{}"), HeldSince: since, Delay: 3 * time.Hour, MaxDelay: 48 * time.Hour}
+		held, delay, err := st.HoldMessage(ctx, pool, h, grace)
+		require.NoError(t, err)
+		return held, delay
+	}
+	held, delay := hold(nil, 72*time.Hour)
+	require.True(t, held)
+	require.Equal(t, 3*time.Hour, delay)
+	twoDays := time.Now().Add(-48 * time.Hour)
+	held, delay = hold(&twoDays, 72*time.Hour)
+	require.True(t, held, "held two days of a three-day grace")
+	require.InDelta(t, float64(24*time.Hour), float64(delay), float64(time.Minute), "half the time held: %v", delay)
+	fourDays := time.Now().Add(-96 * time.Hour)
+	held, _ = hold(&fourDays, 72*time.Hour)
+	require.False(t, held, "held four days of a three-day grace")
+}

@@ -333,12 +333,16 @@ func deadlineOf(p string) string {
 // the promise that a lost command is found at most its step's timeout plus
 // twice the room after it was written, also after a step with a longer
 // timeout (found by review10).
+//
+// $10 and $11 are microseconds as bigint: `2 * $11` alone would type $11 as
+// an int4, whose 2^31 microseconds are under 36 minutes, and a RescueSlack
+// over that failed every transition.
 var newDeadline = `CASE
-				WHEN $17 THEN clock_timestamp() + $10 * interval '1 microsecond'
-				WHEN ` + deadlineOf("") + ` BETWEEN clock_timestamp() + $10 * interval '1 microsecond'
-						AND clock_timestamp() + ($10 + 2 * $11) * interval '1 microsecond'
+				WHEN $17 THEN clock_timestamp() + $10::bigint * interval '1 microsecond'
+				WHEN ` + deadlineOf("") + ` BETWEEN clock_timestamp() + $10::bigint * interval '1 microsecond'
+						AND clock_timestamp() + ($10::bigint + 2 * $11::bigint) * interval '1 microsecond'
 					THEN ` + deadlineOf("") + `
-				ELSE clock_timestamp() + ($10 + $11) * interval '1 microsecond' END`
+				ELSE clock_timestamp() + ($10::bigint + $11::bigint) * interval '1 microsecond' END`
 
 // historyRows and messageRows expand parallel arrays into rows, so one
 // statement shape serves any number of history entries and messages.
@@ -583,7 +587,7 @@ func New(schema string) (*Store, error) {
 				-- The delay grows with the time held so far, up to $13.
 				c.t + least(greatest($10 * interval '1 microsecond', (c.t - coalesce($9, c.t)) / 2), $13 * interval '1 microsecond'), $12
 			FROM (SELECT clock_timestamp() AS t) c
-			WHERE $11 <= 0 OR coalesce($9, c.t) >= c.t - $11 * interval '1 microsecond'
+			WHERE $11::bigint <= 0 OR coalesce($9, c.t) >= c.t - $11::bigint * interval '1 microsecond'
 			RETURNING EXTRACT(EPOCH FROM available_at - created_at)`,
 	}
 	// The row and the relay's wake-up in one round trip; the notification

@@ -1,0 +1,57 @@
+package saga_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/sagaflow/sagaflow/saga"
+	"github.com/sagaflow/sagaflow/sagatest"
+)
+
+// Durations of hours and days (a RescueSlack of two hours, a step timeout of
+// two days, a signal awaited for thirty days, a deadline of a year) are
+// stored as such. Microseconds went to PostgreSQL as parameters that it
+// typed as int4 in one place: 2^31 microseconds is under 36 minutes, and a
+// RescueSlack over that failed every transition of every saga.
+func TestDurationsOfDaysAreStored(t *testing.T) {
+	t.Parallel()
+	const (
+		slack   = 2 * time.Hour
+		timeout = 48 * time.Hour
+		await   = 30 * 24 * time.Hour
+		limit   = 365 * 24 * time.Hour
+	)
+	b := setup(t, &saga.Config{PollInterval: 20 * time.Millisecond, RescueSlack: slack, UnknownSagaGrace: 72 * time.Hour})
+	rec := func(ctx context.Context, run *saga.StepRun, _ *order) error { return recordEffect(ctx, run, b.schema) }
+	def := saga.Define("long",
+		saga.Step[order]{Name: "reserve", Action: rec, Compensate: rec, Timeout: timeout},
+		saga.Step[order]{Name: "approve", Wait: saga.OnSignal("approved", func(context.Context, *saga.StepRun, *order, struct{}) error {
+			return nil
+		}).Timeout(await)},
+		saga.Step[order]{Name: "ship", Action: rec, Timeout: timeout},
+	).WithDeadline(limit)
+	require.NoError(t, b.engine.Register(def))
+	b.start(t)
+	ctx := context.Background()
+	st, err := saga.Start(ctx, b.engine, def, order{}, nil)
+	require.NoError(t, err)
+	sagatest.Wait(t, b.engine, st.ID, sagatest.Event("step_completed:reserve"), &sagatest.WaitOpts{Timeout: 10 * time.Second})
+
+	var until, deadline time.Time
+	waitFor(t, 10*time.Second, func() bool {
+		err := b.pool.QueryRow(ctx, "SELECT coalesce(wait_until, 'epoch'), coalesce(deadline_at, 'epoch') FROM "+b.table("saga_instances")+
+			" WHERE id = $1 AND wait_kind = 'signal'", st.ID).Scan(&until, &deadline)
+		return err == nil
+	}, "the saga to wait for its signal")
+	require.WithinDuration(t, time.Now().Add(await), until, time.Minute, "the wait's time limit")
+	require.WithinDuration(t, time.Now().Add(limit), deadline, time.Minute, "the saga's deadline")
+
+	_, err = b.engine.Signal(ctx, saga.Signal{SagaID: st.ID, Name: "approved", Payload: struct{}{}})
+	require.NoError(t, err)
+	in := b.waitTerminal(t, st.ID)
+	require.Equal(t, saga.StatusCompleted, in.Status, "history: %v", eventTypes(in))
+	require.Equal(t, []string{"reserve/forward", "ship/forward"}, b.effects(t, st.ID))
+}
