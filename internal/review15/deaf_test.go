@@ -148,8 +148,8 @@ func TestF1AbandonedChainedBillCommandCountsAsAnAttempt(t *testing.T) {
 	require.Equal(t, []int{1, 2}, attempts, "%v", timeline(in))
 }
 
-// mixRun: one deaf bill Command (its first build ignores its ctx for 7 s;
-// bill's Timeout 4 s, HandlerGrace 200 ms) among fifteen healthy sagas,
+// mixRun: one deaf bill Command (its first build ignores its ctx for 9 s;
+// bill's Timeout 6 s, HandlerGrace 200 ms) among fifteen healthy sagas,
 // two workers; limit is KafkaConfig.ReplyStepLimit (0: its default;
 // negative: none).
 func mixRun(t *testing.T, name string, batch int, deafOne bool, limit time.Duration) (*rig, map[string]*saga.Instance, *counter) {
@@ -161,12 +161,13 @@ func mixRun(t *testing.T, name string, batch int, deafOne bool, limit time.Durat
 	// (The review had bill's Timeout 1 s and the deaf build 2 s; the
 	// control below then failed on a loaded machine with no deaf build at
 	// all. At 2.5 s a CI run under the race detector saw the deaf saga's
-	// own bill, sent by a worker after the hand-off, time out.)
-	r.billTime = 4 * time.Second
+	// own bill, sent by a worker after the hand-off, time out; at 4 s a
+	// healthy saga's bill, on a machine running three test processes.)
+	r.billTime = 6 * time.Second
 	r.billCmd = func(_ context.Context, _ *saga.StepRun, o *ord) (any, error) {
 		if builds.Add(o.ID) == 1 && o.ID == "deaf" {
 			defer sleepers.Enter()()
-			time.Sleep(7 * time.Second)
+			time.Sleep(9 * time.Second)
 		}
 		return cmd{ID: o.ID}, nil
 	}
@@ -242,7 +243,7 @@ func TestF2DeafBillCommandDoesNotFailOtherSagas(t *testing.T) {
 	}
 }
 
-// Control for F2: the same sixteen sagas with bill's 4 s Timeout and no
+// Control for F2: the same sixteen sagas with bill's 6 s Timeout and no
 // deaf Command all complete, on BatchSize 16 and 1.
 func TestSixteenSagasWithoutADeafBillComplete(t *testing.T) {
 	t.Parallel()
