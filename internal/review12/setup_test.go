@@ -40,7 +40,8 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 const wait = 25 * time.Second
 
 // stepTimeout is the reserve step's timeout (its compensation's reply's too).
-const stepTimeout = 2 * time.Second
+// At 2 s a reserve whose reply was not late timed out on a loaded machine.
+const stepTimeout = 4 * time.Second
 
 const replyTopic = "sagaflow.commands.checkout.replies"
 

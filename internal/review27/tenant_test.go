@@ -136,6 +136,11 @@ func TestSchemaSelectionByFlagEnvAndURL(t *testing.T) {
 	idsA := failed(t, a, newPay("r27pay"), 1, nil)
 	idsB := failed(t, b, newPay("r27pay"), 1, nil)
 	url := connString(t)
+	// The URL's own query, if any, goes on (TEST_DATABASE_URL may have none).
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
 	cases := []struct {
 		name string
 		env  []string
@@ -145,8 +150,8 @@ func TestSchemaSelectionByFlagEnvAndURL(t *testing.T) {
 		{"env", []string{"DATABASE_URL=" + url, "SAGAFLOW_SCHEMA=" + b.Schema}, []string{"list"}, "b"},
 		{"flag beats env", []string{"DATABASE_URL=" + url, "SAGAFLOW_SCHEMA=" + b.Schema}, []string{"--schema", a.Schema, "list"}, "a"},
 		{"flag after command", []string{"DATABASE_URL=" + url}, []string{"list", "--schema", a.Schema}, "a"},
-		{"search_path in URL", nil, []string{"--database-url", url + "&search_path=" + b.Schema, "--schema", a.Schema, "list"}, "a"},
-		{"options in URL", nil, []string{"--database-url", url + "&options=-c%20search_path%3D" + b.Schema, "--schema", a.Schema, "list"}, "a"},
+		{"search_path in URL", nil, []string{"--database-url", url + sep + "search_path=" + b.Schema, "--schema", a.Schema, "list"}, "a"},
+		{"options in URL", nil, []string{"--database-url", url + sep + "options=-c%20search_path%3D" + b.Schema, "--schema", a.Schema, "list"}, "a"},
 	}
 	for _, c := range cases {
 		r := runEnv(t, c.env, 30e9, c.args...)
