@@ -14,8 +14,10 @@ import (
 )
 
 // preparer makes a small schema of its own kind: a table with an identity
-// column, a table kept with its one row, an index, a function and a
-// trigger. It counts its calls.
+// column, a table kept with its rows, an index, a function and a trigger,
+// a table with a serial column and a foreign key, and a trigger that
+// refuses deletes (emptying a schema fires no trigger). It counts its
+// calls.
 type preparer struct {
 	kind  string
 	calls atomic.Int32
@@ -30,7 +32,10 @@ func (p *preparer) prepare(ctx context.Context, pool *pgxpool.Pool, schema strin
 		CREATE TABLE %[1]s.versions (version int PRIMARY KEY);
 		INSERT INTO %[1]s.versions VALUES (1), (2);
 		CREATE FUNCTION %[1]s.upper_v() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN NEW.v := upper(NEW.v); RETURN NEW; END $$;
-		CREATE TRIGGER items_upper BEFORE INSERT ON %[1]s.items FOR EACH ROW EXECUTE FUNCTION %[1]s.upper_v();`, q))
+		CREATE TRIGGER items_upper BEFORE INSERT ON %[1]s.items FOR EACH ROW EXECUTE FUNCTION %[1]s.upper_v();
+		CREATE TABLE %[1]s.children (id serial PRIMARY KEY, item bigint NOT NULL REFERENCES %[1]s.items (id));
+		CREATE FUNCTION %[1]s.refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'no deletes'; END $$;
+		CREATE TRIGGER items_kept BEFORE DELETE ON %[1]s.items FOR EACH ROW EXECUTE FUNCTION %[1]s.refuse();`, q))
 	return err
 }
 
@@ -53,6 +58,9 @@ func (p *preparer) get(t *testing.T, name string, use func(t *testing.T, pool *p
 		require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+q+".items (v) VALUES ('a') RETURNING id, v").Scan(&id, &v))
 		require.Equal(t, int64(1), id, "the identity starts again")
 		require.Equal(t, "A", v, "the trigger is there")
+		var child int64
+		require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+q+".children (item) VALUES ($1) RETURNING id", id).Scan(&child))
+		require.Equal(t, int64(1), child, "the serial starts again")
 		if use != nil {
 			use(t, pool, q)
 		}
@@ -101,6 +109,16 @@ func TestPreparedSchemaIsHandedOverEmptied(t *testing.T) {
 		require.Zero(t, n, "the trigger of the first test's function went with it")
 	})
 	require.Equal(t, first, second, "the schema was handed over")
+	// Thousands of rows across the foreign key: the next test finds the
+	// tables as empty.
+	big := p.get(t, "big", func(t *testing.T, pool *pgxpool.Pool, q string) {
+		_, err := pool.Exec(context.Background(), `INSERT INTO `+q+`.items (v) SELECT repeat('b', 100) FROM generate_series(1, 5000);
+			INSERT INTO `+q+`.children (item) SELECT id FROM `+q+`.items`)
+		require.NoError(t, err)
+	})
+	after := p.get(t, "after big", nil)
+	require.Equal(t, first, big)
+	require.Equal(t, first, after)
 	require.Equal(t, int32(1), p.calls.Load(), "prepared once")
 	require.True(t, exists(t, first), "kept for the next test until Main ends")
 }
