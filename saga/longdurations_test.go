@@ -55,3 +55,46 @@ func TestDurationsOfDaysAreStored(t *testing.T) {
 	require.Equal(t, saga.StatusCompleted, in.Status, "history: %v", eventTypes(in))
 	require.Equal(t, []string{"reserve/forward", "ship/forward"}, b.effects(t, st.ID))
 }
+
+// A saga put to sleep until a far future ("never": the year 9999) sleeps:
+// the wait is time.Duration's longest (about 292 years), and the rescue
+// deadline after it (the wait plus the step's timeout plus RescueSlack) is
+// not taken past time.Duration's range, where it would turn negative, put
+// the saga's deadline in the past and have the rescuer look at it on every
+// pass. A saga beside it runs on.
+func TestSleepUntilTheYear9999Sleeps(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &saga.Config{PollInterval: 20 * time.Millisecond})
+	never := time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)
+	def := saga.Define("never",
+		saga.Step[order]{Name: "hold", Wait: saga.SleepUntil(func(*order) time.Time { return never })},
+		saga.Step[order]{Name: "after", Action: func(ctx context.Context, run *saga.StepRun, _ *order) error {
+			return recordEffect(ctx, run, b.schema)
+		}},
+	)
+	other := saga.Define("other", saga.Step[order]{Name: "only", Action: func(ctx context.Context, run *saga.StepRun, _ *order) error {
+		return recordEffect(ctx, run, b.schema)
+	}})
+	require.NoError(t, b.engine.Register(def))
+	require.NoError(t, b.engine.Register(other))
+	b.start(t)
+	ctx := context.Background()
+	st, err := saga.Start(ctx, b.engine, def, order{}, nil)
+	require.NoError(t, err)
+	sagatest.Wait(t, b.engine, st.ID, sagatest.Event("wait_started:hold"), &sagatest.WaitOpts{Timeout: 10 * time.Second})
+	in, err := b.engine.Get(ctx, st.ID)
+	require.NoError(t, err)
+	require.Equal(t, saga.StatusRunning, in.Status, "history: %v", eventTypes(in))
+
+	var deadline time.Time
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT greatest(next_check_at, due_at) FROM "+b.table("saga_instances")+" WHERE id = $1", st.ID).Scan(&deadline))
+	require.True(t, deadline.After(time.Now().AddDate(200, 0, 0)), "the rescue deadline is after the wait, not in the past: %v", deadline)
+	res, err := b.engine.RescueNow(ctx)
+	require.NoError(t, err)
+	require.Equal(t, saga.RescueResult{}, res, "nothing to rescue")
+
+	st2, err := saga.Start(ctx, b.engine, other, order{}, nil)
+	require.NoError(t, err)
+	require.Equal(t, saga.StatusCompleted, b.waitTerminal(t, st2.ID).Status)
+	require.Empty(t, b.effects(t, st.ID), "the sleeper has not woken")
+}

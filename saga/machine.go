@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"time"
 
@@ -266,7 +267,7 @@ func (m machine) failure(sg *store.Saga, def *compiled, idx int, dir steps.Direc
 		if dir == steps.Forward {
 			tr.LastError, tr.LastErrorCode = &msg, &code
 		}
-		tr.CheckAfter = delay + def.steps[idx].timeout + m.slack
+		tr.CheckAfter = sumCapped(delay, def.steps[idx].timeout, m.slack)
 		d.next = &nextCommand{step: sg.StepName, dir: dir, epoch: sg.Epoch, delay: delay}
 		d.retry = true
 		return d
@@ -488,7 +489,7 @@ func (m machine) parked(sg *store.Saga, def *compiled, idx int, kind, waitFor st
 	tr.SetWaitUntil, tr.WaitDelay = true, delay
 	d := decision{tr: tr}
 	if delay >= 0 {
-		tr.CheckAfter, tr.ExactDeadline = delay+def.steps[idx].timeout+m.slack, true
+		tr.CheckAfter, tr.ExactDeadline = sumCapped(delay, def.steps[idx].timeout, m.slack), true
 		d.next = &nextCommand{step: sg.StepName, dir: steps.Forward, epoch: sg.Epoch, delay: delay}
 	} else {
 		tr.WaitDelay = -1
@@ -751,4 +752,19 @@ func (m machine) rerun(sg *store.Saga, def *compiled, idx int, first, from, reas
 	tr.History = []store.HistoryEntry{{SagaID: sg.ID, Event: EventSagaRerun, StepName: from,
 		Direction: string(steps.Forward), Epoch: sg.Epoch + 1, Detail: detail}}
 	return decision{tr: tr, next: &nextCommand{step: from, dir: steps.Forward, epoch: sg.Epoch + 1}}, nil
+}
+
+// sumCapped adds durations that are not negative, stopping at the longest
+// time.Duration: a wait until a far future (SleepUntil the year 9999) is
+// already the longest, and the step's timeout and the slack added to it
+// must not turn the rescue deadline negative, into the past.
+func sumCapped(ds ...time.Duration) time.Duration {
+	var sum time.Duration
+	for _, d := range ds {
+		if d > 0 && sum > math.MaxInt64-d {
+			return math.MaxInt64
+		}
+		sum += d
+	}
+	return sum
 }
