@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
-	"strconv"
 	"sync"
 	"time"
 
@@ -89,8 +88,8 @@ const recordedFresh = 10 * time.Second
 func (e *Engine) recordAbandoned(ctx context.Context, a *abandonedStep) error {
 	tr := e.transition(&a.saga, e.machine.failure(&a.saga, a.def, a.idx, a.dir, a.attempt, a.err, a.elapsed))
 	err := pgx.BeginTxFunc(ctx, e.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
-		wait := e.maxStepTimeout() + e.cfg.HandlerGrace
-		if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = "+strconv.FormatInt(wait.Milliseconds(), 10)+"; SAVEPOINT sagaflow_abandoned"); err != nil {
+		wait := settingMillis(e.maxStepTimeout(), e.cfg.HandlerGrace)
+		if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = "+wait+"; SAVEPOINT sagaflow_abandoned"); err != nil {
 			return err
 		}
 		if err := e.st.LockSaga(ctx, tx, a.saga.ID); err != nil {

@@ -2,6 +2,7 @@ package saga_test
 
 import (
 	"context"
+	"math"
 	"testing"
 	"time"
 
@@ -97,4 +98,48 @@ func TestSleepUntilTheYear9999Sleeps(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, saga.StatusCompleted, b.waitTerminal(t, st2.ID).Status)
 	require.Empty(t, b.effects(t, st.ID), "the sleeper has not woken")
+}
+
+// A step whose Timeout is 30 days, or the longest duration (a step that
+// never times out), runs, with its rescue deadline after it. The batch
+// transaction's idle limit (idle_in_transaction_session_timeout), from the
+// longest step timeout of the engine, is at most 2^31-1 ms: past that
+// (24.8 days) every batch of the engine failed at its BEGIN, whichever
+// saga it held, and the longest duration wrapped the sum negative.
+func TestAStepWithATimeoutOfMonthsRuns(t *testing.T) {
+	t.Parallel()
+	for _, timeout := range []time.Duration{30 * 24 * time.Hour, math.MaxInt64} {
+		t.Run(timeout.String(), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, &saga.Config{PollInterval: 20 * time.Millisecond})
+			entered, release := make(chan struct{}), make(chan struct{})
+			def := saga.Define("patient",
+				saga.Step[order]{Name: "first", Action: func(ctx context.Context, run *saga.StepRun, _ *order) error {
+					return recordEffect(ctx, run, b.schema)
+				}},
+				saga.Step[order]{Name: "slow", Timeout: timeout, Action: func(ctx context.Context, run *saga.StepRun, _ *order) error {
+					close(entered)
+					<-release
+					return recordEffect(ctx, run, b.schema)
+				}},
+			)
+			require.NoError(t, b.engine.Register(def))
+			b.start(t)
+			ctx := context.Background()
+			st, err := saga.Start(ctx, b.engine, def, order{}, nil)
+			require.NoError(t, err)
+			select {
+			case <-entered:
+			case <-time.After(20 * time.Second):
+				t.Fatal("the slow step never ran")
+			}
+			var deadline time.Time
+			require.NoError(t, b.pool.QueryRow(ctx, "SELECT greatest(next_check_at, due_at) FROM "+b.table("saga_instances")+" WHERE id = $1", st.ID).Scan(&deadline))
+			require.True(t, deadline.After(time.Now().Add(timeout/2)), "the running step's rescue deadline is ahead: %v", deadline)
+			close(release)
+			in := b.waitTerminal(t, st.ID)
+			require.Equal(t, saga.StatusCompleted, in.Status, "history: %v", eventTypes(in))
+			require.Equal(t, []string{"first/forward", "slow/forward"}, b.effects(t, st.ID))
+		})
+	}
 }

@@ -147,7 +147,7 @@ func (m machine) moveTo(d *decision, sg *store.Saga, def *compiled, i int, dir s
 	}
 	tr.Status, tr.StepIndex, tr.StepName, tr.Direction, tr.Attempt = statusFor(dir), i, def.steps[i].name, string(dir), 0
 	tr.WaitKind, tr.WaitFor = "", ""
-	tr.CheckAfter = def.steps[i].timeout + m.slack
+	tr.CheckAfter = sumCapped(def.steps[i].timeout, m.slack)
 	d.next = &nextCommand{step: def.steps[i].name, dir: dir, epoch: sg.Epoch}
 }
 
@@ -655,7 +655,7 @@ func (m machine) rescue(s *store.StuckSaga, def *compiled) rescueDecision {
 func (m machine) redrive(s *store.StuckSaga, timeout time.Duration, attempt int) decision {
 	tr := transitionFrom(&s.Saga)
 	tr.Attempt = attempt
-	tr.CheckAfter = timeout + m.slack
+	tr.CheckAfter = sumCapped(timeout, m.slack)
 	detail, _ := json.Marshal(map[string]any{"reason": "command lost; re-driven", "attempt": attempt})
 	tr.History = []store.HistoryEntry{{SagaID: s.ID, Event: EventSagaRescued, StepName: s.StepName,
 		Direction: s.Direction, Epoch: s.Epoch, Attempt: attempt, Detail: detail}}
@@ -678,7 +678,7 @@ func (m machine) resume(sg *store.Saga, def *compiled, hist []store.History, rea
 	tr := transitionFrom(sg)
 	tr.Status = statusFor(dir)
 	tr.Attempt = 0
-	tr.CheckAfter = stepTimeoutIn(def, sg.StepName) + m.slack
+	tr.CheckAfter = sumCapped(stepTimeoutIn(def, sg.StepName), m.slack)
 	if dir == steps.Compensate {
 		if c := compensationCause(hist, sg.Epoch); c != nil {
 			tr.LastError, tr.LastErrorCode, tr.FailedStep = c.Error, c.ErrorCode, nil
@@ -747,7 +747,7 @@ func (m machine) rerun(sg *store.Saga, def *compiled, idx int, first, from, reas
 	tr.Status, tr.StepIndex, tr.StepName, tr.Direction = store.StatusRunning, idx, from, string(steps.Forward)
 	tr.Epoch, tr.Attempt = sg.Epoch+1, 0
 	tr.LastError, tr.LastErrorCode, tr.FailedStep = nil, nil, nil
-	tr.CheckAfter = stepTimeoutIn(def, from) + m.slack
+	tr.CheckAfter = sumCapped(stepTimeoutIn(def, from), m.slack)
 	detail, _ := json.Marshal(map[string]any{"reason": reason, "from_status": sg.Status, "from_step": from})
 	tr.History = []store.HistoryEntry{{SagaID: sg.ID, Event: EventSagaRerun, StepName: from,
 		Direction: string(steps.Forward), Epoch: sg.Epoch + 1, Detail: detail}}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -119,10 +120,20 @@ func (t *batchTx) supersede(id, cmd uuid.UUID) {
 }
 
 // leaseMillis is how long, in milliseconds, a batch's transaction may sit
-// idle before PostgreSQL ends it: longer than any step may run.
+// idle before PostgreSQL ends it: longer than any step may run, up to the
+// setting's largest value (see settingMillis).
 func (e *Engine) leaseMillis() string {
-	lease := e.maxStepTimeout() + e.cfg.HandlerGrace + 5*time.Second
-	return strconv.FormatInt(lease.Milliseconds(), 10)
+	return settingMillis(e.maxStepTimeout(), e.cfg.HandlerGrace, 5*time.Second)
+}
+
+// settingMillis is the sum of ds in milliseconds, for a PostgreSQL setting
+// in milliseconds (idle_in_transaction_session_timeout, lock_timeout), whose
+// largest value is 2^31-1 ms, about 24.8 days. A longer sum is that: a step
+// whose Timeout is longer (a remote step's reply awaited for 30 days, say)
+// made every batch of the engine fail at its BEGIN ("invalid value for
+// parameter"), and one of time.Duration's longest wrapped the sum negative.
+func settingMillis(ds ...time.Duration) string {
+	return strconv.FormatInt(min(sumCapped(ds...).Milliseconds(), math.MaxInt32), 10)
 }
 
 // beginLocals sets, for the transaction, in a statement that a pipeline
