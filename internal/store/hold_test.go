@@ -89,3 +89,25 @@ func TestHoldMessageTakesAGraceOfDays(t *testing.T) {
 	held, _ = hold(&fourDays, 72*time.Hour)
 	require.False(t, held, "held four days of a three-day grace")
 }
+
+// A held-since forged into the future (it travels in a message header)
+// counts as now: the message is held, its header says now, and the grace
+// runs out as for any other. Taken as it came, it kept the message held
+// (and published again every minute) past its grace, for ever.
+func TestHoldMessageTakesAFutureHeldSinceAsNow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, st, schema := newStore(t)
+	future := time.Now().AddDate(1, 0, 0)
+	h := &store.Held{ID: uuid.New(), Topic: "t", AggregateType: "sagaflow.held", AggregateID: "k", Type: "sagaflow.step",
+		Payload: []byte("{}"), HeldSince: &future, Delay: 20 * time.Millisecond}
+	held, delay, err := st.HoldMessage(ctx, pool, h, 5*time.Minute)
+	require.NoError(t, err)
+	require.True(t, held)
+	require.Equal(t, 20*time.Millisecond, delay)
+	var text string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT headers->>'`+store.HeaderHeldSince+`' FROM "`+schema+`".outbox WHERE id = $1`, h.ID).Scan(&text))
+	since, err := time.Parse(time.RFC3339Nano, text)
+	require.NoError(t, err)
+	require.WithinDuration(t, time.Now(), since, time.Minute, "held since now, not the forged future")
+}

@@ -577,17 +577,19 @@ func New(schema string) (*Store, error) {
 		cancelRequest1: `SELECT saga_id, epoch, reason, coalesce(code, '') FROM ` + s + `.saga_cancel_requests WHERE saga_id = $1`,
 		// A Kafka command that cannot run yet leaves its partition for the
 		// outbox, to be published again after a delay: held since $9 (the
-		// first hold, in database time), or now. Nothing is written when it
+		// first hold, in database time), or now; never later than now (least
+		// ignores a NULL), so that a header forged into the future cannot
+		// keep a message held past its grace. Nothing is written when it
 		// has been held longer than $11: then it is parked instead.
 		holdMessage: `INSERT INTO ` + s + `.outbox
 			(id, topic, delivery, aggregatetype, aggregateid, type, payload, headers, saga_id, step_key, created_at, available_at, last_error)
 			SELECT $1, $2, 'relay', $3, $4, $5, $6,
-				$7::jsonb || jsonb_build_object('` + HeaderHeldSince + `', to_char(coalesce($9, c.t) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')),
+				$7::jsonb || jsonb_build_object('` + HeaderHeldSince + `', to_char(least($9, c.t) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')),
 				$8, NULL, c.t,
 				-- The delay grows with the time held so far, up to $13.
-				c.t + least(greatest($10 * interval '1 microsecond', (c.t - coalesce($9, c.t)) / 2), $13 * interval '1 microsecond'), $12
+				c.t + least(greatest($10 * interval '1 microsecond', (c.t - least($9, c.t)) / 2), $13 * interval '1 microsecond'), $12
 			FROM (SELECT clock_timestamp() AS t) c
-			WHERE $11::bigint <= 0 OR coalesce($9, c.t) >= c.t - $11::bigint * interval '1 microsecond'
+			WHERE $11::bigint <= 0 OR least($9, c.t) >= c.t - $11::bigint * interval '1 microsecond'
 			RETURNING EXTRACT(EPOCH FROM available_at - created_at)`,
 	}
 	// The row and the relay's wake-up in one round trip; the notification
