@@ -102,13 +102,17 @@ func (p *RetryPolicy) withDefaults() RetryPolicy {
 
 // retryDelay is how long after failed attempt the next one is due: the
 // policy's Backoff, or the delay the handler asked for with
-// [steps.RetryAfter]. Steps and branches both retry by it.
+// [steps.RetryAfter]. Steps and branches both retry by it. A negative delay
+// (a BackoffFunc's, or a RetryAfterError built by hand) is none: taken
+// as it was, it pulled the saga's rescue deadline back by as much, into
+// the past, and the rescuer took a saga whose retry was on its way for
+// stuck.
 func (p RetryPolicy) retryDelay(attempt int, herr error) time.Duration {
 	var ra *steps.RetryAfterError
 	if errors.As(herr, &ra) {
-		return ra.Delay
+		return max(ra.Delay, 0)
 	}
-	return p.Backoff(attempt)
+	return max(p.Backoff(attempt), 0)
 }
 
 // Remote makes a step a call to another service (a participant, see
@@ -180,6 +184,14 @@ type Step[S any] struct {
 	// Timeout bounds one attempt (its context is cancelled then). An attempt
 	// that runs out of time fails with code step_timeout and is retried like
 	// any other failure. Defaults to StepTimeoutDefault.
+	//
+	// A local step's transaction stays open while it runs, and PostgreSQL
+	// ends a transaction left idle for longer than its largest setting,
+	// 2^31-1 ms (about 24.8 days): a longer Timeout is kept (the step's
+	// context and the saga's rescue deadline use it), but an attempt that
+	// sits idle in its transaction for more than 24.8 days loses its
+	// session and is attempted again, as after any lost session. A remote
+	// step holds no transaction while its reply is awaited.
 	Timeout time.Duration
 	// Pivot marks the step after which the saga can no longer be undone
 	// (the card is charged, the order is shipped): once it has completed,

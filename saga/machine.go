@@ -147,7 +147,7 @@ func (m machine) moveTo(d *decision, sg *store.Saga, def *compiled, i int, dir s
 	}
 	tr.Status, tr.StepIndex, tr.StepName, tr.Direction, tr.Attempt = statusFor(dir), i, def.steps[i].name, string(dir), 0
 	tr.WaitKind, tr.WaitFor = "", ""
-	tr.CheckAfter = sumCapped(def.steps[i].timeout, m.slack)
+	tr.CheckAfter = m.deadline(def.steps[i].timeout)
 	d.next = &nextCommand{step: def.steps[i].name, dir: dir, epoch: sg.Epoch}
 }
 
@@ -267,7 +267,7 @@ func (m machine) failure(sg *store.Saga, def *compiled, idx int, dir steps.Direc
 		if dir == steps.Forward {
 			tr.LastError, tr.LastErrorCode = &msg, &code
 		}
-		tr.CheckAfter = sumCapped(delay, def.steps[idx].timeout, m.slack)
+		tr.CheckAfter = m.deadline(delay, def.steps[idx].timeout)
 		d.next = &nextCommand{step: sg.StepName, dir: dir, epoch: sg.Epoch, delay: delay}
 		d.retry = true
 		return d
@@ -489,7 +489,7 @@ func (m machine) parked(sg *store.Saga, def *compiled, idx int, kind, waitFor st
 	tr.SetWaitUntil, tr.WaitDelay = true, delay
 	d := decision{tr: tr}
 	if delay >= 0 {
-		tr.CheckAfter, tr.ExactDeadline = sumCapped(delay, def.steps[idx].timeout, m.slack), true
+		tr.CheckAfter, tr.ExactDeadline = m.deadline(delay, def.steps[idx].timeout), true
 		d.next = &nextCommand{step: sg.StepName, dir: steps.Forward, epoch: sg.Epoch, delay: delay}
 	} else {
 		tr.WaitDelay = -1
@@ -655,7 +655,7 @@ func (m machine) rescue(s *store.StuckSaga, def *compiled) rescueDecision {
 func (m machine) redrive(s *store.StuckSaga, timeout time.Duration, attempt int) decision {
 	tr := transitionFrom(&s.Saga)
 	tr.Attempt = attempt
-	tr.CheckAfter = sumCapped(timeout, m.slack)
+	tr.CheckAfter = m.deadline(timeout)
 	detail, _ := json.Marshal(map[string]any{"reason": "command lost; re-driven", "attempt": attempt})
 	tr.History = []store.HistoryEntry{{SagaID: s.ID, Event: EventSagaRescued, StepName: s.StepName,
 		Direction: s.Direction, Epoch: s.Epoch, Attempt: attempt, Detail: detail}}
@@ -678,7 +678,7 @@ func (m machine) resume(sg *store.Saga, def *compiled, hist []store.History, rea
 	tr := transitionFrom(sg)
 	tr.Status = statusFor(dir)
 	tr.Attempt = 0
-	tr.CheckAfter = sumCapped(stepTimeoutIn(def, sg.StepName), m.slack)
+	tr.CheckAfter = m.deadline(stepTimeoutIn(def, sg.StepName))
 	if dir == steps.Compensate {
 		if c := compensationCause(hist, sg.Epoch); c != nil {
 			tr.LastError, tr.LastErrorCode, tr.FailedStep = c.Error, c.ErrorCode, nil
@@ -747,21 +747,33 @@ func (m machine) rerun(sg *store.Saga, def *compiled, idx int, first, from, reas
 	tr.Status, tr.StepIndex, tr.StepName, tr.Direction = store.StatusRunning, idx, from, string(steps.Forward)
 	tr.Epoch, tr.Attempt = sg.Epoch+1, 0
 	tr.LastError, tr.LastErrorCode, tr.FailedStep = nil, nil, nil
-	tr.CheckAfter = sumCapped(stepTimeoutIn(def, from), m.slack)
+	tr.CheckAfter = m.deadline(stepTimeoutIn(def, from))
 	detail, _ := json.Marshal(map[string]any{"reason": reason, "from_status": sg.Status, "from_step": from})
 	tr.History = []store.HistoryEntry{{SagaID: sg.ID, Event: EventSagaRerun, StepName: from,
 		Direction: string(steps.Forward), Epoch: sg.Epoch + 1, Detail: detail}}
 	return decision{tr: tr, next: &nextCommand{step: from, dir: steps.Forward, epoch: sg.Epoch + 1}}, nil
 }
 
-// sumCapped adds durations that are not negative, stopping at the longest
-// time.Duration: a wait until a far future (SleepUntil the year 9999) is
-// already the longest, and the step's timeout and the slack added to it
-// must not turn the rescue deadline negative, into the past.
+// deadline is how long from now a saga counts as stuck when what it does
+// next takes ds (a delay, a wait, a step's timeout): their sum and the
+// slack, stopping at the longest duration (see [sumCapped]). Every rescue
+// deadline a decision writes comes from here, so that none of them can
+// wrap into the past.
+func (m machine) deadline(ds ...time.Duration) time.Duration {
+	return sumCapped(append(ds, m.slack)...)
+}
+
+// sumCapped adds durations, stopping at the longest time.Duration: a wait
+// until a far future (SleepUntil the year 9999) is already the longest, and
+// the step's timeout and the slack added to it must not turn the rescue
+// deadline negative, into the past. A negative duration counts as none.
 func sumCapped(ds ...time.Duration) time.Duration {
 	var sum time.Duration
 	for _, d := range ds {
-		if d > 0 && sum > math.MaxInt64-d {
+		if d <= 0 {
+			continue
+		}
+		if sum > math.MaxInt64-d {
 			return math.MaxInt64
 		}
 		sum += d

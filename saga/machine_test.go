@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -630,4 +631,60 @@ func TestMachineStoresTheTextOfANULEscape(t *testing.T) {
 	raw, err = json.Marshal(map[string]string{"path": "C:\x00dir"})
 	require.NoError(t, err)
 	require.Equal(t, CodeStateEncode, steps.Code(testMachine.checkState("charge", raw)))
+}
+
+// Every rescue deadline a decision writes is the sum of what the saga does
+// next and the slack, and no sum wraps: a wait of the longest duration (a
+// SleepUntil in the year 9999) stays the longest, not a time in the past.
+// The PostgreSQL settings in milliseconds stop at their largest value.
+func TestDeadlineSumsStopAtTheLongestDuration(t *testing.T) {
+	const longest = time.Duration(math.MaxInt64)
+	cases := []struct {
+		name string
+		ds   []time.Duration
+		want time.Duration
+	}{
+		{"nothing: the slack", nil, testSlack},
+		{"a timeout and the slack", []time.Duration{time.Minute}, time.Minute + testSlack},
+		{"a delay, a timeout and the slack", []time.Duration{time.Second, time.Minute}, time.Second + time.Minute + testSlack},
+		{"the longest wait", []time.Duration{longest, time.Minute}, longest},
+		{"a wait just short of the longest", []time.Duration{longest - testSlack, time.Nanosecond}, longest},
+		{"two halves of the longest", []time.Duration{longest / 2, longest / 2}, longest},
+		{"a negative duration adds nothing past the cap", []time.Duration{longest, -time.Hour}, longest},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			require.Equal(t, c.want, testMachine.deadline(c.ds...))
+		})
+	}
+	require.Equal(t, "60000", settingMillis(time.Minute))
+	require.Equal(t, "2147483647", settingMillis(30*24*time.Hour), "30 days is past the setting's largest value")
+	require.Equal(t, "2147483647", settingMillis(longest, 5*time.Second), "the longest step timeout must not wrap negative")
+}
+
+// A negative retry delay, from a BackoffFunc or a RetryAfterError built by
+// hand, is no delay: the retry is due now and the rescue deadline is the
+// step's timeout and the slack from now. Taken as it was, an hour's negative
+// delay put the deadline an hour back, in the past, and the rescuer would
+// take a saga whose retry was on its way for stuck.
+func TestANegativeRetryDelayIsNone(t *testing.T) {
+	t.Parallel()
+	for name, d := range map[string]time.Duration{"an hour back": -time.Hour, "the shortest duration": math.MinInt64} {
+		for how, herr := range map[string]error{
+			"backoff":     errors.New("down"),
+			"retry after": &steps.RetryAfterError{Delay: d, Err: errors.New("later")},
+		} {
+			t.Run(name+", "+how, func(t *testing.T) {
+				t.Parallel()
+				def, err := Define("neg", Step[noState]{Name: "flaky", Action: noop, Timeout: 10 * time.Second,
+					Retry: &RetryPolicy{MaxAttempts: 3, Backoff: func(int) time.Duration { return d }}}).compile()
+				require.NoError(t, err)
+				dec := testMachine.failure(at(def, "flaky", steps.Forward, store.StatusRunning, 0), def, 0, steps.Forward, 1, herr, 0)
+				require.True(t, dec.retry)
+				require.NotNil(t, dec.next)
+				require.Equal(t, time.Duration(0), dec.next.delay)
+				require.Equal(t, 10*time.Second+testSlack, dec.tr.CheckAfter)
+			})
+		}
+	}
 }

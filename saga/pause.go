@@ -280,7 +280,7 @@ func (e *Engine) unpause(ctx context.Context, tx pgx.Tx, sg *store.Saga, reason 
 	}
 	// The rescuer left the saga alone while it was paused: its deadline
 	// starts again from now.
-	if err := e.st.RestartDeadline(ctx, tx, sg.ID, sumCapped(stepTimeoutIn(e.lookup(sg), sg.StepName), e.cfg.RescueSlack)); err != nil {
+	if err := e.st.RestartDeadline(ctx, tx, sg.ID, e.machine.deadline(stepTimeoutIn(e.lookup(sg), sg.StepName))); err != nil {
 		return false, err
 	}
 	return true, e.st.Notify(ctx, tx, e.cfg.CommandTopic)

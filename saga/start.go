@@ -215,7 +215,7 @@ func (e *Engine) startRaw(ctx context.Context, db store.DBTX, own bool, def *com
 // is sooner (a remote step whose reply timeout is shorter than the first
 // step's timeout). A saga still going then costs the rescuer one update.
 func (e *Engine) firstDeadline(timeout time.Duration) store.Check {
-	return store.Check{From: timeout, At: sumCapped(timeout, e.cfg.RescueSlack, e.cfg.RescueSlack)}
+	return store.Check{From: timeout, At: e.machine.deadline(timeout, e.cfg.RescueSlack)}
 }
 
 // existingStart finds the saga that a start which wrote nothing collided

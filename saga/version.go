@@ -316,7 +316,7 @@ func (m machine) migrated(sg *store.Saga, to *compiled, idx int, dir steps.Direc
 	tr.Status, tr.StepIndex, tr.StepName, tr.Direction = statusFor(dir), idx, to.steps[idx].name, string(dir)
 	tr.Attempt, tr.State, tr.DefVersion = 0, raw, to.version
 	tr.WaitKind, tr.WaitFor = "", ""
-	tr.CheckAfter = sumCapped(to.steps[idx].timeout, m.slack)
+	tr.CheckAfter = m.deadline(to.steps[idx].timeout)
 	detail, _ := json.Marshal(map[string]any{"from_version": fromVersion, "to_version": to.version,
 		"from_step": sg.StepName, "from_direction": sg.Direction, "to_step": to.steps[idx].name, "to_direction": string(dir)})
 	tr.History = []store.HistoryEntry{{SagaID: sg.ID, Event: EventSagaMigrated, StepName: to.steps[idx].name,
