@@ -62,7 +62,8 @@ type StepRun struct {
 func (r *StepRun) IdempotencyKey() string { return r.Key.String() }
 
 // BackoffFunc returns how long to wait before the next attempt, given the
-// number of the attempt that just failed (1 for the first).
+// number of the attempt that just failed (1 for the first). A negative
+// duration is taken as none: the next attempt is due at once.
 type BackoffFunc func(attempt int) time.Duration
 
 // ExponentialBackoff returns a BackoffFunc that doubles from initial up to

@@ -34,7 +34,7 @@ func IsPermanent(err error) bool {
 }
 
 // RetryAfterError asks for a retry no sooner than Delay. Make one with
-// [RetryAfter].
+// [RetryAfter]; a negative Delay is taken as none.
 type RetryAfterError struct {
 	Delay time.Duration
 	Err   error
