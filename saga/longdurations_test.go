@@ -143,3 +143,95 @@ func TestAStepWithATimeoutOfMonthsRuns(t *testing.T) {
 		})
 	}
 }
+
+// An operator acts while a step with a timeout of months runs: a cancel
+// interrupts it at once (its context is cancelled) and the saga is
+// compensated; a pause lets it finish and holds the next step until the
+// saga is resumed, after which the rescue deadline is again the step's
+// timeout ahead and the saga completes. The unpause's deadline is one of
+// the sums that stop at the longest duration.
+func TestOperatorActsDuringAStepWithATimeoutOfMonths(t *testing.T) {
+	t.Parallel()
+	for _, timeout := range []time.Duration{30 * 24 * time.Hour, math.MaxInt64} {
+		t.Run("cancel/"+timeout.String(), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, &saga.Config{PollInterval: 20 * time.Millisecond})
+			entered := make(chan struct{})
+			def := saga.Define("patient",
+				saga.Step[order]{Name: "first", Action: func(ctx context.Context, run *saga.StepRun, _ *order) error {
+					return recordEffect(ctx, run, b.schema)
+				}, Compensate: func(ctx context.Context, run *saga.StepRun, _ *order) error {
+					return recordEffect(ctx, run, b.schema)
+				}},
+				saga.Step[order]{Name: "slow", Timeout: timeout, Action: func(ctx context.Context, run *saga.StepRun, _ *order) error {
+					close(entered)
+					<-ctx.Done() // runs until interrupted
+					return ctx.Err()
+				}},
+			)
+			require.NoError(t, b.engine.Register(def))
+			b.start(t)
+			ctx := context.Background()
+			st, err := saga.Start(ctx, b.engine, def, order{}, nil)
+			require.NoError(t, err)
+			select {
+			case <-entered:
+			case <-time.After(20 * time.Second):
+				t.Fatal("the slow step never ran")
+			}
+			require.NoError(t, b.engine.Cancel(ctx, st.ID, "operator"))
+			in := b.waitTerminalWithin(t, st.ID, 20*time.Second)
+			require.Equal(t, saga.StatusCompensated, in.Status, "history: %v", eventTypes(in))
+			require.Equal(t, saga.ErrorInfo{Code: saga.CodeCancelled, Message: "operator"}, *in.LastError)
+			require.Equal(t, []string{"first/forward", "first/compensate"}, b.effects(t, st.ID))
+		})
+		t.Run("pause/"+timeout.String(), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, &saga.Config{PollInterval: 20 * time.Millisecond})
+			entered, release := make(chan struct{}), make(chan struct{})
+			entered2, release2 := make(chan struct{}), make(chan struct{})
+			rec := func(ctx context.Context, run *saga.StepRun, _ *order) error { return recordEffect(ctx, run, b.schema) }
+			def := saga.Define("patient",
+				saga.Step[order]{Name: "slow", Timeout: timeout, Action: func(ctx context.Context, run *saga.StepRun, o *order) error {
+					close(entered)
+					<-release
+					return rec(ctx, run, o)
+				}},
+				saga.Step[order]{Name: "next", Timeout: timeout, Action: func(ctx context.Context, run *saga.StepRun, o *order) error {
+					close(entered2)
+					<-release2
+					return rec(ctx, run, o)
+				}},
+			)
+			require.NoError(t, b.engine.Register(def))
+			b.start(t)
+			ctx := context.Background()
+			st, err := saga.Start(ctx, b.engine, def, order{}, nil)
+			require.NoError(t, err)
+			select {
+			case <-entered:
+			case <-time.After(20 * time.Second):
+				t.Fatal("the slow step never ran")
+			}
+			require.NoError(t, b.engine.Pause(ctx, st.ID, "incident"))
+			close(release)
+			waitFor(t, 10*time.Second, func() bool { return b.heldCommands(t, st.ID) == 1 }, "next's command to be held")
+			stays(t, 300*time.Millisecond, func() bool { return len(b.effects(t, st.ID)) == 1 }, "no step may start while paused")
+
+			require.NoError(t, b.engine.Resume(ctx, st.ID, "incident over"))
+			select {
+			case <-entered2:
+			case <-time.After(20 * time.Second):
+				t.Fatal("the next step never ran after the resume")
+			}
+			var deadline time.Time
+			require.NoError(t, b.pool.QueryRow(ctx, "SELECT greatest(next_check_at, due_at) FROM "+b.table("saga_instances")+" WHERE id = $1", st.ID).Scan(&deadline))
+			require.True(t, deadline.After(time.Now().Add(timeout/2)), "the resumed step's rescue deadline is ahead: %v", deadline)
+			close(release2)
+			in := b.waitTerminalWithin(t, st.ID, 20*time.Second)
+			require.Equal(t, saga.StatusCompleted, in.Status, "history: %v", eventTypes(in))
+			require.True(t, hasEvent(in, saga.EventSagaUnpaused))
+			require.Equal(t, []string{"slow/forward", "next/forward"}, b.effects(t, st.ID))
+		})
+	}
+}
