@@ -21,6 +21,7 @@ func RecentPool(tb testing.TB, n int32) *pgxpool.Pool {
 		tb.Fatalf("pgtest: parse connection string: %v", err)
 	}
 	cfg.MaxConns, cfg.MinConns = n, 0
+	withWidthCheck(tb, cfg.ConnConfig)
 	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
 	ctx, cancel := context.WithTimeout(context.Background(), schemaTimeout)
 	defer cancel()

@@ -39,6 +39,15 @@
 // which also stops any server or container the process started and checks
 // for leaked goroutines once the tests have passed.
 //
+// The pools of [NewSchema], [Migrated], [PreparedSchema] and [RecentPool]
+// check the width of what they send: a test fails when one of its
+// statements sends a 64-bit Go integer (int64, time.Duration, uint32, …) to
+// a parameter PostgreSQL typed as int4 or int2, whatever the value, because
+// past 2^31 that statement fails (a RescueSlack of 36 minutes failed every
+// transition that way). After such a statement succeeds, the connection
+// describes it once more for its parameters' types, once per distinct
+// statement and test process. Go int values are not checked.
+//
 // Throwaway servers are built from a template data directory that initdb
 // creates once per machine and PostgreSQL major version under
 // os.TempDir()/sagaflow-pgtest-<uid>; each server gets its own copy of it.

@@ -69,6 +69,7 @@ func PreparedSchema(tb testing.TB, kind string, keep []string,
 		tb.Fatalf("pgtest: parse connection string: %v", err)
 	}
 	cfg.MaxConns = schemaPoolMaxConns
+	withWidthCheck(tb, cfg.ConnConfig)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		tb.Fatalf("pgtest: create pool for schema %s: %v", s.name, err)

@@ -45,6 +45,7 @@ func NewSchema(tb testing.TB) (*pgxpool.Pool, string) {
 		tb.Fatalf("pgtest: parse connection string: %v", err)
 	}
 	cfg.MaxConns = schemaPoolMaxConns
+	withWidthCheck(tb, cfg.ConnConfig)
 
 	ctx, cancel := context.WithTimeout(context.Background(), schemaTimeout)
 	defer cancel()
