@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/textproto"
 	"strconv"
@@ -528,7 +529,10 @@ func (m *Middleware) readBody(r *http.Request) ([]byte, int, string) {
 	if r.Body == nil {
 		return []byte{}, 0, ""
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, m.maxBodyBytes+1))
+	// One byte past the limit tells a body at the limit from a larger one
+	// (and a limit of the largest int64 must not wrap negative: a
+	// LimitReader of a negative N reads nothing).
+	body, err := io.ReadAll(io.LimitReader(r.Body, min(m.maxBodyBytes, math.MaxInt64-1)+1))
 	if err != nil {
 		return nil, http.StatusBadRequest, "request body could not be read"
 	}

@@ -93,7 +93,8 @@ type ConsumerConfig struct {
 	// temporary tables ON COMMIT DROP) is there for the next. If any
 	// message of the batch is poison or its handler fails, nothing of the
 	// batch is committed and its messages run one at a time, each handler
-	// once more. Defaults to 1: one message per transaction.
+	// once more. Defaults to 1: one message per transaction; at most
+	// BatchSizeMax.
 	BatchSize int
 	// Queued, with BatchSize above 1, reports how many messages the reader
 	// holds ready. It is asked once per batch, after its first message: the
@@ -140,8 +141,8 @@ type Consumer struct {
 	idRequired bool
 }
 
-// batchMax bounds ConsumerConfig.BatchSize.
-const batchMax = 1000
+// BatchSizeMax is the largest ConsumerConfig.BatchSize.
+const BatchSizeMax = 1000
 
 // Batched returns how many messages the consumer dealt with several to a
 // transaction (the messages its reader had ready at once).
@@ -159,11 +160,19 @@ func (in *Inbox) NewConsumer(r Reader, cfg *ConsumerConfig) (*Consumer, error) {
 	if len(c.Handlers) == 0 && c.Default == nil {
 		return nil, fmt.Errorf("%w: no Handlers and no Default: every message would be dead-lettered", ErrInvalidConfig)
 	}
-	if c.MaxMessageBytes < 0 || c.RetryInitial < 0 || c.RetryMax < 0 || c.MaxAttempts < 0 || c.RetentionInterval < 0 || c.BatchSize < 0 {
-		return nil, fmt.Errorf("%w: MaxMessageBytes, RetryInitial, RetryMax, MaxAttempts, RetentionInterval and BatchSize must not be negative", ErrInvalidConfig)
+	for _, f := range []struct {
+		name     string
+		negative bool
+	}{
+		{"MaxMessageBytes", c.MaxMessageBytes < 0}, {"RetryInitial", c.RetryInitial < 0}, {"RetryMax", c.RetryMax < 0},
+		{"MaxAttempts", c.MaxAttempts < 0}, {"RetentionInterval", c.RetentionInterval < 0}, {"BatchSize", c.BatchSize < 0},
+	} {
+		if f.negative {
+			return nil, fmt.Errorf("%w: %s must not be negative", ErrInvalidConfig, f.name)
+		}
 	}
-	if c.BatchSize > batchMax {
-		return nil, fmt.Errorf("%w: BatchSize %d is more than %d", ErrInvalidConfig, c.BatchSize, batchMax)
+	if c.BatchSize > BatchSizeMax {
+		return nil, fmt.Errorf("%w: BatchSize %d is more than %d", ErrInvalidConfig, c.BatchSize, BatchSizeMax)
 	}
 	if c.Retention == 0 {
 		c.Retention = RetentionDefault

@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"context"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"sync/atomic"
 	"time"
@@ -83,8 +84,14 @@ func listenOnce(ctx context.Context, pool *pgxpool.Pool, channel string, wake fu
 // 1 gets initial), at most maxDelay: the one backoff curve of sagaflow's
 // retries (steps, relay rows, inbox consumers).
 func Exponential(initial, maxDelay time.Duration, attempt int) time.Duration {
-	d := initial
-	for i := 1; i < attempt && d < maxDelay; i++ {
+	d := max(initial, 0)
+	// At most 63 doublings: a delay past half the cap is the cap (doubling
+	// it could wrap past the longest duration, to 0 or below), and a zero
+	// delay stays zero however high the attempt.
+	for i := 1; i < attempt && d > 0 && d < maxDelay; i++ {
+		if d > maxDelay/2 {
+			return maxDelay
+		}
 		d *= 2
 	}
 	return min(d, maxDelay)
@@ -94,5 +101,12 @@ func Exponential(initial, maxDelay time.Duration, attempt int) time.Duration {
 // and 0.2), so that retries that failed together do not come back
 // together; never below zero.
 func Jitter(d time.Duration, lo, hi float64) time.Duration {
-	return max(d+time.Duration((lo+rand.Float64()*(hi-lo))*float64(d)), 0)
+	j := float64(d) * (1 + lo + rand.Float64()*(hi-lo))
+	switch {
+	case j >= math.MaxInt64: // past the longest duration, which it stays
+		return math.MaxInt64
+	case j <= 0:
+		return 0
+	}
+	return time.Duration(j)
 }

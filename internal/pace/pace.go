@@ -5,6 +5,7 @@ package pace
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/sagaflow/sagaflow/internal/lifecycle"
@@ -25,6 +26,8 @@ func Normalise(what string, l Limits, maxN *int, rate *float64) error {
 		return fmt.Errorf("%s: Max %d is outside 0..%d", what, *maxN, l.MaxLimit)
 	case *rate < 0:
 		return fmt.Errorf("%s: RatePerSecond %g is negative", what, *rate)
+	case math.IsNaN(*rate):
+		return fmt.Errorf("%s: RatePerSecond is NaN", what)
 	}
 	if *maxN == 0 {
 		*maxN = l.MaxDefault
@@ -36,9 +39,15 @@ func Normalise(what string, l Limits, maxN *int, rate *float64) error {
 }
 
 // Each calls f for 0..n-1, at most rate calls per second, stopping early
-// when ctx ends.
+// when ctx ends. An infinite rate is no limit; a rate so small that its
+// interval is past the longest duration waits the longest duration.
 func Each(ctx context.Context, n int, rate float64, f func(i int) error) error {
-	interval := time.Duration(float64(time.Second) / rate)
+	interval := time.Duration(math.MaxInt64)
+	// A float past int64's range converts to an arbitrary value (on amd64
+	// the smallest int64, a negative interval: no limit at all).
+	if iv := float64(time.Second) / rate; iv < math.MaxInt64 {
+		interval = time.Duration(iv)
+	}
 	next := time.Now()
 	for i := range n {
 		if wait := time.Until(next); wait > 0 {
