@@ -111,7 +111,9 @@ func Verify(r *http.Request, opts *VerifyOpts, keys ...[]byte) ([]byte, error) {
 	if len(sigs) == 0 {
 		return nil, fmt.Errorf("%w: no v1= signature in %s", ErrNoSignature, HeaderSignature)
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, o.MaxBodyBytes+1))
+	// One byte past the limit tells a body at the limit from a larger one;
+	// a limit of int64's largest must not wrap it negative (read nothing).
+	body, err := io.ReadAll(io.LimitReader(r.Body, min(o.MaxBodyBytes, math.MaxInt64-1)+1))
 	if err != nil {
 		return nil, fmt.Errorf("webhook: read body: %w", err)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -108,6 +109,12 @@ func TestVerify(t *testing.T) {
 	}
 	_, err = webhook.Verify(signed(t, bytes.Repeat([]byte("x"), 2048), now, key), &webhook.VerifyOpts{MaxBodyBytes: 1024}, key)
 	require.ErrorIs(t, err, webhook.ErrTooLarge)
+	// A limit of int64's largest ("no limit") reads the body: the read limit,
+	// one byte past it, wrapped negative and read nothing, and every
+	// signature failed.
+	got, err = webhook.Verify(signed(t, body, now, key), &webhook.VerifyOpts{MaxBodyBytes: math.MaxInt64}, key)
+	require.NoError(t, err)
+	require.Equal(t, body, got)
 
 	// The handler answers with the status that says why.
 	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
