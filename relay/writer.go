@@ -74,7 +74,9 @@ type WriterOpts struct {
 	// batch. Defaults to WriterBatchTimeoutDefault (1µs).
 	BatchTimeout time.Duration
 	// BatchSize is the most messages per partition in one produce request.
-	// Defaults to WriterBatchSizeDefault.
+	// Defaults to WriterBatchSizeDefault; a larger value than BatchSizeMax
+	// (the most rows a relay batch holds) is taken as BatchSizeMax (kafka-go
+	// sizes a buffer by it: int's largest made the first write panic).
 	BatchSize int
 	// BatchBytes bounds a produce request per partition; keep it at least
 	// the relay's MaxMessageBytes and at most the brokers'
@@ -122,6 +124,7 @@ func NewKafkaWriter(brokers []string, opts *WriterOpts) *kafka.Writer {
 	}
 	setDefault(&o.BatchTimeout, WriterBatchTimeoutDefault)
 	setDefault(&o.BatchSize, WriterBatchSizeDefault)
+	o.BatchSize = min(o.BatchSize, BatchSizeMax)
 	setDefault(&o.BatchBytes, WriterBatchBytesDefault)
 	setDefault(&o.MaxAttempts, WriterMaxAttemptsDefault)
 	setDefault(&o.ReadTimeout, WriterTimeoutDefault)

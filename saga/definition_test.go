@@ -2,6 +2,7 @@ package saga_test
 
 import (
 	"context"
+	"math"
 	"testing"
 	"time"
 
@@ -60,6 +61,8 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{saga.Config{MaxStateBytes: -1}, "MaxStateBytes"},
 		{saga.Config{Kafka: &saga.KafkaConfig{}}, "Kafka.Brokers is empty and Kafka.NewReader is not set"},
 		{saga.Config{Kafka: &saga.KafkaConfig{Brokers: []string{"127.0.0.1:9"}, SessionTimeout: time.Millisecond}}, "Kafka.SessionTimeout 1ms"},
+		{saga.Config{Kafka: &saga.KafkaConfig{Brokers: []string{"127.0.0.1:9"}, SessionTimeout: 365 * 24 * time.Hour}}, "Kafka.SessionTimeout 8760h0m0s: want less than 2^31 ms"},
+		{saga.Config{Kafka: &saga.KafkaConfig{Brokers: []string{"127.0.0.1:9"}, SessionTimeout: math.MaxInt64}}, "Kafka.SessionTimeout 2562047h47m16.854775807s"},
 	} {
 		_, err := saga.New(dummyPool(t), &tc.cfg)
 		require.ErrorIs(t, err, saga.ErrInvalidConfig)

@@ -195,7 +195,12 @@
 // Handlers must honour ctx. An attempt that runs past its Timeout fails
 // with code step_timeout (the step's clock stops while its first statement
 // waits for the batch to send earlier steps' writes: a step is charged only
-// for its own time); a handler that ignores the cancellation for
+// for its own time). A statement the handler runs on run.Tx with ctx
+// when ctx ends (its Timeout, a cancel request) is cancelled on the server
+// (SQLSTATE 57014): the step's writes are undone with its savepoint and
+// the attempt is recorded, while the batch's connection and the other
+// steps of its batch go on; a statement begun after ctx ended is not sent.
+// A handler that ignores the cancellation for
 // [Config.HandlerGrace] is abandoned: its connection is closed (rolling the
 // transaction back) and the attempt is recorded as failed; until it is, the
 // engine's workers leave the saga's commands alone, and for a few seconds

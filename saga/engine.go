@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -257,6 +258,12 @@ func (c *Config) withDefaults() (Config, error) {
 		}
 		if k.SessionTimeout < 0 || (k.SessionTimeout > 0 && k.SessionTimeout < time.Second) {
 			return out, fmt.Errorf("%w: Kafka.SessionTimeout %s: want 0 (the default) or at least 1s", ErrInvalidConfig, k.SessionTimeout)
+		}
+		if k.SessionTimeout >= math.MaxInt32*time.Millisecond {
+			// The Kafka protocol carries it in int32 milliseconds; kafka-go
+			// panicked at Start (review31 F3).
+			return out, fmt.Errorf("%w: Kafka.SessionTimeout %s: want less than 2^31 ms (about 24.8 days; a broker allows 30 min by default)",
+				ErrInvalidConfig, k.SessionTimeout)
 		}
 		if k.ReplyStepLimit == 0 {
 			k.ReplyStepLimit = ReplyStepLimitDefault

@@ -21,6 +21,17 @@ type healthState struct {
 	claimAt   time.Time // of the last claim, successful or not
 	claimErr  error     // of the last claim; nil when it succeeded
 	claimSeen bool
+	// fetchErr is the last fetch of a Kafka reader of the engine, nil when
+	// it brought a message (or none failed yet); fetchAt is when.
+	fetchErr error
+	fetchAt  time.Time
+}
+
+// fetched records the outcome of a Kafka reader's fetch.
+func (h *healthState) fetched(err error) {
+	h.mu.Lock()
+	h.fetchAt, h.fetchErr = time.Now(), err
+	h.mu.Unlock()
 }
 
 func (h *healthState) workerUp()   { h.workers.Add(1) }
@@ -77,10 +88,21 @@ func (e *Engine) Health(ctx context.Context) health.Report {
 			claim.Detail = "last claim (or its batch) failed: " + h.claimErr.Error()
 		}
 	}
+	var kafkaCheck *health.Check
+	if e.kafkaReaders() > 0 {
+		kafkaCheck = &health.Check{Name: "kafka", OK: h.fetchErr == nil, Detail: "no fetch has failed"}
+		if h.fetchErr != nil {
+			kafkaCheck.Detail = "the last fetch failed " + time.Since(h.fetchAt).Round(time.Millisecond).String() + " ago: " + h.fetchErr.Error()
+		}
+	}
 	h.mu.Unlock()
 	listen := health.Check{Name: "listen", OK: h.listening.Load(), Detail: "connected"}
 	if !listen.OK {
 		listen.Detail = "not connected: workers poll every PollInterval"
 	}
-	return health.NewReport("engine", running && have < want, schema, workers, claim, listen)
+	checks := []health.Check{schema, workers, claim, listen}
+	if kafkaCheck != nil {
+		checks = append(checks, *kafkaCheck)
+	}
+	return health.NewReport("engine", running && have < want, checks...)
 }

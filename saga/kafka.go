@@ -82,7 +82,11 @@ type KafkaConfig struct {
 	// engine (killed, paused, cut off) before it gives the engine's
 	// partitions to the others; their commands wait that long. Heartbeats
 	// go every tenth of it. Zero keeps kafka-go's default (30 s); the broker
-	// bounds it (group.min.session.timeout.ms, 6 s by default). It also
+	// bounds it (group.min.session.timeout.ms and
+	// group.max.session.timeout.ms, 6 s and 30 min by default: outside them
+	// the engine consumes nothing, logs an error and its Health is not
+	// ready), and New refuses 2^31 ms (about 24.8 days) or more, which the
+	// Kafka protocol cannot carry. It also
 	// bounds a rebalance (how long the coordinator waits for the engines to
 	// join again, and so how long a stopping engine may wait for one); 10 s
 	// when zero.
@@ -254,7 +258,7 @@ func (e *Engine) kafkaWork(fetch, work context.Context, r KafkaReader) {
 	// Stopping inside consumeKafka leaves the offset uncommitted: the
 	// command is redelivered to whichever engine takes the partition.
 	loop := consume.Loop{Reader: r, Log: e.log, What: "sagaflow kafka", Handle: e.consumeKafka,
-		CommitLost: "the redelivered command will be stale"}
+		CommitLost: "the redelivered command will be stale", OnFetch: e.hstate.fetched}
 	if kr, ok := r.(*kafka.Reader); ok && e.cfg.BatchSize > 1 {
 		// kafka-go's reader keeps a message that a cancelled fetch did not
 		// take, so a batch can take what it holds ready without waiting.

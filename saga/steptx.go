@@ -587,14 +587,17 @@ func (t stepTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	if err := t.flush(); err != nil {
 		return nil, err
 	}
-	return t.Tx.Begin(ctx)
+	return nestedTx{Tx: t.Tx, step: t}.Begin(ctx)
 }
+
+// A step's statements are watched (see [stepTx.watch]): the end of the
+// step's context cancels the statement, not the batch's connection.
 
 func (t stepTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	if err := t.flush(); err != nil {
 		return pgconn.CommandTag{}, err
 	}
-	return t.Tx.Exec(ctx, sql, args...)
+	return nestedTx{Tx: t.Tx, step: t}.Exec(ctx, sql, args...)
 }
 
 // When the queue cannot be sent, the transaction is aborted or its
@@ -607,33 +610,33 @@ func (t stepTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, e
 		rows.Close()
 		return rows, err
 	}
-	return t.Tx.Query(ctx, sql, args...)
+	return nestedTx{Tx: t.Tx, step: t}.Query(ctx, sql, args...)
 }
 
 func (t stepTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	if err := t.flush(); err != nil {
 		return errRow{err}
 	}
-	return t.Tx.QueryRow(ctx, sql, args...)
+	return nestedTx{Tx: t.Tx, step: t}.QueryRow(ctx, sql, args...)
 }
 
 func (t stepTx) SendBatch(ctx context.Context, q *pgx.Batch) pgx.BatchResults {
 	_ = t.flush()
-	return t.Tx.SendBatch(ctx, q)
+	return nestedTx{Tx: t.Tx, step: t}.SendBatch(ctx, q)
 }
 
 func (t stepTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
 	if err := t.flush(); err != nil {
 		return 0, err
 	}
-	return t.Tx.CopyFrom(ctx, table, columns, src)
+	return nestedTx{Tx: t.Tx, step: t}.CopyFrom(ctx, table, columns, src)
 }
 
 func (t stepTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
 	if err := t.flush(); err != nil {
 		return nil, err
 	}
-	return t.Tx.Prepare(ctx, name, sql)
+	return nestedTx{Tx: t.Tx, step: t}.Prepare(ctx, name, sql)
 }
 
 // LargeObjects and Conn hand out what runs statements without this wrapper:

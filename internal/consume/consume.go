@@ -7,6 +7,7 @@ package consume
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 
@@ -54,6 +55,10 @@ type Loop struct {
 	// is Stats().QueueLength, which also resets the reader's other stats,
 	// so it is set only for readers no one else reads the stats of.
 	Queued func() int
+	// OnFetch, when set, is told the outcome of each fetch of a message
+	// that was not cut short by fetch's end: nil when a message came, else
+	// the error (a health check shows it).
+	OnFetch func(err error)
 
 	// pending are messages Handle gave up on: the reader has moved past
 	// them, so the next Run on the same reader handles them before
@@ -87,9 +92,12 @@ func (l *Loop) Run(fetch, work context.Context) {
 				}
 				return
 			}
+			if l.OnFetch != nil {
+				l.OnFetch(err)
+			}
 			if err != nil {
 				failures++
-				l.Log.WarnContext(work, l.What+": fetch failed", append(l.Attrs, slog.Any("error", err))...)
+				l.fetchFailed(work, err)
 				if !lifecycle.Sleep(fetch, lifecycle.Backoff(failures)) {
 					return
 				}
@@ -148,4 +156,17 @@ func (l *Loop) Run(fetch, work context.Context) {
 			return
 		}
 	}
+}
+
+// fetchFailed logs a failed fetch: a warning, as the fetch is tried again;
+// an error when the broker refuses the group's session timeout, which no
+// retry mends (the consumer never joins its group, and consumes nothing).
+func (l *Loop) fetchFailed(work context.Context, err error) {
+	if errors.Is(err, kafka.InvalidSessionTimeout) {
+		l.Log.ErrorContext(work, l.What+": the broker refuses the consumer group's session timeout, so nothing is consumed: "+
+			"set it within the broker's group.min.session.timeout.ms and group.max.session.timeout.ms (6 s and 30 min by default)",
+			append(l.Attrs, slog.Any("error", err))...)
+		return
+	}
+	l.Log.WarnContext(work, l.What+": fetch failed", append(l.Attrs, slog.Any("error", err))...)
 }
