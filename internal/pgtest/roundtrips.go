@@ -16,6 +16,9 @@ import (
 type RoundTrips struct {
 	mu  sync.Mutex
 	rts []RoundTrip
+	// width is the width check of the pool it was made like, if any,
+	// which its statements go through too.
+	width *widthCheck
 }
 
 // RoundTrip is one round trip: the backend's process id and the statements
@@ -31,6 +34,7 @@ func Traced(t testing.TB, pool *pgxpool.Pool, maxConns int32) (*pgxpool.Pool, *R
 	t.Helper()
 	cfg := pool.Config().Copy()
 	rt := &RoundTrips{}
+	rt.width, _ = cfg.ConnConfig.Tracer.(*widthCheck)
 	cfg.ConnConfig.Tracer = rt
 	cfg.MaxConns = maxConns
 	traced, err := pgxpool.NewWithConfig(context.Background(), cfg)
@@ -50,11 +54,18 @@ func (r *RoundTrips) add(c *pgx.Conn, stmts ...string) {
 // TraceQueryStart records a query.
 func (r *RoundTrips) TraceQueryStart(ctx context.Context, c *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	r.add(c, d.SQL)
+	if r.width != nil {
+		return r.width.TraceQueryStart(ctx, c, d)
+	}
 	return ctx
 }
 
-// TraceQueryEnd does nothing.
-func (r *RoundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+// TraceQueryEnd hands the query to the width check.
+func (r *RoundTrips) TraceQueryEnd(ctx context.Context, c *pgx.Conn, d pgx.TraceQueryEndData) {
+	if r.width != nil {
+		r.width.TraceQueryEnd(ctx, c, d)
+	}
+}
 
 // TraceBatchStart records a batch's statements.
 func (r *RoundTrips) TraceBatchStart(ctx context.Context, c *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
@@ -66,11 +77,19 @@ func (r *RoundTrips) TraceBatchStart(ctx context.Context, c *pgx.Conn, d pgx.Tra
 	return ctx
 }
 
-// TraceBatchQuery does nothing.
-func (r *RoundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+// TraceBatchQuery hands the batch's query to the width check.
+func (r *RoundTrips) TraceBatchQuery(ctx context.Context, c *pgx.Conn, d pgx.TraceBatchQueryData) {
+	if r.width != nil {
+		r.width.TraceBatchQuery(ctx, c, d)
+	}
+}
 
-// TraceBatchEnd does nothing.
-func (r *RoundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+// TraceBatchEnd hands the batch's end to the width check.
+func (r *RoundTrips) TraceBatchEnd(ctx context.Context, c *pgx.Conn, d pgx.TraceBatchEndData) {
+	if r.width != nil {
+		r.width.TraceBatchEnd(ctx, c, d)
+	}
+}
 
 // All returns every round trip so far, in order.
 func (r *RoundTrips) All() []RoundTrip {
