@@ -184,7 +184,11 @@ type Step[S any] struct {
 	CompensateRetry *RetryPolicy
 	// Timeout bounds one attempt (its context is cancelled then). An attempt
 	// that runs out of time fails with code step_timeout and is retried like
-	// any other failure. Defaults to StepTimeoutDefault.
+	// any other failure. Defaults to StepTimeoutDefault. The Timeout
+	// cancels the attempt's context; it does not undo a success: an attempt
+	// that returns nil after it, its transaction intact, has completed the
+	// step, and its writes commit (statements sent with the cancelled
+	// context are not, or are cancelled on the server).
 	//
 	// A local step's transaction stays open while it runs, and PostgreSQL
 	// ends a transaction left idle for longer than its largest setting,

@@ -192,10 +192,11 @@
 // must leave no effect behind, or be retried until it succeeds (its
 // idempotency key makes retrying safe).
 //
-// Handlers must honour ctx. An attempt that runs past its Timeout fails
-// with code step_timeout (the step's clock stops while its first statement
-// waits for the batch to send earlier steps' writes: a step is charged only
-// for its own time). A statement the handler runs on run.Tx with ctx
+// Handlers must honour ctx. An attempt that runs past its Timeout and
+// returns an error fails with code step_timeout (the step's clock stops
+// while its first statement waits for the batch to send earlier steps'
+// writes: a step is charged only for its own time); one that returns nil,
+// its transaction intact, succeeded late and counts. A statement the handler runs on run.Tx with ctx
 // when ctx ends (its Timeout, a cancel request) is cancelled on the server
 // (SQLSTATE 57014): the step's writes are undone with its savepoint and
 // the attempt is recorded, while the batch's connection and the other

@@ -262,6 +262,18 @@ func (e *Engine) callHandler(ctx context.Context, t *batchTx, run *StepRun, canc
 		return r.state, cr
 	}
 	if r.err == nil && base.Err() != nil && ctx.Err() == nil {
+		if t.aborted() {
+			// It swallowed the error of the statement its context's end
+			// cut (57014), and its transaction is aborted: nothing it wrote
+			// is left. The end of its context is the outcome, not a
+			// tx_aborted failure (found by review32).
+			if errors.As(cause, &cr) {
+				return r.state, cr
+			}
+			if timedOut {
+				return nil, steps.WithCode(CodeTimeout, fmt.Errorf("step %q timed out after %s: its statement was cancelled, and its transaction is aborted", run.Step, timeout))
+			}
+		}
 		// Finished after its deadline (or a cancel request) but without
 		// error: accept the result; its writes are still in the transaction
 		// and commit with it.
