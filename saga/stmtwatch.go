@@ -49,10 +49,9 @@ func (t stepTx) watch(ctx context.Context) (context.Context, func(), error) {
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err
 	}
+	// The engine's own statements on the step's transaction come with the
+	// batch's context: nothing to watch.
 	batch := t.bt.ctx
-	if batch == nil {
-		batch = context.WithoutCancel(ctx)
-	}
 	if ctx == batch || ctx.Done() == nil {
 		return ctx, func() {}, nil
 	}
