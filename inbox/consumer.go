@@ -139,6 +139,8 @@ type Consumer struct {
 	// idRequired: the reader's offsets do not survive a redelivery (see
 	// [OffsetsNotKept]), so a message without an id is poison.
 	idRequired bool
+	// fetches follows the loop's fetches for Health.
+	fetches consume.FetchHealth
 }
 
 // BatchSizeMax is the largest ConsumerConfig.BatchSize.
@@ -208,6 +210,7 @@ func (in *Inbox) NewConsumer(r Reader, cfg *ConsumerConfig) (*Consumer, error) {
 		// The offset moves only after the transaction committed; if this
 		// commit is lost, the redelivery is a duplicate the inbox skips.
 		CommitLost: "the message will be redelivered and skipped",
+		OnFetch:    cons.fetches.Fetched,
 	}
 	if _, ok := r.(*kafka.Reader); ok && c.BatchSize > 1 {
 		// kafka-go's reader keeps a message that a cancelled fetch did not

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sagaflow/sagaflow/health"
+	"github.com/sagaflow/sagaflow/internal/consume"
 	"github.com/sagaflow/sagaflow/internal/pgerr"
 	"github.com/sagaflow/sagaflow/migrations"
 )
@@ -21,24 +22,8 @@ type healthState struct {
 	claimAt   time.Time // of the last claim, successful or not
 	claimErr  error     // of the last claim; nil when it succeeded
 	claimSeen bool
-	// fetchErr is the last fetch of a Kafka reader of the engine, nil when
-	// it brought a message (or none failed yet); fetchAt is when.
-	fetchErr error
-	fetchAt  time.Time
-}
 
-// kafkaFailureFresh is how long after a failed fetch the engine's kafka
-// health check stays not OK: longer than the longest wait before a fetch is
-// tried again (a few seconds, kafka-go's own group join backoff included),
-// so that a fetch that keeps failing keeps it not OK, and one that no
-// longer fails lets it go.
-const kafkaFailureFresh = 30 * time.Second
-
-// fetched records the outcome of a Kafka reader's fetch.
-func (h *healthState) fetched(err error) {
-	h.mu.Lock()
-	h.fetchAt, h.fetchErr = time.Now(), err
-	h.mu.Unlock()
+	fetches consume.FetchHealth // of the engine's Kafka readers
 }
 
 func (h *healthState) workerUp()   { h.workers.Add(1) }
@@ -96,26 +81,14 @@ func (e *Engine) Health(ctx context.Context) health.Report {
 			claim.Detail = "last claim (or its batch) failed: " + h.claimErr.Error()
 		}
 	}
-	var kafkaCheck *health.Check
-	if e.kafkaReaders() > 0 {
-		// A failing fetch is tried again within seconds (see consume.Loop),
-		// so a failure older than kafkaFailureFresh is one that stopped: a
-		// fetch that waits for a message reports nothing until one comes.
-		kafkaCheck = &health.Check{Name: "kafka", OK: true, Detail: "no fetch has failed"}
-		if h.fetchErr != nil {
-			ago := time.Since(h.fetchAt)
-			kafkaCheck.OK = ago >= kafkaFailureFresh
-			kafkaCheck.Detail = "the last fetch failed " + ago.Round(time.Millisecond).String() + " ago: " + h.fetchErr.Error()
-		}
-	}
 	h.mu.Unlock()
 	listen := health.Check{Name: "listen", OK: h.listening.Load(), Detail: "connected"}
 	if !listen.OK {
 		listen.Detail = "not connected: workers poll every PollInterval"
 	}
 	checks := []health.Check{schema, workers, claim, listen}
-	if kafkaCheck != nil {
-		checks = append(checks, *kafkaCheck)
+	if e.kafkaReaders() > 0 {
+		checks = append(checks, h.fetches.Check("kafka"))
 	}
 	return health.NewReport("engine", running && have < want, checks...)
 }

@@ -258,7 +258,7 @@ func (e *Engine) kafkaWork(fetch, work context.Context, r KafkaReader) {
 	// Stopping inside consumeKafka leaves the offset uncommitted: the
 	// command is redelivered to whichever engine takes the partition.
 	loop := consume.Loop{Reader: r, Log: e.log, What: "sagaflow kafka", Handle: e.consumeKafka,
-		CommitLost: "the redelivered command will be stale", OnFetch: e.hstate.fetched}
+		CommitLost: "the redelivered command will be stale", OnFetch: e.hstate.fetches.Fetched}
 	if kr, ok := r.(*kafka.Reader); ok && e.cfg.BatchSize > 1 {
 		// kafka-go's reader keeps a message that a cancelled fetch did not
 		// take, so a batch can take what it holds ready without waiting.
