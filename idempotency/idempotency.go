@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net/http"
 	"net/textproto"
 	"strconv"
@@ -22,6 +21,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/sagaflow/sagaflow/internal/limitread"
 	"github.com/sagaflow/sagaflow/internal/pgerr"
 	"github.com/sagaflow/sagaflow/internal/safetext"
 )
@@ -529,14 +529,11 @@ func (m *Middleware) readBody(r *http.Request) ([]byte, int, string) {
 	if r.Body == nil {
 		return []byte{}, 0, ""
 	}
-	// One byte past the limit tells a body at the limit from a larger one
-	// (and a limit of the largest int64 must not wrap negative: a
-	// LimitReader of a negative N reads nothing).
-	body, err := io.ReadAll(io.LimitReader(r.Body, min(m.maxBodyBytes, math.MaxInt64-1)+1))
+	body, over, err := limitread.Read(r.Body, m.maxBodyBytes)
 	if err != nil {
 		return nil, http.StatusBadRequest, "request body could not be read"
 	}
-	if int64(len(body)) > m.maxBodyBytes {
+	if over {
 		return nil, http.StatusRequestEntityTooLarge, tooLarge
 	}
 	return body, 0, ""

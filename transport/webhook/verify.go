@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sagaflow/sagaflow/internal/limitread"
 )
 
 // Receiver defaults.
@@ -111,13 +113,11 @@ func Verify(r *http.Request, opts *VerifyOpts, keys ...[]byte) ([]byte, error) {
 	if len(sigs) == 0 {
 		return nil, fmt.Errorf("%w: no v1= signature in %s", ErrNoSignature, HeaderSignature)
 	}
-	// One byte past the limit tells a body at the limit from a larger one;
-	// a limit of int64's largest must not wrap it negative (read nothing).
-	body, err := io.ReadAll(io.LimitReader(r.Body, min(o.MaxBodyBytes, math.MaxInt64-1)+1))
+	body, over, err := limitread.Read(r.Body, o.MaxBodyBytes)
 	if err != nil {
 		return nil, fmt.Errorf("webhook: read body: %w", err)
 	}
-	if int64(len(body)) > o.MaxBodyBytes {
+	if over {
 		return nil, fmt.Errorf("%w: more than %d bytes", ErrTooLarge, o.MaxBodyBytes)
 	}
 	for _, k := range keys {
