@@ -587,17 +587,21 @@ func (t stepTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	if err := t.flush(); err != nil {
 		return nil, err
 	}
-	return nestedTx{Tx: t.Tx, step: t}.Begin(ctx)
+	return t.nested().Begin(ctx)
 }
 
 // A step's statements are watched (see [stepTx.watch]): the end of the
 // step's context cancels the statement, not the batch's connection.
 
+// nested is t as the savepoints it begins see it: its statements watched,
+// without the flush (stepTx's own methods flush first).
+func (t stepTx) nested() nestedTx { return nestedTx{Tx: t.Tx, step: t} }
+
 func (t stepTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	if err := t.flush(); err != nil {
 		return pgconn.CommandTag{}, err
 	}
-	return nestedTx{Tx: t.Tx, step: t}.Exec(ctx, sql, args...)
+	return t.nested().Exec(ctx, sql, args...)
 }
 
 // When the queue cannot be sent, the transaction is aborted or its
@@ -610,33 +614,33 @@ func (t stepTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, e
 		rows.Close()
 		return rows, err
 	}
-	return nestedTx{Tx: t.Tx, step: t}.Query(ctx, sql, args...)
+	return t.nested().Query(ctx, sql, args...)
 }
 
 func (t stepTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	if err := t.flush(); err != nil {
 		return errRow{err}
 	}
-	return nestedTx{Tx: t.Tx, step: t}.QueryRow(ctx, sql, args...)
+	return t.nested().QueryRow(ctx, sql, args...)
 }
 
 func (t stepTx) SendBatch(ctx context.Context, q *pgx.Batch) pgx.BatchResults {
 	_ = t.flush()
-	return nestedTx{Tx: t.Tx, step: t}.SendBatch(ctx, q)
+	return t.nested().SendBatch(ctx, q)
 }
 
 func (t stepTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
 	if err := t.flush(); err != nil {
 		return 0, err
 	}
-	return nestedTx{Tx: t.Tx, step: t}.CopyFrom(ctx, table, columns, src)
+	return t.nested().CopyFrom(ctx, table, columns, src)
 }
 
 func (t stepTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
 	if err := t.flush(); err != nil {
 		return nil, err
 	}
-	return nestedTx{Tx: t.Tx, step: t}.Prepare(ctx, name, sql)
+	return t.nested().Prepare(ctx, name, sql)
 }
 
 // LargeObjects and Conn hand out what runs statements without this wrapper:
