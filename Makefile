@@ -94,7 +94,7 @@ lint: ## gofmt, go vet, staticcheck and unparam (also of the container helper's 
 
 .PHONY: bench
 bench: ## engine vs raw PostgreSQL, relay vs raw kafka-go: throughput and latency, same machine, same run
-	$(GO) test -run '^$$' -bench 'StepThroughput|StepLatency|ConcurrencyKeyOverhead|PauseTriggerOverhead' -benchtime=6000x -count=3 ./saga/
+	$(GO) test -run '^$$' -bench 'StepThroughput|StepLatency|ConcurrencyKeyOverhead|PauseTriggerOverhead|StatementWatchOverhead' -benchtime=6000x -count=3 ./saga/
 	$(GO) test -run '^$$' -bench 'ParallelVsSequential' -benchtime=20x -count=3 ./saga/
 	$(GO) test -run '^$$' -bench 'RelayThroughput|CommitToKafkaLatency' -benchtime=20000x -count=3 ./relay/
 

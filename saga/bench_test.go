@@ -236,13 +236,31 @@ func engineRun(b *testing.B, pool *pgxpool.Pool, schema string, conc, steps, inf
 // it is not nil.
 func engineRunWith(b *testing.B, pool *pgxpool.Pool, schema string, conc, steps, inflight int,
 	mod func(*saga.Config)) (float64, time.Duration, time.Duration) {
-	return engineRunKeyed(b, pool, schema, conc, steps, inflight, mod, false)
+	return engineRunShaped(b, pool, schema, conc, steps, inflight, mod, runShape{})
 }
 
-// engineRunKeyed is engineRunWith; keyed gives the definition a concurrency
-// limit of 1 and each saga a key of its own (bench_concurrency_test.go).
-func engineRunKeyed(b *testing.B, pool *pgxpool.Pool, schema string, conc, steps, inflight int,
-	mod func(*saga.Config), keyed bool) (float64, time.Duration, time.Duration) {
+// runShape varies the benchmark's saga (bench_concurrency_test.go).
+type runShape struct {
+	// keyed gives the definition a concurrency limit of 1 and each saga a
+	// key of its own.
+	keyed bool
+	// stmt makes each step run one statement on run.Tx: with the step's
+	// context (watched: the step's end would cancel it on the server), or
+	// with context.Background() (not watched).
+	stmt stmtMode
+}
+
+type stmtMode int
+
+const (
+	stmtNone stmtMode = iota
+	stmtWatched
+	stmtUnwatched
+)
+
+// engineRunShaped is engineRunWith with the saga shaped by shape.
+func engineRunShaped(b *testing.B, pool *pgxpool.Pool, schema string, conc, steps, inflight int,
+	mod func(*saga.Config), shape runShape) (float64, time.Duration, time.Duration) {
 	ctx := context.Background()
 	batch := saga.BatchSizeDefault
 	if v, err := strconv.Atoi(os.Getenv("SAGAFLOW_BENCH_BATCH")); err == nil {
@@ -256,8 +274,16 @@ func engineRunKeyed(b *testing.B, pool *pgxpool.Pool, schema string, conc, steps
 	require.NoError(b, err)
 	var done sync.Map // saga id -> chan struct{}
 	step := func(last bool) saga.StepFunc[order] {
-		return func(_ context.Context, run *saga.StepRun, s *order) error {
+		return func(ctx context.Context, run *saga.StepRun, s *order) error {
 			s.Done = append(s.Done, run.Step)
+			if shape.stmt != stmtNone {
+				if shape.stmt == stmtUnwatched {
+					ctx = context.Background()
+				}
+				if _, err := run.Tx.Exec(ctx, "SELECT $1::int", len(s.Done)); err != nil {
+					return err
+				}
+			}
 			if last {
 				if ch, ok := done.Load(run.SagaID); ok {
 					close(ch.(chan struct{}))
@@ -271,7 +297,7 @@ func engineRunKeyed(b *testing.B, pool *pgxpool.Pool, schema string, conc, steps
 		saga.Step[order]{Name: "b", Action: step(false)},
 		saga.Step[order]{Name: "c", Action: step(true)},
 	)
-	if keyed {
+	if shape.keyed {
 		def.WithConcurrency(1)
 	}
 	require.NoError(b, e.Register(def))
@@ -296,7 +322,7 @@ func engineRunKeyed(b *testing.B, pool *pgxpool.Pool, schema string, conc, steps
 				ch := make(chan struct{})
 				done.Store(id, ch)
 				opts := &saga.StartOpts{ID: id}
-				if keyed {
+				if shape.keyed {
 					opts.ConcurrencyKey = id.String()
 				}
 				_, err := saga.Start(ctx, e, def, order{OrderID: "x"}, opts)

@@ -84,6 +84,9 @@ func TestSoakShort(t *testing.T) {
 	// Dawdling orders (see chaos.DawdleFor) reach the hand-off of a step
 	// that runs past the reply worker's limit.
 	require.Positive(t, chaos.LogCount(dir, chaos.HandOffLog), "no step was handed from a reply worker to an engine worker")
+	// Stalled orders (see chaos.StallFor) had a statement cut by their
+	// step's timeout.
+	require.Positive(t, res.Report.StallsCut, "no statement was cut by its step's timeout")
 }
 
 // TestSoakShortNATS is the short chaos soak over NATS JetStream (a

@@ -62,6 +62,18 @@ type Report struct {
 	// DBErrors counts step attempts that PostgreSQL failed (a unique
 	// violation or a division by zero through the step's transaction).
 	DBErrors int
+	// StallsCut counts reserve attempts that failed with step_timeout: a
+	// Stall order's statement cut on the server by its step's Timeout.
+	StallsCut int
+	// Overran counts handlers abandoned past HandlerGrace: every handler
+	// of the workload honours its context, and a statement must be cut
+	// when its step's context ends, so none should be; a node frozen
+	// (SIGSTOP, in the soak) between a step's deadline and its cut may
+	// make one.
+	Overran int
+	// Uncut is Overran where no node is frozen (the crash matrix), where
+	// it breaks an invariant.
+	Uncut int
 
 	// The parcels, sagas that wait (see ParcelDefinitions); they count in
 	// Sagas, Terminal, Lost, Stuck and Inconsistent too.
@@ -118,7 +130,7 @@ func (r *Report) OK() bool {
 	return r.Lost == 0 && r.DBEffectsDoubled == 0 && r.Stuck == 0 && r.Inconsistent == 0 && r.Stray == 0 &&
 		r.WaitsDoubled == 0 && r.SignalsRejected == 0 &&
 		r.KafkaMissing == 0 && r.KafkaPhantom == 0 && r.PoisonMissed == 0 && r.BytesChanged == 0 && r.DeadUnexplained == 0 &&
-		r.ForeignParked == r.Foreign && r.CancelBroken == 0 && r.Terminal == r.Sagas && r.NotRedelivered == 0
+		r.ForeignParked == r.Foreign && r.CancelBroken == 0 && r.Terminal == r.Sagas && r.NotRedelivered == 0 && r.Uncut == 0
 }
 
 // Line is the one-line summary.
@@ -139,10 +151,10 @@ func (r *Report) WaitLine() string {
 func (r *Report) Detail() string {
 	return fmt.Sprintf("completed=%d compensated=%d failed=%d inconsistent=%d stray=%d kafka_missing=%d kafka_phantom=%d rescued=%d deduplicated=%d "+
 		"poison_injected=%d poison_missed=%d poison_processed=%d bytes_changed=%d dead_unexplained=%d "+
-		"foreign=%d foreign_parked=%d held=%d cancels=%d cancelled=%d cancel_refused=%d cancel_broken=%d db_errors=%d",
+		"foreign=%d foreign_parked=%d held=%d cancels=%d cancelled=%d cancel_refused=%d cancel_broken=%d db_errors=%d stalls_cut=%d overran=%d",
 		r.Completed, r.Compensated, r.Failed, r.Inconsistent, r.Stray, r.KafkaMissing, r.KafkaPhantom, r.Rescued, r.Deduplicated,
 		r.PoisonInjected, r.PoisonMissed, r.PoisonProcessed, r.BytesChanged, r.DeadUnexplained,
-		r.Foreign, r.ForeignParked, r.Held, r.Cancels, r.Cancelled, r.CancelRefused, r.CancelBroken, r.DBErrors)
+		r.Foreign, r.ForeignParked, r.Held, r.Cancels, r.Cancelled, r.CancelRefused, r.CancelBroken, r.DBErrors, r.StallsCut, r.Overran)
 }
 
 func (r *Report) violate(format string, args ...any) {
@@ -316,8 +328,11 @@ func (e *Env) Check(ctx context.Context) (*Report, error) {
 	}
 
 	err = e.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE event = 'saga_rescued'), count(*) FILTER (WHERE event = 'step_deduplicated'),
-	        count(*) FILTER (WHERE event = 'step_failed' AND (error_code = $1 OR error LIKE '%SQLSTATE 23505%'))
-	    FROM `+OrdersSchema+`.saga_history`, CodeDBData).Scan(&r.Rescued, &r.Deduplicated, &r.DBErrors)
+	        count(*) FILTER (WHERE event = 'step_failed' AND (error_code = $1 OR error LIKE '%SQLSTATE 23505%')),
+	        count(*) FILTER (WHERE event = 'step_failed' AND step_name = 'reserve' AND error_code = $2),
+	        count(*) FILTER (WHERE error_code = $3)
+	    FROM `+OrdersSchema+`.saga_history`, CodeDBData, saga.CodeTimeout, saga.CodeAbandonedRunOn).
+		Scan(&r.Rescued, &r.Deduplicated, &r.DBErrors, &r.StallsCut, &r.Overran)
 	if err != nil {
 		return nil, err
 	}

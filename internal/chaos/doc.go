@@ -11,8 +11,10 @@
 // (while a step runs, from a transaction that holds the saga, or as the CLI
 // does), some dawdle in the step after the remote one, past the reply
 // worker's limit, so that the step is handed from the reply worker to an
-// engine worker (see [DawdleFor]), and sagas of a type no node registers ([ForeignSagaName]) send
-// commands the engines must hold and then park.
+// engine worker (see [DawdleFor]), some stall in a statement past their
+// step's timeout, which must cut it and undo the step's writes (see
+// [StallFor]), and sagas of a type no node registers ([ForeignSagaName])
+// send commands the engines must hold and then park.
 //
 // Parcels are sagas that wait (see [ParcelDefinitions]): for a timer, for a
 // signal and for a child saga. The nodes send the signals ([RoleSignals]),

@@ -155,7 +155,8 @@ func RunCell(ctx context.Context, dir string, nodeCmd NodeCommand, c Cell) (*Cel
 	}
 	// One order in eight is slow, one fails ship through PostgreSQL a few
 	// times, one for good; one lingers in reserve and is cancelled while
-	// it does; one dawdles in ship, past the reply worker's limit; two more
+	// it does; one dawdles in ship, past the reply worker's limit; one
+	// stalls in a statement of reserve, past its Timeout; two more
 	// are cancelled: once by a transaction that holds
 	// the saga for a second (its commands must be held meanwhile), once as
 	// the CLI does, at a random moment.
@@ -163,6 +164,8 @@ func RunCell(ctx context.Context, dir string, nodeCmd NodeCommand, c Cell) (*Cel
 		for range n {
 			o := NewOrder(fmt.Sprintf("%s-%03d", "o", order), rng, 0.25, 0)
 			switch order % 8 {
+			case 2:
+				o.Stall = true
 			case 3:
 				o.Slow = true
 			case 4:
@@ -287,6 +290,13 @@ func RunCell(ctx context.Context, dir string, nodeCmd NodeCommand, c Cell) (*Cel
 	rep, err := env.Check(ctx)
 	if err != nil {
 		return nil, err
+	}
+	if rep.Overran > 0 {
+		// No node is frozen here: a handler abandoned past HandlerGrace
+		// is a statement its step's end did not cut.
+		rep.Uncut = rep.Overran
+		rep.violate("%d handlers were abandoned past HandlerGrace (handler_overran), though every handler of the workload "+
+			"honours its context: a step's end did not cut its statement", rep.Overran)
 	}
 	if rep.Stuck > 0 {
 		rep.Violations = append(rep.Violations, "consumer groups now:\n"+env.Groups(ctx))

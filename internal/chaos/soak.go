@@ -131,6 +131,8 @@ func RunSoak(ctx context.Context, dir string, nodeCmd NodeCommand, cfg SoakConfi
 				o.Linger = true
 			case p < 0.08:
 				o.Dawdle = true
+			case p < 0.09:
+				o.Stall = true
 			}
 			// Operator cancels: every lingering order while its reserve
 			// step runs, one order in 50 at a random moment as the CLI

@@ -44,7 +44,13 @@ import (
 // ship's ledger row, written before the failing statement in the same
 // transaction, must be rolled back with it. Orders marked Linger wait in
 // reserve for LingerFor, honouring their context, so that an operator's
-// cancel can reach a running step. Orders marked Dawdle wait in ship for
+// cancel can reach a running step. Orders marked Stall run, on reserve's
+// first attempt, a statement longer than reserve's Timeout after writing
+// their ledger row: the timeout must cut the statement on the server,
+// record the attempt as step_timeout and undo the row with the step's
+// savepoint, and the second attempt must complete the step (a statement
+// not cut holds its handler past HandlerGrace, which the crash matrix
+// refuses: see Report.Uncut). Orders marked Dawdle wait in ship for
 // DawdleFor, honouring their context: in the hybrid mode ship runs at once
 // after charge's reply, on the Kafka worker that applied it, and past
 // KafkaConfig.ReplyStepLimit it is given up there, the reply applied again
@@ -80,6 +86,12 @@ const (
 	// engine's default ReplyStepLimit.
 	DawdleFor = 2 * saga.ReplyStepLimitDefault
 
+	// ReserveTimeout is reserve's Timeout: longer than LingerFor, so a
+	// lingering order is cut by its cancel, not by the timeout. A Stall
+	// order's statement on reserve's first attempt sleeps StallFor, past it.
+	ReserveTimeout = LingerFor + 2*time.Second
+	StallFor       = 3 * ReserveTimeout
+
 	// ForeignSagaName is a saga type no node registers (see above).
 	ForeignSagaName = "order-next"
 	// UnknownSagaGrace is the engines' grace for commands they do not
@@ -100,6 +112,7 @@ type Order struct {
 	DBFail  int    `json:"db_fail,omitempty"`
 	DBFatal bool   `json:"db_fatal,omitempty"`
 	Linger  bool   `json:"linger,omitempty"`
+	Stall   bool   `json:"stall,omitempty"`
 	Dawdle  bool   `json:"dawdle,omitempty"`
 	Paid    bool   `json:"paid,omitempty"`
 }
@@ -259,8 +272,11 @@ func definition(name, topic string, x External, pid int, broken *pgxpool.Pool) *
 	ship := local("ship", steps.Forward, "carrier")
 	reserve := local("reserve", steps.Forward, "")
 	return saga.Define(name,
-		saga.Step[Order]{Name: "reserve", Compensate: local("reserve", steps.Compensate, ""),
+		saga.Step[Order]{Name: "reserve", Timeout: ReserveTimeout, Compensate: local("reserve", steps.Compensate, ""),
 			Action: func(ctx context.Context, run *saga.StepRun, o *Order) error {
+				if o.Stall && run.Attempt == 1 {
+					return stall(ctx, run, reserve, o)
+				}
 				if o.Linger {
 					select {
 					case <-time.After(LingerFor):
@@ -304,6 +320,19 @@ func definition(name, topic string, x External, pid int, broken *pgxpool.Pool) *
 				return failInDB(ctx, run, o)
 			}},
 	)
+}
+
+// stall writes reserve's ledger row, then runs a statement for StallFor,
+// past reserve's Timeout, on the step's transaction. The timeout must cut
+// it (SQLSTATE 57014, the row undone with the step's savepoint).
+func stall(ctx context.Context, run *saga.StepRun, reserve saga.StepFunc[Order], o *Order) error {
+	if err := reserve(ctx, run, o); err != nil {
+		return err
+	}
+	if _, err := run.Tx.Exec(ctx, "SELECT pg_sleep($1)", StallFor.Seconds()); err != nil {
+		return err
+	}
+	return errors.New("chaos: a stalled statement ran to its end: its step's timeout did not cut it")
 }
 
 // Participant registers the payments handlers on p.
