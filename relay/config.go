@@ -31,6 +31,10 @@ const (
 	// PublishTimeoutDefault bounds one cycle's write to the broker, during
 	// which the batch's rows stay locked.
 	PublishTimeoutDefault = 30 * time.Second
+	// PublishTimeoutMin is the shortest PublishTimeout (of Config and
+	// LogicalConfig): a write given less ends before it can reach the
+	// broker, and the relay would take the broker for down for ever.
+	PublishTimeoutMin = 10 * time.Millisecond
 	// OutageBackoffMaxDefault caps how long rows wait between attempts
 	// while the broker is down, and so how late publishing resumes after it
 	// is back.
@@ -177,6 +181,7 @@ func (c *Config) withDefaults() (Config, error) {
 		{out.MaxAttempts < 0, "MaxAttempts must not be negative"},
 		{out.MaxMessageBytes < 0, "MaxMessageBytes must not be negative"},
 		{out.PublishTimeout < 0, "PublishTimeout must not be negative"},
+		{out.PublishTimeout > 0 && out.PublishTimeout < PublishTimeoutMin, fmt.Sprintf("PublishTimeout %v is shorter than PublishTimeoutMin (%v)", out.PublishTimeout, PublishTimeoutMin)},
 		{out.OutageBackoffMax < 0, "OutageBackoffMax must not be negative"},
 		{out.RetentionInterval < 0, "RetentionInterval must not be negative"},
 	} {

@@ -23,6 +23,7 @@ import (
 
 	"github.com/sagaflow/sagaflow/health"
 	"github.com/sagaflow/sagaflow/internal/pgerr"
+	"github.com/sagaflow/sagaflow/internal/safetext"
 	"github.com/sagaflow/sagaflow/internal/store"
 	"github.com/sagaflow/sagaflow/internal/telemetry"
 	"github.com/sagaflow/sagaflow/migrations"
@@ -41,6 +42,14 @@ const (
 	// StatusIntervalDefault is how often the relay reports its position to
 	// the server when nothing else happens.
 	StatusIntervalDefault = 10 * time.Second
+	// StatusIntervalMin is the shortest StatusInterval: the relay waits
+	// for the stream at most until its next report, and a shorter wait
+	// would end before anything streamed in.
+	StatusIntervalMin = 100 * time.Millisecond
+	// publicationMaxBytes is PostgreSQL's longest name (NAMEDATALEN - 1):
+	// a longer one is cut, and two relays whose names share their first
+	// 63 bytes would share a publication.
+	publicationMaxBytes = 63
 	// LogicalGatherWait is the longest a [LogicalRelay] holds the rows it
 	// gathered while it waits for more of the stream. The server usually
 	// says sooner that it has sent everything (a keepalive that asks for
@@ -56,19 +65,21 @@ type LogicalConfig struct {
 	// Slot is the logical replication slot (plugin pgoutput). Defaults to
 	// SlotDefault.
 	Slot string
-	// Publication carries the outbox's relay inserts. Defaults to
-	// PublicationDefault.
+	// Publication carries the outbox's relay inserts: a name of at most
+	// 63 bytes, without NUL, used as it is spelled (upper case included).
+	// Defaults to PublicationDefault.
 	Publication string
 	// MaxMessageBytes bounds a message, as for [Config]. Defaults to
 	// MaxMessageBytesDefault.
 	MaxMessageBytes int
-	// PublishTimeout bounds one write to the broker. Defaults to
-	// PublishTimeoutDefault.
+	// PublishTimeout bounds one write to the broker: at least
+	// PublishTimeoutMin. Defaults to PublishTimeoutDefault.
 	PublishTimeout time.Duration
 	// OutageBackoffMax caps the wait between writes while the broker is
-	// down. Defaults to OutageBackoffMaxDefault.
+	// down; not negative. Defaults to OutageBackoffMaxDefault.
 	OutageBackoffMax time.Duration
-	// StatusInterval: see StatusIntervalDefault.
+	// StatusInterval: see StatusIntervalDefault; at least
+	// StatusIntervalMin.
 	StatusInterval time.Duration
 	// BatchSize is how many rows the relay gathers, from consecutive
 	// committed transactions that stream in together, before it writes
@@ -157,6 +168,14 @@ func NewLogical(pool *pgxpool.Pool, replConnString string, w Writer, cfg *Logica
 		return nil, fmt.Errorf("relay: LogicalConfig.MaxMessageBytes %d is negative", c.MaxMessageBytes)
 	case c.BatchSize < 0 || c.BatchSize > BatchSizeMax:
 		return nil, fmt.Errorf("relay: LogicalConfig.BatchSize %d is outside 1..%d", c.BatchSize, BatchSizeMax)
+	case c.PublishTimeout < PublishTimeoutMin:
+		return nil, fmt.Errorf("relay: LogicalConfig.PublishTimeout %v is shorter than PublishTimeoutMin (%v)", c.PublishTimeout, PublishTimeoutMin)
+	case c.OutageBackoffMax < 0:
+		return nil, fmt.Errorf("relay: LogicalConfig.OutageBackoffMax %v is negative", c.OutageBackoffMax)
+	case c.StatusInterval < StatusIntervalMin:
+		return nil, fmt.Errorf("relay: LogicalConfig.StatusInterval %v is shorter than StatusIntervalMin (%v)", c.StatusInterval, StatusIntervalMin)
+	case len(c.Publication) > publicationMaxBytes || strings.ContainsRune(c.Publication, 0):
+		return nil, fmt.Errorf("relay: LogicalConfig.Publication %q is longer than %d bytes or holds NUL", safetext.Text(c.Publication, 80), publicationMaxBytes)
 	}
 	if err := migrations.ValidateSchema(c.Schema); err != nil {
 		return nil, fmt.Errorf("relay: LogicalConfig.Schema: %w", err)
@@ -292,7 +311,7 @@ func (r *LogicalRelay) stream(ctx context.Context) error {
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	err = pglogrepl.StartReplication(ctx, conn, r.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
-		PluginArgs: []string{"proto_version '1'", "publication_names '" + strings.ReplaceAll(r.cfg.Publication, "'", "''") + "'"},
+		PluginArgs: []string{"proto_version '1'", "publication_names '" + strings.ReplaceAll(pgx.Identifier{r.cfg.Publication}.Sanitize(), "'", "''") + "'"},
 	})
 	if err != nil {
 		return fmt.Errorf("relay: start replication on slot %s: %w", r.cfg.Slot, err)

@@ -535,6 +535,8 @@ func TestNewValidatesConfig(t *testing.T) {
 		{relay.Config{MaxAttempts: -1}, "MaxAttempts"},
 		{relay.Config{MaxMessageBytes: -1}, "MaxMessageBytes"},
 		{relay.Config{PublishTimeout: -1}, "PublishTimeout"},
+		{relay.Config{PublishTimeout: time.Nanosecond}, "PublishTimeoutMin"},
+		{relay.Config{PublishTimeout: relay.PublishTimeoutMin - 1}, "PublishTimeoutMin"},
 	} {
 		_, err := relay.New(e.pool, w, &tc.cfg)
 		require.ErrorIs(t, err, relay.ErrInvalidConfig)

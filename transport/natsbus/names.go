@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // streamPrefix starts the name of every stream this package creates, so
@@ -62,10 +63,33 @@ func bounded(name string) string {
 	return name[:maxNameBytes-18] + "_h" + hex.EncodeToString(sum[:8])
 }
 
+// TopicMaxBytes is the longest topic: with its stream's description it
+// stays within what the server takes (4096 bytes).
+const TopicMaxBytes = 1024
+
+// groupDescribed is how much of a group a consumer's description shows
+// (the server takes 4096 bytes): its name carries the whole group, escaped
+// and bounded (see [ConsumerName]).
+const groupDescribed = 1024
+
+// cut returns s, or its first n bytes and "…" when it is longer.
+func cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
 // subjectProblem says why topic cannot be a subject's first tokens, or "".
 func subjectProblem(topic string) string {
 	if topic == "" {
 		return "is empty"
+	}
+	if len(topic) > TopicMaxBytes {
+		return fmt.Sprintf("is longer than TopicMaxBytes (%d bytes)", TopicMaxBytes)
+	}
+	if !utf8.ValidString(topic) {
+		return "is not valid UTF-8 (the server would store another subject)"
 	}
 	for i := 0; i < len(topic); i++ {
 		switch c := topic[i]; {

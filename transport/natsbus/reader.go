@@ -23,6 +23,15 @@ const (
 	// AckTimeoutDefault bounds a commit's wait for the server to confirm
 	// an acknowledgement, when the caller's context has no deadline.
 	AckTimeoutDefault = 10 * time.Second
+	// PullWaitMin and PullWaitMax bound ReaderOpts.PullWait: a shorter
+	// pull expires before the server can answer it (nothing is ever
+	// delivered), and Close waits up to PullWait.
+	PullWaitMin = 10 * time.Millisecond
+	PullWaitMax = 30 * time.Second
+	// AckTimeoutMin is the shortest ReaderOpts.AckTimeout: a commit must
+	// have time to reach the server and be confirmed, or the partition,
+	// whose message is never acknowledged, delivers nothing behind it.
+	AckTimeoutMin = 10 * time.Millisecond
 )
 
 // ReaderOpts configures [NewReader]. A nil *ReaderOpts, and every zero
@@ -36,11 +45,11 @@ type ReaderOpts struct {
 	// to start sets it. Defaults to AckWaitDefault.
 	AckWait time.Duration
 	// PullWait is how long one pull request waits on the server, and the
-	// longest [Reader.Close] waits for the pulls in flight to end. Defaults
-	// to PullWaitDefault.
+	// longest [Reader.Close] waits for the pulls in flight to end: from
+	// PullWaitMin to PullWaitMax. Defaults to PullWaitDefault.
 	PullWait time.Duration
-	// AckTimeout bounds a commit when its context has no deadline.
-	// Defaults to AckTimeoutDefault.
+	// AckTimeout bounds a commit when its context has no deadline: at
+	// least AckTimeoutMin. Defaults to AckTimeoutDefault.
 	AckTimeout time.Duration
 }
 
@@ -125,6 +134,12 @@ func NewReader(js jetstream.JetStream, group string, topics []string, opts *Read
 	setDefault(&o.AckTimeout, AckTimeoutDefault)
 	if o.AckWait < 3*time.Millisecond {
 		return nil, fmt.Errorf("%w: AckWait %v is too short", ErrInvalidConfig, o.AckWait)
+	}
+	if o.PullWait < PullWaitMin || o.PullWait > PullWaitMax {
+		return nil, fmt.Errorf("%w: PullWait %v is outside PullWaitMin (%v) to PullWaitMax (%v)", ErrInvalidConfig, o.PullWait, PullWaitMin, PullWaitMax)
+	}
+	if o.AckTimeout < AckTimeoutMin {
+		return nil, fmt.Errorf("%w: AckTimeout %v is shorter than AckTimeoutMin (%v)", ErrInvalidConfig, o.AckTimeout, AckTimeoutMin)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Reader{js: js, group: group, topics: append([]string(nil), topics...), o: o, ctx: ctx, cancel: cancel,

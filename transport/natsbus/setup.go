@@ -16,6 +16,9 @@ const (
 	// num.partitions: one, which keeps every key in order but lets one
 	// member of a group consume the topic at a time.
 	PartitionsDefault = 1
+	// PartitionsMax is the most partitions a topic may have: each is a
+	// subject of its stream and a consumer per group.
+	PartitionsMax = 1024
 	// ReplicasDefault is how many servers keep each stream: 1, for a single
 	// server. Use 3 on a cluster.
 	ReplicasDefault = 1
@@ -46,7 +49,7 @@ type SetupOpts struct {
 	// chosen as Kafka's Java client does, so keys stay in order; each
 	// partition is consumed by one member of a group at a time. Setup
 	// refuses to change the partitions of an existing stream, since that
-	// moves keys. Defaults to PartitionsDefault.
+	// moves keys. Defaults to PartitionsDefault; at most PartitionsMax.
 	Partitions int
 	// Replicas is how many servers keep each stream. Defaults to
 	// ReplicasDefault.
@@ -87,6 +90,9 @@ func (o *SetupOpts) withDefaults() (SetupOpts, error) {
 	}
 	if out.Partitions < 0 || out.Replicas < 0 || out.MaxAge < 0 || out.Duplicates < 0 || out.AckWait < 0 || out.MaxMsgSize < 0 {
 		return out, fmt.Errorf("%w: Partitions, Replicas, MaxAge, MaxMsgSize, Duplicates and AckWait must not be negative", ErrInvalidConfig)
+	}
+	if out.Partitions > PartitionsMax {
+		return out, fmt.Errorf("%w: Partitions %d is more than PartitionsMax (%d)", ErrInvalidConfig, out.Partitions, PartitionsMax)
 	}
 	if out.MaxBytes < Unlimited {
 		return out, fmt.Errorf("%w: MaxBytes must be positive or Unlimited", ErrInvalidConfig)
@@ -210,7 +216,7 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, topic string, o *
 func consumerConfig(topic, group string, partition int, ackWait time.Duration) jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
 		Durable:       ConsumerName(group, partition),
-		Description:   fmt.Sprintf("sagaflow group %s, topic %s, partition %d", group, topic, partition),
+		Description:   fmt.Sprintf("sagaflow group %s, topic %s, partition %d", cut(group, groupDescribed), topic, partition),
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       ackWait,
