@@ -40,7 +40,8 @@ type StepFunc[S any] func(ctx context.Context, run *StepRun, state *S) error
 // StepRun describes the execution a [StepFunc] is part of.
 type StepRun struct {
 	// Tx is the step's transaction. Use it for the step's database effects;
-	// do not commit or roll it back.
+	// do not commit or roll it back (Commit and Rollback return
+	// ErrStepTxEnd).
 	Tx pgx.Tx
 	// Key is the step-scoped idempotency key, the same for every attempt and
 	// duplicate of this step. Pass Key.String() to external services.

@@ -578,10 +578,13 @@ type stepTx struct {
 // up: its transaction is gone.
 var errGivenUp = errors.New("saga: this step's handler was given up (abandoned, or cut on a reply worker); its transaction is gone")
 
-var errStepTxEnd = errors.New("saga: a step must not commit or roll back its transaction; return an error to fail the step")
+// ErrStepTxEnd is what a step's StepRun.Tx answers to Commit and Rollback:
+// the engine ends the transaction (a step fails by returning an error). A
+// savepoint the step begins with Tx.Begin it may commit or roll back.
+var ErrStepTxEnd = errors.New("saga: a step must not commit or roll back its transaction; return an error to fail the step")
 
-func (stepTx) Commit(context.Context) error   { return errStepTxEnd }
-func (stepTx) Rollback(context.Context) error { return errStepTxEnd }
+func (stepTx) Commit(context.Context) error   { return ErrStepTxEnd }
+func (stepTx) Rollback(context.Context) error { return ErrStepTxEnd }
 
 func (t stepTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	if err := t.flush(); err != nil {

@@ -2,6 +2,7 @@ package sagatest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -42,9 +43,12 @@ type Clock struct {
 func NewClock(pool *pgxpool.Pool, schema string, engines ...*saga.Engine) *Clock {
 	c := &Clock{pool: pool, schema: schema, engines: engines}
 	st, err := store.New(schema)
-	if err != nil {
+	switch {
+	case pool == nil:
+		c.err = errors.New("sagatest: clock: the pool is nil")
+	case err != nil:
 		c.err = fmt.Errorf("sagatest: clock: %w", err)
-	} else {
+	default:
 		c.channel = st.Channel()
 	}
 	return c

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sagaflow/sagaflow/inbox"
 	"github.com/sagaflow/sagaflow/internal/store"
+	"github.com/sagaflow/sagaflow/migrations"
 	"github.com/sagaflow/sagaflow/participant"
 	"github.com/sagaflow/sagaflow/relay"
 	"github.com/sagaflow/sagaflow/steps"
@@ -35,6 +36,19 @@ const participantPoll = 50 * time.Millisecond
 type Answer struct {
 	fn     func(ctx context.Context, call Call) (any, error)
 	silent bool
+}
+
+// valid reports whether a was made by Reply, Refuse, NoReply or
+// AnswerFunc with a function: the zero Answer, and AnswerFunc(nil), answer
+// nothing.
+func (a Answer) valid() bool { return a.silent || a.fn != nil }
+
+// answerProblem says what is wrong with the Answer for commandType, or "".
+func answerProblem(commandType string, a Answer) string {
+	if a.valid() {
+		return ""
+	}
+	return fmt.Sprintf("the Answer for %q is the zero Answer or AnswerFunc(nil): make it with Reply, Refuse, NoReply or AnswerFunc", commandType)
 }
 
 // Reply answers with success, result (encoded as JSON) being the reply's
@@ -128,6 +142,14 @@ func NewParticipant(tb testing.TB, cfg ParticipantConfig) *Participant {
 		tb.Fatalf("sagatest: participant: ParticipantConfig.Pool and Schema are required")
 	case len(cfg.Answers) == 0:
 		tb.Fatalf("sagatest: participant: ParticipantConfig.Answers is required")
+	}
+	for typ, a := range cfg.Answers {
+		if p := answerProblem(typ, a); p != "" {
+			tb.Fatalf("sagatest: participant: ParticipantConfig.Answers: %s", p)
+		}
+	}
+	if err := migrations.Check(context.Background(), cfg.Pool, cfg.Schema); err != nil {
+		tb.Fatalf("sagatest: participant: ParticipantConfig.Schema %q: %v", cfg.Schema, err)
 	}
 	if cfg.Consumer == "" {
 		cfg.Consumer = ConsumerDefault
@@ -227,6 +249,9 @@ func (p *Participant) Answer(commandType string, a Answer) {
 	defer p.mu.Unlock()
 	if _, ok := p.answers[commandType]; !ok {
 		p.tb.Fatalf("sagatest: participant: %q is not one of the command types in ParticipantConfig.Answers", commandType)
+	}
+	if problem := answerProblem(commandType, a); problem != "" {
+		p.tb.Fatalf("sagatest: participant: Answer: %s", problem)
 	}
 	p.answers[commandType] = a
 }

@@ -76,10 +76,20 @@ func storable(step string, state []byte, maxBytes int) error {
 	return steps.Permanent(steps.WithCode(saga.CodeStateEncode, errors.New(problem)))
 }
 
+// stepTx is the transaction RunStep hands a step: as the engine's, it
+// refuses Commit and Rollback with saga.ErrStepTxEnd (a step that ended
+// it would commit the test transaction); savepoints the step begins are
+// its own.
+type stepTx struct{ pgx.Tx }
+
+func (stepTx) Commit(context.Context) error   { return saga.ErrStepTxEnd }
+func (stepTx) Rollback(context.Context) error { return saga.ErrStepTxEnd }
+
 // RunStep runs one step of a saga, outside any engine, in a test
 // transaction, the way the engine would: the state goes through JSON, the
-// handler gets a [saga.StepRun] whose Tx is that transaction and whose
-// context ends at the step's Timeout, the step runs under a savepoint so
+// handler gets a [saga.StepRun] whose Tx is that transaction (whose
+// Commit and Rollback return saga.ErrStepTxEnd) and whose context ends at
+// the step's Timeout, the step runs under a savepoint so
 // that a failed step's writes are rolled back, and a successful step's state is encoded again
 // and checked as the engine checks it: a NUL character, which PostgreSQL
 // cannot store, or more than [StepOpts].MaxStateBytes fails the step for
@@ -133,7 +143,7 @@ func RunStep[S any](tb testing.TB, db Beginner, step saga.Step[S], state S, opts
 		}
 		tb.Cleanup(func() { _ = tx.Rollback(context.Background()) })
 	}
-	run := &saga.StepRun{Tx: tx, SagaID: o.SagaID, SagaName: o.SagaName, BusinessKey: o.BusinessKey, Step: step.Name,
+	run := &saga.StepRun{Tx: stepTx{tx}, SagaID: o.SagaID, SagaName: o.SagaName, BusinessKey: o.BusinessKey, Step: step.Name,
 		Direction: o.Direction, Epoch: o.Epoch, Attempt: o.Attempt,
 		Key: steps.Key{SagaID: o.SagaID, Step: step.Name, Direction: o.Direction, Epoch: o.Epoch}}
 

@@ -119,6 +119,12 @@ func Wait(tb testing.TB, g Getter, id uuid.UUID, u Until, opts *WaitOpts) *saga.
 	for {
 		in, err := g.Get(ctx, id)
 		switch {
+		case err == nil && in == nil:
+			tb.Fatalf("sagatest: wait for saga %s: the Getter returned no saga and no error", id)
+			return nil
+		case err == nil && in.ID != id:
+			tb.Fatalf("sagatest: wait for saga %s: the Getter returned another saga, %s (%s)", id, in.ID, in.Status)
+			return nil
 		case err == nil:
 			last = in
 			if u.met(in) {
@@ -135,7 +141,7 @@ func Wait(tb testing.TB, g Getter, id uuid.UUID, u Until, opts *WaitOpts) *saga.
 		select {
 		case <-ctx.Done():
 			if last == nil {
-				tb.Fatalf("sagatest: saga %s could not be read within %s", id, o.Timeout)
+				tb.Fatalf("sagatest: saga %s was not read once within the wait's Timeout of %s", id, o.Timeout)
 				return nil
 			}
 			tb.Fatalf("sagatest: saga %s did not %s within %s:\n%s", id, u.what, o.Timeout, Describe(last))
