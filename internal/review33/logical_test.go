@@ -167,13 +167,6 @@ func TestLogicalRelayConfigAtItsExtremes(t *testing.T) {
 	}
 }
 
-func errString(err error) string {
-	if err == nil {
-		return "<nil>"
-	}
-	return err.Error()
-}
-
 // insert writes n outbox relay messages on topic.
 func insert(t testing.TB, pool *pgxpool.Pool, schema string, n int, topic string) {
 	ob, err := outbox.New(pool, schema)

@@ -12,13 +12,11 @@
 package review33_test
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -33,36 +31,6 @@ func uniq(prefix string) string {
 	b := make([]byte, 5)
 	_, _ = rand.Read(b)
 	return prefix + hex.EncodeToString(b)
-}
-
-// ---- logs -------------------------------------------------------------------
-
-// logs records the records at Warn and above of a logger.
-type logs struct {
-	mu   sync.Mutex
-	recs []string
-}
-
-func (l *logs) Enabled(_ context.Context, lv slog.Level) bool { return lv >= slog.LevelWarn }
-func (l *logs) Handle(_ context.Context, r slog.Record) error {
-	var b strings.Builder
-	fmt.Fprintf(&b, "%s %s", r.Level, r.Message)
-	r.Attrs(func(a slog.Attr) bool { fmt.Fprintf(&b, " %s=%v", a.Key, a.Value); return true })
-	l.mu.Lock()
-	l.recs = append(l.recs, b.String())
-	l.mu.Unlock()
-	return nil
-}
-func (l *logs) WithAttrs([]slog.Attr) slog.Handler { return l }
-func (l *logs) WithGroup(string) slog.Handler      { return l }
-
-func (l *logs) logger() *slog.Logger { return slog.New(l) }
-
-// all returns every record.
-func (l *logs) all() []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]string(nil), l.recs...)
 }
 
 var discard = slog.New(slog.DiscardHandler)

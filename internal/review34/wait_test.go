@@ -18,10 +18,10 @@ import (
 // completed at once), "slow" (a step that takes 1.5 s, then completed) and
 // "park" (waits for a signal for a day: never ends in a test).
 type waitRig struct {
-	e                    *saga.Engine
-	pay, slow            *saga.Definition[order]
-	park                 *saga.Definition[order]
-	done, slowID, parked uuid.UUID
+	e            *saga.Engine
+	pay, slow    *saga.Definition[order]
+	park         *saga.Definition[order]
+	done, parked uuid.UUID
 }
 
 func newWaitRig(t *testing.T) *waitRig {
