@@ -59,8 +59,13 @@ type widthQuery struct {
 
 type widthStartKey struct{}
 
-// withWidthCheck sets the pool's tracer to the width check of tb.
+// withWidthCheck sets the pool's tracer to the width check of tb. A
+// benchmark's pools go without it: a benchmark measures the statements,
+// and the tests check them.
 func withWidthCheck(tb testing.TB, cfg *pgx.ConnConfig) {
+	if _, bench := tb.(*testing.B); bench {
+		return
+	}
 	w := &widthCheck{tb: tb, pending: map[*pgx.Conn][]widthQuery{}}
 	tb.Cleanup(func() {
 		w.mu.Lock()
