@@ -112,12 +112,14 @@ func checkConcurrency(def *compiled, o *StartOpts) error {
 // startConcurrent starts sg under its concurrency key, atomically: the
 // saga's rows (startSaga, see [Engine.startRaw]) and its slot or place in
 // the queue. In the caller's transaction (own false) these are statements
-// of db; on the engine's pool, one pipelined batch, which PostgreSQL runs as
-// one implicit transaction, so a keyed start costs no extra round trip.
+// of db; on the engine's pool, in the transaction of a group of starts
+// (startgroup.go: req is the start), or, for an engine not made by New, one
+// pipelined batch, which PostgreSQL runs as one implicit transaction; so a
+// keyed start costs no extra round trip.
 // With [StartOpts.NoWait], the key is locked and checked first, in a
 // transaction.
 func (e *Engine) startConcurrent(ctx context.Context, db store.DBTX, own bool, def *compiled, sg *store.Saga, rows *store.Transition,
-	o *StartOpts, startSaga func(store.DBTX) (bool, error)) (bool, error) {
+	o *StartOpts, startSaga func(store.DBTX) (bool, error), req *startReq) (bool, error) {
 	key, cmd, check := o.ConcurrencyKey, rows.Messages[0].ID, e.firstDeadline(def.steps[0].timeout)
 	sg.ConcurrencyKey = &key
 	var a store.Admission
@@ -149,6 +151,11 @@ func (e *Engine) startConcurrent(ctx context.Context, db store.DBTX, own bool, d
 		if err != nil {
 			return false, err
 		}
+	case own && e.starts != nil:
+		// With the other starts on the pool (startgroup.go): the insert and
+		// the admission in one transaction.
+		req.admit = &admitReq{name: def.name, key: key, limit: def.concurrency, command: cmd, checkAt: check.At}
+		return e.starts.start(ctx, e, req)
 	case own:
 		b := &pgx.Batch{}
 		if _, err := startSaga(batchDB{b}); err != nil {

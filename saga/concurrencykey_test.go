@@ -76,8 +76,9 @@ func concurrencyOf(t *testing.T, b *bundle, id uuid.UUID) *saga.ConcurrencyInfo 
 }
 
 // TestConcurrencyKeyHundredStartsNeverOverlap starts 100 sagas on one key
-// with limit 1 from four goroutines: every saga finishes, no two sagas'
-// step intervals overlap, and each goroutine's sagas run in its start order.
+// with limit 1 from four goroutines, so that their starts commit in groups:
+// every saga finishes, no two sagas' step intervals overlap, and each
+// goroutine's sagas run in its start order.
 func TestConcurrencyKeyHundredStartsNeverOverlap(t *testing.T) {
 	t.Parallel()
 	b := setupKeyed(t)
@@ -118,6 +119,9 @@ func TestConcurrencyKeyHundredStartsNeverOverlap(t *testing.T) {
 		positions[in.Concurrency.Position] = true
 	}
 	require.Len(t, positions, starters*each-1, "each waiting saga has its own position")
+	// Keyed starts commit in groups, as the others (startgroup.go): four
+	// starters at once overlap.
+	require.Positive(t, b.engine.Stats().StartsGrouped, "no keyed start was committed in a group")
 
 	b.start(t)
 	for _, g := range ids {

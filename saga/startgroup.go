@@ -10,13 +10,15 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/sagaflow/sagaflow/internal/store"
 )
 
 // Starts made on the engine's own pool ([Start], not [StartTx]) that run at
-// the same time commit together: each is a statement of its own, and up to
+// the same time commit together, with a concurrency key or without (not
+// those with StartOpts.NoWait, which lock their key first): each is a statement of its own, and up to
 // startGroupMax of them share one transaction and one commit. A start
 // returns, as before, once its saga has committed.
 //
@@ -53,12 +55,42 @@ type startReq struct {
 	deadline time.Duration
 	rows     *store.Transition
 	key      string // the business key, to order a group's inserts
+	// admit, for a start with a concurrency key, is its admission: queued
+	// right after its insert, in the same transaction (concurrency.go).
+	admit *admitReq
 
 	// state: reqWaiting, reqTaken, reqGivenUp or reqSent.
 	state    atomic.Int32
 	inserted bool
 	err      error
 	done     chan struct{}
+}
+
+// admitReq is a keyed start's admission under its concurrency key.
+type admitReq struct {
+	name, key string
+	limit     int
+	command   uuid.UUID     // the first step's command, held while the saga waits
+	checkAt   time.Duration // its rescue deadline once admitted
+	got       store.Admission
+}
+
+// queue queues r's insert and, for a keyed start, its admission on b;
+// inserted is set when b's results are read.
+func (r *startReq) queue(e *Engine, b *pgx.Batch, inserted *bool) {
+	e.st.QueueStartSaga(b, r.sg, r.check, r.deadline, r.rows, e.cfg.CommandTopic, inserted)
+	if a := r.admit; a != nil {
+		e.st.QueueAdmitStarted(b, &a.got, r.sg.ID, a.name, a.key, a.limit, a.command, a.checkAt)
+	}
+}
+
+// started reports whether r's saga was inserted (and, keyed, admitted or
+// queued under its key), from the results of its queued statements.
+func (r *startReq) started(inserted bool) bool {
+	if r.admit != nil {
+		return r.admit.got.Position >= 0
+	}
+	return inserted
 }
 
 // The states of a startReq. A caller gives up (its context ended) while its
@@ -159,7 +191,7 @@ func (g *startGroup) commit(e *Engine, group []*startReq) {
 	// keys (or ids) wait for each other in the same order rather than
 	// deadlock.
 	slices.SortFunc(group, func(a, b *startReq) int {
-		return cmp.Or(cmp.Compare(a.sg.Name, b.sg.Name), cmp.Compare(a.key, b.key),
+		return cmp.Or(cmp.Compare(a.sg.Name, b.sg.Name), cmp.Compare(a.ckey(), b.ckey()), cmp.Compare(a.key, b.key),
 			slices.Compare(a.sg.ID[:], b.sg.ID[:]))
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), startGroupTimeout)
@@ -180,6 +212,15 @@ func (g *startGroup) commit(e *Engine, group []*startReq) {
 	}
 }
 
+// ckey is r's concurrency key, "" for none: a group's key rows are
+// written in one order too.
+func (r *startReq) ckey() string {
+	if r.admit == nil {
+		return ""
+	}
+	return r.admit.key
+}
+
 // alone runs r on a connection of its own, unless its caller gave up before
 // it was sent.
 func alone(e *Engine, r *startReq) {
@@ -195,7 +236,20 @@ func alone(e *Engine, r *startReq) {
 	if !r.state.CompareAndSwap(reqTaken, reqSent) && r.state.Load() != reqSent {
 		return // given up: nothing was sent
 	}
-	r.inserted, r.err = e.st.StartSaga(ctx, conn, r.sg, r.check, r.deadline, r.rows, e.cfg.CommandTopic, false)
+	if r.admit == nil {
+		r.inserted, r.err = e.st.StartSaga(ctx, conn, r.sg, r.check, r.deadline, r.rows, e.cfg.CommandTopic, false)
+		return
+	}
+	// The insert and the admission in one pipeline: one implicit
+	// transaction.
+	var inserted bool
+	b := &pgx.Batch{}
+	r.queue(e, b, &inserted)
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+		r.err = fmt.Errorf("start %s with concurrency key %q: %w", r.sg.Name, r.admit.key, err)
+		return
+	}
+	r.inserted = r.started(inserted)
 }
 
 // commitTogether sends group's starts, left out those whose callers gave up
@@ -227,7 +281,7 @@ func (g *startGroup) commitTogether(ctx context.Context, e *Engine, group []*sta
 	// start waits alone.
 	b.Queue("SET LOCAL lock_timeout = " + strconv.Itoa(int(startGroupLockWait.Milliseconds())))
 	for i, r := range sent {
-		e.st.QueueStartSaga(b, r.sg, r.check, r.deadline, r.rows, e.cfg.CommandTopic, &inserted[i])
+		r.queue(e, b, &inserted[i])
 	}
 	store.QueueCommit(b, nil)
 	br := conn.SendBatch(ctx, b)
@@ -239,7 +293,7 @@ func (g *startGroup) commitTogether(ctx context.Context, e *Engine, group []*sta
 		return sent, err
 	}
 	for i, r := range sent {
-		r.inserted = inserted[i]
+		r.inserted = r.started(inserted[i])
 	}
 	return sent, nil
 }

@@ -3,6 +3,7 @@ package saga_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -192,4 +193,64 @@ func TestStartTxWakesAfterCommit(t *testing.T) {
 	require.NoError(t, wake(ctx, b.pool))
 	require.Equal(t, saga.StatusCompleted, b.waitTerminalWithin(t, st.ID, 10*time.Second).Status)
 	require.Len(t, b.effects(t, st.ID), 3)
+}
+
+// Keyed starts in a group that fails (one start PostgreSQL refuses) run
+// again alone, each with its admission in its own transaction: the others
+// start, each once, under their key's limit, and the refused one fails
+// alone, leaving no slot or queue entry.
+func TestKeyedStartsInAFailedGroupRunAlone(t *testing.T) {
+	t.Parallel()
+	b := setupKeyed(t)
+	def := keyed(b, "keyed-grouped", 1, nil)
+	require.NoError(t, b.engine.Register(def))
+	ctx := context.Background()
+	_, err := b.pool.Exec(ctx, fmt.Sprintf(`
+		CREATE FUNCTION %[1]s.refuse_boom() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.business_key = 'boom' THEN RAISE EXCEPTION 'boom is refused'; END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER refuse_boom BEFORE INSERT ON %[1]s.saga_instances
+			FOR EACH ROW EXECUTE FUNCTION %[1]s.refuse_boom()`, pgx.Identifier{b.schema}.Sanitize()))
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var ids []uuid.UUID
+	for round := range 5 {
+		for i := range 12 {
+			wg.Go(func() {
+				bk, ckey := fmt.Sprintf("r%d-%02d", round, i), fmt.Sprintf("customer-%d", i%3)
+				if i == 5 {
+					bk = "boom"
+				}
+				st, err := saga.Start(ctx, b.engine, def, order{OrderID: bk}, &saga.StartOpts{BusinessKey: bk, ConcurrencyKey: ckey})
+				if bk == "boom" {
+					if err == nil || !strings.Contains(err.Error(), "boom is refused") {
+						t.Errorf("the refused start returned %v, %v", st, err)
+					}
+					return
+				}
+				if err != nil || st.Existing {
+					t.Errorf("start %s: %+v, %v", bk, st, err)
+					return
+				}
+				mu.Lock()
+				ids = append(ids, st.ID)
+				mu.Unlock()
+			})
+		}
+		wg.Wait()
+	}
+	require.Len(t, ids, 5*11)
+	// Three keys, limit 1: one saga of each holds its key's slot, the rest
+	// wait in its queue.
+	require.Equal(t, 3, b.count(t, "SELECT coalesce(sum(running), 0) FROM "+b.table("saga_concurrency_keys")))
+	require.Equal(t, 5*11-3, b.count(t, "SELECT count(*) FROM "+b.table("saga_concurrency_queue")))
+	b.start(t)
+	for _, id := range ids {
+		require.Equal(t, saga.StatusCompleted, b.waitTerminalWithin(t, id, time.Minute).Status)
+	}
+	require.Equal(t, 5*11*2, b.count(t, "SELECT count(*) FROM "+b.table("intervals")), "each step once")
+	b.requireKeysFree(t)
 }
