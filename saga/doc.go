@@ -240,7 +240,9 @@
 // caller's) sends its saga's statement at once when no other start of the
 // engine is committing; starts made while one is committing wait for it, then
 // commit together, up to 128 in one transaction, each still returning only
-// once its saga has committed ([Stats.StartsGrouped] counts them). A group
+// once its saga has committed ([Stats.StartsGrouped] counts them); a start
+// with a [StartOpts.ConcurrencyKey] (without NoWait) takes its place under
+// the key in the same transaction. A group
 // that fails for any reason, a start that PostgreSQL refuses or one that
 // waits more than 50 ms for a business key another transaction holds, runs
 // each of its starts again on a connection of its own, concurrently, so that
