@@ -765,6 +765,12 @@ func (b *batch) command(ctx context.Context, sg *store.Saga, def *compiled, idx 
 	if err != nil {
 		return store.Message{}, err
 	}
+	if len(payload) > e.cfg.MaxCommandBytes {
+		// The relay would park it, and the saga would wait its Timeout for
+		// a reply that cannot come.
+		return store.Message{}, steps.Permanent(steps.WithCode(CodeTooLarge, fmt.Errorf(
+			"the command of step %q is %d bytes, more than Config.MaxCommandBytes (%d)", sg.StepName, len(payload), e.cfg.MaxCommandBytes)))
+	}
 	id := uuid.Must(uuid.NewV7())
 	keyText := key.String()
 	msg := store.Message{

@@ -151,7 +151,11 @@ type Remote[S any] struct {
 	// Command holds its worker's batch for as long as it runs.
 	Command func(ctx context.Context, run *StepRun, state *S) (any, error)
 	// OnReply, when set, applies a successful reply's result (JSON) to the
-	// state.
+	// state. An error it returns, of any kind (steps.RetryAfter and plain
+	// errors included), fails the step for good and the saga compensates:
+	// the reply is consumed and not asked for again, so the step's Retry
+	// does not apply (the step's compensation undoes the participant's
+	// effect). Decide in OnReply only what the result itself settles.
 	OnReply func(ctx context.Context, run *StepRun, state *S, result json.RawMessage) error
 	// CompensateType, when set, makes the step's compensation remote too: a
 	// command of this type goes to Topic with CompensateCommand's payload

@@ -59,6 +59,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{saga.Config{BatchSize: saga.BatchSizeMax + 1}, "BatchSize must be between 1 and 32"},
 		{saga.Config{PollInterval: -1}, "PollInterval"},
 		{saga.Config{MaxStateBytes: -1}, "MaxStateBytes"},
+		{saga.Config{MaxCommandBytes: -1}, "MaxCommandBytes"},
 		{saga.Config{Kafka: &saga.KafkaConfig{}}, "Kafka.Brokers is empty and Kafka.NewReader is not set"},
 		{saga.Config{Kafka: &saga.KafkaConfig{Brokers: []string{"127.0.0.1:9"}, SessionTimeout: time.Millisecond}}, "Kafka.SessionTimeout 1ms"},
 		{saga.Config{Kafka: &saga.KafkaConfig{Brokers: []string{"127.0.0.1:9"}, SessionTimeout: 365 * 24 * time.Hour}}, "Kafka.SessionTimeout 8760h0m0s: want less than 2^31 ms"},

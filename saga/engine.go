@@ -45,6 +45,10 @@ const (
 	PollIntervalDefault = time.Second
 	// MaxStateBytesDefault bounds a saga's encoded state.
 	MaxStateBytesDefault = 1 << 20
+	// MaxCommandBytesDefault bounds a remote step's command payload: room
+	// for its key and headers under the relay's default MaxMessageBytes
+	// (1 MiB), which parks a larger message.
+	MaxCommandBytesDefault = 1<<20 - 16<<10
 	// CommandTopicDefault names the outbox topic of step commands.
 	CommandTopicDefault = "sagaflow.commands"
 	// RescueSlackDefault is added to every step's deadline before a saga
@@ -99,6 +103,14 @@ type Config struct {
 	// MaxStateBytes bounds a saga's JSON-encoded state, at start and after
 	// each step. Defaults to MaxStateBytesDefault (1 MiB).
 	MaxStateBytes int
+	// MaxCommandBytes bounds the payload a remote step's Command (or
+	// CompensateCommand) encodes to: a larger one fails the step for good
+	// with code payload_too_large, naming its size, instead of reaching the
+	// outbox, where the relay would park it and the saga would wait its
+	// Timeout for a reply that cannot come. Keep it under the relay's
+	// MaxMessageBytes, which counts the key and headers too. Defaults to
+	// MaxCommandBytesDefault.
+	MaxCommandBytes int
 	// CommandTopic is the outbox topic of step commands (in Kafka mode,
 	// the prefix of one topic per saga type). Defaults to
 	// CommandTopicDefault. In Kafka mode, give each schema that shares a
@@ -192,6 +204,7 @@ func (c *Config) withDefaults() (Config, error) {
 		{out.BatchSize < 0 || out.BatchSize > BatchSizeMax, fmt.Sprintf("BatchSize must be between 1 and %d", BatchSizeMax)},
 		{out.PollInterval < 0, "PollInterval must not be negative"},
 		{out.MaxStateBytes < 0, "MaxStateBytes must not be negative"},
+		{out.MaxCommandBytes < 0, "MaxCommandBytes must not be negative"},
 		{out.RescueSlack < 0, "RescueSlack must not be negative"},
 		{out.HandlerGrace < 0, "HandlerGrace must not be negative"},
 		{out.UnknownSagaGrace < 0, "UnknownSagaGrace must not be negative"},
@@ -220,6 +233,9 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if out.MaxStateBytes == 0 {
 		out.MaxStateBytes = MaxStateBytesDefault
+	}
+	if out.MaxCommandBytes == 0 {
+		out.MaxCommandBytes = MaxCommandBytesDefault
 	}
 	if out.CommandTopic == "" {
 		out.CommandTopic = CommandTopicDefault

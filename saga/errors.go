@@ -73,7 +73,7 @@ const (
 	CodeTimeout         = "step_timeout"      // an attempt ran past its step's timeout
 	CodeStateDecode     = "state_decode"      // the stored state no longer decodes into the saga's type
 	CodeStateEncode     = "state_encode"      // the state a handler left cannot be stored
-	CodeTooLarge        = "payload_too_large" // the encoded state exceeds Config.MaxStateBytes
+	CodeTooLarge        = "payload_too_large" // the encoded state exceeds Config.MaxStateBytes, or a command MaxCommandBytes
 	CodeUnknownStep     = "unknown_step"      // the saga's current step is not in its definition
 	CodeCancelled       = "cancelled"         // an operator or the application cancelled the saga
 	CodeTxAborted       = "tx_aborted"        // the handler left its transaction unusable
