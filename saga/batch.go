@@ -765,11 +765,18 @@ func (b *batch) command(ctx context.Context, sg *store.Saga, def *compiled, idx 
 	if err != nil {
 		return store.Message{}, err
 	}
+	return e.remoteCommand(sg, key, topic, typ, payload)
+}
+
+// remoteCommand is the message of a remote step's (or branch's) command
+// for its participant, with payload, signed: or, for a payload over
+// Config.MaxCommandBytes, an error that fails the step for good
+// (CodeTooLarge), since the relay would park the message and the saga
+// would wait its Timeout for a reply that cannot come.
+func (e *Engine) remoteCommand(sg *store.Saga, key steps.Key, topic, typ string, payload []byte) (store.Message, error) {
 	if len(payload) > e.cfg.MaxCommandBytes {
-		// The relay would park it, and the saga would wait its Timeout for
-		// a reply that cannot come.
 		return store.Message{}, steps.Permanent(steps.WithCode(CodeTooLarge, fmt.Errorf(
-			"the command of step %q is %d bytes, more than Config.MaxCommandBytes (%d)", sg.StepName, len(payload), e.cfg.MaxCommandBytes)))
+			"the command of step %q is %d bytes, more than Config.MaxCommandBytes (%d)", key.Step, len(payload), e.cfg.MaxCommandBytes)))
 	}
 	id := uuid.Must(uuid.NewV7())
 	keyText := key.String()
@@ -778,7 +785,7 @@ func (b *batch) command(ctx context.Context, sg *store.Saga, def *compiled, idx 
 		AggregateID: sg.ID.String(), Type: typ, Payload: payload, SagaID: &sg.ID, StepKey: &keyText,
 		Headers: map[string]string{
 			wire.HeaderMessageID: id.String(), wire.HeaderType: typ, wire.HeaderSagaID: sg.ID.String(),
-			wire.HeaderStepKey: keyText, wire.HeaderReplyTo: e.replyTopic(sg.Name), wire.HeaderDirection: string(dir),
+			wire.HeaderStepKey: keyText, wire.HeaderReplyTo: e.replyTopic(sg.Name), wire.HeaderDirection: string(key.Direction),
 		},
 	}
 	e.sign(&msg)

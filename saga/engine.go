@@ -104,7 +104,8 @@ type Config struct {
 	// each step. Defaults to MaxStateBytesDefault (1 MiB).
 	MaxStateBytes int
 	// MaxCommandBytes bounds the payload a remote step's Command (or
-	// CompensateCommand) encodes to: a larger one fails the step for good
+	// CompensateCommand), or a remote branch's, encodes to: a larger one
+	// fails the step (or the branch's group) for good
 	// with code payload_too_large, naming its size, instead of reaching the
 	// outbox, where the relay would park it and the saga would wait its
 	// Timeout for a reply that cannot come. Keep it under the relay's

@@ -605,7 +605,6 @@ func (c *compiled) hasParallel() bool {
 // remoteBranchCommand builds the command of remote branch name of sg's
 // parallel step p, for its participant.
 func (b *batch) remoteBranchCommand(ctx context.Context, sg *store.Saga, p *compiledParallel, name string) (store.Message, error) {
-	e := b.e
 	bi := p.index(name)
 	br := p.branches[bi]
 	key := steps.Key{SagaID: sg.ID, Step: sg.StepName + "." + name, Direction: steps.Forward, Epoch: sg.Epoch}
@@ -615,18 +614,7 @@ func (b *batch) remoteBranchCommand(ctx context.Context, sg *store.Saga, p *comp
 	if err != nil {
 		return store.Message{}, err
 	}
-	id := uuid.Must(uuid.NewV7())
-	keyText := key.String()
-	m := store.Message{
-		ID: id, Topic: br.remoteTopic, Delivery: store.DeliveryRelay, AggregateType: aggregateType(sg.Name, sg.DefVersion),
-		AggregateID: sg.ID.String(), Type: br.remoteType, Payload: payload, SagaID: &sg.ID, StepKey: &keyText,
-		Headers: map[string]string{
-			wire.HeaderMessageID: id.String(), wire.HeaderType: br.remoteType, wire.HeaderSagaID: sg.ID.String(),
-			wire.HeaderStepKey: keyText, wire.HeaderReplyTo: e.replyTopic(sg.Name), wire.HeaderDirection: string(steps.Forward),
-		},
-	}
-	e.sign(&m)
-	return m, nil
+	return b.e.remoteCommand(sg, key, br.remoteTopic, br.remoteType, payload)
 }
 
 // lockGroup takes the saga's row lock, under which a group's branches end

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -140,4 +141,19 @@ func TestRemoteBranches(t *testing.T) {
 	require.Equal(t, saga.CodeReplyTimeout, in.LastError.Code)
 	require.Equal(t, map[string]string{"stock": `"res-o3"`, "card": "null"}, comp.all(),
 		"the silent participant may have acted: its branch is compensated too")
+
+	// A remote branch's command over Config.MaxCommandBytes (a state just
+	// under MaxStateBytes, sent whole) fails the group at once, coded, and
+	// reaches no participant: the relay would park it, and the saga would
+	// wait the branch's Timeout for a reply that cannot come (review35 F1).
+	big := strings.Repeat("x", saga.MaxStateBytesDefault-8<<10)
+	st, err = saga.Start(ctx, b.engine, def, prepared{OrderID: big}, nil)
+	require.NoError(t, err)
+	in = sagatest.WaitEnded(t, b.engine, st.ID, nil)
+	require.Equal(t, saga.StatusCompensated, in.Status, "timeline: %v", sagatest.Timeline(in))
+	require.Equal(t, saga.CodeTooLarge, in.LastError.Code, "%+v", in.LastError)
+	require.Contains(t, in.LastError.Message, "MaxCommandBytes")
+	for _, c := range payments.Calls() {
+		require.NotEqual(t, st.ID, c.Key.SagaID, "the oversized command reached the participant")
+	}
 }
