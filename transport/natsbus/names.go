@@ -72,14 +72,6 @@ const TopicMaxBytes = 1024
 // and bounded (see [ConsumerName]).
 const groupDescribed = 1024
 
-// cut returns s, or its first n bytes and "…" when it is longer.
-func cut(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
-}
-
 // subjectProblem says why topic cannot be a subject's first tokens, or "".
 func subjectProblem(topic string) string {
 	if topic == "" {

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sagaflow/sagaflow/internal/safetext"
 )
 
 // Setup defaults.
@@ -216,7 +218,7 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, topic string, o *
 func consumerConfig(topic, group string, partition int, ackWait time.Duration) jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
 		Durable:       ConsumerName(group, partition),
-		Description:   fmt.Sprintf("sagaflow group %s, topic %s, partition %d", cut(group, groupDescribed), topic, partition),
+		Description:   fmt.Sprintf("sagaflow group %s, topic %s, partition %d", safetext.Text(group, groupDescribed), topic, partition),
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       ackWait,
