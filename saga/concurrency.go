@@ -113,7 +113,8 @@ func checkConcurrency(def *compiled, o *StartOpts) error {
 // saga's rows (startSaga, see [Engine.startRaw]) and its slot or place in
 // the queue. In the caller's transaction (own false) these are statements
 // of db; on the engine's pool, in the transaction of a group of starts
-// (startgroup.go: req is the start), or, for an engine not made by New, one
+// (startgroup.go: req is the start, nil when it is not grouped), or, for an
+// engine not made by New, one
 // pipelined batch, which PostgreSQL runs as one implicit transaction; so a
 // keyed start costs no extra round trip.
 // With [StartOpts.NoWait], the key is locked and checked first, in a
@@ -151,7 +152,7 @@ func (e *Engine) startConcurrent(ctx context.Context, db store.DBTX, own bool, d
 		if err != nil {
 			return false, err
 		}
-	case own && e.starts != nil:
+	case req != nil:
 		// With the other starts on the pool (startgroup.go): the insert and
 		// the admission in one transaction.
 		req.admit = &admitReq{name: def.name, key: key, limit: def.concurrency, command: cmd, checkAt: check.At}

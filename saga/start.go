@@ -177,12 +177,15 @@ func (e *Engine) startRaw(ctx context.Context, db store.DBTX, own bool, def *com
 		return e.st.StartSaga(ctx, db, sg, e.firstDeadline(first.timeout), deadline, rows, e.cfg.CommandTopic, !own)
 	}
 	// A start on the engine's pool commits with the others (startgroup.go).
-	req := &startReq{sg: sg, check: e.firstDeadline(first.timeout), deadline: deadline, rows: rows, key: o.BusinessKey}
+	var req *startReq
+	if own && e.starts != nil {
+		req = &startReq{sg: sg, check: e.firstDeadline(first.timeout), deadline: deadline, rows: rows, key: o.BusinessKey}
+	}
 	var inserted bool
 	var err error
 	if o.ConcurrencyKey != "" { // concurrency.go
 		inserted, err = e.startConcurrent(ctx, db, own, def, sg, rows, &o, startSaga, req)
-	} else if own && e.starts != nil {
+	} else if req != nil {
 		inserted, err = e.starts.start(ctx, e, req)
 	} else {
 		inserted, err = startSaga(db)

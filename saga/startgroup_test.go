@@ -16,6 +16,21 @@ import (
 	"github.com/sagaflow/sagaflow/saga"
 )
 
+// refuseBoom makes PostgreSQL refuse the insert of a saga whose business
+// key is "boom", which no check in Go catches first.
+func refuseBoom(t *testing.T, b *bundle) {
+	t.Helper()
+	_, err := b.pool.Exec(context.Background(), fmt.Sprintf(`
+		CREATE FUNCTION %[1]s.refuse_boom() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.business_key = 'boom' THEN RAISE EXCEPTION 'boom is refused'; END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER refuse_boom BEFORE INSERT ON %[1]s.saga_instances
+			FOR EACH ROW EXECUTE FUNCTION %[1]s.refuse_boom()`, pgx.Identifier{b.schema}.Sanitize()))
+	require.NoError(t, err)
+}
+
 // Starts at the same time commit together; each still gets its own result,
 // a business key held by another transaction holds back only its own start,
 // and a start that PostgreSQL refuses fails alone.
@@ -26,15 +41,7 @@ func TestConcurrentStartsCommitTogetherAndFailAlone(t *testing.T) {
 	require.NoError(t, b.engine.Register(def))
 	ctx := context.Background()
 	// A start PostgreSQL refuses, which no check in Go catches first.
-	_, err := b.pool.Exec(ctx, fmt.Sprintf(`
-		CREATE FUNCTION %[1]s.refuse_boom() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-			IF NEW.business_key = 'boom' THEN RAISE EXCEPTION 'boom is refused'; END IF;
-			RETURN NEW;
-		END $$;
-		CREATE TRIGGER refuse_boom BEFORE INSERT ON %[1]s.saga_instances
-			FOR EACH ROW EXECUTE FUNCTION %[1]s.refuse_boom()`, pgx.Identifier{b.schema}.Sanitize()))
-	require.NoError(t, err)
+	refuseBoom(t, b)
 	b.start(t)
 
 	// A caller's transaction holds the business key "held" and does not
@@ -205,15 +212,7 @@ func TestKeyedStartsInAFailedGroupRunAlone(t *testing.T) {
 	def := keyed(b, "keyed-grouped", 1, nil)
 	require.NoError(t, b.engine.Register(def))
 	ctx := context.Background()
-	_, err := b.pool.Exec(ctx, fmt.Sprintf(`
-		CREATE FUNCTION %[1]s.refuse_boom() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-			IF NEW.business_key = 'boom' THEN RAISE EXCEPTION 'boom is refused'; END IF;
-			RETURN NEW;
-		END $$;
-		CREATE TRIGGER refuse_boom BEFORE INSERT ON %[1]s.saga_instances
-			FOR EACH ROW EXECUTE FUNCTION %[1]s.refuse_boom()`, pgx.Identifier{b.schema}.Sanitize()))
-	require.NoError(t, err)
+	refuseBoom(t, b)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var ids []uuid.UUID
