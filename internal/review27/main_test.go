@@ -82,8 +82,25 @@ func baseEnv() []string {
 }
 
 // runEnv runs the CLI with env (added to baseEnv) and args, with a hard
-// limit of limit (the test fails if the CLI is still running then).
+// limit of limit (the test fails if the CLI is still running then). A run
+// the server refused to connect, having no connection slot left (SQLSTATE
+// 53300: the suite's other packages held them for a moment), did nothing
+// and is run again, for up to 30 s, as pgtest does with its own connects.
 func runEnv(t testing.TB, env []string, limit time.Duration, args ...string) result {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for attempt := 1; ; attempt++ {
+		r := runOnce(t, env, limit, args...)
+		full := r.code == 4 && strings.Contains(r.stdout+r.stderr, "SQLSTATE 53300")
+		if !full || time.Now().After(deadline) {
+			return r
+		}
+		time.Sleep(time.Duration(min(attempt, 10)) * 100 * time.Millisecond)
+	}
+}
+
+// runOnce is one run of runEnv.
+func runOnce(t testing.TB, env []string, limit time.Duration, args ...string) result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
